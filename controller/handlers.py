@@ -1,0 +1,444 @@
+"""Pure request handlers: `(image, request, now_ms, config) -> HandlerResult`.
+
+A handler reads the image, validates the request and returns the records that carry
+out the rules, plus the response to send once they are durable. It changes nothing:
+the driver appends the records and `replay` applies them. Errors are raised as coded
+`MetactlError`s before any record is produced, so a refused request leaves no trace.
+
+Rules 1-6, 8 and 9 of the controller issue live here (rule 1 through
+`partition_change`); rule 7, unclean recovery, lives in `controller.recovery`.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterable
+from typing import Final
+
+import msgspec
+
+from controller.config import ControllerConfig
+from controller.image import ClusterImage, PartitionState
+from controller.partition_change import build_change
+from controller.replay import replay
+from controller.requests import (
+    Ack,
+    AlterPartition,
+    ControlledShutdown,
+    ControlledShutdownResponse,
+    ControllerResponse,
+    CreateTopic,
+    CreateTopicResponse,
+    ElectLeader,
+    FenceBroker,
+    PartitionView,
+    RegisterBroker,
+    RegisterBrokerResponse,
+    UnfenceBroker,
+)
+from metactl.errors import (
+    BrokerIdNotRegisteredError,
+    DuplicateBrokerRegistrationError,
+    ElectionNotNeededError,
+    FencedLeaderEpochError,
+    IneligibleReplicaError,
+    InvalidConfigurationError,
+    InvalidReplicaAssignmentError,
+    InvalidReplicationFactorError,
+    InvalidRequestError,
+    InvalidUpdateVersionError,
+    NotLeaderOrFollowerError,
+    PreferredLeaderNotAvailableError,
+    StaleBrokerEpochError,
+    TopicAlreadyExistsError,
+    UnknownRecoveryPolicyError,
+    UnknownTopicOrPartitionError,
+)
+from metadata_log.records import (
+    NO_LEADER,
+    BrokerRegistrationChangeRecord,
+    ChangeReason,
+    ElectionKind,
+    FenceBrokerRecord,
+    MetadataRecord,
+    PartitionChangeRecord,
+    PartitionRecord,
+    RegisterBrokerRecord,
+    TopicRecord,
+    UnfenceBrokerRecord,
+)
+
+_TOPIC_NAME: Final = re.compile(r"^[A-Za-z0-9._]+(-[A-Za-z0-9._]+)*$")
+# Topic ids are derived (name and offset), not random, so that handlers stay pure.
+_TOPIC_ID_NAMESPACE: Final = uuid.UUID("5f1b2a3c-0966-4e6d-8a11-6d657461637c")
+
+
+class HandlerResult(msgspec.Struct, frozen=True):
+    records: list[MetadataRecord]
+    response: ControllerResponse
+
+
+class _Txn:
+    """Records of one request, with the broker-level ones applied to a provisional image
+    so that the partition changes that follow see the broker's new state."""
+
+    def __init__(self, image: ClusterImage) -> None:
+        self.base_offset = image.end_offset
+        self.image = image
+        self.records: list[MetadataRecord] = []
+        self.changes: list[PartitionChangeRecord] = []
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + len(self.records)
+
+    def broker_record(self, record: MetadataRecord) -> None:
+        # Partition changes queued so far do not touch broker state, so replaying only
+        # the broker record onto the provisional image is exact for what follows.
+        self.image = replay(self.image, (record,))
+        self.records.append(record)
+
+    def partition_changes(self, changes: Iterable[PartitionChangeRecord | None]) -> None:
+        for c in changes:
+            if c is not None:
+                self.records.append(c)
+                self.changes.append(c)
+
+    def outcome(self) -> ClusterImage:
+        """The image once every record of the request is applied."""
+        return replay(self.image, self.changes)
+
+
+def _require_broker(image: ClusterImage, broker_id: int, epoch: int | None = None) -> None:
+    b = image.broker(broker_id)
+    if b is None:
+        raise BrokerIdNotRegisteredError(f"broker {broker_id} is not registered")
+    if epoch is not None and epoch != b.epoch:
+        raise StaleBrokerEpochError(
+            f"broker {broker_id} presented epoch {epoch}, the current epoch is {b.epoch}"
+        )
+
+
+def _require_partition(image: ClusterImage, topic: str, partition: int) -> PartitionState:
+    p = image.partition((topic, partition))
+    if p is None:
+        raise UnknownTopicOrPartitionError(f"unknown partition {topic}-{partition}")
+    return p
+
+
+def _fence_changes(txn: _Txn, broker_id: int, reason: ChangeReason) -> None:
+    """Rule 2 / rule 5: leave every ISR; re-elect where the broker led."""
+    image = txn.image
+    txn.partition_changes(
+        build_change(image, p, reason=reason, target_isr=p.isr - {broker_id}, broker=broker_id)
+        for p in image.partitions_of(broker_id)
+        if broker_id in p.isr
+    )
+
+
+def fence_broker(
+    image: ClusterImage, req: FenceBroker, now_ms: int, config: ControllerConfig
+) -> HandlerResult:
+    _require_broker(image, req.broker_id)
+    b = image.brokers[req.broker_id]
+    if b.fenced:
+        return HandlerResult([], Ack())
+    txn = _Txn(image)
+    txn.broker_record(
+        FenceBrokerRecord(broker_id=b.broker_id, broker_epoch=b.epoch, reason=req.reason)
+    )
+    _fence_changes(txn, b.broker_id, ChangeReason.FENCE)
+    return HandlerResult(txn.records, Ack())
+
+
+def register_broker(
+    image: ClusterImage, req: RegisterBroker, now_ms: int, config: ControllerConfig
+) -> HandlerResult:
+    """Rule 3. Clean only if the presented epoch equals the last registered one.
+
+    A first registration of a broker that hosts no replicas counts as clean: it has no
+    data it could have lost. Every other registration without a matching epoch is
+    unclean and moves the broker's ELR memberships to the LastKnownELR.
+    """
+    existing = image.broker(req.broker_id)
+    txn = _Txn(image)
+    if existing is not None:
+        if existing.incarnation_id == req.incarnation_id and not existing.fenced:
+            # A retry of a registration that already took effect.
+            return HandlerResult(
+                [],
+                RegisterBrokerResponse(
+                    broker_epoch=existing.epoch, clean=existing.last_registration_clean
+                ),
+            )
+        if not existing.fenced and not existing.in_controlled_shutdown:
+            raise DuplicateBrokerRegistrationError(
+                f"broker {req.broker_id} is registered and active with incarnation "
+                f"{existing.incarnation_id} (epoch {existing.epoch}); "
+                "wait for its session to expire"
+            )
+        if not existing.fenced:
+            # Retire the old incarnation first (it was in controlled shutdown).
+            txn.broker_record(
+                FenceBrokerRecord(
+                    broker_id=existing.broker_id,
+                    broker_epoch=existing.epoch,
+                    reason="reregistration",
+                )
+            )
+            _fence_changes(txn, existing.broker_id, ChangeReason.FENCE)
+        clean = req.previous_epoch is not None and req.previous_epoch == existing.epoch
+    else:
+        clean = req.previous_epoch is None and not image.hosts_replicas(req.broker_id)
+
+    epoch = txn.next_offset
+    txn.broker_record(
+        RegisterBrokerRecord(
+            broker_id=req.broker_id,
+            incarnation_id=req.incarnation_id,
+            broker_epoch=epoch,
+            endpoint=req.endpoint,
+            rack=req.rack,
+            previous_epoch=req.previous_epoch,
+            clean=clean,
+            fenced=True,
+        )
+    )
+    if not clean:
+        excluded = frozenset((req.broker_id,))
+        img = txn.image
+        txn.partition_changes(
+            build_change(
+                img,
+                p,
+                reason=ChangeReason.UNCLEAN_REGISTRATION,
+                unclean_excluded=excluded,
+                broker=req.broker_id,
+            )
+            for p in img.partitions_of(req.broker_id)
+            if req.broker_id in p.elr
+        )
+    return HandlerResult(txn.records, RegisterBrokerResponse(broker_epoch=epoch, clean=clean))
+
+
+def unfence_broker(
+    image: ClusterImage, req: UnfenceBroker, now_ms: int, config: ControllerConfig
+) -> HandlerResult:
+    """Rule 4: unfence, then elect wherever the broker's ELR membership makes it possible."""
+    _require_broker(image, req.broker_id, req.broker_epoch)
+    b = image.brokers[req.broker_id]
+    if not b.fenced:
+        return HandlerResult([], Ack())
+    txn = _Txn(image)
+    txn.broker_record(UnfenceBrokerRecord(broker_id=b.broker_id, broker_epoch=b.epoch))
+    img = txn.image
+    txn.partition_changes(
+        build_change(img, p, reason=ChangeReason.UNFENCE, broker=b.broker_id)
+        for p in img.partitions_of(b.broker_id)
+        if p.leader == NO_LEADER and b.broker_id in p.elr
+    )
+    return HandlerResult(txn.records, Ack())
+
+
+def controlled_shutdown(
+    image: ClusterImage, req: ControlledShutdown, now_ms: int, config: ControllerConfig
+) -> HandlerResult:
+    """Rule 5: no longer eligible; leadership moves away and the ISRs shrink (rule 1 may
+    keep the cleanly stopping replica in the ELR)."""
+    _require_broker(image, req.broker_id, req.broker_epoch)
+    b = image.brokers[req.broker_id]
+    txn = _Txn(image)
+    if not b.in_controlled_shutdown:
+        txn.broker_record(
+            BrokerRegistrationChangeRecord(
+                broker_id=b.broker_id, broker_epoch=b.epoch, in_controlled_shutdown=True
+            )
+        )
+        _fence_changes(txn, b.broker_id, ChangeReason.CONTROLLED_SHUTDOWN)
+    can_stop = not txn.outcome().leads_anything(b.broker_id)
+    return HandlerResult(txn.records, ControlledShutdownResponse(can_stop=can_stop))
+
+
+def alter_partition(
+    image: ClusterImage, req: AlterPartition, now_ms: int, config: ControllerConfig
+) -> HandlerResult:
+    """Rule 6, validated in the documented order, then rule 1."""
+    p = _require_partition(image, req.topic, req.partition)
+    _require_broker(image, req.leader, req.broker_epoch)
+    if p.leader != req.leader:
+        raise NotLeaderOrFollowerError(
+            f"broker {req.leader} is not the leader of {req.topic}-{req.partition} "
+            f"(leader is {p.leader})"
+        )
+    if req.leader_epoch is not None and req.leader_epoch != p.leader_epoch:
+        raise FencedLeaderEpochError(
+            f"leader epoch {req.leader_epoch} is not the current {p.leader_epoch}"
+        )
+    if req.partition_epoch != p.partition_epoch:
+        raise InvalidUpdateVersionError(
+            f"partition epoch {req.partition_epoch} is not the current {p.partition_epoch} "
+            f"of {req.topic}-{req.partition}"
+        )
+    target: set[int] = set()
+    for m in req.isr:
+        b = image.broker(m.broker_id)
+        if m.broker_id not in p.replicas or b is None or not b.active:
+            raise IneligibleReplicaError(
+                f"replica {m.broker_id} of {req.topic}-{req.partition} is not an active replica"
+            )
+        if b.epoch != m.broker_epoch:
+            raise IneligibleReplicaError(
+                f"replica {m.broker_id} presented broker epoch {m.broker_epoch}, "
+                f"the current epoch is {b.epoch}"
+            )
+        target.add(m.broker_id)
+    if req.leader not in target:
+        raise InvalidRequestError("the leader must stay in the ISR it proposes")
+    if len(target) > 1 and not req.recovered and p.recovery_state.value:
+        raise InvalidRequestError("cannot expand the ISR while the leader is still recovering")
+    change = build_change(
+        image,
+        p,
+        reason=ChangeReason.ALTER_PARTITION,
+        target_isr=frozenset(target),
+        recovered=req.recovered,
+        broker=req.leader,
+    )
+    records: list[MetadataRecord] = [] if change is None else [change]
+    after = replay(image, records).partitions[p.tp] if records else p
+    return HandlerResult(records, partition_view(after))
+
+
+def partition_view(p: PartitionState) -> PartitionView:
+    return PartitionView(
+        topic=p.topic,
+        partition=p.partition,
+        leader=p.leader,
+        leader_epoch=p.leader_epoch,
+        partition_epoch=p.partition_epoch,
+        isr=sorted(p.isr),
+    )
+
+
+def elect_preferred(
+    image: ClusterImage, req: ElectLeader, now_ms: int, config: ControllerConfig
+) -> HandlerResult:
+    """Rule 8: move leadership to the first assigned replica if it is an active ISR member."""
+    p = _require_partition(image, req.topic, req.partition)
+    preferred = p.replicas[0]
+    if p.leader == preferred:
+        raise ElectionNotNeededError(f"{req.topic}-{req.partition} is led by its preferred replica")
+    if preferred not in p.isr or not image.is_active(preferred):
+        raise PreferredLeaderNotAvailableError(
+            f"preferred replica {preferred} of {req.topic}-{req.partition} "
+            "is not an active ISR member"
+        )
+    change = PartitionChangeRecord(
+        topic=p.topic,
+        partition=p.partition,
+        reason=ChangeReason.ELECTION,
+        partition_epoch=p.partition_epoch + 1,
+        leader_epoch=p.leader_epoch + 1,
+        election=ElectionKind.PREFERRED,
+        leader=preferred,
+    )
+    after = replay(image, (change,)).partitions[p.tp]
+    return HandlerResult([change], partition_view(after))
+
+
+def _placement(image: ClusterImage, partitions: int, rf: int) -> list[list[int]]:
+    """Striped round-robin over active brokers; with racks, the broker list alternates
+    racks so that consecutive replicas land in different racks where possible."""
+    active = sorted(b.broker_id for b in image.brokers.values() if b.active)
+    racks: dict[str, list[int]] = {}
+    for bid in active:
+        racks.setdefault(image.brokers[bid].rack or "", []).append(bid)
+    if len(racks) > 1:
+        ordered: list[int] = []
+        columns = [racks[r] for r in sorted(racks)]
+        for i in range(max(len(c) for c in columns)):
+            ordered.extend(c[i] for c in columns if i < len(c))
+        active = ordered
+    n = len(active)
+    return [[active[(p + j) % n] for j in range(rf)] for p in range(partitions)]
+
+
+def create_topic(
+    image: ClusterImage,
+    req: CreateTopic,
+    now_ms: int,
+    config: ControllerConfig,
+    known_strategies: frozenset[str] = frozenset(),
+) -> HandlerResult:
+    """Rule 9."""
+    if len(req.name) > 249 or not _TOPIC_NAME.match(req.name) or req.name in (".", ".."):
+        raise InvalidRequestError(f"invalid topic name {req.name!r}")
+    if req.name in image.topics:
+        raise TopicAlreadyExistsError(f"topic {req.name} already exists")
+    if req.recovery_strategy is not None and req.recovery_strategy not in known_strategies:
+        raise UnknownRecoveryPolicyError(
+            f"unknown unclean recovery strategy {req.recovery_strategy!r}; "
+            f"known: {', '.join(sorted(known_strategies))}"
+        )
+    min_isr = req.min_isr if req.min_isr is not None else config.default_min_insync_replicas
+    if min_isr < 1:
+        raise InvalidConfigurationError(f"min.insync.replicas must be >= 1, got {min_isr}")
+    if req.assignments is not None:
+        assignments = [list(a) for a in req.assignments]
+        if not assignments:
+            raise InvalidReplicaAssignmentError("an explicit assignment needs a partition")
+        if req.partitions is not None and req.partitions != len(assignments):
+            raise InvalidRequestError("partitions does not match the explicit assignment")
+        for i, a in enumerate(assignments):
+            if not a or len(set(a)) != len(a):
+                raise InvalidReplicaAssignmentError(
+                    f"partition {i}: replicas must be non-empty and distinct, got {a}"
+                )
+            unknown = [r for r in a if r not in image.brokers]
+            if unknown:
+                raise InvalidReplicaAssignmentError(f"partition {i}: unknown broker(s) {unknown}")
+            if not any(image.is_active(r) for r in a):
+                raise InvalidReplicaAssignmentError(f"partition {i}: no active replica in {a}")
+    else:
+        partitions = req.partitions if req.partitions is not None else config.default_partitions
+        if partitions < 1:
+            raise InvalidRequestError(f"partitions must be >= 1, got {partitions}")
+        rf = (
+            req.replication_factor
+            if req.replication_factor is not None
+            else config.default_replication_factor
+        )
+        active = sum(1 for b in image.brokers.values() if b.active)
+        if rf < 1 or rf > active:
+            raise InvalidReplicationFactorError(
+                f"replication factor {rf} is not within 1..{active} (active brokers)"
+            )
+        assignments = _placement(image, partitions, rf)
+
+    topic_id = str(uuid.uuid5(_TOPIC_ID_NAMESPACE, f"{req.name}@{image.end_offset}"))
+    records: list[MetadataRecord] = [
+        TopicRecord(
+            name=req.name,
+            topic_id=topic_id,
+            partitions=len(assignments),
+            min_isr=min_isr,
+            recovery_strategy=req.recovery_strategy,
+        )
+    ]
+    is_active = image.is_active
+    for i, a in enumerate(assignments):
+        isr = [r for r in a if is_active(r)]
+        records.append(
+            PartitionRecord(
+                topic=req.name,
+                partition=i,
+                replicas=a,
+                isr=sorted(isr),
+                leader=isr[0],
+                min_isr=min(min_isr, len(a)),
+            )
+        )
+    return HandlerResult(
+        records, CreateTopicResponse(name=req.name, topic_id=topic_id, assignments=assignments)
+    )

@@ -1,0 +1,131 @@
+"""The immutable cluster image: brokers, topics and partitions as committed records left them.
+
+In the spirit of Kafka's MetadataImage. Collections are persistent HAMT maps
+(`immutables.Map`), so producing the next image after a change costs O(changes), not
+O(cluster). Nothing here changes an image in place; `controller.replay` builds new ones.
+This module holds data and read-only queries only: no rules, no IO.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Final
+
+import immutables
+import msgspec
+
+from metadata_log.records import NO_LEADER, LeaderRecoveryState
+
+TopicPartition = tuple[str, int]
+
+EMPTY: Final[frozenset[int]] = frozenset()
+
+
+def tp_name(tp: TopicPartition) -> str:
+    return f"{tp[0]}-{tp[1]}"
+
+
+def parse_tp(name: str) -> TopicPartition:
+    """Parse "orders-0" into ("orders", 0). Topic names may themselves contain dashes."""
+    topic, sep, part = name.rpartition("-")
+    if not sep or not topic or not part.isdigit():
+        raise ValueError(f"not a partition name (expected TOPIC-N): {name!r}")
+    return topic, int(part)
+
+
+class BrokerState(msgspec.Struct, frozen=True, kw_only=True):
+    broker_id: int
+    epoch: int
+    incarnation_id: str
+    endpoint: str = ""
+    rack: str | None = None
+    fenced: bool = True
+    in_controlled_shutdown: bool = False
+    last_registration_clean: bool = True
+
+    @property
+    def active(self) -> bool:
+        """Registered, unfenced and not in controlled shutdown: eligible for leadership."""
+        return not self.fenced and not self.in_controlled_shutdown
+
+
+class TopicState(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    topic_id: str
+    partitions: int
+    min_isr: int
+    recovery_strategy: str | None = None
+
+
+class PartitionState(msgspec.Struct, frozen=True, kw_only=True):
+    topic: str
+    partition: int
+    replicas: tuple[int, ...]
+    isr: frozenset[int]
+    elr: frozenset[int] = EMPTY
+    last_known_elr: frozenset[int] = EMPTY
+    leader: int = NO_LEADER
+    leader_epoch: int = 0
+    partition_epoch: int = 0
+    recovery_state: LeaderRecoveryState = LeaderRecoveryState.RECOVERED
+    min_isr: int = 1  # effective: min(topic min.insync.replicas, replication factor)
+
+    @property
+    def tp(self) -> TopicPartition:
+        return (self.topic, self.partition)
+
+    @property
+    def has_leader(self) -> bool:
+        return self.leader != NO_LEADER
+
+
+class ClusterImage(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything the controller knows, as of `end_offset` (the offset of the next record)."""
+
+    brokers: immutables.Map[int, BrokerState] = immutables.Map()
+    topics: immutables.Map[str, TopicState] = immutables.Map()
+    partitions: immutables.Map[TopicPartition, PartitionState] = immutables.Map()
+    # Derived indexes, maintained by replay so that rules touch only what they must.
+    replicas_by_broker: immutables.Map[int, immutables.Map[TopicPartition, None]] = immutables.Map()
+    offline: immutables.Map[TopicPartition, None] = immutables.Map()
+    end_offset: int = 0
+
+    def broker(self, broker_id: int) -> BrokerState | None:
+        return self.brokers.get(broker_id)
+
+    def is_active(self, broker_id: int) -> bool:
+        b = self.brokers.get(broker_id)
+        return b is not None and b.active
+
+    def partition(self, tp: TopicPartition) -> PartitionState | None:
+        return self.partitions.get(tp)
+
+    def partitions_of(self, broker_id: int) -> Iterator[PartitionState]:
+        """Partitions that have a replica on the broker."""
+        index = self.replicas_by_broker.get(broker_id)
+        if index is None:
+            return
+        for tp in index:
+            yield self.partitions[tp]
+
+    def offline_partitions(self) -> Iterator[PartitionState]:
+        for tp in self.offline:
+            yield self.partitions[tp]
+
+    def hosts_replicas(self, broker_id: int) -> bool:
+        index = self.replicas_by_broker.get(broker_id)
+        return index is not None and len(index) > 0
+
+    def leads_anything(self, broker_id: int) -> bool:
+        return any(p.leader == broker_id for p in self.partitions_of(broker_id))
+
+    def same_state(self, other: ClusterImage) -> bool:
+        """Equality of content (maps compare by value; msgspec equality is field-wise)."""
+        return (
+            self.end_offset == other.end_offset
+            and self.brokers == other.brokers
+            and self.topics == other.topics
+            and self.partitions == other.partitions
+            and self.replicas_by_broker == other.replicas_by_broker
+            and self.offline == other.offline
+        )

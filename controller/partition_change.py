@@ -1,0 +1,115 @@
+"""Partition changes: rule 1 (ISR/ELR/LastKnownELR) and the clean leader election order.
+
+The analogue of Kafka's PartitionChangeBuilder. `build_change` is pure: given an image
+in which the triggering broker change (fence, unfence, controlled shutdown) is already
+visible, a partition and the ISR the caller wants, it returns the PartitionChangeRecord
+that carries only what changes, or None when nothing does.
+
+Where Kafka differs from the KIP-966 documents, this follows the documents: the
+LastKnownELR is a set of replicas removed from the ELR by unclean registrations (Kafka
+keeps a single last-known leader), and it shrinks when a member re-enters the ISR.
+"""
+
+from __future__ import annotations
+
+from controller.image import EMPTY, ClusterImage, PartitionState
+from metadata_log.records import (
+    NO_LEADER,
+    ChangeReason,
+    ElectionKind,
+    LeaderRecoveryState,
+    PartitionChangeRecord,
+)
+
+
+def next_elr(
+    old_isr: frozenset[int],
+    new_isr: frozenset[int],
+    elr: frozenset[int],
+    last_known_elr: frozenset[int],
+    min_isr: int,
+) -> tuple[frozenset[int], frozenset[int]]:
+    """Rule 1: the ELR and LastKnownELR after the ISR goes from `old_isr` to `new_isr`.
+
+    At or above MinISR the high watermark can advance again, so every completeness
+    guarantee outside the ISR is void (cases F, G). Below it, replicas leaving the ISR stay
+    complete and join the ELR (cases A, C), and a replica back in the ISR is no longer a
+    recovery candidate.
+    """
+    if len(new_isr) >= min_isr:
+        return EMPTY, EMPTY
+    return (elr | (old_isr - new_isr)) - new_isr, last_known_elr - new_isr
+
+
+def clean_leader(
+    image: ClusterImage, p: PartitionState, isr: frozenset[int], elr: frozenset[int]
+) -> tuple[int, ElectionKind | None]:
+    """Rule 2's order: keep a valid leader, else the first active ISR member in assignment
+    order, else (ISR empty) the first active ELR member (case B), else no leader."""
+    if p.leader in isr and image.is_active(p.leader):
+        return p.leader, None
+    for r in p.replicas:
+        if r in isr and image.is_active(r):
+            return r, ElectionKind.ISR
+    if not isr:
+        for r in p.replicas:
+            if r in elr and image.is_active(r):
+                return r, ElectionKind.ELR
+    return NO_LEADER, None
+
+
+def build_change(
+    image: ClusterImage,
+    p: PartitionState,
+    *,
+    reason: ChangeReason,
+    target_isr: frozenset[int] | None = None,
+    unclean_excluded: frozenset[int] = EMPTY,
+    recovered: bool = False,
+    broker: int | None = None,
+) -> PartitionChangeRecord | None:
+    """The change that moves `p` to `target_isr` (default: unchanged) and a valid leader.
+
+    `unclean_excluded` names brokers that just registered uncleanly: they leave the ELR
+    for the LastKnownELR (Unclean Exclusion). `recovered` marks the end of a leader's
+    recovery after an unclean election.
+    """
+    old_isr = p.isr
+    isr = old_isr if target_isr is None else target_isr
+    elr = p.elr - unclean_excluded
+    lkelr = p.last_known_elr | (p.elr & unclean_excluded)
+
+    elr, lkelr = next_elr(old_isr, isr, elr, lkelr, p.min_isr)
+    leader, kind = clean_leader(image, p, isr, elr)
+    if kind is ElectionKind.ELR:
+        # Case B: the elected ELR member moves to the ISR; rule 1 runs on the final ISR.
+        isr = frozenset((leader,))
+        elr, lkelr = next_elr(old_isr, isr, elr, lkelr, p.min_isr)
+
+    recovery_state: LeaderRecoveryState | None = None
+    if recovered and p.recovery_state is LeaderRecoveryState.RECOVERING:
+        recovery_state = LeaderRecoveryState.RECOVERED
+
+    leader_changed = leader != p.leader
+    if (
+        not leader_changed
+        and isr == old_isr
+        and elr == p.elr
+        and lkelr == p.last_known_elr
+        and recovery_state is None
+    ):
+        return None
+    return PartitionChangeRecord(
+        topic=p.topic,
+        partition=p.partition,
+        reason=reason,
+        partition_epoch=p.partition_epoch + 1,
+        leader_epoch=p.leader_epoch + 1 if leader_changed else p.leader_epoch,
+        election=kind if leader_changed else None,
+        leader=leader if leader_changed else None,
+        isr=sorted(isr) if isr != old_isr else None,
+        elr=sorted(elr) if elr != p.elr else None,
+        last_known_elr=sorted(lkelr) if lkelr != p.last_known_elr else None,
+        recovery_state=recovery_state,
+        broker=broker,
+    )

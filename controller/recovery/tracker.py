@@ -1,0 +1,276 @@
+"""The recovery tracker: pending unclean recoveries as pure soft state.
+
+`evaluate(image, tracker, now_ms, ...)` looks at leaderless partitions and the pending
+recoveries, asks each partition's policy what to do, and returns the records of the
+recoveries decided now, the log inspections to send (GetReplicaLogInfo), the next
+deadline, and the new tracker. Answers come back through `record_answer`. An operator's
+unclean election goes through `manual_election`.
+
+Pending recoveries are not logged: after a controller restart they start over, as in
+Kafka's draft (a proactive window restarts at the new start time). Every decided
+recovery writes an UncleanRecoveryRecord and a PartitionChangeRecord that makes the
+chosen replica the sole ISR member and leader, with the partition `recovering`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import immutables
+import msgspec
+
+from controller.config import ControllerConfig
+from controller.image import ClusterImage, PartitionState, TopicPartition
+from controller.recovery.policy import (
+    Choose,
+    PendingRecovery,
+    RecoveryPolicy,
+    RestartWindow,
+)
+from controller.requests import ElectLeader, ReplicaLogInfo
+from metactl.errors import (
+    ElectionNotNeededError,
+    IneligibleReplicaError,
+    InvalidRequestError,
+    StaleBrokerEpochError,
+    UnknownTopicOrPartitionError,
+)
+from metadata_log.records import (
+    ChangeReason,
+    ElectionKind,
+    LeaderRecoveryState,
+    MetadataRecord,
+    PartitionChangeRecord,
+    RecoveryCandidate,
+    UncleanRecoveryRecord,
+)
+
+
+class RecoveryTracker(msgspec.Struct, frozen=True):
+    pending: immutables.Map[TopicPartition, PendingRecovery] = immutables.Map()
+
+    def awaited(
+        self, image: ClusterImage, tp: TopicPartition, policies: Mapping[str, RecoveryPolicy]
+    ) -> list[int] | None:
+        """Candidates whose answer is still awaited, or None when no recovery is pending."""
+        pr = self.pending.get(tp)
+        if pr is None:
+            return None
+        p = image.partitions[tp]
+        members = policies[pr.strategy].candidates(image, p)
+        answered = {a.broker_id for a in pr.valid_answers(image)}
+        return [r for r in p.replicas if r in members and r not in answered]
+
+
+class Inspection(msgspec.Struct, frozen=True, kw_only=True):
+    """Ask `broker_id` (at `broker_epoch`) for its log of topic-partition."""
+
+    broker_id: int
+    broker_epoch: int
+    topic: str
+    partition: int
+
+
+class RecoveryStep(msgspec.Struct, frozen=True, kw_only=True):
+    records: list[MetadataRecord]
+    tracker: RecoveryTracker
+    inspections: list[Inspection]
+    next_deadline_ms: int | None
+
+
+def strategy_for(image: ClusterImage, topic: str, config: ControllerConfig) -> str:
+    t = image.topics.get(topic)
+    if t is not None and t.recovery_strategy:
+        return t.recovery_strategy
+    return config.unclean_recovery_strategy
+
+
+def recovery_records(
+    p: PartitionState,
+    chosen: int,
+    *,
+    strategy: str,
+    candidates: list[RecoveryCandidate],
+    trigger: str,
+    since_ms: int | None,
+    election: ElectionKind,
+) -> list[MetadataRecord]:
+    order = {r: i for i, r in enumerate(p.replicas)}
+    return [
+        UncleanRecoveryRecord(
+            topic=p.topic,
+            partition=p.partition,
+            strategy=strategy,
+            candidates=sorted(candidates, key=lambda c: order.get(c.broker_id, len(order))),
+            chosen=chosen,
+            potential_data_loss=True,
+            trigger=trigger,
+            offline_since_ms=since_ms,
+        ),
+        PartitionChangeRecord(
+            topic=p.topic,
+            partition=p.partition,
+            reason=ChangeReason.UNCLEAN_RECOVERY,
+            partition_epoch=p.partition_epoch + 1,
+            leader_epoch=p.leader_epoch + 1,
+            election=election,
+            leader=chosen,
+            isr=[chosen],
+            elr=[] if p.elr else None,
+            last_known_elr=[] if p.last_known_elr else None,
+            recovery_state=LeaderRecoveryState.RECOVERING,
+        ),
+    ]
+
+
+def evaluate(
+    image: ClusterImage,
+    tracker: RecoveryTracker,
+    now_ms: int,
+    *,
+    policies: Mapping[str, RecoveryPolicy],
+    config: ControllerConfig,
+) -> RecoveryStep:
+    records: list[MetadataRecord] = []
+    inspections: list[Inspection] = []
+    deadline: int | None = None
+
+    def policy_of(topic: str) -> RecoveryPolicy | None:
+        return policies.get(strategy_for(image, topic, config))
+
+    # Pending recoveries are few (leaderless partitions), so a plain dict is the builder.
+    pending: dict[TopicPartition, PendingRecovery] = dict(tracker.pending.items())
+    # Drop recoveries that a clean election (or anything else) made unnecessary.
+    for tp in tracker.pending:
+        p = image.partitions.get(tp)
+        policy = policy_of(tp[0])
+        if p is None or policy is None or policy.trigger(image, p) is None:
+            del pending[tp]
+    # Start recoveries for leaderless partitions whose policy asks for one.
+    for p in image.offline_partitions():
+        if p.tp in pending:
+            continue
+        policy = policy_of(p.topic)
+        reason = policy.trigger(image, p) if policy is not None else None
+        if policy is None or reason is None:
+            continue
+        window = policy.window_ms(config.unclean_recovery_window_ms)
+        pending[p.tp] = PendingRecovery(
+            topic=p.topic,
+            partition=p.partition,
+            strategy=policy.name,
+            trigger=reason,
+            since_ms=now_ms,
+            started_ms=now_ms,
+            deadline_ms=None if window is None else now_ms + window,
+        )
+    # Decide, or ask for the logs still missing.
+    for tp in list(pending):
+        pr = pending[tp]
+        p = image.partitions[tp]
+        policy = policies[pr.strategy]
+        decision = policy.decide(image, p, pr, now_ms)
+        if isinstance(decision, Choose):
+            members = policy.candidates(image, p)
+            records.extend(
+                recovery_records(
+                    p,
+                    decision.broker_id,
+                    strategy=pr.strategy,
+                    candidates=[a for a in pr.valid_answers(image) if a.broker_id in members],
+                    trigger=pr.trigger,
+                    since_ms=pr.since_ms,
+                    election=ElectionKind.UNCLEAN_RECOVERY,
+                )
+            )
+            del pending[tp]
+            continue
+        if isinstance(decision, RestartWindow):
+            window = policy.window_ms(config.unclean_recovery_window_ms) or 0
+            pr = msgspec.structs.replace(
+                pr,
+                started_ms=now_ms,
+                deadline_ms=now_ms + window,
+                requested=immutables.Map(),
+            )
+        answered = {a.broker_id for a in pr.valid_answers(image)}
+        requested = pr.requested.mutate()
+        for r in p.replicas:
+            b = image.brokers.get(r)
+            if (
+                r in policy.candidates(image, p)
+                and b is not None
+                and b.active
+                and r not in answered
+                and requested.get(r) != b.epoch
+            ):
+                inspections.append(
+                    Inspection(
+                        broker_id=r, broker_epoch=b.epoch, topic=p.topic, partition=p.partition
+                    )
+                )
+                requested[r] = b.epoch
+        pr = msgspec.structs.replace(pr, requested=requested.finish())
+        pending[tp] = pr
+        if pr.deadline_ms is not None and (deadline is None or pr.deadline_ms < deadline):
+            deadline = pr.deadline_ms
+    return RecoveryStep(
+        records=records,
+        tracker=RecoveryTracker(immutables.Map(pending)),
+        inspections=inspections,
+        next_deadline_ms=deadline,
+    )
+
+
+def record_answer(
+    image: ClusterImage, tracker: RecoveryTracker, reply: ReplicaLogInfo
+) -> RecoveryTracker:
+    """Keep a log-inspection answer, if it is from the broker's current incarnation."""
+    b = image.broker(reply.broker_id)
+    if b is None or b.epoch != reply.broker_epoch:
+        current = "unregistered" if b is None else f"current epoch {b.epoch}"
+        raise StaleBrokerEpochError(
+            f"log info from broker {reply.broker_id} at epoch {reply.broker_epoch} ({current})"
+        )
+    tp = (reply.topic, reply.partition)
+    pr = tracker.pending.get(tp)
+    if pr is None:
+        return tracker  # a late answer for a recovery that is over
+    answer = RecoveryCandidate(
+        broker_id=reply.broker_id,
+        last_leader_epoch=reply.last_leader_epoch,
+        log_end_offset=reply.log_end_offset,
+        broker_epoch=reply.broker_epoch,
+    )
+    pr = msgspec.structs.replace(pr, answers=pr.answers.set(reply.broker_id, answer))
+    return RecoveryTracker(tracker.pending.set(tp, pr))
+
+
+def manual_election(
+    image: ClusterImage, tracker: RecoveryTracker, req: ElectLeader, now_ms: int
+) -> tuple[list[MetadataRecord], RecoveryTracker]:
+    """An operator's unclean election of a named replica: always a potential data loss."""
+    p = image.partition((req.topic, req.partition))
+    if p is None:
+        raise UnknownTopicOrPartitionError(f"unknown partition {req.topic}-{req.partition}")
+    if p.has_leader:
+        raise ElectionNotNeededError(f"{req.topic}-{req.partition} has leader {p.leader}")
+    if req.replica is None:
+        raise InvalidRequestError("an unclean election names the replica to elect")
+    if req.replica not in p.replicas or not image.is_active(req.replica):
+        raise IneligibleReplicaError(
+            f"replica {req.replica} of {req.topic}-{req.partition} is not an active replica"
+        )
+    pr = tracker.pending.get(p.tp)
+    records = recovery_records(
+        p,
+        req.replica,
+        strategy="manual",
+        candidates=pr.valid_answers(image) if pr is not None else [],
+        trigger="operator",
+        since_ms=pr.since_ms if pr is not None else None,
+        election=ElectionKind.MANUAL,
+    )
+    return records, RecoveryTracker(
+        tracker.pending.delete(p.tp) if pr is not None else tracker.pending
+    )

@@ -1,0 +1,305 @@
+"""Replay: the only place where cluster state changes.
+
+`replay(image, records)` applies committed (or, in the driver, about-to-be-committed)
+records to an image and returns the next image. The controller runs exactly this code
+on every change and again on restart, from the newest snapshot plus the log after it.
+`image_to_records` is the inverse used for snapshots: replaying its output onto an
+empty image gives an equal image.
+
+Replay trusts its input to be a log the controller wrote; it raises `ReplayError` on a
+record that contradicts the image (unknown partition, unknown broker) rather than
+guessing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import immutables
+
+from controller.image import (
+    BrokerState,
+    ClusterImage,
+    PartitionState,
+    TopicPartition,
+    TopicState,
+)
+from metactl.errors import MetactlError
+from metadata_log.records import (
+    NO_LEADER,
+    BrokerRegistrationChangeRecord,
+    ClearElrRecord,
+    FenceBrokerRecord,
+    MetadataRecord,
+    NoOpRecord,
+    PartitionChangeRecord,
+    PartitionRecord,
+    RegisterBrokerRecord,
+    TopicRecord,
+    UncleanRecoveryRecord,
+    UnfenceBrokerRecord,
+)
+
+
+class ReplayError(MetactlError):
+    code = "METADATA_REPLAY_ERROR"
+
+
+class _Builder:
+    """Collects one batch of changes on mutable views of the persistent maps."""
+
+    __slots__ = ("_base_index", "brokers", "end_offset", "index", "offline", "partitions", "topics")
+
+    def __init__(self, image: ClusterImage) -> None:
+        self.brokers = image.brokers.mutate()
+        self.topics = image.topics.mutate()
+        self.partitions = image.partitions.mutate()
+        self.offline = image.offline.mutate()
+        # Per-broker replica index: mutated lazily, one nested mutation per touched broker.
+        self.index: dict[int, immutables.MapMutation[TopicPartition, None]] = {}
+        self.end_offset = image.end_offset
+        self._base_index = image.replicas_by_broker
+
+    def index_for(self, broker_id: int) -> immutables.MapMutation[TopicPartition, None]:
+        m = self.index.get(broker_id)
+        if m is None:
+            base = self._base_index.get(broker_id, immutables.Map())
+            m = base.mutate()
+            self.index[broker_id] = m
+        return m
+
+    def finish(self) -> ClusterImage:
+        index = self._base_index
+        if self.index:
+            with index.mutate() as im:
+                for broker_id, m in self.index.items():
+                    im[broker_id] = m.finish()
+                index = im.finish()
+        return ClusterImage(
+            brokers=self.brokers.finish(),
+            topics=self.topics.finish(),
+            partitions=self.partitions.finish(),
+            replicas_by_broker=index,
+            offline=self.offline.finish(),
+            end_offset=self.end_offset,
+        )
+
+    def set_partition(self, p: PartitionState) -> None:
+        tp = p.tp
+        self.partitions[tp] = p
+        if p.leader == NO_LEADER:
+            self.offline[tp] = None
+        elif tp in self.offline:
+            del self.offline[tp]
+
+    def broker(self, broker_id: int, record: MetadataRecord) -> BrokerState:
+        b = self.brokers.get(broker_id)
+        if b is None:
+            raise ReplayError(f"{type(record).__name__} for unknown broker {broker_id}")
+        return b
+
+    def apply(self, record: MetadataRecord) -> None:
+        match record:
+            case PartitionChangeRecord():
+                self._partition_change(record)
+            case FenceBrokerRecord(broker_id=bid, broker_epoch=epoch):
+                b = self.broker(bid, record)
+                if b.epoch == epoch:
+                    self.brokers[bid] = _replace_broker(b, fenced=True)
+            case UnfenceBrokerRecord(broker_id=bid, broker_epoch=epoch):
+                b = self.broker(bid, record)
+                if b.epoch == epoch:
+                    self.brokers[bid] = _replace_broker(b, fenced=False)
+            case BrokerRegistrationChangeRecord():
+                b = self.broker(record.broker_id, record)
+                if b.epoch == record.broker_epoch:
+                    self.brokers[record.broker_id] = _replace_broker(
+                        b,
+                        fenced=b.fenced if record.fenced is None else record.fenced,
+                        in_controlled_shutdown=(
+                            b.in_controlled_shutdown
+                            if record.in_controlled_shutdown is None
+                            else record.in_controlled_shutdown
+                        ),
+                    )
+            case RegisterBrokerRecord():
+                self.brokers[record.broker_id] = BrokerState(
+                    broker_id=record.broker_id,
+                    epoch=record.broker_epoch,
+                    incarnation_id=record.incarnation_id,
+                    endpoint=record.endpoint,
+                    rack=record.rack,
+                    fenced=record.fenced,
+                    in_controlled_shutdown=False,
+                    last_registration_clean=record.clean,
+                )
+            case PartitionRecord():
+                self._partition(record)
+            case TopicRecord():
+                self.topics[record.name] = TopicState(
+                    name=record.name,
+                    topic_id=record.topic_id,
+                    partitions=record.partitions,
+                    min_isr=record.min_isr,
+                    recovery_strategy=record.recovery_strategy,
+                )
+            case ClearElrRecord(topic=topic):
+                t = self.topics.get(topic)
+                if t is None:
+                    raise ReplayError(f"ClearElr for unknown topic {topic}")
+                for i in range(t.partitions):
+                    p = self.partitions[(topic, i)]
+                    if p.elr or p.last_known_elr:
+                        self.set_partition(
+                            _replace_partition(p, elr=frozenset(), lkelr=frozenset())
+                        )
+            case UncleanRecoveryRecord() | NoOpRecord():
+                pass  # audit records: the PartitionChangeRecord beside them carries the state
+
+    def _partition(self, r: PartitionRecord) -> None:
+        tp = (r.topic, r.partition)
+        p = PartitionState(
+            topic=r.topic,
+            partition=r.partition,
+            replicas=tuple(r.replicas),
+            isr=frozenset(r.isr),
+            elr=frozenset(r.elr),
+            last_known_elr=frozenset(r.last_known_elr),
+            leader=r.leader,
+            leader_epoch=r.leader_epoch,
+            partition_epoch=r.partition_epoch,
+            recovery_state=r.recovery_state,
+            min_isr=r.min_isr,
+        )
+        if tp not in self.partitions:
+            for b in p.replicas:
+                self.index_for(b)[tp] = None
+        self.set_partition(p)
+
+    def _partition_change(self, r: PartitionChangeRecord) -> None:
+        tp = (r.topic, r.partition)
+        p = self.partitions.get(tp)
+        if p is None:
+            raise ReplayError(f"PartitionChange for unknown partition {r.topic}-{r.partition}")
+        self.set_partition(
+            PartitionState(
+                topic=p.topic,
+                partition=p.partition,
+                replicas=p.replicas,
+                isr=p.isr if r.isr is None else frozenset(r.isr),
+                elr=p.elr if r.elr is None else frozenset(r.elr),
+                last_known_elr=(
+                    p.last_known_elr if r.last_known_elr is None else frozenset(r.last_known_elr)
+                ),
+                leader=p.leader if r.leader is None else r.leader,
+                leader_epoch=r.leader_epoch,
+                partition_epoch=r.partition_epoch,
+                recovery_state=p.recovery_state if r.recovery_state is None else r.recovery_state,
+                min_isr=p.min_isr,
+            )
+        )
+
+
+def _replace_broker(
+    b: BrokerState, *, fenced: bool, in_controlled_shutdown: bool | None = None
+) -> BrokerState:
+    return BrokerState(
+        broker_id=b.broker_id,
+        epoch=b.epoch,
+        incarnation_id=b.incarnation_id,
+        endpoint=b.endpoint,
+        rack=b.rack,
+        fenced=fenced,
+        in_controlled_shutdown=(
+            b.in_controlled_shutdown if in_controlled_shutdown is None else in_controlled_shutdown
+        ),
+        last_registration_clean=b.last_registration_clean,
+    )
+
+
+def _replace_partition(
+    p: PartitionState, *, elr: frozenset[int], lkelr: frozenset[int]
+) -> PartitionState:
+    return PartitionState(
+        topic=p.topic,
+        partition=p.partition,
+        replicas=p.replicas,
+        isr=p.isr,
+        elr=elr,
+        last_known_elr=lkelr,
+        leader=p.leader,
+        leader_epoch=p.leader_epoch,
+        partition_epoch=p.partition_epoch + 1,
+        recovery_state=p.recovery_state,
+        min_isr=p.min_isr,
+    )
+
+
+def replay(image: ClusterImage, records: Iterable[MetadataRecord]) -> ClusterImage:
+    """Apply records in order; each advances `end_offset` by one."""
+    b = _Builder(image)
+    for record in records:
+        b.apply(record)
+        b.end_offset += 1
+    return b.finish()
+
+
+def image_to_records(image: ClusterImage) -> list[MetadataRecord]:
+    """The records that rebuild `image` from empty (its snapshot form, without end_offset)."""
+    out: list[MetadataRecord] = []
+    for b in sorted(image.brokers.values(), key=lambda b: b.broker_id):
+        out.append(
+            RegisterBrokerRecord(
+                broker_id=b.broker_id,
+                incarnation_id=b.incarnation_id,
+                broker_epoch=b.epoch,
+                endpoint=b.endpoint,
+                rack=b.rack,
+                clean=b.last_registration_clean,
+                fenced=b.fenced,
+            )
+        )
+        if b.in_controlled_shutdown:
+            out.append(
+                BrokerRegistrationChangeRecord(
+                    broker_id=b.broker_id, broker_epoch=b.epoch, in_controlled_shutdown=True
+                )
+            )
+    for t in sorted(image.topics.values(), key=lambda t: t.name):
+        out.append(
+            TopicRecord(
+                name=t.name,
+                topic_id=t.topic_id,
+                partitions=t.partitions,
+                min_isr=t.min_isr,
+                recovery_strategy=t.recovery_strategy,
+            )
+        )
+        for i in range(t.partitions):
+            out.append(partition_record(image.partitions[(t.name, i)]))
+    return out
+
+
+def partition_record(p: PartitionState) -> PartitionRecord:
+    return PartitionRecord(
+        topic=p.topic,
+        partition=p.partition,
+        replicas=list(p.replicas),
+        isr=sorted(p.isr),
+        elr=sorted(p.elr),
+        last_known_elr=sorted(p.last_known_elr),
+        leader=p.leader,
+        leader_epoch=p.leader_epoch,
+        partition_epoch=p.partition_epoch,
+        recovery_state=p.recovery_state,
+        min_isr=p.min_isr,
+    )
+
+
+def image_from_records(records: Iterable[MetadataRecord], end_offset: int) -> ClusterImage:
+    """Rebuild an image from snapshot records; `end_offset` is the snapshot's offset."""
+    b = _Builder(ClusterImage())
+    for record in records:
+        b.apply(record)
+    b.end_offset = end_offset
+    return b.finish()

@@ -1,0 +1,7 @@
+"""Shared foundations of metactl: the error hierarchy, version and logging set-up.
+
+This package holds what every layer needs and nothing that belongs to one layer:
+no log storage, no controller rules, no networking.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,33 @@
+"""structlog set-up: JSON lines for services, a readable console for the CLI.
+
+Call `configure(json=...)` once at process start. Loggers bind context (broker,
+partition, epoch) with `structlog.get_logger().bind(...)`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import TextIO
+
+import structlog
+
+
+def configure(*, json: bool, level: int = logging.INFO, stream: TextIO | None = None) -> None:
+    processors: list[structlog.typing.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    renderer: structlog.typing.Processor
+    if json:
+        processors.append(structlog.processors.format_exc_info)
+        renderer = structlog.processors.JSONRenderer(sort_keys=False)
+    else:
+        renderer = structlog.dev.ConsoleRenderer(colors=False)
+    structlog.configure(
+        processors=[*processors, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),
+        cache_logger_on_first_use=False,
+    )

@@ -1,0 +1,59 @@
+"""Entry point of the `metactl` command: builds the argument parser from command modules.
+
+Each command module exposes `register(subparsers)`, which adds its sub-commands and sets
+`func` on them; `func(args)` returns the exit status. Imports are lazy so that
+`metactl --help` stays fast even though some commands pull in Spark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from metactl import __version__
+from metactl.logs import configure as configure_logs
+
+# Modules that contribute sub-commands, in the order they appear in --help.
+COMMAND_MODULES = (
+    "ops.log_cmds",
+    "ops.demo",
+    "ops.scenario_cmds",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="metactl",
+        description="metactl: a KIP-966 controller metadata service and its tools",
+    )
+    parser.add_argument("--version", action="version", version=f"metactl {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue  # a command module not written yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # The CLI prints its own results; library logs go to stderr, readable, warnings up.
+    configure_logs(json=False, level=logging.WARNING)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    status = func(args)
+    return int(status or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
