@@ -17,6 +17,7 @@ This module holds the asyncio plumbing only; every decision is made by the pure 
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -144,6 +145,7 @@ class Controller:
         self.committed_image = image
         self.tracker = RecoveryTracker()
         self.next_deadline_ms: int | None = None
+        self.log_every_record = False  # services turn this on; bulk tools leave it off
         self.inspection_sinks: list[InspectionSink] = []
         self.commit_listeners: list[CommitListener] = []
         self.event_listeners: list[Callable[[str, float, float], None]] = []
@@ -165,6 +167,10 @@ class Controller:
         clock: Clock | None = None,
     ) -> Controller:
         image = await load_image(store)
+        # The loaded image is long-lived: move it out of the cyclic GC's generations so
+        # full collections do not rescan millions of partition objects on every change.
+        gc.collect()
+        gc.freeze()
         ctl = cls(store, image, config=config or ControllerConfig(), policies=policies, clock=clock)
         ctl.start()
         return ctl
@@ -316,7 +322,7 @@ class Controller:
             if c.records:
                 for listener in self.commit_listeners:
                     listener(offset, c.records, c.now_ms)
-                _log_committed(offset, c.records)
+                _log_committed(offset, c.records, self.log_every_record)
                 offset += len(c.records)
             if c.future is not None and not c.future.done():
                 c.future.set_result(c.response)
@@ -333,8 +339,12 @@ class Controller:
                 c.future.set_exception(error)
 
 
-def _log_committed(base: int, records: Sequence[MetadataRecord]) -> None:
+def _log_committed(base: int, records: Sequence[MetadataRecord], every_record: bool) -> None:
+    """An unclean recovery always logs a WARNING; other records only when asked for, since
+    formatting one line per record would dominate bulk changes (a 100k-partition topic)."""
     for i, r in enumerate(records):
+        if not (every_record or isinstance(r, UncleanRecoveryRecord)):
+            continue
         fields: dict[str, Any] = msgspec.to_builtins(r)
         fields.pop("v", None)
         fields.pop("type", None)
@@ -346,4 +356,4 @@ def _log_committed(base: int, records: Sequence[MetadataRecord]) -> None:
                 **fields,
             )
         else:
-            log.debug("committed", offset=base + i, record=record_type(r), **fields)
+            log.info("committed", offset=base + i, record=record_type(r), **fields)

@@ -164,8 +164,9 @@ def register_broker(
     existing = image.broker(req.broker_id)
     txn = _Txn(image)
     if existing is not None:
-        if existing.incarnation_id == req.incarnation_id and not existing.fenced:
-            # A retry of a registration that already took effect.
+        if existing.incarnation_id == req.incarnation_id:
+            # A retry of a registration that already took effect (the broker stays fenced
+            # until it unfences, so a retry normally finds it fenced).
             return HandlerResult(
                 [],
                 RegisterBrokerResponse(
@@ -190,7 +191,7 @@ def register_broker(
             _fence_changes(txn, existing.broker_id, ChangeReason.FENCE)
         clean = req.previous_epoch is not None and req.previous_epoch == existing.epoch
     else:
-        clean = req.previous_epoch is None and not image.hosts_replicas(req.broker_id)
+        clean = not image.hosts_replicas(req.broker_id)
 
     epoch = txn.next_offset
     txn.broker_record(

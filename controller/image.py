@@ -33,7 +33,7 @@ def parse_tp(name: str) -> TopicPartition:
     return topic, int(part)
 
 
-class BrokerState(msgspec.Struct, frozen=True, kw_only=True):
+class BrokerState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     broker_id: int
     epoch: int
     incarnation_id: str
@@ -49,7 +49,7 @@ class BrokerState(msgspec.Struct, frozen=True, kw_only=True):
         return not self.fenced and not self.in_controlled_shutdown
 
 
-class TopicState(msgspec.Struct, frozen=True, kw_only=True):
+class TopicState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     name: str
     topic_id: str
     partitions: int
@@ -57,7 +57,7 @@ class TopicState(msgspec.Struct, frozen=True, kw_only=True):
     recovery_strategy: str | None = None
 
 
-class PartitionState(msgspec.Struct, frozen=True, kw_only=True):
+class PartitionState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     topic: str
     partition: int
     replicas: tuple[int, ...]

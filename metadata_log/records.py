@@ -58,6 +58,7 @@ class _Record(
     kw_only=True,
     omit_defaults=True,
     tag_field="type",
+    gc=False,  # records hold no cycles; keeping millions of them out of the GC saves pauses
 ):
     v: int = 1
 
@@ -134,7 +135,9 @@ class BrokerRegistrationChangeRecord(_Record, tag="BrokerRegistrationChange", fr
     in_controlled_shutdown: bool | None = None
 
 
-class RecoveryCandidate(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class RecoveryCandidate(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False
+):
     """What one replica reported when its log was inspected (GetReplicaLogInfo)."""
 
     broker_id: int

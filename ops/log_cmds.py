@@ -1,0 +1,227 @@
+"""`metactl log …`: dump, verify and tail the metadata log in a data directory.
+
+These commands only read: they open the log read-only, so they are safe next to a running
+controller, and they never repair or rewrite anything. They hold no rules; a record is
+printed, never interpreted. Errors are printed as ``error: CODE: message`` on stderr
+with a non-zero exit status, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TextIO
+
+import msgspec
+
+from metactl.errors import CorruptLogError, InvalidRequestError, MetactlError
+from metactl.logs import configure
+from metadata_log.records import RECORD_TYPES, record_type, to_builtins
+from metadata_log.store import LogEntry
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130
+EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug, not a bad log
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "log",
+        help="inspect the durable metadata log",
+        description="Inspect the durable metadata log of a data directory (read-only).",
+    )
+    commands = parser.add_subparsers(dest="log_command", metavar="SUBCOMMAND", required=True)
+
+    dump = commands.add_parser("dump", help="print records, one per line")
+    _add_data_dir(dump)
+    dump.add_argument("--from", dest="from_offset", type=int, help="first offset (default: start)")
+    dump.add_argument("--to", dest="to_offset", type=int, help="stop before this offset")
+    _add_output_options(dump)
+    dump.set_defaults(func=_dump)
+
+    verify = commands.add_parser(
+        "verify", help="check every CRC and the offset continuity; exit 1 on damage"
+    )
+    _add_data_dir(verify)
+    verify.set_defaults(func=_verify)
+
+    tail = commands.add_parser("tail", help="follow new records until Ctrl-C")
+    _add_data_dir(tail)
+    tail.add_argument(
+        "--from", dest="from_offset", type=int, help="first offset (default: the current end)"
+    )
+    _add_output_options(tail)
+    tail.set_defaults(func=_tail)
+
+
+def _add_data_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--data-dir",
+        required=True,
+        type=Path,
+        help="data directory holding metadata.log.sqlite (or the log file itself)",
+    )
+
+
+def _add_output_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--type",
+        dest="types",
+        action="append",
+        metavar="TYPE",
+        help="only records of this type, e.g. PartitionChange (repeatable, comma-separated)",
+    )
+    parser.add_argument("--json", action="store_true", help="JSON lines instead of text")
+
+
+# --- formatting ------------------------------------------------------------------------------
+
+
+def format_entry(entry: LogEntry, *, as_json: bool) -> str:
+    """One line for an entry: compact text, or JSON with offset, timestamp_ms and crc."""
+    if as_json:
+        fields = {"offset": entry.offset, "timestamp_ms": entry.timestamp_ms, "crc": entry.crc}
+        fields.update(to_builtins(entry.record))
+        return json.dumps(fields, separators=(",", ":"))
+    when = datetime.fromtimestamp(entry.timestamp_ms / 1000, tz=UTC)
+    stamp = when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    # to_builtins of the struct itself omits defaults: only the fields that say something.
+    fields = msgspec.to_builtins(entry.record)
+    fields.pop("type", None)
+    text = " ".join(f"{key}={_compact(value)}" for key, value in fields.items())
+    return f"{entry.offset:>8}  {stamp}  {record_type(entry.record):<24}  {text}".rstrip()
+
+
+def _compact(value: object) -> str:
+    if isinstance(value, str) and value and not any(c.isspace() or c in "=\"'" for c in value):
+        return value
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _type_filter(types: list[str] | None) -> frozenset[str] | None:
+    if not types:
+        return None
+    by_name = {name.lower(): name for name in RECORD_TYPES}
+    by_name.update({f"{name.lower()}record": name for name in RECORD_TYPES})
+    chosen = set()
+    for item in types:
+        for name in filter(None, (part.strip() for part in item.split(","))):
+            if name.lower() not in by_name:
+                known = ", ".join(sorted(RECORD_TYPES))
+                raise InvalidRequestError(f"unknown record type {name!r} (known: {known})")
+            chosen.add(by_name[name.lower()])
+    return frozenset(chosen)
+
+
+def _print_entries(
+    entries: list[LogEntry], types: frozenset[str] | None, as_json: bool, out: TextIO
+) -> None:
+    lines = [
+        format_entry(e, as_json=as_json)
+        for e in entries
+        if types is None or record_type(e.record) in types
+    ]
+    if lines:
+        out.write("\n".join(lines) + "\n")
+
+
+# --- commands --------------------------------------------------------------------------------
+
+
+def _dump(args: argparse.Namespace) -> int:
+    async def run() -> int:
+        from metadata_log.sqlite_store import SqliteLogStore
+
+        types = _type_filter(args.types)
+        async with await SqliteLogStore.open(args.data_dir, read_only=True) as store:
+            first = store.start_offset if args.from_offset is None else args.from_offset
+            end = store.end_offset
+            last = end if args.to_offset is None else min(args.to_offset, end)
+            if last < first:
+                raise InvalidRequestError(f"--to {last} is before --from {first}")
+            async for chunk in store.iter_chunks(first, last):
+                _print_entries(chunk, types, args.json, sys.stdout)
+        return EXIT_OK
+
+    return run_command(run)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    async def run() -> int:
+        from metadata_log.sqlite_store import SqliteLogStore
+
+        store = await SqliteLogStore.open(args.data_dir, read_only=True, verify_tail=False)
+        async with store:
+            try:
+                report = await store.verify()
+            except CorruptLogError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                print(f"file: {exc.path}", file=sys.stderr)
+                where = "unknown" if exc.offset is None else str(exc.offset)
+                print(f"first bad offset: {where}", file=sys.stderr)
+                return EXIT_ERROR
+        snapshots = report.snapshot_offsets
+        print(
+            f"ok: {report.location}: {report.records:,} records in {report.batches:,} batches, "
+            f"offsets [{report.start_offset}, {report.end_offset}), "
+            f"{report.payload_bytes:,} payload bytes, {len(snapshots)} snapshot(s)"
+            + (f" at {', '.join(map(str, snapshots))}" if snapshots else "")
+        )
+        return EXIT_OK
+
+    return run_command(run)
+
+
+def _tail(args: argparse.Namespace) -> int:
+    async def run() -> int:
+        from metadata_log.sqlite_store import SqliteLogStore
+
+        types = _type_filter(args.types)
+        async with await SqliteLogStore.open(args.data_dir, read_only=True) as store:
+            position = store.end_offset if args.from_offset is None else args.from_offset
+            while True:
+                entries = await store.read(position, 1000)
+                if entries:
+                    _print_entries(entries, types, args.json, sys.stdout)
+                    sys.stdout.flush()
+                    position = entries[-1].offset + 1
+                else:
+                    await store.wait_for(position)
+
+    return run_command(run, interrupted=EXIT_OK)
+
+
+def run_command(main: Callable[[], Awaitable[int]], *, interrupted: int = EXIT_INTERRUPTED) -> int:
+    """Run a command's coroutine, turning errors into ``error: CODE: message`` lines."""
+    configure(json=False, level=logging.WARNING, stream=sys.stderr)
+
+    async def wrapped() -> int:
+        return await main()
+
+    try:
+        status = asyncio.run(wrapped())
+        sys.stdout.flush()
+        return status
+    except KeyboardInterrupt:
+        return interrupted
+    except BrokenPipeError:
+        # The reader went away (`metactl log dump | head`): not an error.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+    except MetactlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as exc:
+        if os.environ.get("METACTL_DEBUG"):
+            raise
+        print(f"error: UNKNOWN_SERVER_ERROR: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_INTERNAL
