@@ -155,6 +155,8 @@ class _Builder:
                         )
             case UncleanRecoveryRecord() | NoOpRecord():
                 pass  # audit records: the PartitionChangeRecord beside them carries the state
+            case _:
+                raise ReplayError(f"cannot replay a {type(record).__name__}")
 
     def _partition(self, r: PartitionRecord) -> None:
         tp = (r.topic, r.partition)

@@ -168,7 +168,9 @@ _index(MetactlError)
 
 def error_for_code(code: str, message: str) -> MetactlError:
     """Rebuild an error received over the wire from its code."""
-    cls = ERRORS_BY_CODE.get(code, MetactlError)
-    if cls is CorruptLogError:
-        return MetactlError(message)
+    cls = ERRORS_BY_CODE.get(code)
+    if cls is None or cls is CorruptLogError:
+        # An unknown (newer) code, or one whose class needs local context: keep the code.
+        remote: type[MetactlError] = type(f"RemoteError_{code}", (MetactlError,), {"code": code})
+        return remote(message)
     return cls(message)

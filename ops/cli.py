@@ -21,6 +21,9 @@ COMMAND_MODULES = (
     "ops.log_cmds",
     "ops.demo",
     "ops.scenario_cmds",
+    "ops.controller_cmds",
+    "ops.broker_cmds",
+    "ops.cluster_cmds",
 )
 
 

@@ -1,0 +1,5 @@
+import sys
+
+from controller.serve import main
+
+sys.exit(main())

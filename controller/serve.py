@@ -1,0 +1,81 @@
+"""Process entry for the controller service: arguments, JSON logs, signals.
+
+`python -m controller` and `metactl controller serve` both land here. SIGTERM or SIGINT
+stops the service cleanly: in-flight commits finish and the log is closed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from controller.config import ControllerConfig
+from controller.service import ControllerService
+from metactl.errors import MetactlError
+from metactl.logs import configure
+from metactl.wire import DEFAULT_MAX_FRAME_BYTES
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", type=Path, required=True)
+    p.add_argument("--listen", default="127.0.0.1:9093", help="HOST:PORT (port 0: any free port)")
+    p.add_argument("--metrics", default=None, help="HOST:PORT for /metrics")
+    p.add_argument("--heartbeat-interval-ms", type=int, default=2000)
+    p.add_argument("--session-timeout-ms", type=int, default=9000)
+    p.add_argument("--unclean-recovery-strategy", default="balanced")
+    p.add_argument("--unclean-recovery-window-ms", type=int, default=1000)
+    p.add_argument("--default-min-isr", type=int, default=1)
+    p.add_argument("--max-frame-bytes", type=int, default=DEFAULT_MAX_FRAME_BYTES)
+    p.add_argument("--log-level", default="INFO")
+
+
+def config_from(args: Any) -> ControllerConfig:
+    return ControllerConfig(
+        unclean_recovery_strategy=args.unclean_recovery_strategy,
+        unclean_recovery_window_ms=args.unclean_recovery_window_ms,
+        broker_session_timeout_ms=args.session_timeout_ms,
+        broker_heartbeat_interval_ms=args.heartbeat_interval_ms,
+        default_min_insync_replicas=args.default_min_isr,
+    )
+
+
+async def serve(args: Any) -> int:
+    service = ControllerService(
+        args.data_dir,
+        args.listen,
+        config=config_from(args),
+        max_frame_bytes=args.max_frame_bytes,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await service.start()
+    except MetactlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    metrics = getattr(args, "metrics", None)
+    print(
+        f"READY controller listen={service.address}" + (f" metrics={metrics}" if metrics else ""),
+        flush=True,
+    )
+    await stop.wait()
+    await service.stop()
+    return 0
+
+
+def run(args: Any) -> int:
+    configure(json=True, level=getattr(logging, str(args.log_level).upper(), logging.INFO))
+    return asyncio.run(serve(args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m controller", description="metactl controller")
+    add_arguments(p)
+    return run(p.parse_args(argv))
