@@ -22,13 +22,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from controller.config import ControllerConfig  # noqa: E402
-from controller.driver import Controller, load_image  # noqa: E402
-from controller.handlers import create_topic, fence_broker  # noqa: E402
-from controller.image import ClusterImage  # noqa: E402
-from controller.replay import replay  # noqa: E402
-from controller.requests import CreateTopic, FenceBroker  # noqa: E402
-from metadata_log.records import (  # noqa: E402
+from controller.config import ControllerConfig
+from controller.driver import Controller, load_image
+from controller.handlers import create_topic, fence_broker
+from controller.image import ClusterImage
+from controller.replay import replay
+from controller.requests import CreateTopic, FenceBroker
+from metadata_log.records import (
     MetadataRecord,
     PartitionRecord,
     RegisterBrokerRecord,
@@ -36,7 +36,7 @@ from metadata_log.records import (  # noqa: E402
     UnfenceBrokerRecord,
     encode_batch,
 )
-from metadata_log.sqlite_store import SqliteLogStore  # noqa: E402
+from metadata_log.sqlite_store import SqliteLogStore
 
 CONFIG = ControllerConfig()
 
@@ -94,17 +94,23 @@ async def bench_fences(brokers: int, partitions: int, tmp: Path) -> None:
     raw = raw_insert_seconds(records, tmp / "raw1.sqlite")
     affected = len(records) - 1
     print(f"fence 1 of {brokers} brokers ({partitions:,} partitions, RF 3):")
-    print(f"  {one * 1000:8.1f} ms until durable and applied, {affected:,} partitions changed, "
-          f"{one / max(affected, 1) * 1e6:.1f} µs per partition (goal ≤ 250 ms)")
-    print(f"  raw encode+insert of the same {len(records):,} records: {raw * 1000:.1f} ms; "
-          f"ratio {one / raw:.2f}× (goal ≤ 3×)")
+    print(
+        f"  {one * 1000:8.1f} ms until durable and applied, {affected:,} partitions changed, "
+        f"{one / max(affected, 1) * 1e6:.1f} µs per partition (goal ≤ 250 ms)"
+    )
+    print(
+        f"  raw encode+insert of the same {len(records):,} records: {raw * 1000:.1f} ms; "
+        f"ratio {one / raw:.2f}× (goal ≤ 3×)"
+    )
 
     start = time.perf_counter()
     await asyncio.gather(*(ctl.submit(FenceBroker(broker_id=b)) for b in range(1, 10)))
     zone = time.perf_counter() - start
     offline = len(ctl.image.offline)
-    print(f"zone outage: fence 9 more (10 of {brokers}) at once: {zone * 1000:.1f} ms, "
-          f"{offline:,} partitions left offline")
+    print(
+        f"zone outage: fence 9 more (10 of {brokers}) at once: {zone * 1000:.1f} ms, "
+        f"{offline:,} partitions left offline"
+    )
     await ctl.close()
     await store.close()
 
@@ -121,8 +127,10 @@ async def bench_create(brokers: int, partitions: int, tmp: Path) -> None:
     took = time.perf_counter() - start
     records = create_topic(image, req, 0, CONFIG).records
     raw = raw_insert_seconds(records, tmp / "raw2.sqlite")
-    print(f"create one topic of {partitions:,} partitions: {took:.2f} s (goal ≤ 3 s); "
-          f"raw encode+insert {raw:.2f} s, ratio {took / raw:.2f}×")
+    print(
+        f"create one topic of {partitions:,} partitions: {took:.2f} s (goal ≤ 3 s); "
+        f"raw encode+insert {raw:.2f} s, ratio {took / raw:.2f}×"
+    )
     await ctl.close()
     await store.close()
 
@@ -148,8 +156,10 @@ async def measure_restart(data: Path) -> None:
     image = await load_image(store)
     took = time.perf_counter() - start
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"restart from snapshot + log: {len(image.partitions):,} partitions in {took:.2f} s "
-          f"(goal ≤ 15 s), peak RSS {rss:.0f} MiB (goal ≤ 3072 MiB)")
+    print(
+        f"restart from snapshot + log: {len(image.partitions):,} partitions in {took:.2f} s "
+        f"(goal ≤ 15 s), peak RSS {rss:.0f} MiB (goal ≤ 3072 MiB)"
+    )
     await store.close()
 
 

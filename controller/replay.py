@@ -13,11 +13,14 @@ guessing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import gc
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 import immutables
 
 from controller.image import (
+    EMPTY,
     BrokerState,
     ClusterImage,
     PartitionState,
@@ -43,6 +46,52 @@ from metadata_log.records import (
 
 class ReplayError(MetactlError):
     code = "METADATA_REPLAY_ERROR"
+
+
+# Replicas, ISRs and ELRs repeat across partitions; sharing one object per distinct value
+# keeps a million-partition image small and cuts allocation during bulk replay.
+_SETS: dict[tuple[int, ...], frozenset[int]] = {}
+_TUPLES: dict[tuple[int, ...], tuple[int, ...]] = {}
+_INTERN_LIMIT = 1 << 16
+
+
+def _fset(values: list[int]) -> frozenset[int]:
+    if not values:
+        return EMPTY
+    key = tuple(values)
+    s = _SETS.get(key)
+    if s is None:
+        if len(_SETS) >= _INTERN_LIMIT:
+            _SETS.clear()
+        s = _SETS[key] = frozenset(key)
+    return s
+
+
+def _tuple(values: list[int]) -> tuple[int, ...]:
+    key = tuple(values)
+    t = _TUPLES.get(key)
+    if t is None:
+        if len(_TUPLES) >= _INTERN_LIMIT:
+            _TUPLES.clear()
+        t = _TUPLES[key] = key
+    return t
+
+
+BULK = 10_000
+
+
+@contextmanager
+def _bulk(n: int) -> Iterator[None]:
+    """Pause the cyclic GC while building many objects that form no cycles: repeated full
+    collections over a growing heap otherwise made bulk replay four times slower."""
+    pause = n >= BULK and gc.isenabled()
+    if pause:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if pause:
+            gc.enable()
 
 
 class _Builder:
@@ -150,9 +199,7 @@ class _Builder:
                 for i in range(t.partitions):
                     p = self.partitions[(topic, i)]
                     if p.elr or p.last_known_elr:
-                        self.set_partition(
-                            _replace_partition(p, elr=frozenset(), lkelr=frozenset())
-                        )
+                        self.set_partition(_replace_partition(p, elr=EMPTY, lkelr=EMPTY))
             case UncleanRecoveryRecord() | NoOpRecord():
                 pass  # audit records: the PartitionChangeRecord beside them carries the state
             case _:
@@ -163,10 +210,10 @@ class _Builder:
         p = PartitionState(
             topic=r.topic,
             partition=r.partition,
-            replicas=tuple(r.replicas),
-            isr=frozenset(r.isr),
-            elr=frozenset(r.elr),
-            last_known_elr=frozenset(r.last_known_elr),
+            replicas=_tuple(r.replicas),
+            isr=_fset(r.isr),
+            elr=_fset(r.elr),
+            last_known_elr=_fset(r.last_known_elr),
             leader=r.leader,
             leader_epoch=r.leader_epoch,
             partition_epoch=r.partition_epoch,
@@ -188,10 +235,10 @@ class _Builder:
                 topic=p.topic,
                 partition=p.partition,
                 replicas=p.replicas,
-                isr=p.isr if r.isr is None else frozenset(r.isr),
-                elr=p.elr if r.elr is None else frozenset(r.elr),
+                isr=p.isr if r.isr is None else _fset(r.isr),
+                elr=p.elr if r.elr is None else _fset(r.elr),
                 last_known_elr=(
-                    p.last_known_elr if r.last_known_elr is None else frozenset(r.last_known_elr)
+                    p.last_known_elr if r.last_known_elr is None else _fset(r.last_known_elr)
                 ),
                 leader=p.leader if r.leader is None else r.leader,
                 leader_epoch=r.leader_epoch,
@@ -240,10 +287,12 @@ def _replace_partition(
 def replay(image: ClusterImage, records: Iterable[MetadataRecord]) -> ClusterImage:
     """Apply records in order; each advances `end_offset` by one."""
     b = _Builder(image)
-    for record in records:
-        b.apply(record)
-        b.end_offset += 1
-    return b.finish()
+    batch = records if isinstance(records, list) else list(records)
+    with _bulk(len(batch)):
+        for record in batch:
+            b.apply(record)
+            b.end_offset += 1
+        return b.finish()
 
 
 def image_to_records(image: ClusterImage) -> list[MetadataRecord]:
@@ -301,7 +350,9 @@ def partition_record(p: PartitionState) -> PartitionRecord:
 def image_from_records(records: Iterable[MetadataRecord], end_offset: int) -> ClusterImage:
     """Rebuild an image from snapshot records; `end_offset` is the snapshot's offset."""
     b = _Builder(ClusterImage())
-    for record in records:
-        b.apply(record)
-    b.end_offset = end_offset
-    return b.finish()
+    batch = records if isinstance(records, list) else list(records)
+    with _bulk(len(batch)):
+        for record in batch:
+            b.apply(record)
+        b.end_offset = end_offset
+        return b.finish()

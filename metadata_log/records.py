@@ -135,9 +135,7 @@ class BrokerRegistrationChangeRecord(_Record, tag="BrokerRegistrationChange", fr
     in_controlled_shutdown: bool | None = None
 
 
-class RecoveryCandidate(
-    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False
-):
+class RecoveryCandidate(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False):
     """What one replica reported when its log was inspected (GetReplicaLogInfo)."""
 
     broker_id: int

@@ -21,7 +21,12 @@ from typing import TextIO
 
 import msgspec
 
-from metactl.errors import CorruptLogError, InvalidRequestError, MetactlError
+from metactl.errors import (
+    CorruptLogError,
+    InvalidRequestError,
+    MetactlError,
+    OffsetOutOfRangeError,
+)
 from metactl.logs import configure
 from metadata_log.records import RECORD_TYPES, record_type, to_builtins
 from metadata_log.store import LogEntry
@@ -88,9 +93,13 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
 def format_entry(entry: LogEntry, *, as_json: bool) -> str:
     """One line for an entry: compact text, or JSON with offset, timestamp_ms and crc."""
     if as_json:
-        fields = {"offset": entry.offset, "timestamp_ms": entry.timestamp_ms, "crc": entry.crc}
-        fields.update(to_builtins(entry.record))
-        return json.dumps(fields, separators=(",", ":"))
+        row: dict[str, object] = {
+            "offset": entry.offset,
+            "timestamp_ms": entry.timestamp_ms,
+            "crc": entry.crc,
+        }
+        row.update(to_builtins(entry.record))
+        return json.dumps(row, separators=(",", ":"))
     when = datetime.fromtimestamp(entry.timestamp_ms / 1000, tz=UTC)
     stamp = when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
     # to_builtins of the struct itself omits defaults: only the fields that say something.
@@ -144,6 +153,10 @@ def _dump(args: argparse.Namespace) -> int:
         async with await SqliteLogStore.open(args.data_dir, read_only=True) as store:
             first = store.start_offset if args.from_offset is None else args.from_offset
             end = store.end_offset
+            if first > end:
+                raise OffsetOutOfRangeError(
+                    f"--from {first} is past the end of the log ({end}) in {store.location}"
+                )
             last = end if args.to_offset is None else min(args.to_offset, end)
             if last < first:
                 raise InvalidRequestError(f"--to {last} is before --from {first}")
@@ -201,7 +214,8 @@ def _tail(args: argparse.Namespace) -> int:
 
 def run_command(main: Callable[[], Awaitable[int]], *, interrupted: int = EXIT_INTERRUPTED) -> int:
     """Run a command's coroutine, turning errors into ``error: CODE: message`` lines."""
-    configure(json=False, level=logging.WARNING, stream=sys.stderr)
+    # The command reports problems itself; library warnings would repeat them.
+    configure(json=False, level=logging.ERROR, stream=sys.stderr)
 
     async def wrapped() -> int:
         return await main()

@@ -217,7 +217,7 @@ def parse_scenario(doc: Any, source: str = "") -> Scenario:
             raise ScenarioError(f"step {i} (expect): give exactly one of `partition` or `broker`")
         if isinstance(value, ExpectStep | AlterPartitionStep | ReplicaLogStep | ElectStep):
             _check_tp(value.partition, f"step {i} ({action}): field `partition`")
-        if action == "register" and value.clean is None and value.previous_epoch is None:
+        if isinstance(value, RegisterStep) and value.clean is None and value.previous_epoch is None:
             raise ScenarioError(f"step {i} (register): give `clean` or `previous_epoch`")
         if action == "expect_error" and not steps:
             raise ScenarioError(f"step {i} (expect_error): there is no previous step")

@@ -38,7 +38,9 @@ async def store(tmp_path: Path):  # type: ignore[no-untyped-def]
     await s.close()
 
 
-async def test_response_only_after_records_are_durable(tmp_path: Path, store: SqliteLogStore) -> None:
+async def test_response_only_after_records_are_durable(
+    tmp_path: Path, store: SqliteLogStore
+) -> None:
     ctl = await Controller.open(store, clock=VirtualClock())
     r = await ctl.submit(RegisterBroker(broker_id=7, incarnation_id="x"))
     assert isinstance(r, RegisterBrokerResponse)

@@ -1,0 +1,107 @@
+"""LogStore behaviour that needs a misbehaving medium, plus the helpers it is built from."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from metactl.errors import StorageError
+from metadata_log.memory_store import MemoryLogStore, MemoryStorage
+from metadata_log.records import MetadataRecord, NoOpRecord, decode_batch, encode_batch
+from metadata_log.sqlite_store import SqliteLogStore
+from metadata_log.store import (
+    MERGED_BATCH_RECORDS,
+    FatalStorageError,
+    StoredBatch,
+    concat_batches,
+    open_store,
+)
+from tests.metadata_log.log_fixtures import change, records
+
+
+class FlakyStore(MemoryLogStore):
+    """A memory store whose next commit fails with a chosen exception."""
+
+    def __init__(self, storage: MemoryStorage | None = None) -> None:
+        super().__init__(storage)
+        self.fail_next: BaseException | None = None
+
+    async def _write_batches(self, batches: list[StoredBatch]) -> None:
+        if self.fail_next is not None:
+            failure, self.fail_next = self.fail_next, None
+            raise failure
+        await super()._write_batches(batches)
+
+
+async def test_a_storage_error_fails_the_whole_group_and_the_store_goes_on() -> None:
+    store = FlakyStore()
+    await store.append(records(2))
+    store.fail_next = StorageError("disk full (simulated)")
+    outcomes = await asyncio.gather(
+        *(store.append([change(i)]) for i in range(5)), return_exceptions=True
+    )
+    assert all(isinstance(o, StorageError) for o in outcomes)
+    assert len({id(o) for o in outcomes}) == 5  # one exception object per caller
+    assert store.end_offset == 2
+    assert await store.append([NoOpRecord()]) == range(2, 3)
+    assert [e.offset for e in await store.read(0)] == [0, 1, 2]
+    await store.close()
+
+
+@pytest.mark.parametrize(
+    "failure", [FatalStorageError("fsync failed (simulated)"), RuntimeError("a bug")]
+)
+async def test_a_fatal_failure_stops_writes_until_reopened(failure: BaseException) -> None:
+    store = FlakyStore()
+    await store.append(records(2))
+    store.fail_next = failure
+    with pytest.raises(FatalStorageError):
+        await store.append([NoOpRecord()])
+    with pytest.raises(FatalStorageError, match="reopen"):
+        await store.append([NoOpRecord()])
+    assert [e.offset for e in await store.read(0)] == [0, 1]  # reads still work
+    await store.close()
+    again = MemoryLogStore(store.storage)
+    assert await again.append([NoOpRecord()]) == range(2, 3)
+    await again.close()
+
+
+@pytest.mark.parametrize("sizes", [[1], [3, 4], [15, 1], [16, 20], [1, 70_000], [65_535, 1]])
+def test_concat_batches_is_encoding_the_records_together(sizes: list[int]) -> None:
+    parts: list[list[MetadataRecord]] = [[NoOpRecord()] * n for n in sizes]
+    parts[0] = [change(0), *parts[0][1:]]
+    joined = concat_batches([encode_batch(p) for p in parts], sum(sizes))
+    assert joined == encode_batch([r for p in parts for r in p])
+    assert len(decode_batch(joined)) == sum(sizes)
+
+
+async def test_open_store_understands_paths_and_urls(tmp_path: Path) -> None:
+    memory = await open_store("memory:")
+    assert isinstance(memory, MemoryLogStore)
+    await memory.close()
+    for target in (tmp_path / "a", f"sqlite://{tmp_path / 'b'}", f"sqlite:{tmp_path / 'c'}"):
+        store = await open_store(target)
+        assert isinstance(store, SqliteLogStore)
+        await store.append([NoOpRecord()])
+        await store.close()
+    assert names_in(tmp_path) == ["a", "b", "c"]
+
+
+def names_in(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+async def test_a_group_commit_merges_same_timestamp_appends_into_capped_batches() -> None:
+    store = MemoryLogStore()
+    ranges = await asyncio.gather(
+        *(store.append([change(i)], timestamp_ms=7) for i in range(3000)),
+        store.append([NoOpRecord()], timestamp_ms=8),
+    )
+    assert [r.start for r in ranges] == list(range(3001))
+    assert store.commits == 1
+    stored = store.storage.batches
+    assert [b.count for b in stored] == [MERGED_BATCH_RECORDS] * 2 + [3000 - 2048, 1]
+    assert [e.record for e in await store.read(1020, 10)] == [change(i) for i in range(1020, 1030)]
+    await store.close()
