@@ -149,6 +149,8 @@ class Controller:
         self.inspection_sinks: list[InspectionSink] = []
         self.commit_listeners: list[CommitListener] = []
         self.event_listeners: list[Callable[[str, float, float], None]] = []
+        # Called as listener(seconds, record_count) after each successful durable append.
+        self.append_listeners: list[Callable[[float, int], None]] = []
         self._queue: asyncio.Queue[tuple[Event, asyncio.Future[ControllerResponse] | None, float]]
         self._queue = asyncio.Queue()
         self._commits: deque[_Commit] = deque()
@@ -307,7 +309,9 @@ class Controller:
         base = self.committed_image.end_offset
         if records:
             try:
+                started = time.perf_counter()
                 offsets = await self.store.append(records, timestamp_ms=batch[-1].now_ms)
+                elapsed = time.perf_counter() - started
                 if offsets.start != base:
                     raise LogError(
                         f"the log assigned offset {offsets.start} where the controller expected "
@@ -316,6 +320,8 @@ class Controller:
             except Exception as exc:
                 self._fail_uncommitted(batch, exc)
                 return
+            for append_listener in self.append_listeners:
+                append_listener(elapsed, len(records))
         self.committed_image = batch[-1].image_after
         offset = base
         for c in batch:

@@ -50,6 +50,7 @@ async def serve(args: Any) -> int:
         args.listen,
         config=config_from(args),
         max_frame_bytes=args.max_frame_bytes,
+        metrics=getattr(args, "metrics", None),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -60,7 +61,7 @@ async def serve(args: Any) -> int:
     except MetactlError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    metrics = getattr(args, "metrics", None)
+    metrics = service.metrics_address
     print(
         f"READY controller listen={service.address}" + (f" metrics={metrics}" if metrics else ""),
         flush=True,

@@ -20,6 +20,7 @@ from controller.clock import Clock, SystemClock
 from controller.config import ControllerConfig
 from controller.driver import Controller
 from controller.image import ClusterImage
+from controller.metrics import ControllerMetrics, MetricsServer
 from controller.recovery.tracker import Inspection
 from controller.requests import (
     AlterPartition,
@@ -138,8 +139,10 @@ class ControllerService:
         config: ControllerConfig | None = None,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         clock: Clock | None = None,
+        metrics: str | None = None,
     ) -> None:
         self.data_dir = data_dir
+        self.metrics_listen = metrics  # HOST:PORT for /metrics; None: not served
         self.listen = listen
         self.config = config or ControllerConfig()
         self.max_frame_bytes = max_frame_bytes
@@ -149,6 +152,9 @@ class ControllerService:
         self.ctl: Controller | None = None
         self.server: asyncio.Server | None = None
         self.address = ""
+        self.metrics: ControllerMetrics | None = None
+        self.metrics_server: MetricsServer | None = None
+        self.metrics_address = ""
         self._tasks: set[asyncio.Task[None]] = set()
         self._connections: set[asyncio.StreamWriter] = set()
         self._stopping = asyncio.Event()
@@ -163,6 +169,12 @@ class ControllerService:
         self.ctl = await Controller.open(self.store, config=self.config, clock=self.clock)
         self.ctl.log_every_record = True
         self.ctl.inspection_sinks.append(self._on_inspection)
+        self.metrics = ControllerMetrics.attach(self.ctl)
+        if self.metrics_listen is not None:
+            self.metrics_server = await MetricsServer.start(
+                self.metrics.registry, self.metrics_listen
+            )
+            self.metrics_address = self.metrics_server.address
         host, port = parse_address(self.listen)
         self.server = await asyncio.start_server(self._serve_connection, host, port)
         sock = self.server.sockets[0].getsockname()
@@ -180,6 +192,8 @@ class ControllerService:
         self._stopping.set()
         if self.server is not None:
             self.server.close()
+        if self.metrics_server is not None:
+            await self.metrics_server.close()
         for w in list(self._connections):
             w.close()
         for t in list(self._tasks):

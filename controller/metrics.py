@@ -1,0 +1,529 @@
+"""Prometheus metrics of the controller and the tiny asyncio server that exposes them.
+
+Owns the metric names, types and meanings (the contract with `grafana/`: the dashboard,
+the alert rules and their tests), the per-service `CollectorRegistry` and the `/metrics`
+HTTP endpoint.
+
+* Counters come from *committed* records only (`Controller.commit_listeners`), so nothing
+  un-durable is ever counted: every UncleanRecoveryRecord is a potential data-loss event,
+  every PartitionChangeRecord with an `election` is an election of that kind, every
+  unclean RegisterBrokerRecord an unclean registration.
+* Gauges are read from the committed image at scrape time by a custom collector. The
+  per-partition health counts (under MinISR, ELR, LastKnownELR, recovering) are kept in
+  sets updated from committed partition records, so a scrape costs O(brokers), never
+  O(partitions).
+* Histograms: store-append latency (`Controller.append_listeners`) and the event queue
+  and processing times (`Controller.event_listeners`).
+
+Must not: decide anything, touch the log, block the event loop for work proportional to
+the cluster on a scrape, register in prometheus_client's global registry (each service,
+and each test, gets its own), or put a per-partition label on any metric.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Final
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from controller.driver import Controller
+from controller.image import ClusterImage, PartitionState, TopicPartition
+from controller.recovery.tracker import strategy_for
+from metactl import __version__
+from metactl.wire import parse_address
+from metadata_log.records import (
+    RECORD_TYPES,
+    ClearElrRecord,
+    ElectionKind,
+    LeaderRecoveryState,
+    MetadataRecord,
+    PartitionChangeRecord,
+    PartitionRecord,
+    RegisterBrokerRecord,
+    TopicRecord,
+    UncleanRecoveryRecord,
+)
+
+log = structlog.get_logger("metactl.controller.metrics")
+
+# The `_created` companion series of every counter and histogram would double the series
+# count and nothing here reads them. This is a process-wide prometheus_client setting.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+PREFIX: Final = "metactl_"
+ELECTION_KINDS: Final[tuple[str, ...]] = tuple(k.value for k in ElectionKind)
+BROKER_STATES: Final = ("active", "fenced", "controlled_shutdown")
+MANUAL_STRATEGY: Final = "manual"
+
+# Store appends are one SQLite transaction with an fsync: sub-millisecond to seconds.
+LATENCY_BUCKETS: Final = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+
+# The classic text format: every Prometheus version parses it, and our names are ASCII.
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+
+_TYPE_NAMES: Final[dict[type[MetadataRecord], str]] = {
+    cls: name for name, cls in RECORD_TYPES.items()
+}
+
+
+def broker_state(fenced: bool, in_controlled_shutdown: bool) -> str:
+    """The `state` label of metactl_brokers: exactly one per registered broker."""
+    if fenced:
+        return "fenced"
+    if in_controlled_shutdown:
+        return "controlled_shutdown"
+    return "active"
+
+
+class PartitionHealth:
+    """The partitions in each state worth a gauge, updated per changed partition.
+
+    A scrape then reads four set sizes instead of walking every partition. `rebuild`
+    walks the whole image once (at attach); `update` re-reads one partition.
+    """
+
+    __slots__ = ("last_known_elr", "recovering", "under_min_isr", "with_elr")
+
+    def __init__(self) -> None:
+        self.under_min_isr: set[TopicPartition] = set()
+        self.with_elr: set[TopicPartition] = set()
+        self.last_known_elr: set[TopicPartition] = set()
+        self.recovering: set[TopicPartition] = set()
+
+    def rebuild(self, image: ClusterImage) -> None:
+        for s in (self.under_min_isr, self.with_elr, self.last_known_elr, self.recovering):
+            s.clear()
+        for p in image.partitions.values():
+            self.update(p.tp, p)
+
+    def update(self, tp: TopicPartition, p: PartitionState | None) -> None:
+        """Re-read one partition's state (None: it does not exist)."""
+        if p is None:
+            self.set(tp, under_min_isr=False, elr=False, last_known_elr=False, recovering=False)
+        else:
+            self.set(
+                tp,
+                under_min_isr=len(p.isr) < p.min_isr,
+                elr=bool(p.elr),
+                last_known_elr=bool(p.last_known_elr),
+                recovering=p.recovery_state is LeaderRecoveryState.RECOVERING,
+            )
+
+    def set(
+        self,
+        tp: TopicPartition,
+        *,
+        under_min_isr: bool,
+        elr: bool,
+        last_known_elr: bool,
+        recovering: bool,
+    ) -> None:
+        # Unrolled: this runs once per partition record of a bulk change.
+        if under_min_isr:
+            self.under_min_isr.add(tp)
+        else:
+            self.under_min_isr.discard(tp)
+        if elr:
+            self.with_elr.add(tp)
+        else:
+            self.with_elr.discard(tp)
+        if last_known_elr:
+            self.last_known_elr.add(tp)
+        else:
+            self.last_known_elr.discard(tp)
+        if recovering:
+            self.recovering.add(tp)
+        else:
+            self.recovering.discard(tp)
+
+    @staticmethod
+    def scan(image: ClusterImage) -> dict[str, int]:
+        """The same counts by a full walk (for tests that check the incremental sets)."""
+        h = PartitionHealth()
+        h.rebuild(image)
+        return h.counts()
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "under_min_isr": len(self.under_min_isr),
+            "with_elr": len(self.with_elr),
+            "last_known_elr": len(self.last_known_elr),
+            "recovering": len(self.recovering),
+        }
+
+
+class ControllerMetrics:
+    """Every metric of one controller, in a registry of its own.
+
+    `attach` registers the listeners on the controller; `detach` removes them.
+    """
+
+    def __init__(self, ctl: Controller, registry: CollectorRegistry | None = None) -> None:
+        self.ctl = ctl
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.potential_data_loss = Counter(
+            "metactl_potential_data_loss_events",
+            "Unclean recoveries committed (every one may have lost acknowledged data), "
+            "manual elections included; one series per topic and strategy.",
+            ["topic", "strategy"],
+            registry=r,
+        )
+        self.elections = Counter(
+            "metactl_elections",
+            "Leader elections committed, by how the leader was chosen.",
+            ["kind"],
+            registry=r,
+        )
+        self.unclean_registrations = Counter(
+            "metactl_unclean_registrations",
+            "Broker registrations judged unclean (no or a stale previous epoch).",
+            registry=r,
+        )
+        self.committed_records = Counter(
+            "metactl_committed_records",
+            "Metadata records durably committed, by record type.",
+            ["type"],
+            registry=r,
+        )
+        self.events = Counter(
+            "metactl_events",
+            "Controller events handled, by event type.",
+            ["event"],
+            registry=r,
+        )
+        self.commit_latency = Histogram(
+            "metactl_commit_latency_seconds",
+            "Time of one durable store append (a group commit of one or more events).",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.event_queue_time = Histogram(
+            "metactl_event_queue_time_seconds",
+            "Time an event waited in the controller queue before it was handled.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.event_processing_time = Histogram(
+            "metactl_event_processing_time_seconds",
+            "Time to decide and replay one event (excludes the durable commit).",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        for kind in ELECTION_KINDS:
+            self.elections.labels(kind=kind)
+        for name in sorted(RECORD_TYPES):
+            self.committed_records.labels(type=name)
+        self.health = PartitionHealth()
+        self.health.rebuild(ctl.committed_image)
+        for topic in ctl.committed_image.topics:
+            self._init_data_loss_series(ctl.committed_image, topic)
+        self._collector = _StateCollector(self)
+        r.register(self._collector)
+
+    @classmethod
+    def attach(
+        cls, ctl: Controller, registry: CollectorRegistry | None = None
+    ) -> ControllerMetrics:
+        m = cls(ctl, registry)
+        ctl.commit_listeners.append(m.on_commit)
+        ctl.event_listeners.append(m.on_event)
+        ctl.append_listeners.append(m.on_append)
+        return m
+
+    def detach(self) -> None:
+        with contextlib.suppress(ValueError):
+            self.ctl.commit_listeners.remove(self.on_commit)
+        with contextlib.suppress(ValueError):
+            self.ctl.event_listeners.remove(self.on_event)
+        with contextlib.suppress(ValueError):
+            self.ctl.append_listeners.remove(self.on_append)
+        with contextlib.suppress(KeyError):
+            self.registry.unregister(self._collector)
+
+    # --- listeners (called on the event loop by the driver) ------------------------------
+
+    def on_commit(self, base_offset: int, records: Sequence[MetadataRecord], now_ms: int) -> None:
+        """Count what one event committed. `committed_image` already includes it (and any
+        later event of the same group commit, which re-reads the same partitions)."""
+        image = self.ctl.committed_image
+        health = self.health
+        by_type: dict[type[MetadataRecord], int] = {}
+        elections: dict[str, int] = {}
+        # Bulk changes commit 100,000s of partition records: keep their path short.
+        for rec in records:
+            kind = type(rec)
+            by_type[kind] = by_type.get(kind, 0) + 1
+            if kind is PartitionRecord:
+                assert isinstance(rec, PartitionRecord)
+                # A full partition state: read it from the record itself (a later change
+                # to the same partition in this commit comes after it and wins).
+                health.set(
+                    (rec.topic, rec.partition),
+                    under_min_isr=len(rec.isr) < rec.min_isr,
+                    elr=bool(rec.elr),
+                    last_known_elr=bool(rec.last_known_elr),
+                    recovering=rec.recovery_state is LeaderRecoveryState.RECOVERING,
+                )
+            elif kind is PartitionChangeRecord:
+                assert isinstance(rec, PartitionChangeRecord)
+                if rec.election is not None:
+                    elections[rec.election.value] = elections.get(rec.election.value, 0) + 1
+                if (
+                    rec.isr is not None
+                    or rec.elr is not None
+                    or rec.last_known_elr is not None
+                    or rec.recovery_state is not None
+                ):
+                    tp = (rec.topic, rec.partition)
+                    health.update(tp, image.partitions.get(tp))
+            elif isinstance(rec, UncleanRecoveryRecord):
+                if rec.potential_data_loss:
+                    self.potential_data_loss.labels(topic=rec.topic, strategy=rec.strategy).inc()
+            elif isinstance(rec, RegisterBrokerRecord):
+                if not rec.clean:
+                    self.unclean_registrations.inc()
+            elif isinstance(rec, TopicRecord):
+                self._init_data_loss_series(image, rec.name)
+            elif isinstance(rec, ClearElrRecord):
+                t = image.topics.get(rec.topic)
+                for i in range(t.partitions if t is not None else 0):
+                    tp = (rec.topic, i)
+                    health.update(tp, image.partitions.get(tp))
+        for kind, n in by_type.items():
+            self.committed_records.labels(type=_TYPE_NAMES[kind]).inc(n)
+        for election, n in elections.items():
+            self.elections.labels(kind=election).inc(n)
+
+    def on_event(self, event: str, queue_seconds: float, processing_seconds: float) -> None:
+        self.events.labels(event=event).inc()
+        self.event_queue_time.observe(max(0.0, queue_seconds))
+        self.event_processing_time.observe(max(0.0, processing_seconds))
+
+    def on_append(self, seconds: float, record_count: int) -> None:
+        self.commit_latency.observe(seconds)
+
+    def _init_data_loss_series(self, image: ClusterImage, topic: str) -> None:
+        """Create the topic's data-loss series at 0 (its strategy, and `manual`).
+
+        `increase()` needs a sample *before* the first event: a series that first appears
+        at 1 shows no increase, and `MetactlPotentialDataLoss` would miss the first data
+        loss of every topic. Two series per topic; topics are never per-partition.
+        """
+        for strategy in sorted({strategy_for(image, topic, self.ctl.config), MANUAL_STRATEGY}):
+            self.potential_data_loss.labels(topic=topic, strategy=strategy)
+
+
+class _StateCollector(Collector):
+    """Gauges read at scrape time from the committed image (and the recovery tracker)."""
+
+    def __init__(self, metrics: ControllerMetrics) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._families(with_samples=False))
+
+    def collect(self) -> Iterable[Metric]:
+        return list(self._families(with_samples=True))
+
+    def _families(self, *, with_samples: bool) -> Iterator[Metric]:
+        m = self.metrics
+        ctl = m.ctl
+        image = ctl.committed_image
+        health = m.health.counts()
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(PREFIX + name, doc)
+            if with_samples:
+                g.add_metric([], value)
+            return g
+
+        build = GaugeMetricFamily(
+            PREFIX + "build_info",
+            "Always 1; the version label names the build.",
+            labels=["version"],
+        )
+        if with_samples:
+            build.add_metric([__version__], 1)
+        yield build
+        brokers = GaugeMetricFamily(
+            PREFIX + "brokers",
+            "Registered brokers by state (active, fenced, controlled_shutdown).",
+            labels=["state"],
+        )
+        if with_samples:
+            by_state = dict.fromkeys(BROKER_STATES, 0)
+            for b in image.brokers.values():
+                by_state[broker_state(b.fenced, b.in_controlled_shutdown)] += 1
+            for state in BROKER_STATES:
+                brokers.add_metric([state], by_state[state])
+        yield brokers
+        yield gauge("topics", "Topics in the committed image.", len(image.topics))
+        yield gauge("partitions", "Partitions in the committed image.", len(image.partitions))
+        yield gauge("offline_partitions", "Partitions with no leader.", len(image.offline))
+        yield gauge(
+            "under_min_isr_partitions",
+            "Partitions whose ISR is smaller than their (effective) min.insync.replicas.",
+            health["under_min_isr"],
+        )
+        yield gauge(
+            "partitions_with_elr",
+            "Partitions with a non-empty ELR: running on their last complete copies.",
+            health["with_elr"],
+        )
+        yield gauge(
+            "partitions_with_last_known_elr",
+            "Partitions with a non-empty LastKnownELR (ELR members that registered uncleanly).",
+            health["last_known_elr"],
+        )
+        yield gauge(
+            "recovering_partitions",
+            "Partitions whose leader was chosen by unclean recovery and is still recovering.",
+            health["recovering"],
+        )
+        yield gauge(
+            "unclean_recoveries_pending",
+            "Leaderless partitions whose unclean recovery waits for log inspections.",
+            len(ctl.tracker.pending),
+        )
+        yield gauge(
+            "log_end_offset",
+            "Offset of the next record (includes records decided but not yet committed).",
+            ctl.image.end_offset,
+        )
+        yield gauge(
+            "last_committed_offset",
+            "Offset of the newest durably committed record (-1: empty log).",
+            ctl.store.end_offset - 1,
+        )
+
+
+# --- the /metrics endpoint ------------------------------------------------------------------
+
+MAX_REQUEST_HEAD_BYTES: Final = 16 * 1024
+REQUEST_TIMEOUT_S: Final = 10.0
+
+_REASONS: Final = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    500: "Internal Server Error",
+}
+
+
+class MetricsServer:
+    """A minimal HTTP/1.1 server on the event loop: GET (or HEAD) /metrics, nothing else.
+
+    One request per connection (`Connection: close`). Bad input gets a 4xx or a closed
+    connection, never an exception out of the handler.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.server: asyncio.Server | None = None
+        self.address = ""
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    @classmethod
+    async def start(cls, registry: CollectorRegistry, listen: str) -> MetricsServer:
+        """Listen on HOST:PORT (port 0: any free port; `address` tells which)."""
+        s = cls(registry)
+        host, port = parse_address(listen)
+        s.server = await asyncio.start_server(s._handle, host, port, limit=MAX_REQUEST_HEAD_BYTES)
+        sock = s.server.sockets[0].getsockname()
+        s.address = f"{sock[0]}:{sock[1]}"
+        log.info("metrics serving", listen=s.address)
+        return s
+
+    async def close(self) -> None:
+        if self.server is None:
+            return
+        self.server.close()
+        for w in list(self._writers):
+            w.close()
+        with contextlib.suppress(Exception):
+            await self.server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        try:
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT_S)
+            except asyncio.LimitOverrunError:
+                await self._respond(writer, 400, b"request head too large\n")
+                return
+            except (asyncio.IncompleteReadError, TimeoutError, ValueError):
+                return  # closed early, too slow or not HTTP at all: just hang up
+            status, body, content_type = self._route(head)
+            await self._respond(writer, status, body, content_type, head_only=head[:5] == b"HEAD ")
+        except (ConnectionError, OSError):
+            pass
+        except Exception as exc:  # a bug here must never take the controller down
+            log.error("metrics request failed", error=repr(exc))
+        finally:
+            self._writers.discard(writer)
+            writer.close()
+
+    def _route(self, head: bytes) -> tuple[int, bytes, str]:
+        line = head.split(b"\r\n", 1)[0]
+        parts = line.split(b" ")
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+            return 400, b"bad request\n", "text/plain; charset=utf-8"
+        method, target = parts[0], parts[1]
+        path = target.split(b"?", 1)[0]
+        if path != b"/metrics":
+            return 404, b"not found; try /metrics\n", "text/plain; charset=utf-8"
+        if method not in (b"GET", b"HEAD"):
+            return 405, b"method not allowed\n", "text/plain; charset=utf-8"
+        try:
+            return 200, generate_latest(self.registry), CONTENT_TYPE
+        except Exception as exc:
+            log.error("metrics collection failed", error=repr(exc))
+            return 500, b"collection failed\n", "text/plain; charset=utf-8"
+
+    @staticmethod
+    async def _respond(
+        writer: asyncio.StreamWriter,
+        status: int,
+        body: bytes,
+        content_type: str = "text/plain; charset=utf-8",
+        *,
+        head_only: bool = False,
+    ) -> None:
+        headers = [
+            f"HTTP/1.1 {status} {_REASONS[status]}",
+            f"Content-Type: {content_type}",
+            f"Content-Length: {len(body)}",
+            "Connection: close",
+        ]
+        if status == 405:
+            headers.append("Allow: GET, HEAD")
+        writer.write(("\r\n".join(headers) + "\r\n\r\n").encode("ascii"))
+        if not head_only:
+            writer.write(body)
+        await writer.drain()
