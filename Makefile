@@ -1,5 +1,5 @@
 # Two commands on a fresh machine: `make run` and `make test`. Everything they need is
-# installed from here (the venv and its packages; later, Debian packages such as prometheus).
+# installed from here: the venv and its packages, and Debian packages when missing.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 DATA_DIR ?= ./data
 
-.PHONY: setup run test lint typecheck pytest bench clean
+.PHONY: setup system run test lint typecheck pytest bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,8 +18,12 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# Debian packages (prometheus for the alert tests, a JRE for Spark), installed when missing.
+system:
+	@./scripts/ensure-system-packages.sh
+
 run: setup
-	$(BIN)/metactl demo --data-dir $(DATA_DIR)
+	$(BIN)/metactl cluster up --brokers 3 --data-dir $(DATA_DIR)
 
 lint: setup
 	$(BIN)/ruff check .
@@ -28,13 +32,14 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-pytest: setup
+pytest: setup system
 	$(BIN)/python -m pytest
 
 test: lint typecheck pytest
 
 bench: setup
 	$(BIN)/python bench/log_append.py
+	$(BIN)/python bench/controller_ops.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -285,6 +285,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
         procs.append(("controller", ctl, f))
         ready = _await_ready(ctl, "controller")
         address = ready.split("listen=")[1].split()[0]
+        metrics = ready.split("metrics=")[1].split()[0] if "metrics=" in ready else args.metrics
         for i in range(1, args.brokers + 1):
             b, f = _start(
                 [py, "-m", "brokers_stub", "--id", str(i), "--controller", address,
@@ -294,6 +295,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             procs.append((f"broker {i}", b, f))
         for name, p, _ in procs[1:]:
             _await_ready(p, name)
+        asyncio.run(_await_active(address, args.brokers))
         spec = TopicSpec(
             name=args.topic,
             partitions=args.partitions,
@@ -309,7 +311,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             f"metactl cluster up: controller {address}, {args.brokers} brokers, "
             f"topic {args.topic} {created}\n"
             f"  data:     {data}  (logs in {data / 'logs'})\n"
-            f"  metrics:  http://{args.metrics}/metrics\n"
+            f"  metrics:  http://{metrics}/metrics\n"
             f"  try:      {me} describe --controller {address}\n"
             f"            {me} brokers --controller {address}\n"
             f"            {me} log tail --data-dir {data / 'controller'}\n"
@@ -334,6 +336,18 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
         return _fail(exc)
     finally:
         _shutdown(procs)
+
+
+async def _await_active(address: str, brokers: int, timeout_s: float = 60) -> None:
+    """Brokers unfence once they have caught up with the log; wait for all of them."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        r = await call(address, DescribeClusterRequest())
+        assert isinstance(r, DescribeClusterResponse)
+        if sum(1 for b in r.brokers if not b.fenced and not b.controlled_shutdown) >= brokers:
+            return
+        await asyncio.sleep(0.1)  # polling an observable state
+    raise RuntimeError(f"brokers did not all become active within {timeout_s:.0f} s")
 
 
 def _shutdown(procs: list[tuple[str, subprocess.Popen[str], IO[str]]]) -> None:

@@ -1,0 +1,8 @@
+"""The stub broker: a lightweight broker process for exercising the controller service.
+
+It registers, heartbeats, tails the metadata log into a local image, and simulates
+replication with leader-epoch histories and offsets instead of record bytes, so that
+clean and unclean shutdowns, ISR changes and unclean recovery can be driven end to end.
+Modules: config, storage, replica_log, replication (pure decisions), replica_manager,
+metadata, rpc, server, broker (the process), cli, metrics, logctx.
+"""

@@ -1,0 +1,393 @@
+"""The broker process: start-up, registration, heartbeats, request dispatch, shutdown.
+
+Start: take (read and delete) `clean_shutdown`, load the replicas (dropping unflushed
+data with --lose-unflushed), listen, register with the previous epoch (None after an
+unclean stop) and print the READY line. Run: heartbeat every interval (asking to stay
+fenced until the metadata image has caught up), tail the metadata log, replicate.
+Re-register with the current epoch when the controller answers STALE_BROKER_EPOCH or
+BROKER_ID_NOT_REGISTERED. Stop (SIGTERM/SIGINT): controlled shutdown through
+heartbeats, stop replicating, fsync every replica, then write `clean_shutdown`.
+
+This module orchestrates tasks and owns broker-level state (epoch, incarnation). It
+must not make replication decisions (replica_manager / replication do) and must not
+frame bytes (server / rpc do).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Coroutine
+from typing import Any, Final, TextIO
+
+from brokers_stub.config import BrokerConfig
+from brokers_stub.logctx import BrokerLog
+from brokers_stub.metadata import MetadataFollower
+from brokers_stub.replica_manager import ReplicaManager
+from brokers_stub.rpc import NetworkError, RpcClient
+from brokers_stub.server import BrokerServer, unsupported
+from brokers_stub.storage import take_clean_shutdown_epoch, write_clean_shutdown
+from controller.image import ClusterImage
+from metactl.errors import (
+    BrokerIdNotRegisteredError,
+    DuplicateBrokerRegistrationError,
+    InvalidRequestError,
+    MetactlError,
+    StaleBrokerEpochError,
+)
+from metactl.wire import (
+    BrokerHeartbeatRequest,
+    BrokerHeartbeatResponse,
+    BrokerRegistrationRequest,
+    BrokerRegistrationResponse,
+    GetReplicaLogInfoRequest,
+    GetReplicaLogInfoResponse,
+    Message,
+    ReplicaFetchRequest,
+)
+
+EXIT_OK: Final = 0
+EXIT_STARTUP_FAILED: Final = 1
+EXIT_INTERNAL: Final = 70
+
+
+def ready_line(broker_id: int, epoch: int, endpoint: str) -> str:
+    return f"READY broker={broker_id} epoch={epoch} endpoint={endpoint}"
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig, *, stdout: TextIO | None = None) -> None:
+        self.config = config
+        self.stdout = stdout if stdout is not None else sys.stdout
+        self.log = BrokerLog(config.broker_id)
+        self.incarnation_id = str(uuid.uuid4())
+        self.epoch: int | None = None
+        self.endpoint = ""
+        self.is_fenced = True
+        self.shutdown_requested = asyncio.Event()
+        self._signals = 0
+        self._hurry = asyncio.Event()  # a second signal: stop waiting for the controller
+        # Heartbeat now rather than at the next interval (the metadata just caught up).
+        self._heartbeat_now = asyncio.Event()
+        self._was_caught_up = False
+        self.controller_hb = RpcClient(config.controller, max_frame_bytes=config.max_frame_bytes)
+        self.controller_md = RpcClient(config.controller, max_frame_bytes=config.max_frame_bytes)
+        self.controller_ap = RpcClient(config.controller, max_frame_bytes=config.max_frame_bytes)
+        self.replicas = ReplicaManager(
+            config, self.log, broker_epoch=lambda: self.epoch, controller=self.controller_ap
+        )
+        self.metadata = MetadataFollower(
+            self.controller_md,
+            config.data_dir,
+            self.log,
+            max_wait_ms=config.metadata_max_wait_ms,
+            request_timeout_ms=config.request_timeout_ms,
+        )
+        self.metadata.listeners.append(self.replicas.on_metadata)
+        self.metadata.listeners.append(self._on_metadata)
+        self.server = BrokerServer(self.handle, self.log, max_frame_bytes=config.max_frame_bytes)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._metrics_stop: object | None = None
+
+    # --- requests from the network ------------------------------------------------------
+
+    async def handle(self, body: Message) -> Message:
+        match body:
+            case GetReplicaLogInfoRequest():
+                return self.replica_log_info(body)
+            case ReplicaFetchRequest():
+                return self.replicas.handle_fetch(body)
+        raise unsupported(body)
+
+    def replica_log_info(self, req: GetReplicaLogInfoRequest) -> GetReplicaLogInfoResponse:
+        if req.broker_id != self.config.broker_id:
+            raise InvalidRequestError(
+                f"this is broker {self.config.broker_id}, not broker {req.broker_id}"
+            )
+        if self.epoch is None or req.broker_epoch != self.epoch:
+            raise StaleBrokerEpochError(
+                f"broker {self.config.broker_id} is at epoch {self.epoch}, not {req.broker_epoch}"
+            )
+        entries = self.replicas.log_info(req.partitions)
+        self.log.info(
+            "replica log info",
+            partitions=[
+                [e.topic, e.partition, e.last_leader_epoch, e.log_end_offset] for e in entries
+            ],
+        )
+        return GetReplicaLogInfoResponse(
+            broker_id=self.config.broker_id, broker_epoch=self.epoch, partitions=entries
+        )
+
+    # --- the process ----------------------------------------------------------------------
+
+    def request_shutdown(self) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            self.log.warning("second stop signal: not waiting for the controller any longer")
+            self._hurry.set()
+        self.shutdown_requested.set()
+
+    async def run(self, *, install_signals: bool = True) -> int:
+        """Run until stopped; return the exit status. SIGTERM and SIGINT request the
+        stop (tests embedding a broker call `request_shutdown` instead)."""
+        loop = asyncio.get_running_loop()
+        installed = []
+        for sig in (signal.SIGTERM, signal.SIGINT) if install_signals else ():
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.request_shutdown)
+                installed.append(sig)
+        try:
+            return await self._run()
+        except Exception:
+            self.log.exception("broker failed")
+            return EXIT_INTERNAL
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            await self._stop_tasks()
+            await self.server.stop()
+            self._stop_metrics()
+            for client in (self.controller_hb, self.controller_md, self.controller_ap):
+                await client.close()
+
+    async def _run(self) -> int:
+        cfg = self.config
+        previous_epoch: int | None = None
+        try:
+            cfg.data_dir.mkdir(parents=True, exist_ok=True)
+            previous_epoch, problem = take_clean_shutdown_epoch(cfg.data_dir)
+            if problem is not None:
+                self.log.warning("clean shutdown file unusable; starting unclean", problem=problem)
+            self.log.info(
+                "starting",
+                incarnation_id=self.incarnation_id,
+                previous_broker_epoch=previous_epoch,
+                clean=previous_epoch is not None,
+                data_dir=str(cfg.data_dir),
+            )
+            self.replicas.load(lose_unflushed=cfg.lose_unflushed)
+            self.endpoint = await self.server.start(cfg.listen)
+        except (OSError, MetactlError) as exc:
+            self.log.error("broker start-up failed", error=str(exc))
+            print(f"error: {exc}", file=sys.stderr)
+            if previous_epoch is not None:
+                # Nothing ran: the proof of the last clean shutdown still holds.
+                with contextlib.suppress(OSError):
+                    write_clean_shutdown(cfg.data_dir, previous_epoch)
+            return EXIT_STARTUP_FAILED
+        self.log.info("listening", endpoint=self.endpoint)
+        self._start_metrics()
+
+        if not await self._register(previous_epoch):
+            # Stopped before the controller ever answered: nothing new was written, so the
+            # old proof of a clean shutdown (if any) still holds.
+            self.replicas.flush_all()
+            if previous_epoch is not None:
+                write_clean_shutdown(cfg.data_dir, previous_epoch)
+            self.log.info("stopped before registering")
+            return EXIT_OK
+        assert self.epoch is not None
+        print(ready_line(cfg.broker_id, self.epoch, self.endpoint), file=self.stdout, flush=True)
+
+        self.replicas.start()
+        self._spawn(self.metadata.run(), "metadata")
+        heartbeats = self._spawn(self._heartbeat_loop(), "heartbeats")
+        await self.shutdown_requested.wait()
+
+        self.log.info("controlled shutdown starting")
+        self.replicas.producing = False
+        heartbeats.cancel()
+        await asyncio.wait({heartbeats}, timeout=5)  # it stops itself too, see the loop
+        await self._controlled_shutdown()
+        await self.replicas.stop()
+        await self._stop_tasks()
+        await self.server.stop()
+        self.replicas.flush_all()
+        write_clean_shutdown(cfg.data_dir, self.epoch)
+        self.log.info("stopped cleanly", broker_epoch=self.epoch)
+        return EXIT_OK
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.append(task)
+        return task
+
+    async def _stop_tasks(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.replicas.stop()
+
+    async def _wait_or_stop(self, seconds: float, event: asyncio.Event) -> bool:
+        """Wait `seconds` (a timer) or until `event` is set; True if it was.
+
+        asyncio.timeout rather than wait_for: on 3.11 wait_for can swallow a cancellation
+        that arrives as the event fires, and a heartbeat task would then never stop.
+        """
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await event.wait()
+        return event.is_set()
+
+    # --- registration and heartbeats ------------------------------------------------------
+
+    async def _register(self, previous_epoch: int | None) -> bool:
+        """Register until the controller accepts; False if a stop was requested first."""
+        cfg = self.config
+        interval = cfg.heartbeat_interval_ms / 1000
+        failures = 0
+        while not self.shutdown_requested.is_set():
+            req = BrokerRegistrationRequest(
+                broker_id=cfg.broker_id,
+                incarnation_id=self.incarnation_id,
+                previous_broker_epoch=previous_epoch,
+                rack=cfg.rack,
+                endpoint=self.endpoint,
+            )
+            delay = interval
+            try:
+                resp = await self.controller_hb.request(req, cfg.request_timeout_ms / 1000)
+                if not isinstance(resp, BrokerRegistrationResponse):
+                    raise InvalidRequestError(f"unexpected {type(resp).__name__}")
+            except DuplicateBrokerRegistrationError as exc:
+                self.log.info("registration refused: old session still active", error=exc.message)
+            except NetworkError as exc:
+                if failures == 0:
+                    self.log.warning("controller unreachable; will retry", error=exc.message)
+                delay = min(0.1 * 2 ** min(failures, 5), interval)
+                failures += 1
+            except MetactlError as exc:
+                self.log.error("registration failed; will retry", code=exc.code, error=exc.message)
+            else:
+                self.epoch = resp.broker_epoch
+                self.is_fenced = True
+                self.log.set_epoch(resp.broker_epoch)
+                self.log.info(
+                    "registered",
+                    broker_epoch=resp.broker_epoch,
+                    clean=resp.clean,
+                    previous_broker_epoch=previous_epoch,
+                    endpoint=self.endpoint,
+                )
+                return True
+            if await self._wait_or_stop(delay, self.shutdown_requested):
+                break
+        return False
+
+    def _on_metadata(self, image: ClusterImage, caught_up: bool) -> None:
+        if caught_up and not self._was_caught_up:
+            self._heartbeat_now.set()  # ask to be unfenced without waiting an interval
+        self._was_caught_up = caught_up
+
+    def _heartbeat_request(self, *, want_shutdown: bool) -> BrokerHeartbeatRequest:
+        assert self.epoch is not None
+        return BrokerHeartbeatRequest(
+            broker_id=self.config.broker_id,
+            broker_epoch=self.epoch,
+            metadata_offset=self.metadata.applied_offset,
+            want_fence=not self.metadata.caught_up,
+            want_shutdown=want_shutdown,
+        )
+
+    def _heartbeat_timeout(self) -> float:
+        cfg = self.config
+        return min(cfg.session_timeout_ms / 2, max(2 * cfg.heartbeat_interval_ms, 1000)) / 1000
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self.config.heartbeat_interval_ms / 1000
+        failures = 0
+        while not self.shutdown_requested.is_set():  # then _controlled_shutdown takes over
+            try:
+                resp = await self.controller_hb.request(
+                    self._heartbeat_request(want_shutdown=False), self._heartbeat_timeout()
+                )
+                if not isinstance(resp, BrokerHeartbeatResponse):
+                    raise InvalidRequestError(f"unexpected {type(resp).__name__}")
+            except (StaleBrokerEpochError, BrokerIdNotRegisteredError) as exc:
+                self.log.warning(
+                    "controller no longer knows this registration; re-registering",
+                    code=exc.code,
+                    error=exc.message,
+                )
+                await self._register(self.epoch)
+                continue
+            except NetworkError as exc:
+                if failures == 0:
+                    self.log.warning("heartbeat failed; will retry", error=exc.message)
+                failures += 1
+            except MetactlError as exc:
+                self.log.warning("heartbeat refused", code=exc.code, error=exc.message)
+                failures += 1
+            except Exception:
+                self.log.exception("heartbeat: unexpected error")
+                failures += 1
+            else:
+                if failures:
+                    self.log.info("heartbeats resumed", failed=failures)
+                failures = 0
+                if resp.is_fenced != self.is_fenced:
+                    self.log.info(
+                        "fenced" if resp.is_fenced else "unfenced",
+                        metadata_offset=self.metadata.applied_offset,
+                    )
+                self.is_fenced = resp.is_fenced
+            await self._wait_or_stop(interval, self._heartbeat_now)  # the heartbeat timer
+            self._heartbeat_now.clear()
+
+    async def _controlled_shutdown(self) -> None:
+        """Heartbeat with want_shutdown until the controller lets us stop, the controller
+        has been unreachable for a session timeout, or a second signal says hurry."""
+        cfg = self.config
+        period = min(cfg.heartbeat_interval_ms, 1000) / 1000
+        last_contact = time.monotonic()
+        while not self._hurry.is_set():
+            try:
+                resp = await self.controller_hb.request(
+                    self._heartbeat_request(want_shutdown=True), self._heartbeat_timeout()
+                )
+                if not isinstance(resp, BrokerHeartbeatResponse):
+                    raise InvalidRequestError(f"unexpected {type(resp).__name__}")
+            except (StaleBrokerEpochError, BrokerIdNotRegisteredError) as exc:
+                self.log.warning("controlled shutdown: registration gone", code=exc.code)
+                return
+            except MetactlError as exc:
+                unreachable_s = time.monotonic() - last_contact
+                if unreachable_s * 1000 > cfg.session_timeout_ms:
+                    self.log.warning(
+                        "controller unreachable for a session timeout; stopping anyway",
+                        error=str(exc),
+                    )
+                    return
+            else:
+                last_contact = time.monotonic()
+                if resp.should_shut_down:
+                    self.log.info("controlled shutdown complete")
+                    return
+            if await self._wait_or_stop(period, self._hurry):
+                return
+
+    # --- metrics ------------------------------------------------------------------------
+
+    def _start_metrics(self) -> None:
+        if self.config.metrics is None:
+            return
+        from brokers_stub.metrics import start_metrics
+
+        try:
+            self._metrics_stop, address = start_metrics(self, self.config.metrics)
+        except (OSError, MetactlError) as exc:
+            self.log.error("metrics endpoint not started", error=str(exc))
+        else:
+            self.log.info("metrics endpoint", address=address)
+
+    def _stop_metrics(self) -> None:
+        stop, self._metrics_stop = self._metrics_stop, None
+        if callable(stop):
+            with contextlib.suppress(Exception):
+                stop()

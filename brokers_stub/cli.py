@@ -1,0 +1,93 @@
+"""The broker's command-line arguments, shared by `metactl broker run` and
+`python -m brokers_stub`, and the function both call to run the process.
+
+Owns argument names, their defaults and the mapping to `BrokerConfig`; the process
+itself lives in `broker.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+from brokers_stub.config import BrokerConfig
+from metactl.logs import configure
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--id", dest="broker_id", type=int, required=True, help="broker id")
+    parser.add_argument(
+        "--controller", required=True, metavar="HOST:PORT", help="controller service address"
+    )
+    parser.add_argument(
+        "--data-dir", type=Path, required=True, help="directory for replicas and state files"
+    )
+    parser.add_argument(
+        "--listen",
+        default="127.0.0.1:0",
+        metavar="HOST:PORT",
+        help="where to answer GetReplicaLogInfo and ReplicaFetch (default: 127.0.0.1:0)",
+    )
+    parser.add_argument("--rack", default=None, help="rack of this broker")
+    parser.add_argument("--heartbeat-interval-ms", type=int, default=2000)
+    parser.add_argument(
+        "--session-timeout-ms",
+        type=int,
+        default=9000,
+        help="the controller's session timeout: how long a shutdown waits for it (9000)",
+    )
+    parser.add_argument(
+        "--lose-unflushed",
+        action="store_true",
+        help="at start, drop every replica's data above its last flushed offset "
+        "(simulates losing the page cache in an unclean shutdown)",
+    )
+    parser.add_argument("--flush-interval-ms", type=int, default=1000)
+    parser.add_argument(
+        "--produce-rate",
+        type=float,
+        default=50.0,
+        help="records per second appended to each partition this broker leads (50)",
+    )
+    parser.add_argument("--replica-lag-time-max-ms", type=int, default=3000)
+    parser.add_argument("--fetch-interval-ms", type=int, default=100)
+    parser.add_argument(
+        "--metrics", default=None, metavar="HOST:PORT", help="serve Prometheus metrics here"
+    )
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> BrokerConfig:
+    return BrokerConfig(
+        broker_id=args.broker_id,
+        controller=args.controller,
+        data_dir=args.data_dir,
+        listen=args.listen,
+        rack=args.rack,
+        heartbeat_interval_ms=args.heartbeat_interval_ms,
+        session_timeout_ms=args.session_timeout_ms,
+        lose_unflushed=args.lose_unflushed,
+        flush_interval_ms=args.flush_interval_ms,
+        produce_rate=args.produce_rate,
+        replica_lag_time_max_ms=args.replica_lag_time_max_ms,
+        fetch_interval_ms=args.fetch_interval_ms,
+        metrics=args.metrics,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the broker until it stops; return its exit status."""
+    configure(json=True, level=getattr(logging, str(args.log_level).upper()), stream=sys.stderr)
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from brokers_stub.broker import Broker
+
+    return asyncio.run(Broker(config).run())

@@ -1,0 +1,52 @@
+"""The broker's settings, as one immutable value built from the command line.
+
+Data only: defaults and simple validation. Nothing here reads files or opens sockets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from metactl.wire import DEFAULT_MAX_FRAME_BYTES
+
+
+@dataclass(frozen=True, kw_only=True)
+class BrokerConfig:
+    broker_id: int
+    controller: str  # HOST:PORT of the controller service
+    data_dir: Path
+    listen: str = "127.0.0.1:0"
+    rack: str | None = None
+    heartbeat_interval_ms: int = 2000
+    session_timeout_ms: int = 9000  # the controller's; bounds an unreachable shutdown
+    lose_unflushed: bool = False
+    flush_interval_ms: int = 1000
+    produce_rate: float = 50.0  # records per second per led partition
+    replica_lag_time_max_ms: int = 3000
+    fetch_interval_ms: int = 100
+    produce_tick_ms: int = 100
+    metadata_max_wait_ms: int = 500
+    request_timeout_ms: int = 5000
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    metrics: str | None = None  # HOST:PORT for a Prometheus endpoint
+
+    def __post_init__(self) -> None:
+        if self.broker_id < 0:
+            raise ValueError(f"--id must be >= 0, got {self.broker_id}")
+        for name in (
+            "heartbeat_interval_ms",
+            "session_timeout_ms",
+            "flush_interval_ms",
+            "replica_lag_time_max_ms",
+            "fetch_interval_ms",
+            "produce_tick_ms",
+            "request_timeout_ms",
+            "max_frame_bytes",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.produce_rate < 0:
+            raise ValueError(f"--produce-rate must be >= 0, got {self.produce_rate}")
+        if self.metadata_max_wait_ms < 0:
+            raise ValueError("metadata_max_wait_ms must be >= 0")

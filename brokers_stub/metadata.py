@@ -1,0 +1,155 @@
+"""The broker's metadata image: tail the controller's committed log into a ClusterImage.
+
+Long-polls FetchMetadata from the controller, rebuilds the image from a snapshot when
+the controller answers with one, replays records with `controller.replay.replay`,
+writes the applied offset to `metadata_offset` (page cache) and reports every new image
+to one callback, saying whether it is caught up with the committed end offset the
+controller last reported. A start always fetches from offset 0.
+
+This module owns the image and the fetch loop. It must not act on the image (the
+replica manager does) and never writes metadata: it only follows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from brokers_stub.logctx import BrokerLog
+from brokers_stub.rpc import NetworkError, RpcClient
+from brokers_stub.storage import write_metadata_offset
+from controller.image import ClusterImage
+from controller.replay import ReplayError, image_from_records, replay
+from metactl.errors import MetactlError, OffsetOutOfRangeError
+from metactl.wire import FetchMetadataRequest, FetchMetadataResponse
+
+ImageListener = Callable[[ClusterImage, bool], None]
+
+
+class MetadataGapError(MetactlError):
+    code = "METADATA_GAP"
+
+
+def apply_fetch(image: ClusterImage, resp: FetchMetadataResponse) -> ClusterImage:
+    """The image after one fetch response (pure).
+
+    A snapshot replaces the image; records below the image's end are skipped (a resend),
+    a record beyond it means something was missed and raises `MetadataGapError`.
+    """
+    if resp.snapshot is not None:
+        image = image_from_records(resp.snapshot.records, resp.snapshot.offset)
+    fresh = [r for r in resp.records if r.offset >= image.end_offset]
+    if fresh and fresh[0].offset != image.end_offset:
+        raise MetadataGapError(
+            f"fetched records start at {fresh[0].offset}, the image ends at {image.end_offset}"
+        )
+    for prev, nxt in itertools.pairwise(fresh):
+        if nxt.offset != prev.offset + 1:
+            raise MetadataGapError(f"fetched records jump from {prev.offset} to {nxt.offset}")
+    if not fresh:
+        return image
+    return replay(image, [r.record for r in fresh])
+
+
+class MetadataFollower:
+    def __init__(
+        self,
+        client: RpcClient,
+        data_dir: Path,
+        log: BrokerLog,
+        *,
+        max_wait_ms: int,
+        request_timeout_ms: int,
+    ) -> None:
+        self.client = client
+        self.data_dir = data_dir
+        self.log = log
+        self.max_wait_ms = max_wait_ms
+        self.request_timeout_ms = request_timeout_ms
+        self.image = ClusterImage()
+        self.controller_end_offset: int | None = None
+        # When the broker first saw committed records it had not applied (None: caught up).
+        self.lagging_since: float | None = None
+        self.listeners: list[ImageListener] = []
+        self.updated = asyncio.Event()  # set after every applied response (for observers)
+
+    @property
+    def applied_offset(self) -> int:
+        """The offset of the next record needed; every record below it is applied."""
+        return self.image.end_offset
+
+    def lag(self) -> tuple[int, float]:
+        """Metadata lag: committed records not yet applied, and for how long (seconds)."""
+        end = self.controller_end_offset
+        records = 0 if end is None else max(0, end - self.image.end_offset)
+        since = self.lagging_since
+        return records, 0.0 if since is None or records == 0 else time.monotonic() - since
+
+    @property
+    def caught_up(self) -> bool:
+        """Applied up to the committed end the controller last reported."""
+        end = self.controller_end_offset
+        return end is not None and self.image.end_offset >= end
+
+    async def run(self) -> None:
+        failures = 0
+        while True:
+            try:
+                resp = await self.client.request(
+                    FetchMetadataRequest(
+                        from_offset=self.image.end_offset, max_wait_ms=self.max_wait_ms
+                    ),
+                    timeout_s=(self.max_wait_ms + self.request_timeout_ms) / 1000,
+                )
+                if not isinstance(resp, FetchMetadataResponse):
+                    raise MetadataGapError(f"unexpected {type(resp).__name__}")
+                self._apply(resp)
+                failures = 0
+            except OffsetOutOfRangeError as exc:
+                # The controller's log no longer matches ours (e.g. it lost its data
+                # directory): start over from an empty image.
+                self.log.warning("metadata offset out of range; refetching", error=exc.message)
+                self._reset()
+                failures += 1
+            except (ReplayError, MetadataGapError) as exc:
+                self.log.error("metadata replay failed; refetching from 0", error=str(exc))
+                self._reset()
+                failures += 1
+            except NetworkError as exc:
+                if failures == 0:
+                    self.log.warning("metadata fetch failed; will retry", error=exc.message)
+                failures += 1
+            except MetactlError as exc:
+                self.log.warning("metadata fetch refused; will retry", error=str(exc))
+                failures += 1
+            except Exception:
+                self.log.exception("metadata fetch: unexpected error")
+                failures += 1
+            if failures:
+                await asyncio.sleep(min(0.05 * 2 ** min(failures, 6), 2.0))  # retry backoff
+
+    def _reset(self) -> None:
+        self.image = ClusterImage()
+        self.controller_end_offset = None
+        self.lagging_since = None
+
+    def _apply(self, resp: FetchMetadataResponse) -> None:
+        before = self.image.end_offset
+        self.image = apply_fetch(self.image, resp)
+        self.controller_end_offset = resp.end_offset
+        if self.image.end_offset >= resp.end_offset:
+            self.lagging_since = None
+        elif self.lagging_since is None:
+            self.lagging_since = time.monotonic()
+        if self.image.end_offset != before:
+            with contextlib.suppress(OSError):
+                write_metadata_offset(self.data_dir, self.image.end_offset)
+        caught_up = self.caught_up
+        for listener in self.listeners:
+            listener(self.image, caught_up)
+        self.updated.set()
+        self.updated.clear()

@@ -1,0 +1,95 @@
+"""An optional Prometheus endpoint (`--metrics HOST:PORT`) showing the broker's state.
+
+A collector reads the live state at scrape time (from the exporter's thread: it only
+copies, never mutates). Owns the metric names; decides nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from metactl.wire import parse_address
+
+if TYPE_CHECKING:
+    from brokers_stub.broker import Broker
+
+
+class BrokerCollector(Collector):
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def collect(self) -> Iterator[Metric]:
+        b = self.broker
+        labels = [str(b.config.broker_id)]
+        epoch = GaugeMetricFamily("metactl_broker_epoch", "Current broker epoch", labels=["broker"])
+        epoch.add_metric(labels, -1 if b.epoch is None else b.epoch)
+        yield epoch
+        fenced = GaugeMetricFamily(
+            "metactl_broker_fenced", "1 if the controller fences this broker", labels=["broker"]
+        )
+        fenced.add_metric(labels, 1 if b.is_fenced else 0)
+        yield fenced
+        md = GaugeMetricFamily(
+            "metactl_broker_metadata_offset",
+            "Offset of the next metadata record the broker needs",
+            labels=["broker"],
+        )
+        md.add_metric(labels, b.metadata.applied_offset)
+        yield md
+        lag_records, lag_seconds = b.metadata.lag()
+        lag_r = GaugeMetricFamily(
+            "metactl_broker_metadata_lag_records",
+            "Committed metadata records the broker has not applied yet",
+            labels=["broker"],
+        )
+        lag_r.add_metric(labels, lag_records)
+        yield lag_r
+        lag_s = GaugeMetricFamily(
+            "metactl_broker_metadata_lag_seconds",
+            "How long the broker has been behind the committed metadata log (0: caught up)",
+            labels=["broker"],
+        )
+        lag_s.add_metric(labels, lag_seconds)
+        yield lag_s
+        names = ["broker", "topic", "partition"]
+        leo = GaugeMetricFamily("metactl_broker_replica_log_end_offset", "LEO", labels=names)
+        hw = GaugeMetricFamily("metactl_broker_replica_high_watermark", "HW", labels=names)
+        flushed = GaugeMetricFamily(
+            "metactl_broker_replica_flushed_offset", "Offset fsynced", labels=names
+        )
+        le = GaugeMetricFamily(
+            "metactl_broker_replica_leader_epoch", "Newest leader epoch known", labels=names
+        )
+        leader = GaugeMetricFamily(
+            "metactl_broker_replica_is_leader", "1 if this broker leads it", labels=names
+        )
+        leaders = set(b.replicas.leaders)
+        for tp, log in list(b.replicas.logs.items()):
+            lv = [*labels, tp[0], str(tp[1])]
+            leo.add_metric(lv, log.log_end_offset)
+            hw.add_metric(lv, log.high_watermark)
+            flushed.add_metric(lv, log.flushed_offset)
+            le.add_metric(lv, log.last_leader_epoch)
+            leader.add_metric(lv, 1 if tp in leaders else 0)
+        yield from (leo, hw, flushed, le, leader)
+
+
+def start_metrics(broker: Broker, address: str) -> tuple[Callable[[], None], str]:
+    """Serve /metrics on `address`; return the function that stops it, and the real
+    HOST:PORT (port 0 picks one)."""
+    host, port = parse_address(address)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BrokerCollector(broker))
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+
+    bound = server.server_address
+    return stop, f"{host}:{bound[1]}"

@@ -1,0 +1,246 @@
+"""One simulated partition replica: its leader-epoch history and offsets, and their file.
+
+A replica holds no record bytes, only what the replication protocol reasons about: the
+leader-epoch history `[(epoch, start_offset), …]` (Kafka's leader-epoch checkpoint),
+the log end offset (LEO), the high watermark (HW) and the flushed offset (everything
+below it survived the last fsync). The file `replicas/<topic>-<partition>.json` is
+rewritten through the page cache on every change and fsynced by `flush`.
+
+This module owns that state, the pure operations on an epoch history, and the file
+format. It must not make replication decisions (leader or follower: see
+`replication.py`), talk to the network, or decide when to persist or flush.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from brokers_stub.storage import TMP_SUFFIX, replace_file
+
+EpochEntry = tuple[int, int]  # (leader epoch, start offset)
+History = list[EpochEntry]
+
+NO_EPOCH = -1
+
+
+# --- pure operations on an epoch history ---------------------------------------------
+
+
+def epoch_at(history: Sequence[EpochEntry], offset: int) -> int | None:
+    """The leader epoch of the record at `offset` (None: before the first entry)."""
+    found: int | None = None
+    for epoch, start in history:
+        if start > offset:
+            break
+        found = epoch
+    return found
+
+
+def last_written_epoch(history: Sequence[EpochEntry], leo: int) -> int:
+    """The epoch of the last record in the log (NO_EPOCH for an empty log)."""
+    if leo <= 0:
+        return NO_EPOCH
+    epoch = epoch_at(history, leo - 1)
+    return NO_EPOCH if epoch is None else epoch
+
+
+def latest_epoch(history: Sequence[EpochEntry]) -> int:
+    """The newest epoch in the history, written or not (NO_EPOCH if empty)."""
+    return history[-1][0] if history else NO_EPOCH
+
+
+def assign_epoch(history: Sequence[EpochEntry], epoch: int, start: int) -> History:
+    """Kafka's LeaderEpochFileCache.assign: record that `epoch` starts at `start`.
+
+    No change if the newest entry already is `epoch` at or before `start`. Otherwise
+    entries that would break monotonicity (epoch >= `epoch` or start >= `start`) go.
+    """
+    if history and history[-1][0] == epoch and history[-1][1] <= start:
+        return list(history)
+    kept = [(e, s) for e, s in history if e < epoch and s < start]
+    kept.append((epoch, start))
+    return kept
+
+
+def truncate_history_to(history: Sequence[EpochEntry], offset: int) -> History:
+    """The history of a log truncated to `offset` records: entries starting at or after
+    `offset` describe records that are gone (Kafka's truncateFromEnd)."""
+    return [(e, s) for e, s in history if s < offset]
+
+
+def end_offset_for_epoch(history: Sequence[EpochEntry], leo: int, epoch: int) -> tuple[int, int]:
+    """Kafka's OffsetsForLeaderEpoch answer: (the largest epoch <= `epoch` in the history,
+    the offset where it ends, i.e. the next entry's start or the LEO for the newest).
+
+    When every epoch in the history is newer than `epoch`, (NO_EPOCH, first start offset).
+    """
+    for i in range(len(history) - 1, -1, -1):
+        e, _ = history[i]
+        if e <= epoch:
+            end = history[i + 1][1] if i + 1 < len(history) else leo
+            return e, min(end, leo)
+    return NO_EPOCH, (min(history[0][1], leo) if history else 0)
+
+
+def common_prefix(a: Sequence[EpochEntry], a_leo: int, b: Sequence[EpochEntry], b_leo: int) -> int:
+    """How many leading records two logs agree on, judged by their epoch histories.
+
+    Epochs are constant between entry starts, so comparing at every start below the
+    shorter LEO (and at 0) finds the first offset whose epochs differ.
+    """
+    limit = min(a_leo, b_leo)
+    points = sorted({0, *(s for _, s in a), *(s for _, s in b)})
+    for p in points:
+        if p >= limit:
+            break
+        if epoch_at(a, p) != epoch_at(b, p):
+            return p
+    return limit
+
+
+# --- the replica state ---------------------------------------------------------------
+
+
+@dataclass
+class ReplicaLog:
+    topic: str
+    partition: int
+    leader_epochs: History = field(default_factory=list)
+    log_end_offset: int = 0
+    high_watermark: int = 0
+    flushed_offset: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+    @property
+    def last_leader_epoch(self) -> int:
+        """What GetReplicaLogInfo reports: the newest epoch in the history, or -1."""
+        return latest_epoch(self.leader_epochs)
+
+    @property
+    def last_fetched_epoch(self) -> int:
+        """What a follower sends when it fetches: the epoch of its last record, or -1."""
+        return last_written_epoch(self.leader_epochs, self.log_end_offset)
+
+    # --- changes (pure state; the caller persists) ------------------------------------
+
+    def assign_epoch(self, epoch: int) -> bool:
+        """The leader starts `epoch` at its LEO. True if the history changed."""
+        new = assign_epoch(self.leader_epochs, epoch, self.log_end_offset)
+        if new == self.leader_epochs:
+            return False
+        self.leader_epochs = new
+        return True
+
+    def append(self, count: int) -> None:
+        self.log_end_offset += count
+
+    def truncate_to(self, offset: int) -> bool:
+        """Drop every record at or above `offset`. True if anything changed."""
+        if offset >= self.log_end_offset:
+            return False
+        offset = max(0, offset)
+        self.log_end_offset = offset
+        self.leader_epochs = truncate_history_to(self.leader_epochs, offset)
+        self.high_watermark = min(self.high_watermark, offset)
+        self.flushed_offset = min(self.flushed_offset, offset)
+        return True
+
+    def lose_unflushed(self) -> bool:
+        """Simulate a lossy unclean shutdown: the page cache is gone, only what was fsynced
+        remains. Epoch entries that start above the flushed offset are dropped."""
+        f = self.flushed_offset
+        epochs = [(e, s) for e, s in self.leader_epochs if s <= f]
+        changed = self.log_end_offset != f or epochs != self.leader_epochs
+        self.log_end_offset = f
+        self.leader_epochs = epochs
+        self.high_watermark = min(self.high_watermark, f)
+        return changed
+
+    def copy_from_leader(self, leader_epochs: Sequence[EpochEntry], leader_leo: int) -> bool:
+        """After a non-diverging fetch the follower's log equals the leader's prefix and
+        copies the rest: same LEO, same epoch history. True if anything changed."""
+        new_epochs = [(int(e), int(s)) for e, s in leader_epochs if s <= leader_leo]
+        changed = new_epochs != self.leader_epochs or leader_leo != self.log_end_offset
+        self.leader_epochs = new_epochs
+        if leader_leo < self.log_end_offset:
+            self.flushed_offset = min(self.flushed_offset, leader_leo)
+        self.log_end_offset = leader_leo
+        self.high_watermark = min(self.high_watermark, leader_leo)
+        return changed
+
+    def advance_high_watermark(self, hw: int) -> bool:
+        hw = min(hw, self.log_end_offset)
+        if hw <= self.high_watermark:
+            return False
+        self.high_watermark = hw
+        return True
+
+    # --- the file -----------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "partition": self.partition,
+            "leader_epochs": [[e, s] for e, s in self.leader_epochs],
+            "log_end_offset": self.log_end_offset,
+            "high_watermark": self.high_watermark,
+            "flushed_offset": self.flushed_offset,
+        }
+
+    @classmethod
+    def from_json(cls, doc: Any) -> ReplicaLog:
+        if not isinstance(doc, dict):
+            raise ValueError("a replica file holds a JSON object")
+        epochs = [(int(e), int(s)) for e, s in doc.get("leader_epochs", [])]
+        leo = int(doc["log_end_offset"])
+        log = cls(
+            topic=str(doc["topic"]),
+            partition=int(doc["partition"]),
+            leader_epochs=epochs,
+            log_end_offset=leo,
+            high_watermark=min(int(doc.get("high_watermark", 0)), leo),
+            flushed_offset=min(int(doc.get("flushed_offset", 0)), leo),
+        )
+        if leo < 0 or any(s < 0 for _, s in epochs):
+            raise ValueError("negative offsets")
+        return log
+
+
+def replica_path(replicas_dir: Path, topic: str, partition: int) -> Path:
+    return replicas_dir / f"{topic}-{partition}.json"
+
+
+def save(log: ReplicaLog, replicas_dir: Path) -> None:
+    """Write through the page cache (no fsync): survives a process crash only."""
+    data = json.dumps(log.to_json(), separators=(",", ":")).encode()
+    replace_file(replica_path(replicas_dir, log.topic, log.partition), data, durable=False)
+
+
+def flush(log: ReplicaLog, replicas_dir: Path) -> None:
+    """fsync the whole replica: from now on `flushed_offset` == LEO survives an OS crash."""
+    log.flushed_offset = log.log_end_offset
+    data = json.dumps(log.to_json(), separators=(",", ":")).encode()
+    replace_file(replica_path(replicas_dir, log.topic, log.partition), data, durable=True)
+
+
+def load_all(replicas_dir: Path) -> tuple[list[ReplicaLog], list[str]]:
+    """Every replica file in the directory, and a problem description per bad file."""
+    logs: list[ReplicaLog] = []
+    problems: list[str] = []
+    if not replicas_dir.is_dir():
+        return logs, problems
+    for path in sorted(replicas_dir.glob("*.json")):
+        if path.name.endswith(TMP_SUFFIX) or path.name.startswith("."):
+            continue
+        try:
+            logs.append(ReplicaLog.from_json(json.loads(path.read_bytes())))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            problems.append(f"{path.name}: {exc}")
+    return logs, problems

@@ -1,0 +1,633 @@
+"""The replicas this broker hosts, and the replication it runs for them.
+
+Follows the metadata image: creates a replica for every partition assigned to this
+broker; as a leader appends the new leader epoch, simulates producers (the LEO grows at
+`produce_rate`), answers followers' ReplicaFetch, advances the high watermark and asks
+the controller to shrink or expand the ISR (one AlterPartition in flight per
+partition); as a follower fetches from the leader's endpoint, truncates where the logs
+diverge and copies the rest. Every change is written through the page cache; every
+flush interval (and at shutdown) changed replicas are fsynced.
+
+Nothing acts on the image before it has caught up with the controller's committed end:
+while a restarted broker replays the log from 0, old images would name it leader of
+epochs long gone.
+
+This module applies the decisions of `replication.py` and owns the tasks that drive
+them. It must not decide broker-level matters (registration, heartbeats, shutdown), nor
+write files other than the replica files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Coroutine, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from brokers_stub import replica_log as rl
+from brokers_stub.config import BrokerConfig
+from brokers_stub.logctx import BrokerLog
+from brokers_stub.replica_log import ReplicaLog
+from brokers_stub.replication import (
+    FollowerFetchState,
+    divergence,
+    follower_truncation,
+    isr_change,
+    next_high_watermark,
+    record_fetch,
+)
+from brokers_stub.rpc import NetworkError, RpcClient
+from brokers_stub.storage import REPLICAS_DIR
+from controller.image import ClusterImage, PartitionState, TopicPartition
+from controller.requests import IsrMember
+from metactl import wire
+from metactl.errors import (
+    InvalidRequestError,
+    MetactlError,
+    NotLeaderOrFollowerError,
+    UnknownTopicOrPartitionError,
+)
+from metactl.wire import (
+    AlterPartitionRequest,
+    ReplicaFetchRequest,
+    ReplicaFetchResponse,
+    ReplicaLogInfoEntry,
+    ReplicaRef,
+)
+from metadata_log.records import NO_LEADER, LeaderRecoveryState
+
+ALTER_RETRY_MS = 1000
+PENDING_MAX_MS = 10_000
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+@dataclass
+class LeaderState:
+    """Soft state of one partition this broker leads, for one leader epoch."""
+
+    leader_epoch: int
+    followers: dict[int, FollowerFetchState] = field(default_factory=dict)
+    produce_credit: float = 0.0
+    alter_in_flight: bool = False
+    # An accepted AlterPartition whose record the image has not reached yet.
+    pending_partition_epoch: int | None = None
+    pending_isr: frozenset[int] = frozenset()
+    pending_until_ms: int = 0  # stop waiting for it then (the answer was never committed?)
+    # A refused or failed AlterPartition: retry once the partition changes, or later.
+    refused_at_partition_epoch: int | None = None
+    retry_at_ms: int = 0
+
+
+class ReplicaManager:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        log: BrokerLog,
+        *,
+        broker_epoch: Callable[[], int | None],
+        controller: RpcClient | None = None,
+        clock_ms: Callable[[], int] = monotonic_ms,
+    ) -> None:
+        self.config = config
+        self.broker_id = config.broker_id
+        self.replicas_dir: Path = config.data_dir / REPLICAS_DIR
+        self.log = log
+        self.broker_epoch = broker_epoch
+        self.controller = controller
+        self.clock_ms = clock_ms
+        self.logs: dict[TopicPartition, ReplicaLog] = {}
+        self.leaders: dict[TopicPartition, LeaderState] = {}
+        self.image: ClusterImage | None = None  # the latest caught-up image
+        self.producing = True
+        self.fetchers: dict[int, Fetcher] = {}
+        self._unflushed: set[TopicPartition] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._running = False  # start() called: fetchers may run
+        self._stopped = False  # stop() called: no new AlterPartition
+        self._stale_leader_warned: set[tuple[TopicPartition, int]] = set()
+
+    # --- files ----------------------------------------------------------------------
+
+    def load(self, *, lose_unflushed: bool) -> None:
+        """Read every replica file; with `lose_unflushed`, drop what was never fsynced."""
+        self.replicas_dir.mkdir(parents=True, exist_ok=True)
+        logs, problems = rl.load_all(self.replicas_dir)
+        for problem in problems:
+            self.log.error("unreadable replica file ignored", problem=problem)
+        for log in logs:
+            tp = (log.topic, log.partition)
+            self.logs[tp] = log
+            if lose_unflushed:
+                before = (log.log_end_offset, len(log.leader_epochs))
+                if log.lose_unflushed():
+                    self.log.warning(
+                        "lost unflushed data",
+                        partition=log.name,
+                        log_end_offset_before=before[0],
+                        log_end_offset=log.log_end_offset,
+                        epochs_dropped=before[1] - len(log.leader_epochs),
+                    )
+                rl.flush(log, self.replicas_dir)  # the surviving state is on disk
+        self.log.info(
+            "replicas loaded",
+            replicas={
+                log.name: [log.last_leader_epoch, log.log_end_offset] for log in self.logs.values()
+            },
+        )
+
+    def _save(self, tp: TopicPartition) -> None:
+        rl.save(self.logs[tp], self.replicas_dir)
+        self._unflushed.add(tp)
+
+    def flush_changed(self) -> None:
+        for tp in sorted(self._unflushed):
+            log = self.logs.get(tp)
+            if log is not None:
+                rl.flush(log, self.replicas_dir)
+        self._unflushed.clear()
+
+    def flush_all(self) -> None:
+        for tp in sorted(self.logs):
+            rl.flush(self.logs[tp], self.replicas_dir)
+        self._unflushed.clear()
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._running = True
+        self._spawn(self._tick_loop(), "replica-ticks")
+        self._spawn(self._flush_loop(), "replica-flush")
+        if self.image is not None:
+            self._reconcile_fetchers(self.image)
+
+    async def stop(self) -> None:
+        self._running = False
+        self._stopped = True
+        tasks = list(self._tasks)
+        for fetcher in self.fetchers.values():
+            tasks.append(fetcher.task)
+        self.fetchers.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for task in tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                self.log.error("replica task had failed", task=task.get_name())
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # --- metadata -------------------------------------------------------------------
+
+    def on_metadata(self, image: ClusterImage, caught_up: bool) -> None:
+        """A new image from the metadata follower."""
+        for p in image.partitions_of(self.broker_id):
+            if p.tp not in self.logs:
+                self.logs[p.tp] = ReplicaLog(topic=p.topic, partition=p.partition)
+                self._save(p.tp)
+                self.log.info("replica created", partition=f"{p.topic}-{p.partition}")
+        if not caught_up:
+            return
+        self.image = image
+        now = self.clock_ms()
+        led: set[TopicPartition] = set()
+        for p in image.partitions_of(self.broker_id):
+            if p.leader == self.broker_id and self._become_or_stay_leader(p, now):
+                led.add(p.tp)
+        for tp in list(self.leaders):
+            if tp not in led:
+                del self.leaders[tp]
+                self.log.info("no longer leader", partition=f"{tp[0]}-{tp[1]}")
+        if self._running:
+            self._reconcile_fetchers(image)
+        for tp in led:
+            self._maybe_alter_isr(tp, now)
+
+    def _become_or_stay_leader(self, p: PartitionState, now: int) -> bool:
+        log = self.logs[p.tp]
+        latest = log.last_leader_epoch
+        if p.leader_epoch < latest:
+            # Our history knows a newer epoch than the controller: do not act on it.
+            if (p.tp, p.leader_epoch) not in self._stale_leader_warned:
+                self._stale_leader_warned.add((p.tp, p.leader_epoch))
+                self.log.warning(
+                    "image names us leader of an epoch older than our history; ignoring",
+                    partition=log.name,
+                    leader_epoch=p.leader_epoch,
+                    latest_epoch=latest,
+                )
+            return False
+        st = self.leaders.get(p.tp)
+        if st is not None and st.leader_epoch == p.leader_epoch:
+            for r in p.isr:
+                if r != self.broker_id and r not in st.followers:
+                    st.followers[r] = FollowerFetchState(last_caught_up_ms=now)
+            return True
+        if log.assign_epoch(p.leader_epoch):
+            self._save(p.tp)
+        # Kafka: the ISR members start caught up as of now; others must prove it.
+        self.leaders[p.tp] = LeaderState(
+            leader_epoch=p.leader_epoch,
+            followers={
+                r: FollowerFetchState(last_caught_up_ms=now) for r in p.isr if r != self.broker_id
+            },
+        )
+        self.log.info(
+            "became leader",
+            partition=log.name,
+            leader_epoch=p.leader_epoch,
+            log_end_offset=log.log_end_offset,
+            high_watermark=log.high_watermark,
+            isr=sorted(p.isr),
+            recovering=p.recovery_state is LeaderRecoveryState.RECOVERING,
+        )
+        return True
+
+    def followed_partitions(self, image: ClusterImage) -> Iterable[PartitionState]:
+        for p in image.partitions_of(self.broker_id):
+            if p.leader not in (NO_LEADER, self.broker_id):
+                yield p
+
+    def _reconcile_fetchers(self, image: ClusterImage) -> None:
+        wanted = {p.leader for p in self.followed_partitions(image)}
+        for leader_id in list(self.fetchers):
+            if leader_id not in wanted:
+                self.fetchers.pop(leader_id).task.cancel()
+        for leader_id in wanted:
+            if leader_id not in self.fetchers:
+                self.fetchers[leader_id] = Fetcher(self, leader_id)
+
+    # --- leader: producing, high watermark, ISR ---------------------------------------
+
+    async def _tick_loop(self) -> None:
+        period = self.config.produce_tick_ms / 1000
+        last = self.clock_ms()
+        while True:
+            await asyncio.sleep(period)  # a timer: simulated producers and ISR checks
+            now = self.clock_ms()
+            try:
+                self.tick(now, now - last)
+            except Exception:
+                self.log.exception("replica tick failed")
+            last = now
+
+    def tick(self, now: int, elapsed_ms: int) -> None:
+        """Produce for `elapsed_ms`, advance high watermarks, check the ISRs."""
+        image = self.image
+        if image is None:
+            return
+        for tp, st in list(self.leaders.items()):
+            p = image.partition(tp)
+            if p is None:
+                continue
+            log = self.logs[tp]
+            changed = False
+            if self.producing and self.config.produce_rate > 0:
+                st.produce_credit += self.config.produce_rate * elapsed_ms / 1000
+                count = int(st.produce_credit)
+                if count > 0:
+                    st.produce_credit -= count
+                    log.append(count)
+                    changed = True
+            changed |= self._update_high_watermark(p, st, log)
+            if changed:
+                self._save(tp)
+            self._maybe_alter_isr(tp, now)
+
+    def _update_high_watermark(self, p: PartitionState, st: LeaderState, log: ReplicaLog) -> bool:
+        hw = next_high_watermark(
+            current_hw=log.high_watermark,
+            leader_id=self.broker_id,
+            leader_leo=log.log_end_offset,
+            isr=p.isr,
+            min_isr=p.min_isr,
+            follower_offsets={b: f.fetch_offset for b, f in st.followers.items()},
+            pending_isr=st.pending_isr if st.pending_partition_epoch is not None else (),
+        )
+        return log.advance_high_watermark(hw)
+
+    def _active_epochs(self, image: ClusterImage) -> dict[int, int]:
+        return {b.broker_id: b.epoch for b in image.brokers.values() if b.active}
+
+    def _maybe_alter_isr(self, tp: TopicPartition, now: int) -> None:
+        """Send an AlterPartition if the ISR should change (or the partition still awaits
+        the end of its recovery) and none is in flight or waiting to be seen."""
+        image, st = self.image, self.leaders.get(tp)
+        epoch = self.broker_epoch()
+        if image is None or st is None or epoch is None or st.alter_in_flight:
+            return
+        if self.controller is None or self._stopped:
+            return
+        p = image.partition(tp)
+        if p is None or p.leader != self.broker_id:
+            return
+        if st.pending_partition_epoch is not None:
+            if p.partition_epoch < st.pending_partition_epoch and now < st.pending_until_ms:
+                return  # the accepted change is not in our image yet
+            st.pending_partition_epoch, st.pending_isr = None, frozenset()
+        if st.refused_at_partition_epoch is not None:
+            if p.partition_epoch == st.refused_at_partition_epoch and now < st.retry_at_ms:
+                return
+            st.refused_at_partition_epoch = None
+        elif now < st.retry_at_ms:
+            return
+        target = isr_change(
+            leader_id=self.broker_id,
+            isr=p.isr,
+            replicas=p.replicas,
+            followers=st.followers,
+            active_epochs=self._active_epochs(image),
+            now_ms=now,
+            lag_max_ms=self.config.replica_lag_time_max_ms,
+        )
+        recovering = p.recovery_state is LeaderRecoveryState.RECOVERING
+        if target is None and not recovering:
+            return
+        isr = target if target is not None else p.isr | {self.broker_id}
+        members = [
+            IsrMember(
+                broker_id=b,
+                broker_epoch=epoch if b == self.broker_id else image.brokers[b].epoch,
+            )
+            for b in sorted(isr)
+        ]
+        req = AlterPartitionRequest(
+            topic=p.topic,
+            partition=p.partition,
+            leader=self.broker_id,
+            broker_epoch=epoch,
+            partition_epoch=p.partition_epoch,
+            isr=members,
+            leader_epoch=p.leader_epoch,
+            recovered=True,  # the simulated log needs no recovery work
+        )
+        st.alter_in_flight = True
+        self._spawn(self._alter_partition(st, req, sorted(p.isr)), f"alter-{tp[0]}-{tp[1]}")
+
+    async def _alter_partition(
+        self, st: LeaderState, req: AlterPartitionRequest, old_isr: list[int]
+    ) -> None:
+        name = f"{req.topic}-{req.partition}"
+        new_isr = [m.broker_id for m in req.isr]
+        assert self.controller is not None
+        try:
+            resp = await self.controller.request(req, self.config.request_timeout_ms / 1000)
+            if not isinstance(resp, wire.PartitionState):
+                raise InvalidRequestError(f"unexpected {type(resp).__name__}")
+        except NetworkError as exc:
+            st.retry_at_ms = self.clock_ms() + ALTER_RETRY_MS // 2
+            self.log.warning("AlterPartition failed; will retry", partition=name, error=str(exc))
+        except MetactlError as exc:
+            # INVALID_UPDATE_VERSION, NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH,
+            # INELIGIBLE_REPLICA, STALE_BROKER_EPOCH, INVALID_REQUEST: our view is behind.
+            # Re-evaluate once the metadata moves on (or after a pause).
+            st.refused_at_partition_epoch = req.partition_epoch
+            st.retry_at_ms = self.clock_ms() + ALTER_RETRY_MS
+            self.log.info(
+                "AlterPartition refused", partition=name, code=exc.code, error=exc.message
+            )
+        else:
+            st.pending_partition_epoch = resp.partition_epoch
+            st.pending_isr = frozenset(resp.isr)
+            st.pending_until_ms = self.clock_ms() + PENDING_MAX_MS
+            self.log.info(
+                "AlterPartition accepted",
+                partition=name,
+                old_isr=old_isr,
+                proposed_isr=new_isr,
+                isr=resp.isr,
+                partition_epoch=resp.partition_epoch,
+                recovering=resp.recovering,
+            )
+        finally:
+            st.alter_in_flight = False
+
+    # --- leader: serving followers ------------------------------------------------------
+
+    def handle_fetch(self, req: ReplicaFetchRequest) -> ReplicaFetchResponse:
+        tp = (req.topic, req.partition)
+        image = self.image
+        if image is None:
+            raise NotLeaderOrFollowerError("metadata not caught up yet")
+        p = image.partition(tp)
+        if p is None:
+            raise UnknownTopicOrPartitionError(f"unknown partition {req.topic}-{req.partition}")
+        st = self.leaders.get(tp)
+        if p.leader != self.broker_id or st is None or st.leader_epoch != p.leader_epoch:
+            raise NotLeaderOrFollowerError(
+                f"broker {self.broker_id} does not lead {req.topic}-{req.partition}"
+            )
+        if req.follower_id not in p.replicas or req.follower_id == self.broker_id:
+            raise NotLeaderOrFollowerError(
+                f"broker {req.follower_id} is not a follower of {req.topic}-{req.partition}"
+            )
+        log = self.logs[tp]
+        history = [(e, s) for e, s in log.leader_epochs]
+        truncate_to = divergence(
+            log.leader_epochs, log.log_end_offset, req.last_fetched_epoch, req.fetch_offset
+        )
+        if truncate_to is not None:
+            self.log.info(
+                "follower diverges",
+                partition=log.name,
+                follower=req.follower_id,
+                fetch_offset=req.fetch_offset,
+                last_fetched_epoch=req.last_fetched_epoch,
+                truncate_to=truncate_to,
+            )
+            return ReplicaFetchResponse(
+                leader_epoch=p.leader_epoch,
+                log_end_offset=log.log_end_offset,
+                high_watermark=log.high_watermark,
+                truncate_to=truncate_to,
+                leader_epochs=history,
+            )
+        now = self.clock_ms()
+        st.followers[req.follower_id] = record_fetch(
+            st.followers.get(req.follower_id),
+            broker_epoch=req.follower_broker_epoch,
+            fetch_offset=req.fetch_offset,
+            leader_leo=log.log_end_offset,
+            now_ms=now,
+        )
+        if self._update_high_watermark(p, st, log):
+            self._save(tp)
+        self._maybe_alter_isr(tp, now)
+        return ReplicaFetchResponse(
+            leader_epoch=p.leader_epoch,
+            log_end_offset=log.log_end_offset,
+            high_watermark=log.high_watermark,
+            leader_epochs=history,
+        )
+
+    # --- follower -----------------------------------------------------------------------
+
+    def apply_fetch_response(
+        self,
+        tp: TopicPartition,
+        sent_offset: int,
+        resp: ReplicaFetchResponse,
+    ) -> None:
+        """Apply a leader's answer to our fetch from `sent_offset`."""
+        log = self.logs[tp]
+        if log.log_end_offset != sent_offset:
+            return  # the log changed while the fetch was out: ask again
+        if resp.truncate_to is not None:
+            point = follower_truncation(
+                log.leader_epochs,
+                log.log_end_offset,
+                resp.leader_epochs,
+                resp.log_end_offset,
+                resp.truncate_to,
+            )
+            before = log.log_end_offset
+            if log.truncate_to(point):
+                self._save(tp)
+                self.log.info(
+                    "truncated diverging log",
+                    partition=log.name,
+                    log_end_offset_before=before,
+                    log_end_offset=log.log_end_offset,
+                    leader_truncate_to=resp.truncate_to,
+                )
+            return
+        changed = log.copy_from_leader(resp.leader_epochs, resp.log_end_offset)
+        changed |= log.advance_high_watermark(resp.high_watermark)
+        if changed:
+            self._save(tp)
+
+    # --- GetReplicaLogInfo ----------------------------------------------------------------
+
+    def log_info(self, refs: Iterable[ReplicaRef]) -> list[ReplicaLogInfoEntry]:
+        out = []
+        for ref in refs:
+            log = self.logs.get((ref.topic, ref.partition))
+            if log is None:
+                out.append(
+                    ReplicaLogInfoEntry(
+                        topic=ref.topic,
+                        partition=ref.partition,
+                        error_code=UnknownTopicOrPartitionError.code,
+                    )
+                )
+            else:
+                out.append(
+                    ReplicaLogInfoEntry(
+                        topic=ref.topic,
+                        partition=ref.partition,
+                        last_leader_epoch=log.last_leader_epoch,
+                        log_end_offset=log.log_end_offset,
+                    )
+                )
+        return out
+
+    async def _flush_loop(self) -> None:
+        period = self.config.flush_interval_ms / 1000
+        while True:
+            await asyncio.sleep(period)  # a timer: the flush interval
+            try:
+                self.flush_changed()
+            except OSError as exc:
+                self.log.error("replica flush failed", error=str(exc))
+
+
+class Fetcher:
+    """Fetches, for every partition this broker follows from one leader, in turn."""
+
+    def __init__(self, manager: ReplicaManager, leader_id: int) -> None:
+        self.manager = manager
+        self.leader_id = leader_id
+        self.client = RpcClient(
+            self._endpoint,
+            connect_timeout=manager.config.request_timeout_ms / 1000,
+            max_frame_bytes=manager.config.max_frame_bytes,
+        )
+        self.failures = 0
+        self.task = asyncio.ensure_future(self._run())
+        self.task.set_name(f"fetcher-{leader_id}")
+
+    def _endpoint(self) -> str:
+        image = self.manager.image
+        b = image.broker(self.leader_id) if image is not None else None
+        return b.endpoint if b is not None else ""
+
+    async def _run(self) -> None:
+        m = self.manager
+        try:
+            while True:
+                try:
+                    await self._round()
+                except Exception:
+                    m.log.exception("fetcher round failed", leader=self.leader_id)
+                    self.failures += 1
+                delay = m.config.fetch_interval_ms / 1000
+                if self.failures:
+                    delay = max(delay, min(0.05 * 2 ** min(self.failures, 5), 1.0))
+                await asyncio.sleep(delay)  # a timer: the fetch interval
+        finally:
+            with contextlib.suppress(Exception):
+                await self.client.close()
+
+    async def _round(self) -> None:
+        m = self.manager
+        image = m.image
+        if image is None or not self._endpoint():
+            return
+        for p in list(m.followed_partitions(image)):
+            if p.leader == self.leader_id:
+                await self._fetch(p.tp)
+
+    async def _fetch(self, tp: TopicPartition) -> None:
+        m = self.manager
+        epoch = m.broker_epoch()
+        image = m.image
+        if epoch is None or image is None:
+            return
+        p = image.partition(tp)
+        log = m.logs.get(tp)
+        if p is None or log is None or p.leader != self.leader_id:
+            return
+        sent_offset = log.log_end_offset
+        req = ReplicaFetchRequest(
+            topic=tp[0],
+            partition=tp[1],
+            follower_id=m.broker_id,
+            follower_broker_epoch=epoch,
+            fetch_offset=sent_offset,
+            last_fetched_epoch=log.last_fetched_epoch,
+        )
+        try:
+            resp = await self.client.request(req, m.config.request_timeout_ms / 1000)
+        except NetworkError as exc:
+            if self.failures == 0:
+                m.log.warning("replica fetch failed", leader=self.leader_id, error=exc.message)
+            self.failures += 1
+            return
+        except MetactlError as exc:
+            m.log.debug("replica fetch refused", partition=log.name, code=exc.code)
+            return
+        if self.failures:
+            m.log.info("replica fetch recovered", leader=self.leader_id)
+            self.failures = 0
+        if not isinstance(resp, ReplicaFetchResponse):
+            m.log.warning("unexpected fetch answer", answer=type(resp).__name__)
+            return
+        now_image = m.image
+        now_p = now_image.partition(tp) if now_image is not None else None
+        if (
+            now_p is None
+            or now_p.leader != self.leader_id
+            or now_p.leader_epoch != p.leader_epoch
+            or resp.leader_epoch != p.leader_epoch
+        ):
+            return  # leadership moved, or the leader has not caught up with it yet
+        m.apply_fetch_response(tp, sent_offset, resp)

@@ -1,0 +1,115 @@
+"""Builders shared by the stub broker's tests: cluster images, configs, polling."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from brokers_stub.config import BrokerConfig
+from controller.image import ClusterImage
+from controller.replay import replay
+from metadata_log.records import (
+    ChangeReason,
+    LeaderRecoveryState,
+    MetadataRecord,
+    PartitionChangeRecord,
+    PartitionRecord,
+    RegisterBrokerRecord,
+    TopicRecord,
+)
+
+TOPIC = "orders"
+
+
+def cluster(
+    brokers: dict[int, int],
+    *,
+    replicas: Sequence[int],
+    leader: int,
+    isr: Sequence[int],
+    leader_epoch: int = 0,
+    partition_epoch: int = 0,
+    min_isr: int = 1,
+    recovering: bool = False,
+    fenced: Sequence[int] = (),
+) -> ClusterImage:
+    """An image with `brokers` ({id: epoch}, unfenced unless in `fenced`) and one
+    partition orders-0."""
+    records: list[MetadataRecord] = [
+        RegisterBrokerRecord(
+            broker_id=b,
+            incarnation_id=f"inc-{b}",
+            broker_epoch=e,
+            endpoint=f"127.0.0.1:{10000 + b}",
+            fenced=b in fenced,
+        )
+        for b, e in sorted(brokers.items())
+    ]
+    records.append(TopicRecord(name=TOPIC, topic_id="t-1", partitions=1, min_isr=min_isr))
+    records.append(
+        PartitionRecord(
+            topic=TOPIC,
+            partition=0,
+            replicas=list(replicas),
+            isr=sorted(isr),
+            leader=leader,
+            leader_epoch=leader_epoch,
+            partition_epoch=partition_epoch,
+            min_isr=min_isr,
+            recovery_state=(
+                LeaderRecoveryState.RECOVERING if recovering else LeaderRecoveryState.RECOVERED
+            ),
+        )
+    )
+    return replay(ClusterImage(), records)
+
+
+def change(
+    image: ClusterImage,
+    *,
+    leader: int | None = None,
+    isr: Sequence[int] | None = None,
+    recovered: bool = False,
+) -> ClusterImage:
+    """The image after one PartitionChangeRecord on orders-0 (epochs bumped as the
+    controller does)."""
+    p = image.partitions[(TOPIC, 0)]
+    leader_changed = leader is not None and leader != p.leader
+    return replay(
+        image,
+        [
+            PartitionChangeRecord(
+                topic=TOPIC,
+                partition=0,
+                reason=ChangeReason.ALTER_PARTITION,
+                partition_epoch=p.partition_epoch + 1,
+                leader_epoch=p.leader_epoch + 1 if leader_changed else p.leader_epoch,
+                leader=leader if leader_changed else None,
+                isr=sorted(isr) if isr is not None else None,
+                recovery_state=LeaderRecoveryState.RECOVERED if recovered else None,
+            )
+        ],
+    )
+
+
+def config(data_dir: Path, broker_id: int = 1, **kw: object) -> BrokerConfig:
+    return BrokerConfig(
+        broker_id=broker_id,
+        controller="127.0.0.1:1",
+        data_dir=data_dir,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+async def eventually(
+    condition: Callable[[], bool], *, timeout_s: float = 10.0, what: str = "condition"
+) -> None:
+    """Poll an observable condition until it holds; fail the test after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        await asyncio.sleep(0.01)  # polling interval of an observable condition
+    raise AssertionError(f"timed out waiting for {what}")

@@ -1,0 +1,337 @@
+"""The replica manager, driven directly: a leader and followers wired in memory.
+
+No sockets: a follower's fetch is `leader.handle_fetch(...)` and the answer goes to
+`follower.apply_fetch_response(...)`; AlterPartition goes to a recording fake. Time is an
+explicit virtual clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from brokers_stub import replica_log as rl
+from brokers_stub.logctx import BrokerLog
+from brokers_stub.replica_log import ReplicaLog
+from brokers_stub.replica_manager import ReplicaManager
+from brokers_stub.storage import REPLICAS_DIR
+from controller.image import ClusterImage
+from metactl.errors import (
+    InvalidUpdateVersionError,
+    MetactlError,
+    NotLeaderOrFollowerError,
+    UnknownTopicOrPartitionError,
+)
+from metactl.wire import (
+    AlterPartitionRequest,
+    Message,
+    PartitionState,
+    ReplicaFetchRequest,
+    ReplicaRef,
+)
+from tests.brokers_stub.helpers import TOPIC, change, cluster, config, eventually
+
+TP = (TOPIC, 0)
+EPOCHS = {1: 100, 2: 200, 3: 300}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+class FakeController:
+    """Records AlterPartition requests; answers each with the next scripted outcome."""
+
+    def __init__(self) -> None:
+        self.requests: list[AlterPartitionRequest] = []
+        self.outcomes: list[MetactlError | None] = []
+
+    async def request(self, body: Message, timeout_s: float) -> Message:
+        assert isinstance(body, AlterPartitionRequest)
+        self.requests.append(body)
+        outcome = self.outcomes.pop(0) if self.outcomes else None
+        if outcome is not None:
+            raise outcome
+        return PartitionState(
+            topic=body.topic,
+            partition=body.partition,
+            replicas=[1, 2, 3],
+            leader=body.leader,
+            leader_epoch=body.leader_epoch or 0,
+            partition_epoch=body.partition_epoch + 1,
+            isr=[m.broker_id for m in body.isr],
+        )
+
+
+def manager(
+    tmp_path: Path,
+    broker_id: int,
+    clock: Clock,
+    controller: FakeController | None = None,
+    **kw: object,
+) -> ReplicaManager:
+    cfg = config(tmp_path / f"b{broker_id}", broker_id, **kw)
+    m = ReplicaManager(
+        cfg,
+        BrokerLog(broker_id),
+        broker_epoch=lambda: EPOCHS[broker_id],
+        controller=controller,  # type: ignore[arg-type]
+        clock_ms=clock,
+    )
+    m.load(lose_unflushed=False)
+    return m
+
+
+def fetch(leader: ReplicaManager, follower: ReplicaManager) -> None:
+    log = follower.logs[TP]
+    sent = log.log_end_offset
+    resp = leader.handle_fetch(
+        ReplicaFetchRequest(
+            topic=TOPIC,
+            partition=0,
+            follower_id=follower.broker_id,
+            follower_broker_epoch=EPOCHS[follower.broker_id],
+            fetch_offset=sent,
+            last_fetched_epoch=log.last_fetched_epoch,
+        )
+    )
+    follower.apply_fetch_response(TP, sent, resp)
+
+
+def on_disk(m: ReplicaManager) -> ReplicaLog:
+    (log,), _ = rl.load_all(m.replicas_dir)
+    return log
+
+
+def test_leader_appends_its_epoch_produces_and_persists(tmp_path: Path) -> None:
+    clock = Clock()
+    leader = manager(tmp_path, 1, clock, produce_rate=10.0)
+    image = cluster(EPOCHS, replicas=[1, 2, 3], leader=1, isr=[1], leader_epoch=4)
+    leader.on_metadata(image, True)
+    assert leader.logs[TP].leader_epochs == [(4, 0)]
+    leader.tick(clock.now, 1500)
+    leader.tick(clock.now, 50)  # 0.5 records: credited, not lost
+    leader.tick(clock.now, 50)
+    log = leader.logs[TP]
+    assert log.log_end_offset == 16
+    assert log.high_watermark == 16  # ISR {1} and min ISR 1
+    assert on_disk(leader).log_end_offset == 16
+    assert on_disk(leader).flushed_offset == 0  # page cache only, so far
+    leader.flush_changed()
+    assert on_disk(leader).flushed_offset == 16
+
+
+def test_nothing_happens_before_the_image_is_caught_up(tmp_path: Path) -> None:
+    clock = Clock()
+    leader = manager(tmp_path, 1, clock)
+    image = cluster(EPOCHS, replicas=[1, 2, 3], leader=1, isr=[1], leader_epoch=4)
+    leader.on_metadata(image, False)
+    assert leader.logs[TP].leader_epochs == []  # the replica exists, but nothing is led
+    assert leader.leaders == {}
+    follower = manager(tmp_path, 2, clock)
+    follower.on_metadata(image, False)
+    with pytest.raises(NotLeaderOrFollowerError):
+        fetch(leader, follower)
+
+
+def test_followers_copy_and_hw_needs_every_isr_member(tmp_path: Path) -> None:
+    clock = Clock()
+    leader = manager(tmp_path, 1, clock, produce_rate=100.0)
+    f2, f3 = manager(tmp_path, 2, clock), manager(tmp_path, 3, clock)
+    image = cluster(EPOCHS, replicas=[1, 2, 3], leader=1, isr=[1, 2, 3], min_isr=2)
+    for m in (leader, f2, f3):
+        m.on_metadata(image, True)
+    leader.tick(clock.now, 100)  # LEO 10
+    assert leader.logs[TP].high_watermark == 0  # 2 and 3 have not fetched yet
+    fetch(leader, f2)
+    assert f2.logs[TP].log_end_offset == 10
+    assert f2.logs[TP].leader_epochs == [(0, 0)]
+    fetch(leader, f3)
+    fetch(leader, f2)
+    fetch(leader, f3)
+    assert leader.logs[TP].high_watermark == 10
+    fetch(leader, f2)  # and the followers learn it on their next fetch
+    assert f2.logs[TP].high_watermark == 10
+
+
+def test_hw_stops_when_the_isr_shrinks_below_min_isr(tmp_path: Path) -> None:
+    clock = Clock()
+    leader = manager(tmp_path, 1, clock, produce_rate=100.0)
+    image = cluster(EPOCHS, replicas=[1, 2, 3], leader=1, isr=[1, 2], min_isr=2)
+    f2 = manager(tmp_path, 2, clock)
+    leader.on_metadata(image, True)
+    f2.on_metadata(image, True)
+    leader.tick(clock.now, 100)
+    fetch(leader, f2)
+    fetch(leader, f2)
+    assert leader.logs[TP].high_watermark == 10
+    image = change(image, isr=[1])  # 2 left the ISR: below min ISR
+    leader.on_metadata(image, True)
+    leader.tick(clock.now, 100)
+    assert leader.logs[TP].log_end_offset == 20
+    assert leader.logs[TP].high_watermark == 10  # frozen
+
+
+def test_a_diverged_follower_truncates_then_copies(tmp_path: Path) -> None:
+    clock = Clock()
+    # Broker 2 led epoch 0 to offset 12 but only 0..7 reached broker 1, now leader of
+    # epoch 1 from offset 8.
+    f2 = manager(tmp_path, 2, clock)
+    f2.logs[TP] = ReplicaLog(topic=TOPIC, partition=0, leader_epochs=[(0, 0)], log_end_offset=12)
+    leader = manager(tmp_path, 1, clock, produce_rate=20.0)
+    leader.logs[TP] = ReplicaLog(topic=TOPIC, partition=0, leader_epochs=[(0, 0)], log_end_offset=8)
+    image = cluster(EPOCHS, replicas=[1, 2], leader=1, isr=[1], leader_epoch=1)
+    leader.on_metadata(image, True)
+    f2.on_metadata(image, True)
+    leader.tick(clock.now, 1000)  # epoch 1 holds 8..27
+    assert leader.logs[TP].leader_epochs == [(0, 0), (1, 8)]
+    fetch(leader, f2)
+    assert f2.logs[TP].log_end_offset == 8  # the 4 records of epoch 0 nobody else has
+    assert on_disk(f2).log_end_offset == 8
+    fetch(leader, f2)
+    assert f2.logs[TP].log_end_offset == 28
+    assert f2.logs[TP].leader_epochs == [(0, 0), (1, 8)]
+
+
+def test_fetch_refusals(tmp_path: Path) -> None:
+    clock = Clock()
+    follower = manager(tmp_path, 1, clock)
+    image = cluster(EPOCHS, replicas=[1, 2, 3], leader=2, isr=[1, 2])
+    follower.on_metadata(image, True)
+    req = ReplicaFetchRequest(
+        topic=TOPIC,
+        partition=0,
+        follower_id=3,
+        follower_broker_epoch=300,
+        fetch_offset=0,
+        last_fetched_epoch=-1,
+    )
+    with pytest.raises(NotLeaderOrFollowerError):
+        follower.handle_fetch(req)
+    with pytest.raises(UnknownTopicOrPartitionError):
+        follower.handle_fetch(
+            ReplicaFetchRequest(
+                topic="nope",
+                partition=0,
+                follower_id=3,
+                follower_broker_epoch=300,
+                fetch_offset=0,
+                last_fetched_epoch=-1,
+            )
+        )
+
+
+def test_log_info_reports_each_replica(tmp_path: Path) -> None:
+    clock = Clock()
+    m = manager(tmp_path, 1, clock)
+    m.logs[TP] = ReplicaLog(
+        topic=TOPIC, partition=0, leader_epochs=[(0, 0), (3, 9)], log_end_offset=11
+    )
+    entries = m.log_info([ReplicaRef(TOPIC, 0), ReplicaRef(TOPIC, 1)])
+    assert (entries[0].last_leader_epoch, entries[0].log_end_offset) == (3, 11)
+    assert entries[0].error_code is None
+    assert entries[1].error_code == "UNKNOWN_TOPIC_OR_PARTITION"
+
+
+def test_load_with_lose_unflushed(tmp_path: Path) -> None:
+    clock = Clock()
+    replicas = tmp_path / "b1" / REPLICAS_DIR
+    replicas.mkdir(parents=True)
+    rl.save(
+        ReplicaLog(
+            topic=TOPIC,
+            partition=0,
+            leader_epochs=[(0, 0), (2, 30)],
+            log_end_offset=40,
+            high_watermark=35,
+            flushed_offset=25,
+        ),
+        replicas,
+    )
+    m = manager(tmp_path, 1, clock, lose_unflushed=True)  # load() keeps it all
+    assert m.logs[TP].log_end_offset == 40
+    m.load(lose_unflushed=True)
+    log = m.logs[TP]
+    assert (log.log_end_offset, log.leader_epochs, log.high_watermark) == (25, [(0, 0)], 25)
+    assert on_disk(m) == log  # the loss is durable: a second start sees the same
+
+
+def alter_setup(
+    tmp_path: Path, *, isr: list[int], recovering: bool = False
+) -> tuple[Clock, FakeController, ReplicaManager, ClusterImage]:
+    clock = Clock()
+    ctl = FakeController()
+    leader = manager(tmp_path, 1, clock, ctl, produce_rate=100.0, replica_lag_time_max_ms=3000)
+    image = cluster(EPOCHS, replicas=[1, 2, 3], leader=1, isr=isr, min_isr=2, recovering=recovering)
+    return clock, ctl, leader, image
+
+
+async def test_isr_expands_once_a_follower_caught_up(tmp_path: Path) -> None:
+    clock, ctl, leader, image = alter_setup(tmp_path, isr=[1, 2])
+    f3 = manager(tmp_path, 3, clock)
+    leader.on_metadata(image, True)
+    f3.on_metadata(image, True)
+    leader.tick(clock.now, 100)
+    fetch(leader, f3)  # from 0, leader at 10: behind
+    await asyncio.sleep(0)
+    assert ctl.requests == []
+    clock.now += 100
+    leader.tick(clock.now, 100)
+    fetch(leader, f3)  # holds the 10 we had at its previous fetch: caught up
+    await eventually(lambda: len(ctl.requests) == 1, what="an AlterPartition")
+    req = ctl.requests[0]
+    assert [(m.broker_id, m.broker_epoch) for m in req.isr] == [(1, 100), (2, 200), (3, 300)]
+    assert (req.leader, req.broker_epoch, req.partition_epoch, req.leader_epoch) == (1, 100, 0, 0)
+    # Accepted: nothing more is sent until the image shows the change.
+    await eventually(lambda: not leader.leaders[TP].alter_in_flight)
+    fetch(leader, f3)
+    await asyncio.sleep(0)
+    assert len(ctl.requests) == 1
+    leader.on_metadata(change(image, isr=[1, 2, 3]), True)
+    fetch(leader, f3)
+    await asyncio.sleep(0)
+    assert len(ctl.requests) == 1  # nothing left to change
+
+
+async def test_isr_shrinks_a_follower_that_stopped_fetching(tmp_path: Path) -> None:
+    clock, ctl, leader, image = alter_setup(tmp_path, isr=[1, 2, 3])
+    f2, f3 = manager(tmp_path, 2, clock), manager(tmp_path, 3, clock)
+    for m in (leader, f2, f3):
+        m.on_metadata(image, True)
+    for _ in range(40):  # 4 s: 2 keeps fetching, 3 is silent
+        clock.now += 100
+        leader.tick(clock.now, 100)
+        fetch(leader, f2)
+    await eventually(lambda: len(ctl.requests) == 1, what="an AlterPartition")
+    assert [m.broker_id for m in ctl.requests[0].isr] == [1, 2]
+
+
+async def test_refused_alter_partition_waits_for_new_metadata(tmp_path: Path) -> None:
+    clock, ctl, leader, image = alter_setup(tmp_path, isr=[1, 2, 3])
+    ctl.outcomes = [InvalidUpdateVersionError("stale")]
+    leader.on_metadata(image, True)
+    clock.now += 3001  # neither 2 nor 3 has been caught up for the lag time
+    leader.tick(clock.now, 0)
+    await eventually(lambda: not leader.leaders[TP].alter_in_flight and bool(ctl.requests))
+    leader.tick(clock.now, 0)
+    await asyncio.sleep(0)
+    assert len(ctl.requests) == 1  # same partition epoch: wait
+    image = change(image, isr=[1, 2, 3])  # something else changed it (epoch 0 -> 1)
+    leader.on_metadata(image, True)
+    await eventually(lambda: len(ctl.requests) == 2, what="a retry with the new epoch")
+    assert ctl.requests[1].partition_epoch == 1
+
+
+async def test_a_recovering_leader_reports_recovery_at_once(tmp_path: Path) -> None:
+    _, ctl, leader, image = alter_setup(tmp_path, isr=[1], recovering=True)
+    leader.on_metadata(image, True)
+    await eventually(lambda: len(ctl.requests) == 1, what="an AlterPartition")
+    req = ctl.requests[0]
+    assert req.recovered
+    assert [m.broker_id for m in req.isr] == [1]

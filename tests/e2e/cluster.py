@@ -1,0 +1,203 @@
+"""Real processes for end-to-end tests: a controller and brokers on loopback.
+
+Processes are started with `python -m controller` / `python -m brokers_stub`, report
+readiness on stdout, and are stopped with real signals. Waiting is always on observable
+state (a committed record, a state in DescribeCluster) with generous timeouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from metactl.wire import (
+    DescribeClusterRequest,
+    DescribeClusterResponse,
+    FetchMetadataRequest,
+    FetchMetadataResponse,
+    Message,
+)
+from metadata_log.records import MetadataRecord
+from ops.client import call
+
+HEARTBEAT_MS = 200
+SESSION_MS = 1500
+TIMEOUT_S = 60.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Process:
+    def __init__(self, name: str, cmd: list[str], log: Path) -> None:
+        self.name = name
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self._log = log.open("ab")
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=self._log, text=True, start_new_session=True
+        )
+        self.ready_line = ""
+
+    def await_ready(self, timeout_s: float = TIMEOUT_S) -> str:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"{self.name} exited with {self.proc.wait()} before READY")
+            if line.startswith("READY"):
+                self.ready_line = line.strip()
+                return self.ready_line
+        raise RuntimeError(f"{self.name} not ready in {timeout_s} s")
+
+    def field(self, key: str) -> str:
+        for part in self.ready_line.split():
+            if part.startswith(key + "="):
+                return part.split("=", 1)[1]
+        raise KeyError(key)
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+
+    def wait(self, timeout_s: float = TIMEOUT_S) -> int:
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._log.close()
+
+
+class Cluster:
+    def __init__(self, root: Path, strategy: str = "balanced") -> None:
+        self.root = root
+        self.strategy = strategy
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.controller: Process | None = None
+        self.brokers: dict[int, Process] = {}
+
+    def start_controller(self) -> None:
+        self.controller = Process(
+            "controller",
+            [sys.executable, "-m", "controller", "--data-dir", str(self.root / "controller"),
+             "--listen", self.address, "--heartbeat-interval-ms", str(HEARTBEAT_MS),
+             "--session-timeout-ms", str(SESSION_MS),
+             "--unclean-recovery-strategy", self.strategy],
+            self.root / "logs" / "controller.log",
+        )  # fmt: skip
+        self.controller.await_ready()
+
+    def start_broker(self, broker_id: int, *extra: str) -> Process:
+        p = Process(
+            f"broker-{broker_id}",
+            [sys.executable, "-m", "brokers_stub", "--id", str(broker_id),
+             "--controller", self.address, "--data-dir", str(self.root / f"broker-{broker_id}"),
+             "--heartbeat-interval-ms", str(HEARTBEAT_MS), "--flush-interval-ms", "200",
+             *extra],
+            self.root / "logs" / f"broker-{broker_id}.log",
+        )  # fmt: skip
+        p.await_ready()
+        self.brokers[broker_id] = p
+        return p
+
+    def kill_broker(self, broker_id: int, sig: int = signal.SIGKILL) -> int:
+        p = self.brokers.pop(broker_id)
+        p.signal(sig)
+        status = p.wait()
+        p.close()
+        return status
+
+    def stop(self) -> None:
+        for p in self.brokers.values():
+            p.signal(signal.SIGTERM)
+        for p in self.brokers.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(20)
+            p.close()
+        self.brokers.clear()
+        if self.controller is not None:
+            self.controller.signal(signal.SIGTERM)
+            try:
+                self.controller.wait(20)
+            finally:
+                self.controller.close()
+
+    # --- observing ---
+
+    async def request(self, body: Message) -> Message:
+        return await call(self.address, body, timeout_s=10)
+
+    async def describe(self) -> DescribeClusterResponse:
+        r = await self.request(DescribeClusterRequest())
+        assert isinstance(r, DescribeClusterResponse)
+        return r
+
+    async def wait_until(
+        self,
+        check: Callable[[DescribeClusterResponse], bool],
+        what: str,
+        timeout_s: float = TIMEOUT_S,
+    ) -> DescribeClusterResponse:
+        deadline = time.monotonic() + timeout_s
+        last: DescribeClusterResponse | None = None
+        while time.monotonic() < deadline:
+            try:
+                last = await self.describe()
+                if check(last):
+                    return last
+            except (OSError, TimeoutError):
+                pass  # the controller may be restarting
+            await asyncio.sleep(0.1)  # polling interval of an observable condition
+        raise AssertionError(f"timed out waiting for {what}; last state: {last}")
+
+    async def records(self, from_offset: int = 0) -> list[tuple[int, MetadataRecord]]:
+        out: list[tuple[int, MetadataRecord]] = []
+        offset = from_offset
+        while True:
+            r = await self.request(FetchMetadataRequest(from_offset=offset, max_wait_ms=0))
+            assert isinstance(r, FetchMetadataResponse)
+            out.extend((f.offset, f.record) for f in r.records)
+            if not r.records or r.records[-1].offset + 1 >= r.end_offset:
+                return out
+            offset = r.records[-1].offset + 1
+
+    async def wait_for_record(
+        self, match: Callable[[MetadataRecord], bool], what: str, from_offset: int = 0,
+        timeout_s: float = TIMEOUT_S,
+    ) -> tuple[int, MetadataRecord]:  # fmt: skip
+        """Long-poll the committed log until a record matches."""
+        deadline = time.monotonic() + timeout_s
+        offset = from_offset
+        while time.monotonic() < deadline:
+            try:
+                r = await self.request(FetchMetadataRequest(from_offset=offset, max_wait_ms=500))
+            except (OSError, TimeoutError):
+                await asyncio.sleep(0.1)
+                continue
+            assert isinstance(r, FetchMetadataResponse)
+            for f in r.records:
+                if match(f.record):
+                    return f.offset, f.record
+            if r.records:
+                offset = r.records[-1].offset + 1
+        raise AssertionError(f"timed out waiting for a record: {what}")
