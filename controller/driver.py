@@ -227,8 +227,12 @@ class Controller:
             timeout: float | None = None
             if self.next_deadline_ms is not None and isinstance(self.clock, SystemClock):
                 timeout = max(0.0, (self.next_deadline_ms - self.clock.now_ms()) / 1000)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can drop a result that
+            # arrives as the timeout fires, which here would lose an event. A cancelled
+            # Queue.get never consumes an item.
             try:
-                event, future, enqueued = await asyncio.wait_for(self._queue.get(), timeout)
+                async with asyncio.timeout(timeout):
+                    event, future, enqueued = await self._queue.get()
             except TimeoutError:
                 event, future, enqueued = Tick(), None, time.perf_counter()
             if enqueued < 0:
