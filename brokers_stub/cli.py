@@ -82,7 +82,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
 
 def run(args: argparse.Namespace) -> int:
     """Run the broker until it stops; return its exit status."""
-    configure(json=True, level=getattr(logging, str(args.log_level).upper()), stream=sys.stderr)
+    configure(json=True, level=getattr(logging, str(args.log_level).upper()))
     try:
         config = config_from_args(args)
     except ValueError as exc:

@@ -13,6 +13,17 @@ from typing import TextIO
 import structlog
 
 
+class _CurrentStderr:
+    """Writes to whatever `sys.stderr` is at the time of the write, so that a logger
+    configured before stderr is swapped (tests, daemonising) never writes to a closed file."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure(*, json: bool, level: int = logging.INFO, stream: TextIO | None = None) -> None:
     processors: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
@@ -28,6 +39,6 @@ def configure(*, json: bool, level: int = logging.INFO, stream: TextIO | None = 
     structlog.configure(
         processors=[*processors, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(stream or _CurrentStderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )

@@ -215,7 +215,7 @@ def _tail(args: argparse.Namespace) -> int:
 def run_command(main: Callable[[], Awaitable[int]], *, interrupted: int = EXIT_INTERRUPTED) -> int:
     """Run a command's coroutine, turning errors into ``error: CODE: message`` lines."""
     # The command reports problems itself; library warnings would repeat them.
-    configure(json=False, level=logging.ERROR, stream=sys.stderr)
+    configure(json=False, level=logging.ERROR)
 
     async def wrapped() -> int:
         return await main()

@@ -1,0 +1,16 @@
+"""Suite-wide fixtures. Kept minimal: each test directory owns its own helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import structlog
+
+
+@pytest.fixture(autouse=True)
+def _fresh_structlog() -> Iterator[None]:
+    """CLI entry points configure structlog for their process; undo that after each test
+    so that one test's log level or stream never leaks into the next."""
+    yield
+    structlog.reset_defaults()
