@@ -39,7 +39,7 @@ from controller.handlers import (
     register_broker,
     unfence_broker,
 )
-from controller.image import ClusterImage
+from controller.image import ClusterImage, TopicPartition
 from controller.recovery.policy import RecoveryPolicy
 from controller.recovery.registry import load_policies
 from controller.recovery.tracker import (
@@ -65,7 +65,17 @@ from controller.requests import (
 )
 from controller.snapshot import ImageSnapshot, from_snapshot, to_snapshot
 from metactl.errors import LogClosedError, LogError, MetactlError
-from metadata_log.records import MetadataRecord, UncleanRecoveryRecord, record_type
+from metadata_log.records import (
+    BrokerRegistrationChangeRecord,
+    FenceBrokerRecord,
+    MetadataRecord,
+    PartitionChangeRecord,
+    PartitionRecord,
+    RegisterBrokerRecord,
+    UncleanRecoveryRecord,
+    UnfenceBrokerRecord,
+    record_type,
+)
 from metadata_log.store import LogStore
 
 log = structlog.get_logger("metactl.controller")
@@ -145,6 +155,9 @@ class Controller:
         self.committed_image = image
         self.tracker = RecoveryTracker()
         self.next_deadline_ms: int | None = None
+        # The first evaluation (and the one after a revert) looks at every leaderless
+        # partition; later ones only at what each event's records touched.
+        self._full_scan = True
         self.log_every_record = False  # services turn this on; bulk tools leave it off
         self.inspection_sinks: list[InspectionSink] = []
         self.commit_listeners: list[CommitListener] = []
@@ -284,7 +297,11 @@ class Controller:
                 future.set_exception(exc)
             return
         image = replay(self.image, records) if records else self.image
-        step = evaluate(image, tracker, now, policies=self.policies, config=self.config)
+        touched = None if self._full_scan else touched_partitions(image, records)
+        self._full_scan = False
+        step = evaluate(
+            image, tracker, now, policies=self.policies, config=self.config, touched=touched
+        )
         if step.records:
             image = replay(image, step.records)
             records = records + step.records
@@ -344,9 +361,37 @@ class Controller:
         self._commits.clear()
         self.image = self.committed_image
         self.tracker = RecoveryTracker()  # soft state: rebuilt on the next event
+        self._full_scan = True
         for c in failed:
             if c.future is not None and not c.future.done():
                 c.future.set_exception(error)
+
+
+def touched_partitions(
+    image: ClusterImage, records: Sequence[MetadataRecord]
+) -> list[TopicPartition]:
+    """Leaderless partitions whose recovery status the records may have changed: the ones
+    they name, and those hosted by a broker whose state changed (fenced, unfenced,
+    registered), since broker activity decides the proactive trigger and who can answer."""
+    out: list[TopicPartition] = []
+    for r in records:
+        if isinstance(r, PartitionChangeRecord | PartitionRecord):
+            out.append((r.topic, r.partition))
+        elif isinstance(
+            r,
+            FenceBrokerRecord
+            | UnfenceBrokerRecord
+            | RegisterBrokerRecord
+            | BrokerRegistrationChangeRecord,
+        ):
+            hosted = image.replicas_by_broker.get(r.broker_id)
+            if hosted is None:
+                continue
+            if len(image.offline) < len(hosted):
+                out.extend(tp for tp in image.offline if tp in hosted)
+            else:
+                out.extend(tp for tp in hosted if tp in image.offline)
+    return out
 
 
 def _log_committed(base: int, records: Sequence[MetadataRecord], every_record: bool) -> None:

@@ -14,7 +14,7 @@ chosen replica the sole ISR member and leader, with the partition `recovering`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import immutables
 import msgspec
@@ -130,7 +130,11 @@ def evaluate(
     *,
     policies: Mapping[str, RecoveryPolicy],
     config: ControllerConfig,
+    touched: Iterable[TopicPartition] | None = None,
 ) -> RecoveryStep:
+    """One evaluation pass. `touched` limits the search for *new* recoveries to the
+    partitions an event may have changed (None: every leaderless partition, as after a
+    restart); pending recoveries are always re-evaluated."""
     records: list[MetadataRecord] = []
     inspections: list[Inspection] = []
     deadline: int | None = None
@@ -147,7 +151,11 @@ def evaluate(
         if p is None or policy is None or policy.trigger(image, p) is None:
             del pending[tp]
     # Start recoveries for leaderless partitions whose policy asks for one.
-    for p in image.offline_partitions():
+    if touched is None:
+        candidates: Iterable[PartitionState] = image.offline_partitions()
+    else:
+        candidates = (image.partitions[tp] for tp in set(touched) if tp in image.offline)
+    for p in candidates:
         if p.tp in pending:
             continue
         policy = policy_of(p.topic)
