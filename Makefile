@@ -40,6 +40,7 @@ test: lint typecheck pytest
 bench: setup
 	$(BIN)/python bench/log_append.py
 	$(BIN)/python bench/controller_ops.py
+	$(BIN)/python bench/service_load.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
