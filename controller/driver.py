@@ -67,6 +67,7 @@ from controller.snapshot import ImageSnapshot, from_snapshot, to_snapshot
 from metactl.errors import LogClosedError, LogError, MetactlError
 from metadata_log.records import (
     BrokerRegistrationChangeRecord,
+    ClearElrRecord,
     FenceBrokerRecord,
     MetadataRecord,
     PartitionChangeRecord,
@@ -377,6 +378,8 @@ def touched_partitions(
     for r in records:
         if isinstance(r, PartitionChangeRecord | PartitionRecord):
             out.append((r.topic, r.partition))
+        elif isinstance(r, ClearElrRecord):
+            out.extend(tp for tp in image.offline if tp[0] == r.topic)
         elif isinstance(
             r,
             FenceBrokerRecord

@@ -80,7 +80,11 @@ class ProactivePolicy:
     ) -> Decision:
         if pending.deadline_ms is not None and now_ms < pending.deadline_ms:
             return Wait(pending.deadline_ms)
-        answers = [a for a in pending.valid_answers(image) if image.is_active(a.broker_id)]
+        answers = [
+            a
+            for a in pending.valid_answers(image)
+            if a.broker_id in p.replicas and image.is_active(a.broker_id)
+        ]
         best = best_candidate(p, answers)
         if best is None:
             return RestartWindow()

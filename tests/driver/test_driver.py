@@ -158,3 +158,36 @@ async def test_proactive_window_fires_on_the_real_clock(store: SqliteLogStore) -
     assert recovery and recovery[0].chosen == 2 and recovery[0].strategy == "proactive"
     assert ctl.image.partitions[("t", 0)].leader == 2
     await ctl.close()
+
+
+def test_touched_partitions_names_what_an_event_can_change() -> None:
+    from controller.driver import touched_partitions
+    from controller.image import ClusterImage
+    from controller.replay import replay
+    from metadata_log.records import (
+        ClearElrRecord,
+        FenceBrokerRecord,
+        PartitionChangeRecord,
+        PartitionRecord,
+        TopicRecord,
+    )
+
+    image = replay(
+        ClusterImage(),
+        [
+            RegisterBrokerRecord(broker_id=1, incarnation_id="a", broker_epoch=0),
+            RegisterBrokerRecord(broker_id=2, incarnation_id="b", broker_epoch=1),
+            TopicRecord(name="t", topic_id="t", partitions=2, min_isr=1),
+            PartitionRecord(topic="t", partition=0, replicas=[1, 2], isr=[], elr=[1]),
+            PartitionRecord(topic="t", partition=1, replicas=[2], isr=[2], leader=2),
+        ],
+    )
+    assert touched_partitions(image, [FenceBrokerRecord(broker_id=1, broker_epoch=0)]) == [("t", 0)]
+    assert touched_partitions(image, [FenceBrokerRecord(broker_id=2, broker_epoch=1)]) == [
+        ("t", 0)
+    ]  # only leaderless partitions matter
+    assert touched_partitions(image, [ClearElrRecord(topic="t")]) == [("t", 0)]
+    change = PartitionChangeRecord(
+        topic="t", partition=1, reason="fence", partition_epoch=1, leader_epoch=1
+    )
+    assert touched_partitions(image, [change]) == [("t", 1)]
