@@ -20,11 +20,14 @@ from metactl.logs import configure as configure_logs
 # Modules that contribute sub-commands, in the order they appear in --help.
 COMMAND_MODULES = (
     "ops.log_cmds",
+    "ops.export_cmds",  # adds `log export` to the `log` group, so it comes after ops.log_cmds
     "ops.demo",
     "ops.scenario_cmds",
     "ops.controller_cmds",
     "ops.broker_cmds",
     "ops.cluster_cmds",
+    "ops.audit_cmds",
+    "ops.simulate_cmds",
 )
 
 

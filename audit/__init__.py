@@ -1,0 +1,16 @@
+"""Spark audits of the metadata log: a PySpark data source, a Parquet export and audit jobs.
+
+* `audit.schema`: the flat, typed row schema every reader produces (one row per record).
+* `audit.logread`: reads the SQLite log read-only with the stdlib and turns stored
+  batches into Arrow record batches of that schema (used by the data source and export).
+* `audit.source`: the Spark 4 Python data source ``metactl``
+  (``spark.read.format("metactl").load("data-dir")``).
+* `audit.export`: ``metactl log export``: the same rows as Parquet, partitioned by date.
+* `audit.jobs`: the audits (elections, unclean recoveries, offline time, brokers,
+  invariants); `audit.rules` holds the invariant checker they share with `audit.plain`,
+  the single-process baseline.
+* `audit.simulate`: ``metactl simulate history``: long random histories through the real
+  controller core.
+
+Nothing here changes a log: every reader opens it read-only.
+"""

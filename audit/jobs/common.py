@@ -1,0 +1,142 @@
+"""What every audit job shares: its result, time windows, and small Spark helpers."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pandas as pd
+
+from audit.logread import log_info, log_time_bounds
+from audit.spark import AuditInput
+
+
+@dataclass
+class JobResult:
+    """Tables to write, lines for the terminal, HTML sections and the headline numbers."""
+
+    job: str
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    summary: list[str] = field(default_factory=list)
+    html: list[str] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+    exit_status: int = 0
+
+
+def ms_col(col: str) -> Any:
+    """A timestamp column as epoch milliseconds (long)."""
+    from pyspark.sql import functions as F
+
+    return F.unix_millis(F.col(col))
+
+
+def cluster_end_ms(spark: Any, inp: AuditInput) -> dict[str, int]:
+    """When each cluster's known history ends: its newest record's time, capped at --until."""
+    from pyspark.sql import functions as F
+
+    if inp.data_dirs:
+        from audit.source import resolve_sources
+
+        ends = {
+            src.cluster: log_time_bounds(log_info(src.path).path)[1]
+            for src in resolve_sources(list(inp.data_dirs), list(inp.clusters))
+        }
+    else:
+        rows = (
+            inp.load(spark, ["cluster", "timestamp"])
+            .groupBy("cluster")
+            .agg(F.max(ms_col("timestamp")).alias("end"))
+            .collect()
+        )
+        ends = {r["cluster"]: r["end"] for r in rows}
+    out: dict[str, int] = {}
+    for cluster, end in ends.items():
+        if end is None:
+            continue
+        out[cluster] = int(end) if inp.until_ms is None else min(int(end), inp.until_ms)
+    return out
+
+
+def map_literal(values: dict[str, int], key_col: str, default: int | None = None) -> Any:
+    """`values[key_col]` as a Spark column (a literal map lookup)."""
+    from pyspark.sql import functions as F
+
+    if not values:
+        return F.lit(default).cast("long")
+    pairs: list[Any] = []
+    for k, v in values.items():
+        pairs.extend([F.lit(k), F.lit(int(v)).cast("long")])
+    looked_up = F.element_at(F.create_map(*pairs), F.col(key_col))
+    return looked_up if default is None else F.coalesce(looked_up, F.lit(default).cast("long"))
+
+
+def in_window(ts_ms_col: Any, inp: AuditInput) -> Any:
+    """A condition: the millisecond column lies in [since, until)."""
+    from pyspark.sql import functions as F
+
+    cond = F.lit(True)
+    if inp.since_ms is not None:
+        cond = cond & (ts_ms_col >= F.lit(inp.since_ms))
+    if inp.until_ms is not None:
+        cond = cond & (ts_ms_col < F.lit(inp.until_ms))
+    return cond
+
+
+def fmt_ms(ms: float | int | None) -> str:
+    """A duration for people: 0 ms, 850 ms, 12.5 s, 3.2 min, 1.5 h, 2.1 d."""
+    if ms is None or (isinstance(ms, float) and math.isnan(ms)):
+        return "-"
+    ms = float(ms)
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    s = ms / 1000
+    if s < 60:
+        return f"{s:.1f} s"
+    if s < 3600:
+        return f"{s / 60:.1f} min"
+    if s < 86400:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} d"
+
+
+def fmt_time(ms: int | float | None) -> str:
+    if ms is None or (isinstance(ms, float) and math.isnan(ms)):
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def window_text(inp: AuditInput) -> str:
+    if inp.since_ms is None and inp.until_ms is None:
+        return "the whole log"
+    since = fmt_time(inp.since_ms) if inp.since_ms is not None else "the start"
+    until = fmt_time(inp.until_ms) if inp.until_ms is not None else "the end"
+    return f"{since} .. {until}"
+
+
+def source_text(inp: AuditInput) -> str:
+    return ", ".join(inp.data_dirs) if inp.data_dirs else f"Parquet {inp.parquet}"
+
+
+def percentiles(values: Sequence[float] | pd.Series) -> dict[str, float | None]:
+    """p50, p99 and max (linear interpolation); None for no values."""
+    import numpy as np
+
+    arr = np.asarray(values, dtype=float)
+    if arr.size == 0:
+        return {"p50": None, "p99": None, "max": None}
+    return {
+        "p50": float(np.percentile(arr, 50)),
+        "p99": float(np.percentile(arr, 99)),
+        "max": float(arr.max()),
+    }
+
+
+def counts_text(counts: dict[str, int]) -> str:
+    if not counts:
+        return "none"
+    return ", ".join(
+        f"{k}={v:,}" for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    )

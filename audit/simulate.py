@@ -1,0 +1,619 @@
+"""``metactl simulate history``: a long, random, realistic history through the real core.
+
+The simulator drives the pure controller core directly, as the driver does for each event
+(`controller.handlers` decide, `controller.replay.replay` applies,
+`controller.recovery.tracker.evaluate` runs recoveries), with virtual time, and appends
+each event's records to a real `SqliteLogStore` with the event's time as the batch
+timestamp. No asyncio task per event and no driver: the core is pure, so this is the
+fast path to a multi-million-record log.
+
+What happens, as independent random (Poisson) processes over virtual time:
+
+* controlled restarts (clean: controlled shutdown, clean re-registration, unfence),
+* crashes (session-timeout fence, unclean re-registration, unfence),
+* session blips (fence, then unfence with the same epoch),
+* power outages: a run of neighbouring brokers crashes within seconds, as in 5.3.3,
+  which empties ISRs and ELRs and leads to unclean recoveries,
+* AlterPartition shrinks (a follower falls behind) and, once replicas have caught up,
+  AlterPartition expansions (every few minutes, for partitions whose replicas are back),
+* preferred-leader elections (an hourly sweep, like Kafka's auto leader rebalance),
+* operators electing a replica of partitions that no policy recovers (``manual``
+  topics, or a balanced recovery with an empty LastKnownELR).
+
+Log inspections are answered at once with random log positions. Topics use the cluster
+strategy (``balanced`` by default); about one in ten is ``proactive`` and one in twenty
+``manual``. Everything is seeded: the same arguments give the same history (the order of
+records within one batch follows the controller's own map iteration).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+from controller.config import ControllerConfig
+from controller.handlers import (
+    HandlerResult,
+    alter_partition,
+    controlled_shutdown,
+    create_topic,
+    elect_preferred,
+    fence_broker,
+    register_broker,
+    unfence_broker,
+)
+from controller.image import ClusterImage, PartitionState, TopicPartition
+from controller.recovery.registry import load_policies
+from controller.recovery.tracker import (
+    Inspection,
+    RecoveryTracker,
+    evaluate,
+    manual_election,
+    record_answer,
+)
+from controller.replay import replay
+from controller.requests import (
+    AlterPartition,
+    ControlledShutdown,
+    ControllerRequest,
+    CreateTopic,
+    ElectLeader,
+    FenceBroker,
+    IsrMember,
+    RegisterBroker,
+    ReplicaLogInfo,
+    UnfenceBroker,
+)
+from metactl.errors import MetactlError
+from metadata_log.records import (
+    NO_LEADER,
+    MetadataRecord,
+    PartitionChangeRecord,
+    UncleanRecoveryRecord,
+)
+from metadata_log.sqlite_store import SqliteLogStore, resolve_log_path
+
+DAY_MS: Final = 86_400_000
+MINUTE_MS: Final = 60_000
+DEFAULT_START: Final = "2026-01-01T00:00:00Z"
+FLUSH_RECORDS: Final = 50_000
+
+
+@dataclass(frozen=True)
+class HistoryConfig:
+    brokers: int = 30
+    partitions: int = 5000
+    days: float = 30.0
+    seed: int = 0
+    topics: int | None = None  # default: one per 100 partitions
+    replication_factor: int = 3
+    min_isr: int = 2
+    strategy: str = "balanced"
+    start_ms: int = int(datetime.fromisoformat(DEFAULT_START).timestamp() * 1000)
+    intensity: float = 1.0  # scales every event rate
+    # Events per broker per day (scaled by intensity).
+    controlled_restarts: float = 1.0
+    crashes: float = 0.5
+    blips: float = 1.0
+    # Cluster-wide events per day.
+    outages: float = 0.15
+    shrinks_per_partition: float = 0.2
+
+
+@dataclass
+class SimulationReport:
+    path: str
+    records: int = 0
+    batches: int = 0
+    elapsed_s: float = 0.0
+    events: dict[str, int] = field(default_factory=dict)
+    unclean_recoveries: int = 0
+    refused: int = 0
+    offline_at_end: int = 0
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def lines(self) -> list[str]:
+        events = ", ".join(f"{k}={v}" for k, v in sorted(self.events.items()))
+        return [
+            f"wrote {self.records:,} records in {self.batches:,} batches to {self.path}",
+            f"{self.elapsed_s:.1f} s, {self.records_per_s:,.0f} records/s",
+            f"events: {events}",
+            f"unclean recoveries: {self.unclean_recoveries}, refused requests: {self.refused}, "
+            f"partitions offline at the end: {self.offline_at_end}",
+        ]
+
+
+class _Sim:
+    def __init__(self, cfg: HistoryConfig) -> None:
+        self.cfg = cfg
+        self.rnd = random.Random(cfg.seed)
+        self.config = ControllerConfig(
+            unclean_recovery_strategy=cfg.strategy,
+            default_min_insync_replicas=cfg.min_isr,
+            default_replication_factor=cfg.replication_factor,
+        )
+        self.policies = load_policies()
+        self.image = ClusterImage()
+        self.tracker = RecoveryTracker()
+        self.deadline: int | None = None
+        self.now = cfg.start_ms
+        self.end = cfg.start_ms + int(cfg.days * DAY_MS)
+        self.batches: list[tuple[list[MetadataRecord], int]] = []
+        self.queue: list[tuple[int, int, str, Any]] = []
+        self.seq = itertools.count()
+        self.report_events: dict[str, int] = {}
+        self.refused = 0
+        self.recoveries = 0
+        self.state: dict[int, str] = {}
+        self.gen: dict[int, int] = {}
+        self.pending_count = 0
+        self.deadlines: set[int] = set()
+        self.ready_at: dict[int, int] = {}  # broker -> when its replicas have caught up
+        self.lagging: dict[tuple[TopicPartition, int], int] = {}  # replica -> caught up at
+        self.under_replicated: set[TopicPartition] = set()
+        self.not_preferred: set[TopicPartition] = set()
+        self.operator_scheduled: set[TopicPartition] = set()
+        self.incarnations: dict[int, int] = {}
+
+    # --- the controller core, as the driver runs it ----------------------------------
+
+    def _decide(self, req: ControllerRequest) -> list[MetadataRecord]:
+        image, now, config = self.image, self.now, self.config
+        result: HandlerResult
+        match req:
+            case RegisterBroker():
+                result = register_broker(image, req, now, config)
+            case FenceBroker():
+                result = fence_broker(image, req, now, config)
+            case UnfenceBroker():
+                result = unfence_broker(image, req, now, config)
+            case ControlledShutdown():
+                result = controlled_shutdown(image, req, now, config)
+            case AlterPartition():
+                result = alter_partition(image, req, now, config)
+            case CreateTopic():
+                result = create_topic(image, req, now, config, frozenset(self.policies))
+            case ElectLeader(election_type="preferred"):
+                result = elect_preferred(image, req, now, config)
+            case ElectLeader():
+                records, self.tracker = manual_election(image, self.tracker, req, now)
+                return records
+            case ReplicaLogInfo():
+                self.tracker = record_answer(image, self.tracker, req)
+                return []
+        return result.records
+
+    def submit(self, *requests: ControllerRequest) -> bool:
+        """Handle requests that touch distinct partitions as one event; True if all held.
+
+        Requests of one call are decided against the same image (they are independent:
+        each reads its own partition and the brokers), so their records are replayed and
+        recoveries evaluated once, which is what makes large sweeps cheap.
+        """
+        records: list[MetadataRecord] = []
+        ok = True
+        for req in requests:
+            try:
+                records.extend(self._decide(req))
+            except MetactlError:
+                self.refused += 1
+                ok = False
+        self._apply(records)
+        return ok
+
+    def _apply(self, records: list[MetadataRecord]) -> None:
+        if records:
+            self.image = replay(self.image, records)
+        step = evaluate(
+            self.image, self.tracker, self.now, policies=self.policies, config=self.config
+        )
+        if step.records:
+            self.image = replay(self.image, step.records)
+            records = records + step.records
+        self.tracker, self.deadline = step.tracker, step.next_deadline_ms
+        deadline = step.next_deadline_ms
+        if deadline is not None and deadline not in self.deadlines:
+            self.deadlines.add(deadline)
+            self.at(deadline, "deadline", deadline)
+        self._emit(records)
+        if step.inspections:
+            self._answer(step.inspections)
+
+    def _answer(self, inspections: list[Inspection]) -> None:
+        answers: list[ReplicaLogInfo] = []
+        # Sorted: the random log positions must not depend on hash (map) iteration order.
+        for insp in sorted(inspections, key=lambda i: (i.topic, i.partition, i.broker_id)):
+            b = self.image.broker(insp.broker_id)
+            if b is None or not b.active or b.epoch != insp.broker_epoch:
+                continue
+            tp = (insp.topic, insp.partition)
+            p = self.image.partitions[tp]
+            lle = max(0, p.leader_epoch - self.rnd.choice((0, 0, 0, 1, 1, 2)))
+            leo = self.rnd.randrange(0, 100_000)
+            answers.append(
+                ReplicaLogInfo(
+                    broker_id=insp.broker_id,
+                    broker_epoch=insp.broker_epoch,
+                    topic=insp.topic,
+                    partition=insp.partition,
+                    last_leader_epoch=lle,
+                    log_end_offset=leo,
+                )
+            )
+        if answers:
+            self.submit(*answers)
+
+    def _emit(self, records: list[MetadataRecord]) -> None:
+        if not records:
+            return
+        for r in records:
+            if isinstance(r, PartitionChangeRecord):
+                tp = (r.topic, r.partition)
+                if r.isr is not None:
+                    self.under_replicated.add(tp)
+                if r.leader is not None:
+                    self.not_preferred.add(tp)
+            elif isinstance(r, UncleanRecoveryRecord):
+                self.recoveries += 1
+        if self.batches and self.batches[-1][1] == self.now:
+            self.batches[-1][0].extend(records)
+        else:
+            self.batches.append((list(records), self.now))
+        self.pending_count += len(records)
+
+    # --- scheduling ------------------------------------------------------------------
+
+    def at(self, when: int, kind: str, arg: Any) -> None:
+        heapq.heappush(self.queue, (max(when, self.now), next(self.seq), kind, arg))
+
+    def exp_ms(self, per_day: float) -> int:
+        """A Poisson inter-arrival time for `per_day` events per day."""
+        rate = per_day * self.cfg.intensity
+        if rate <= 0:
+            return self.end - self.now + 1
+        return max(1, int(self.rnd.expovariate(rate / DAY_MS)))
+
+    def incarnation(self, broker: int) -> str:
+        n = self.incarnations.get(broker, 0) + 1
+        self.incarnations[broker] = n
+        return f"sim-broker-{broker}-{n}"
+
+    def epoch(self, broker: int) -> int:
+        b = self.image.broker(broker)
+        return -1 if b is None else b.epoch
+
+    def count(self, kind: str) -> None:
+        self.report_events[kind] = self.report_events.get(kind, 0) + 1
+
+    # --- set-up ------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        cfg = self.cfg
+        racks = ("rack-a", "rack-b", "rack-c")
+        for b in range(1, cfg.brokers + 1):
+            self.submit(
+                RegisterBroker(
+                    broker_id=b, incarnation_id=self.incarnation(b), rack=racks[b % len(racks)]
+                )
+            )
+            self.submit(UnfenceBroker(broker_id=b, broker_epoch=self.epoch(b)))
+            self.state[b], self.gen[b] = "up", 0
+            self.ready_at[b] = self.now
+        topics = cfg.topics or max(1, cfg.partitions // 100)
+        base, extra = divmod(cfg.partitions, topics)
+        for t in range(topics):
+            n = base + (1 if t < extra else 0)
+            if n == 0:
+                continue
+            roll = self.rnd.random()
+            strategy = "proactive" if roll < 0.1 else "manual" if roll < 0.15 else None
+            self.submit(
+                CreateTopic(
+                    name=f"topic-{t:04d}",
+                    partitions=n,
+                    replication_factor=min(cfg.replication_factor, cfg.brokers),
+                    min_isr=cfg.min_isr,
+                    recovery_strategy=strategy,
+                )
+            )
+        self.under_replicated.clear()
+        self.not_preferred.clear()
+        for b in range(1, cfg.brokers + 1):
+            self.at(self.now + self.exp_ms(cfg.controlled_restarts), "controlled_restart", b)
+            self.at(self.now + self.exp_ms(cfg.crashes), "crash", b)
+            self.at(self.now + self.exp_ms(cfg.blips), "blip", b)
+        self.at(self.now + self.exp_ms(cfg.outages), "outage", None)
+        self.at(self.now + self.exp_ms(cfg.shrinks_per_partition * cfg.partitions), "shrink", None)
+        self.at(self.now + 5 * MINUTE_MS, "isr_sweep", None)
+        self.at(self.now + 60 * MINUTE_MS, "preferred_sweep", None)
+
+    # --- events ------------------------------------------------------------------------
+
+    def run_event(self, kind: str, arg: Any) -> None:
+        handler: Callable[[Any], None] = getattr(self, f"on_{kind}")
+        handler(arg)
+
+    def _reschedule(self, kind: str, broker: int, per_day: float) -> None:
+        self.at(self.now + self.exp_ms(per_day), kind, broker)
+
+    # Broker lifecycle: state "up", "blip" (fenced, process alive) or "down". Every
+    # transition bumps the broker's generation; events of an older generation are void.
+
+    def _next_gen(self, b: int, state: str) -> int:
+        self.state[b] = state
+        self.gen[b] += 1
+        return self.gen[b]
+
+    def on_controlled_restart(self, b: int) -> None:
+        self._reschedule("controlled_restart", b, self.cfg.controlled_restarts)
+        if self.state[b] != "up" or not self.image.is_active(b):
+            return
+        self.count("controlled_restart")
+        self.submit(ControlledShutdown(broker_id=b, broker_epoch=self.epoch(b)))
+        g = self._next_gen(b, "down")
+        self.at(self.now + self.rnd.randrange(20_000, 180_000), "restart", (b, g, True))
+
+    def on_crash(self, b: int) -> None:
+        self._reschedule("crash", b, self.cfg.crashes)
+        if self.state[b] == "down":
+            return
+        self.count("crash")
+        g = self._crash(b)
+        delay = int(self.rnd.expovariate(1 / (5 * MINUTE_MS)))
+        self.at(self.now + delay, "restart", (b, g, False))
+
+    def _crash(self, b: int) -> int:
+        if not self.image.brokers[b].fenced:
+            self.submit(FenceBroker(broker_id=b, reason="session_timeout"))
+        return self._next_gen(b, "down")
+
+    def on_blip(self, b: int) -> None:
+        self._reschedule("blip", b, self.cfg.blips)
+        if self.state[b] != "up" or not self.image.is_active(b):
+            return
+        self.count("blip")
+        self.submit(FenceBroker(broker_id=b, reason="session_timeout"))
+        g = self._next_gen(b, "blip")
+        self.at(self.now + self.rnd.randrange(2_000, 60_000), "unfence", (b, g))
+
+    def on_outage(self, _: None) -> None:
+        self.at(self.now + self.exp_ms(self.cfg.outages), "outage", None)
+        n = self.cfg.brokers
+        size = min(n, max(self.cfg.replication_factor, n // 6))
+        first = self.rnd.randrange(n)
+        # Neighbours in the placement order (racks interleaved, as `create_topic` places
+        # replicas) share partitions, so losing a run of them empties ISRs and ELRs.
+        racks: dict[str, list[int]] = {}
+        for b in sorted(self.image.brokers):
+            racks.setdefault(self.image.brokers[b].rack or "", []).append(b)
+        columns = [racks[r] for r in sorted(racks)]
+        order = [c[i] for i in range(max(map(len, columns))) for c in columns if i < len(c)]
+        victims = [order[(first + i) % n] for i in range(size)]
+        self.count("outage")
+        for i, b in enumerate(victims):
+            self.at(self.now + i * self.rnd.randrange(200, 3000), "outage_down", b)
+
+    def on_outage_down(self, b: int) -> None:
+        if self.state[b] == "down":
+            return
+        g = self._crash(b)
+        self.at(self.now + self.rnd.randrange(MINUTE_MS, 20 * MINUTE_MS), "restart", (b, g, False))
+
+    def on_restart(self, arg: tuple[int, int, bool]) -> None:
+        b, g, clean = arg
+        if self.gen[b] != g:
+            return
+        previous = self.epoch(b) if clean else None
+        self.submit(
+            RegisterBroker(
+                broker_id=b,
+                incarnation_id=self.incarnation(b),
+                previous_epoch=previous,
+                rack=self.image.brokers[b].rack,
+            )
+        )
+        self.at(self.now + self.rnd.randrange(1_000, 30_000), "unfence", (b, g))
+
+    def on_unfence(self, arg: tuple[int, int]) -> None:
+        b, g = arg
+        if self.gen[b] != g:
+            return
+        broker = self.image.brokers[b]
+        if broker.fenced:
+            self.submit(UnfenceBroker(broker_id=b, broker_epoch=broker.epoch))
+        self._next_gen(b, "up")
+        self.ready_at[b] = self.now + self.rnd.randrange(10_000, 10 * MINUTE_MS)
+
+    def on_shrink(self, _: None) -> None:
+        cfg = self.cfg
+        self.at(self.now + self.exp_ms(cfg.shrinks_per_partition * cfg.partitions), "shrink", None)
+        topic = f"topic-{self.rnd.randrange(len(self.image.topics)):04d}"
+        t = self.image.topics.get(topic)
+        if t is None:
+            return
+        p = self.image.partitions[(topic, self.rnd.randrange(t.partitions))]
+        followers = sorted(p.isr - {p.leader})
+        if p.leader == NO_LEADER or not followers or not self.image.is_active(p.leader):
+            return
+        slow = self.rnd.choice(followers)
+        if self.submit(self._alter(p, p.isr - {slow})):
+            self.count("shrink")
+            self.lagging[(p.tp, slow)] = self.now + self.rnd.randrange(5_000, 15 * MINUTE_MS)
+
+    def _alter(self, p: PartitionState, isr: frozenset[int]) -> AlterPartition:
+        return AlterPartition(
+            topic=p.topic,
+            partition=p.partition,
+            leader=p.leader,
+            broker_epoch=self.epoch(p.leader),
+            partition_epoch=p.partition_epoch,
+            leader_epoch=p.leader_epoch,
+            isr=[IsrMember(broker_id=r, broker_epoch=self.epoch(r)) for r in sorted(isr)],
+        )
+
+    def on_isr_sweep(self, _: None) -> None:
+        """Expand ISRs where replicas have caught up; recovering leaders finish recovering."""
+        self.at(self.now + 5 * MINUTE_MS, "isr_sweep", None)
+        requests: list[ControllerRequest] = []
+        done: list[TopicPartition] = []
+        image = self.image
+        for tp in sorted(self.under_replicated):
+            p = image.partitions[tp]
+            if p.leader == NO_LEADER:
+                self._maybe_operator(p)
+                continue
+            if not image.is_active(p.leader):
+                continue
+            missing = [r for r in p.replicas if r not in p.isr]
+            if not missing and not p.recovery_state.value:
+                done.append(tp)
+                continue
+            back = {
+                r
+                for r in missing
+                if image.is_active(r)
+                and self.now >= self.ready_at.get(r, 0)
+                and self.now >= self.lagging.get((tp, r), 0)
+            }
+            if back or p.recovery_state.value:
+                requests.append(self._alter(p, p.isr | back))
+        for tp in done:
+            self.under_replicated.discard(tp)
+        if requests:
+            self.count("isr_sweep")
+            self.submit(*requests)
+
+    def _maybe_operator(self, p: PartitionState) -> None:
+        if p.tp in self.operator_scheduled:
+            return
+        t = self.image.topics[p.topic]
+        strategy = t.recovery_strategy or self.config.unclean_recovery_strategy
+        awaited = self.tracker.awaited(self.image, p.tp, self.policies)
+        if strategy == "manual" or (awaited == [] and not p.last_known_elr and not p.elr):
+            self.operator_scheduled.add(p.tp)
+            delay = int(self.rnd.expovariate(1 / (20 * MINUTE_MS)))
+            self.at(self.now + delay, "operator", p.tp)
+
+    def on_operator(self, tp: TopicPartition) -> None:
+        self.operator_scheduled.discard(tp)
+        p = self.image.partitions[tp]
+        if p.leader != NO_LEADER:
+            return
+        active = [r for r in p.replicas if self.image.is_active(r)]
+        if not active:
+            self.operator_scheduled.add(tp)
+            self.at(self.now + 10 * MINUTE_MS, "operator", tp)
+            return
+        self.count("operator_election")
+        self.submit(
+            ElectLeader(
+                topic=tp[0],
+                partition=tp[1],
+                election_type="unclean",
+                replica=self.rnd.choice(active),
+            )
+        )
+
+    def on_preferred_sweep(self, _: None) -> None:
+        self.at(self.now + 60 * MINUTE_MS, "preferred_sweep", None)
+        requests: list[ControllerRequest] = []
+        image = self.image
+        for tp in sorted(self.not_preferred):
+            p = image.partitions[tp]
+            preferred = p.replicas[0]
+            if p.leader == preferred:
+                self.not_preferred.discard(tp)
+            elif preferred in p.isr and image.is_active(preferred):
+                requests.append(
+                    ElectLeader(topic=tp[0], partition=tp[1], election_type="preferred")
+                )
+                self.not_preferred.discard(tp)
+        if requests:
+            self.count("preferred_sweep")
+            self.submit(*requests)
+
+    def on_deadline(self, deadline: int) -> None:
+        self.deadlines.discard(deadline)
+        self._apply([])
+
+
+async def simulate_history(
+    cfg: HistoryConfig,
+    out: str | Path,
+    progress: Callable[[str], None] | None = None,
+) -> SimulationReport:
+    """Write a simulated history to a new log in `out` (a data directory)."""
+    path = _new_log_path(out)
+    started = time.perf_counter()
+    sim = _Sim(cfg)
+    store = await SqliteLogStore.open(path)
+    report = SimulationReport(path=str(store.path))
+    last_progress = started
+    day = -1
+    try:
+        sim.setup()
+        while sim.queue:
+            when, _, kind, arg = heapq.heappop(sim.queue)
+            if when > sim.end:
+                break
+            sim.now = when
+            sim.run_event(kind, arg)
+            if sim.pending_count >= FLUSH_RECORDS:
+                await _flush(store, sim, report)
+                now = time.perf_counter()
+                today = (sim.now - cfg.start_ms) // DAY_MS
+                if progress is not None and (today != day or now - last_progress > 10):
+                    day, last_progress = today, now
+                    progress(
+                        f"day {today + 1:.0f}/{math.ceil(cfg.days)}: {report.records:,} records, "
+                        f"{report.records / (now - started):,.0f} records/s"
+                    )
+        await _flush(store, sim, report)
+    finally:
+        await store.close()
+    report.elapsed_s = time.perf_counter() - started
+    report.events = dict(sim.report_events)
+    report.unclean_recoveries = sim.recoveries
+    report.refused = sim.refused
+    report.offline_at_end = len(sim.image.offline)
+    return report
+
+
+def _new_log_path(out: str | Path) -> Path:
+    path = Path(out)
+    if resolve_log_path(path).exists():
+        raise FileExistsError(f"{path} already holds a metadata log; choose a new --out")
+    return path
+
+
+async def _flush(store: SqliteLogStore, sim: _Sim, report: SimulationReport) -> None:
+    batches, sim.batches, sim.pending_count = sim.batches, [], 0
+    if not batches:
+        return
+    appends = [store.append(records, timestamp_ms=ts) for records, ts in batches]
+    await asyncio.gather(*appends)
+    report.records += sum(len(r) for r, _ in batches)
+    report.batches += len(batches)
+
+
+def parse_time_ms(text: str) -> int:
+    """An ISO 8601 date or time (UTC unless it says otherwise) or epoch milliseconds."""
+    text = text.strip()
+    if text.lstrip("-").isdigit():
+        return int(text)
+    value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return int(value.timestamp() * 1000)

@@ -1,0 +1,259 @@
+"""The audit jobs against logs whose answers are known (scenarios, crafted, simulated)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from audit import plain
+from audit.export import export_parquet
+from audit.jobs import brokers, elections, invariants, offline, unclean
+from audit.spark import AuditInput
+
+pytestmark = pytest.mark.slow
+
+BALANCED = "worked-5.3.3-balanced-recovery"
+MANUAL = "manual-operator-election"
+PROACTIVE = "proactive-recovery-window"
+
+
+def _one(df: pd.DataFrame) -> Any:
+    assert len(df) == 1, df
+    return df.iloc[0]
+
+
+@pytest.fixture(scope="module")
+def parquet_of(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    cache: dict[tuple[str, ...], str] = {}
+
+    def export(*dirs: Path) -> str:
+        key = tuple(str(d) for d in dirs)
+        if key not in cache:
+            out = tmp_path_factory.mktemp("export") / "pq"
+            export_parquet(list(key), out)
+            cache[key] = str(out)
+        return cache[key]
+
+    return export
+
+
+# --- unclean-recoveries --------------------------------------------------------------------
+
+
+def test_balanced_example_has_one_recovery_won_on_offset(
+    spark: Any, scenario_logs: dict[str, Path]
+) -> None:
+    res = unclean.run(spark, AuditInput.of(str(scenario_logs[BALANCED])))
+    r = _one(res.tables["unclean_recoveries"])
+    assert (r.topic, r.partition, r.strategy, r.trigger) == (
+        "orders",
+        0,
+        "balanced",
+        "isr_and_elr_empty",
+    )
+    assert r.chosen == 2 and r.runner_up == 3
+    assert (r.chosen_last_leader_epoch, r.chosen_log_end_offset) == (0, 12)
+    assert (r.runner_up_last_leader_epoch, r.runner_up_log_end_offset) == (0, 10)
+    assert (r.margin_kind, r.margin) == ("offset", 2)
+    assert [(c["broker"], c["last_leader_epoch"], c["log_end_offset"]) for c in r.candidates] == [
+        (2, 0, 12),
+        (3, 0, 10),
+    ]
+    assert r.time_to_recovery_ms == 0 and r.potential_data_loss
+    assert res.stats["recoveries"] == 1
+    assert any("won on offset by 2" in line for line in res.summary)
+
+
+def test_manual_and_proactive_recoveries(spark: Any, scenario_logs: dict[str, Path]) -> None:
+    inp = AuditInput.of([str(scenario_logs[MANUAL]), str(scenario_logs[PROACTIVE])])
+    table = unclean.run(spark, inp).tables["unclean_recoveries"].set_index("cluster")
+    manual = table.loc[MANUAL]
+    assert (manual.strategy, manual.trigger, manual.chosen) == ("manual", "operator", 1)
+    assert manual.margin_kind == "not_reported" and len(manual.candidates) == 0
+    assert manual.time_to_recovery_ms == 60_000  # offline at t=0, elected after 60 s
+    proactive = table.loc[PROACTIVE]
+    assert (proactive.strategy, proactive.trigger) == ("proactive", "elr_all_fenced")
+    assert (proactive.chosen, proactive.margin_kind) == (3, "uncontested")
+    assert proactive.time_to_recovery_ms == 1000  # the decision window
+
+
+def test_recoveries_agree_with_the_plain_pass(spark: Any, sim_log: tuple[Path, Any]) -> None:
+    path, report = sim_log
+    table = unclean.run(spark, AuditInput.of(str(path))).tables["unclean_recoveries"]
+    base = plain.run(path, invariants=False)
+    assert report.unclean_recoveries == len(base.recoveries) == len(table) > 0
+    cols = ["offset", "chosen", "runner_up", "margin_kind", "margin", "time_to_recovery_ms"]
+    got = table[cols].astype(object).where(table[cols].notna(), None).values.tolist()
+    want = [[r[c] for c in cols] for r in base.recoveries]
+    assert got == want
+
+
+# --- elections -----------------------------------------------------------------------------
+
+
+def test_elections_of_the_balanced_example(spark: Any, scenario_logs: dict[str, Path]) -> None:
+    res = elections.run(spark, AuditInput.of(str(scenario_logs[BALANCED])))
+    assert res.stats["by_kind"] == {"isr": 2, "unclean_recovery": 1}
+    imbalance = _one(res.tables["imbalance"])
+    assert (imbalance.partition, imbalance.leader, imbalance.preferred) == (0, 2, 1)
+    assert res.stats["imbalanced"] == 1 and res.stats["offline"] == 0
+    per_broker = res.tables["leaders_by_broker"].set_index("broker")
+    assert per_broker.loc[2, "leads"] == 1 and per_broker.loc[1, "preferred_for"] == 1
+
+
+def test_election_counts_agree_with_the_log(spark: Any, sim_log: tuple[Path, Any]) -> None:
+    path, _ = sim_log
+    res = elections.run(spark, AuditInput.of(str(path)), bucket="hour")
+    df = spark.read.format("metactl").load(str(path))
+    want = {
+        r["election_kind"]: r["count"]
+        for r in df.where("election_kind IS NOT NULL").groupBy("election_kind").count().collect()
+    }
+    assert res.stats["by_kind"] == want
+    assert res.tables["elections_by_bucket"]["elections"].sum() == sum(want.values())
+    assert res.stats["partitions"] == 60
+
+
+# --- offline -------------------------------------------------------------------------------
+
+
+def test_offline_intervals_of_known_scenarios(spark: Any, scenario_logs: dict[str, Path]) -> None:
+    inp = AuditInput.of([str(scenario_logs[MANUAL]), str(scenario_logs[BALANCED])])
+    res = offline.run(spark, inp)
+    per = res.tables["offline_partitions"].set_index("cluster")
+    manual = per.loc[MANUAL]
+    assert manual.offline_intervals == 1 and manual.offline_ms == 60_000
+    assert manual.offline_max_ms == 60_000 and not manual.offline_now
+    assert manual.under_min_isr_ms == 60_000  # ISR [3] at t=0 until the AlterPartition
+    balanced = per.loc[BALANCED]
+    assert balanced.offline_intervals == 1 and balanced.offline_ms == 0  # all at t=0
+    intervals = res.tables["offline_intervals"]
+    assert sorted(intervals["duration_ms"]) == [0, 60_000]
+    assert not intervals["open"].any()
+
+
+def test_offline_window_clips(spark: Any, scenario_logs: dict[str, Path]) -> None:
+    inp = AuditInput.of(str(scenario_logs[MANUAL]), since_ms=20_000, until_ms=50_000)
+    per = _one(offline.run(spark, inp).tables["offline_partitions"])
+    # The elected leader arrives at 60 s, after the window: offline all 30 s of it.
+    assert per.offline_ms == 30_000 and per.under_min_isr_ms == 30_000
+
+
+# --- brokers -------------------------------------------------------------------------------
+
+
+def test_brokers_of_the_balanced_example(spark: Any, scenario_logs: dict[str, Path]) -> None:
+    res = brokers.run(spark, AuditInput.of(str(scenario_logs[BALANCED])))
+    table = res.tables["brokers"].set_index("broker")
+    assert list(table.index) == [1, 2, 3]
+    assert table["fences"].tolist() == [1, 1, 1]
+    assert table["unfences"].tolist() == [2, 2, 2]
+    assert table["unclean_registrations"].tolist() == [1, 1, 1]
+    assert res.stats["flapping"] == []
+    flappy = brokers.run(spark, AuditInput.of(str(scenario_logs[BALANCED])), flap_fences=0)
+    assert flappy.stats["flapping"] == [1, 2, 3]
+
+
+def test_broker_counts_agree_with_the_log(spark: Any, sim_log: tuple[Path, Any]) -> None:
+    path, _ = sim_log
+    df = spark.read.format("metactl").load(str(path))
+    lo, hi = 1_767_225_600_000 + 3_600_000, 1_767_225_600_000 + 12 * 3_600_000
+    res = brokers.run(spark, AuditInput.of(str(path), since_ms=lo, until_ms=hi))
+    window = df.where(f"unix_millis(timestamp) >= {lo} AND unix_millis(timestamp) < {hi}")
+    fences = dict(window.where("record_type = 'FenceBroker'").groupBy("broker").count().collect())
+    unclean_regs = window.where("record_type = 'RegisterBroker' AND NOT clean").count()
+    table = res.tables["brokers"].set_index("broker")
+    assert {b: n for b, n in table["fences"].items() if n} == fences
+    assert res.stats["unclean_registrations"] == unclean_regs
+
+
+# --- invariants ----------------------------------------------------------------------------
+
+
+def test_every_shipped_scenario_is_healthy(spark: Any, scenario_logs: dict[str, Path]) -> None:
+    res = invariants.run(spark, AuditInput.of([str(p) for p in scenario_logs.values()]))
+    assert res.stats["violations"] == 0, res.summary
+    assert res.exit_status == 0
+    assert res.stats["partitions"] >= len(scenario_logs) - 8  # error scenarios may have none
+
+
+def test_crafted_violations_are_each_caught(spark: Any, crafted_log: Path) -> None:
+    from tests.audit.logs import CRAFTED, EXPECTED
+
+    res = invariants.run(spark, AuditInput.of(str(crafted_log)))
+    found = res.tables["violations"]
+    got = sorted(zip(found["topic"], found["offset"], found["rule"], found["broker"], strict=True))
+    want = sorted((t, o, r, b) for t, o, r, b in EXPECTED)
+    normalised = [(t, o, r, None if pd.isna(b) else int(b)) for t, o, r, b in got]
+    assert normalised == want
+    assert set(found["rule"]) == {r for r in CRAFTED.values() if r is not None}
+    assert res.exit_status == 1
+    base = plain.run(crafted_log, recoveries=False)
+    assert sorted((v.topic, v.offset, v.rule, v.broker) for v in base.violations) == want
+
+
+def test_violations_are_reported_in_the_window(spark: Any, crafted_log: Path) -> None:
+    from tests.audit.logs import EXPECTED
+
+    everything = invariants.run(spark, AuditInput.of(str(crafted_log))).tables["violations"]
+    cut = everything["timestamp"].sort_values().iloc[len(everything) // 2]
+    since = int(pd.Timestamp(cut, tz="UTC").value // 1_000_000)
+    later = invariants.run(spark, AuditInput.of(str(crafted_log), since_ms=since))
+    assert 0 < len(later.tables["violations"]) < len(EXPECTED)
+    assert set(later.tables["violations"]["offset"]) == {
+        o for o, t in zip(everything["offset"], everything["timestamp"], strict=True) if t >= cut
+    }
+
+
+def test_simulated_history_is_healthy(spark: Any, sim_log: tuple[Path, Any]) -> None:
+    path, report = sim_log
+    assert report.records > 3000 and report.unclean_recoveries > 0
+    res = invariants.run(spark, AuditInput.of(str(path)))
+    assert res.stats["violations"] == 0, res.summary
+    base = plain.run(path, recoveries=False)
+    assert res.stats["records"] == base.checked and res.stats["partitions"] == 60
+
+
+# --- the Parquet export gives the same answers ------------------------------------------
+
+
+def _frames_equal(a: pd.DataFrame, b: pd.DataFrame) -> None:
+    pd.testing.assert_frame_equal(
+        a.reset_index(drop=True), b.reset_index(drop=True), check_dtype=False
+    )
+
+
+def test_parquet_input_gives_the_same_results(
+    spark: Any, scenario_logs: dict[str, Path], crafted_log: Path, parquet_of: Any
+) -> None:
+    dirs = [scenario_logs[BALANCED], scenario_logs[MANUAL], crafted_log]
+    from_dirs = AuditInput.of([str(d) for d in dirs])
+    from_pq = AuditInput.of(parquet=parquet_of(*dirs))
+    for job, key in (
+        (unclean, "unclean_recoveries"),
+        (elections, "elections_by_bucket"),
+        (offline, "offline_partitions"),
+        (brokers, "brokers"),
+        (invariants, "violations"),
+    ):
+        a = job.run(spark, from_dirs).tables[key]
+        b = job.run(spark, from_pq).tables[key]
+        order = [
+            c
+            for c in ("cluster", "offset", "topic", "partition", "broker", "bucket", "rule")
+            if c in a.columns
+        ]
+        _frames_equal(a.sort_values(order), b.sort_values(order))
+
+
+def test_both_invariant_methods_agree(
+    spark: Any, crafted_log: Path, sim_log: tuple[Path, Any]
+) -> None:
+    inp = AuditInput.of([str(crafted_log), str(sim_log[0])])
+    logs = invariants.run(spark, inp, method="logs")
+    rows = invariants.run(spark, inp, method="rows")
+    _frames_equal(logs.tables["violations"], rows.tables["violations"])
+    assert logs.stats == rows.stats

@@ -1,0 +1,243 @@
+"""The metactl data source, the row builder behind it and the Parquet export."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pyarrow.parquet as pq
+import pytest
+
+from audit.export import export_parquet
+from audit.logread import NOT_NULL, RowBuilder, iter_batches, log_info, read_arrow
+from audit.schema import COLUMN_NAMES, FIELD_SOURCES, POSITIONAL
+from metactl.errors import CorruptLogError
+from metadata_log.records import decode_batch, record_type
+
+pytestmark = pytest.mark.slow
+
+
+def _expected_rows(path: Path, cluster: str) -> list[dict[str, Any]]:
+    """Rows derived independently: decode_batch + to_builtins, mapped by FIELD_SOURCES."""
+    info = log_info(path)
+    rows = []
+    for chunk in iter_batches(info.path, info.start_offset, info.end_offset):
+        for base, _count, ts, payload in chunk:
+            for i, rec in enumerate(decode_batch(payload)):
+                tag = record_type(rec)
+                fields = msgspec.to_builtins(rec)
+                row: dict[str, Any] = dict.fromkeys(COLUMN_NAMES)
+                row.update(cluster=cluster, offset=base + i, timestamp=ts, record_type=tag)
+                for col, sources in FIELD_SOURCES.items():
+                    src = sources.get(tag)
+                    if src is not None:
+                        row[col] = msgspec.to_builtins(getattr(rec, src))
+                if tag == "BrokerRegistrationChange":
+                    if fields.get("in_controlled_shutdown"):
+                        row["reason"] = "controlled_shutdown"
+                    elif fields.get("fenced") is not None:
+                        row["reason"] = "fenced" if fields["fenced"] else "unfenced"
+                if row["candidates"] is not None:
+                    row["candidates"] = [
+                        {
+                            "broker": c["broker_id"],
+                            "last_leader_epoch": c["last_leader_epoch"],
+                            "log_end_offset": c["log_end_offset"],
+                        }
+                        for c in row["candidates"]
+                    ]
+                rows.append(row)
+    return rows
+
+
+def _normalise(row: dict[str, Any]) -> dict[str, Any]:
+    out = dict(row)
+    for col in ("timestamp", "offline_since"):
+        v = out.get(col)
+        if v is not None and not isinstance(v, int):
+            out[col] = int(v.timestamp() * 1000)
+    return out
+
+
+def test_row_builder_matches_full_decoding(sim_log: tuple[Path, Any]) -> None:
+    """Every column of every record, through the projected decoders, equals decode_batch's."""
+    path, _ = sim_log
+    info = log_info(path)
+    built = [
+        _normalise(r)
+        for b in read_arrow(info.path, 0, info.end_offset, RowBuilder("sim", validate=True))
+        for r in b.to_pylist()
+    ]
+    expected = _expected_rows(path, "sim")
+    assert len(built) == info.end_offset == len(expected)
+    assert built == expected
+
+
+def test_selected_columns_types_and_filters_are_subsets(sim_log: tuple[Path, Any]) -> None:
+    path, _ = sim_log
+    info = log_info(path)
+    full = [
+        _normalise(r)
+        for b in read_arrow(info.path, 0, info.end_offset, RowBuilder("s"))
+        for r in b.to_pylist()
+    ]
+    cols = ("offset", "record_type", "topic", "partition", "leader", "chosen")
+    builder = RowBuilder(
+        "s",
+        cols,
+        frozenset({"PartitionChange", "UncleanRecovery"}),
+        any_of=[("record_type", "UncleanRecovery"), ("leader", -1)],
+    )
+    got = [r for b in read_arrow(info.path, 0, info.end_offset, builder) for r in b.to_pylist()]
+    want = [
+        {c: r[c] for c in cols}
+        for r in full
+        if r["record_type"] == "UncleanRecovery"
+        or (r["record_type"] == "PartitionChange" and r["leader"] == -1)
+    ]
+    assert got == want
+    assert any(r["record_type"] == "UncleanRecovery" for r in got)
+
+
+def test_data_source_reads_the_balanced_example(spark: Any, scenario_logs: dict[str, Path]) -> None:
+    path = scenario_logs["worked-5.3.3-balanced-recovery"]
+    df = spark.read.format("metactl").load(str(path))
+    assert tuple(df.columns) == COLUMN_NAMES
+    rows = {r["offset"]: r for r in df.collect()}
+    assert sorted(rows) == list(range(24))
+    assert {r["cluster"] for r in rows.values()} == {"worked-5.3.3-balanced-recovery"}
+    rec = rows[22]
+    assert rec["record_type"] == "UncleanRecovery"
+    assert (rec["topic"], rec["partition"], rec["strategy"], rec["chosen"]) == (
+        "orders",
+        0,
+        "balanced",
+        2,
+    )
+    assert [tuple(c) for c in rec["candidates"]] == [(2, 0, 12), (3, 0, 10)]
+    assert rec["potential_data_loss"] is True and rec["trigger"] == "isr_and_elr_empty"
+    change = rows[16]
+    assert change["reason"] == "unclean_registration" and change["broker"] == 2
+    assert (change["elr"], change["last_known_elr"], change["isr"]) == ([3], [2], None)
+    assert rows[14]["record_type"] == "RegisterBroker" and rows[14]["clean"] is False
+    assert rows[7]["replicas"] == [1, 2, 3] and rows[7]["min_isr"] == 2
+
+
+def test_input_partitions_split_the_log_without_loss(spark: Any, sim_log: tuple[Path, Any]) -> None:
+    path, report = sim_log
+    df = (
+        spark.read.format("metactl")
+        .option("partitions", "7")
+        .option("columns", "offset")
+        .load(str(path))
+    )
+    assert df.rdd.getNumPartitions() == 7
+    offsets = sorted(r["offset"] for r in df.collect())
+    assert offsets == list(range(report.records))
+
+
+def test_several_directories_and_cluster_names(spark: Any, scenario_logs: dict[str, Path]) -> None:
+    a = scenario_logs["worked-5.3.3-balanced-recovery"]
+    b = scenario_logs["kip966-how-it-works"]
+    counts = dict(
+        spark.read.format("metactl").load(f"{a},{b}").groupBy("cluster").count().collect()
+    )
+    assert counts == {a.name: 24, b.name: 20}
+    named = (
+        spark.read.format("metactl")
+        .option("paths", f"{a},{b}")
+        .option("cluster", "east,west")
+        .option("columns", "cluster,offset")
+        .load()
+    )
+    assert dict(named.groupBy("cluster").count().collect()) == {"east": 24, "west": 20}
+
+
+def test_corrupt_batch_is_reported(tmp_path: Path, scenario_logs: dict[str, Path]) -> None:
+    src = scenario_logs["kip966-how-it-works"] / "metadata.log.sqlite"
+    copy = tmp_path / "metadata.log.sqlite"
+    with sqlite3.connect(src) as a, sqlite3.connect(copy) as b:
+        a.backup(b)
+        b.execute(
+            "UPDATE batches SET payload = CAST(payload || x'00' AS BLOB) WHERE base_offset = 6"
+        )
+    with pytest.raises(CorruptLogError, match="CRC"):
+        list(read_arrow(copy, 0, 100, RowBuilder("x")))
+
+
+def test_export_writes_the_same_rows_by_date(
+    spark: Any, tmp_path: Path, sim_log: tuple[Path, Any]
+) -> None:
+    path, report = sim_log
+    out = tmp_path / "pq"
+    result = export_parquet([str(path)], out)
+    assert result.records == report.records
+    assert sorted(p.name for p in out.iterdir()) == [f"date={d}" for d in sorted(result.dates)]
+    table = pq.read_table(out, partitioning="hive")
+    assert table.num_rows == report.records
+    from_parquet = spark.read.parquet(str(out)).drop("date").orderBy("offset").collect()
+    from_source = spark.read.format("metactl").load(str(path)).orderBy("offset").collect()
+    assert [r.asDict() for r in from_parquet] == [r.asDict() for r in from_source]
+    with pytest.raises(FileExistsError):
+        export_parquet([str(path)], out)
+    assert export_parquet([str(path)], out, overwrite=True).records == report.records
+
+
+def test_unknown_options_are_refused(spark: Any, scenario_logs: dict[str, Path]) -> None:
+    path = str(scenario_logs["kip966-how-it-works"])
+    with pytest.raises(Exception, match="unknown column"):
+        spark.read.format("metactl").option("columns", "offset,nope").load(path).collect()
+    with pytest.raises(Exception, match="unknown record type"):
+        spark.read.format("metactl").option("types", "Bogus").load(path).collect()
+    assert not set(POSITIONAL) - set(COLUMN_NAMES)
+
+
+@pytest.mark.parametrize(
+    ("types", "any_of"),
+    [
+        ({"RegisterBroker", "FenceBroker", "UnfenceBroker", "BrokerRegistrationChange"}, ()),
+        (
+            {"PartitionChange", "UncleanRecovery"},
+            (("record_type", "UncleanRecovery"), ("leader", -1)),
+        ),
+        ({"RegisterBroker"}, (("clean", False),)),
+        ({"Partition", "PartitionChange"}, (("leader", NOT_NULL),)),
+        (None, (("partition_epoch", 0), ("reason", "unclean_registration"))),
+        (None, (("leader", -1),)),
+    ],
+)
+def test_byte_prefilter_never_drops_a_selected_record(
+    sim_log: tuple[Path, Any], crafted_log: Path, types: set[str] | None, any_of: Any
+) -> None:
+    cols = (
+        "offset",
+        "record_type",
+        "topic",
+        "partition",
+        "leader",
+        "clean",
+        "partition_epoch",
+        "reason",
+    )
+    for path in (sim_log[0], crafted_log):
+        info = log_info(path)
+        rows = []
+        for prefilter in (True, False):
+            builder = RowBuilder(
+                "x",
+                cols,
+                None if types is None else frozenset(types),
+                any_of=any_of,
+                prefilter=prefilter,
+            )
+            rows.append(
+                [
+                    r
+                    for b in read_arrow(info.path, 0, info.end_offset, builder)
+                    for r in b.to_pylist()
+                ]
+            )
+        assert rows[0] == rows[1]
+        assert rows[0], "the condition should select something"
