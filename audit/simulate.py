@@ -41,24 +41,13 @@ from pathlib import Path
 from typing import Any, Final
 
 from controller.config import ControllerConfig
-from controller.handlers import (
-    HandlerResult,
-    alter_partition,
-    controlled_shutdown,
-    create_topic,
-    elect_preferred,
-    fence_broker,
-    register_broker,
-    unfence_broker,
-)
+from controller.dispatch import decide
 from controller.image import ClusterImage, PartitionState, TopicPartition
 from controller.recovery.registry import load_policies
 from controller.recovery.tracker import (
     Inspection,
     RecoveryTracker,
     evaluate,
-    manual_election,
-    record_answer,
 )
 from controller.replay import replay
 from controller.requests import (
@@ -170,30 +159,15 @@ class _Sim:
     # --- the controller core, as the driver runs it ----------------------------------
 
     def _decide(self, req: ControllerRequest) -> list[MetadataRecord]:
-        image, now, config = self.image, self.now, self.config
-        result: HandlerResult
-        match req:
-            case RegisterBroker():
-                result = register_broker(image, req, now, config)
-            case FenceBroker():
-                result = fence_broker(image, req, now, config)
-            case UnfenceBroker():
-                result = unfence_broker(image, req, now, config)
-            case ControlledShutdown():
-                result = controlled_shutdown(image, req, now, config)
-            case AlterPartition():
-                result = alter_partition(image, req, now, config)
-            case CreateTopic():
-                result = create_topic(image, req, now, config, frozenset(self.policies))
-            case ElectLeader(election_type="preferred"):
-                result = elect_preferred(image, req, now, config)
-            case ElectLeader():
-                records, self.tracker = manual_election(image, self.tracker, req, now)
-                return records
-            case ReplicaLogInfo():
-                self.tracker = record_answer(image, self.tracker, req)
-                return []
-        return result.records
+        records, _, self.tracker = decide(
+            self.image,
+            self.tracker,
+            req,
+            self.now,
+            config=self.config,
+            strategies=self.policies.keys(),
+        )
+        return records
 
     def submit(self, *requests: ControllerRequest) -> bool:
         """Handle requests that touch distinct partitions as one event; True if all held.

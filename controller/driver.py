@@ -28,17 +28,7 @@ import structlog
 
 from controller.clock import Clock, SystemClock
 from controller.config import ControllerConfig
-from controller.handlers import (
-    HandlerResult,
-    alter_partition,
-    controlled_shutdown,
-    create_topic,
-    elect_preferred,
-    fence_broker,
-    partition_view,
-    register_broker,
-    unfence_broker,
-)
+from controller.dispatch import decide
 from controller.image import ClusterImage, TopicPartition
 from controller.recovery.policy import RecoveryPolicy
 from controller.recovery.registry import load_policies
@@ -46,22 +36,12 @@ from controller.recovery.tracker import (
     Inspection,
     RecoveryTracker,
     evaluate,
-    manual_election,
-    record_answer,
 )
 from controller.replay import replay
 from controller.requests import (
     Ack,
-    AlterPartition,
-    ControlledShutdown,
     ControllerRequest,
     ControllerResponse,
-    CreateTopic,
-    ElectLeader,
-    FenceBroker,
-    RegisterBroker,
-    ReplicaLogInfo,
-    UnfenceBroker,
 )
 from controller.snapshot import ImageSnapshot, from_snapshot, to_snapshot
 from metactl.errors import LogClosedError, LogError, MetactlError
@@ -259,32 +239,16 @@ class Controller:
     def _decide(
         self, event: Event, now: int
     ) -> tuple[list[MetadataRecord], ControllerResponse, RecoveryTracker]:
-        image, config, tracker = self.image, self.config, self.tracker
-        result: HandlerResult
-        match event:
-            case RegisterBroker():
-                result = register_broker(image, event, now, config)
-            case FenceBroker():
-                result = fence_broker(image, event, now, config)
-            case UnfenceBroker():
-                result = unfence_broker(image, event, now, config)
-            case ControlledShutdown():
-                result = controlled_shutdown(image, event, now, config)
-            case AlterPartition():
-                result = alter_partition(image, event, now, config)
-            case CreateTopic():
-                result = create_topic(image, event, now, config, frozenset(self.policies))
-            case ElectLeader(election_type="preferred"):
-                result = elect_preferred(image, event, now, config)
-            case ElectLeader():
-                records, tracker = manual_election(image, tracker, event, now)
-                after = replay(image, records).partitions[(event.topic, event.partition)]
-                return records, partition_view(after), tracker
-            case ReplicaLogInfo():
-                return [], Ack(), record_answer(image, tracker, event)
-            case Tick():
-                return [], Ack(), tracker
-        return result.records, result.response, tracker
+        if isinstance(event, Tick):
+            return [], Ack(), self.tracker
+        return decide(
+            self.image,
+            self.tracker,
+            event,
+            now,
+            config=self.config,
+            strategies=self.policies.keys(),
+        )
 
     def _process(self, event: Event, future: asyncio.Future[ControllerResponse] | None) -> None:
         now = self.clock.now_ms()
