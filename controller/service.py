@@ -18,8 +18,9 @@ import structlog
 
 from controller.clock import Clock, SystemClock
 from controller.config import ControllerConfig
+from controller.describe import describe_image, partition_state
 from controller.driver import Controller
-from controller.image import ClusterImage
+from controller.image import TopicPartition
 from controller.metrics import ControllerMetrics, MetricsServer
 from controller.recovery.tracker import Inspection
 from controller.requests import (
@@ -48,7 +49,6 @@ from metactl.errors import (
 from metactl.wire import (
     DEFAULT_MAX_FRAME_BYTES,
     AlterPartitionRequest,
-    BrokerDescription,
     BrokerHeartbeatRequest,
     BrokerHeartbeatResponse,
     BrokerRegistrationRequest,
@@ -68,7 +68,6 @@ from metactl.wire import (
     GetReplicaLogInfoResponse,
     Message,
     MetadataSnapshot,
-    PartitionState,
     ReplicaRef,
     decode_frame,
     encode_frame,
@@ -76,58 +75,11 @@ from metactl.wire import (
     parse_address,
     read_frame,
 )
-from metadata_log.records import LeaderRecoveryState
 from metadata_log.sqlite_store import SqliteLogStore
 
 log = structlog.get_logger("metactl.controller.service")
 
 INSPECTION_RETRIES = 20
-
-
-def describe_partitions(
-    ctl: Controller, image: ClusterImage, topic: str | None
-) -> list[PartitionState]:
-    out = []
-    for tp in sorted(image.partitions.keys()):
-        if topic is not None and tp[0] != topic:
-            continue
-        p = image.partitions[tp]
-        out.append(
-            PartitionState(
-                topic=p.topic,
-                partition=p.partition,
-                replicas=list(p.replicas),
-                leader=p.leader,
-                leader_epoch=p.leader_epoch,
-                partition_epoch=p.partition_epoch,
-                isr=sorted(p.isr),
-                elr=sorted(p.elr),
-                last_known_elr=sorted(p.last_known_elr),
-                recovering=p.recovery_state is LeaderRecoveryState.RECOVERING,
-                recovery_pending=ctl.tracker.awaited(ctl.image, tp, ctl.policies)
-                if tp in ctl.image.partitions
-                else None,
-                min_isr=p.min_isr,
-            )
-        )
-    return out
-
-
-def _view(v: PartitionView, image: ClusterImage) -> PartitionState:
-    p = image.partitions[(v.topic, v.partition)]
-    return PartitionState(
-        topic=v.topic,
-        partition=v.partition,
-        replicas=list(p.replicas),
-        leader=v.leader,
-        leader_epoch=v.leader_epoch,
-        partition_epoch=v.partition_epoch,
-        isr=v.isr,
-        elr=sorted(p.elr),
-        last_known_elr=sorted(p.last_known_elr),
-        recovering=p.recovery_state is LeaderRecoveryState.RECOVERING,
-        min_isr=p.min_isr,
-    )
 
 
 class ControllerService:
@@ -288,7 +240,7 @@ class ControllerService:
                     )
                 )
                 assert isinstance(v, PartitionView)
-                return _view(v, ctl.committed_image)
+                return partition_state(ctl.committed_image.partitions[(v.topic, v.partition)])
             case CreateTopicsRequest():
                 results = []
                 for spec in body.topics:
@@ -328,34 +280,31 @@ class ControllerService:
                     )
                 )
                 assert isinstance(v, PartitionView)
-                return _view(v, ctl.committed_image)
+                return partition_state(ctl.committed_image.partitions[(v.topic, v.partition)])
         raise InvalidRequestError(f"the controller does not handle {type(body).__name__}")
 
     def describe(self, topic: str | None = None) -> DescribeClusterResponse:
+        """Committed state only: nothing is shown before it is durable."""
         ctl = self.controller
-        image = ctl.committed_image  # only what is durable is shown
-        now = self.clock.now_ms()
-        brokers = []
-        for b in sorted(image.brokers.values(), key=lambda b: b.broker_id):
-            last = self.sessions.last_heartbeat_ms(b.broker_id)
-            brokers.append(
-                BrokerDescription(
-                    broker_id=b.broker_id,
-                    epoch=b.epoch,
-                    fenced=b.fenced,
-                    controlled_shutdown=b.in_controlled_shutdown,
-                    last_registration_clean=b.last_registration_clean,
-                    last_heartbeat_age_ms=None if last is None else now - last,
-                    endpoint=b.endpoint,
-                    rack=b.rack,
-                )
-            )
         assert self.store is not None
-        return DescribeClusterResponse(
-            brokers=brokers,
-            partitions=describe_partitions(ctl, image, topic),
+        now = self.clock.now_ms()
+
+        def pending(tp: TopicPartition) -> list[int] | None:
+            if tp not in ctl.image.partitions:
+                return None
+            return ctl.tracker.awaited(ctl.image, tp, ctl.policies)
+
+        def age(broker_id: int) -> int | None:
+            last = self.sessions.last_heartbeat_ms(broker_id)
+            return None if last is None else now - last
+
+        return describe_image(
+            ctl.committed_image,
+            topic=topic,
             end_offset=ctl.image.end_offset,
             committed_offset=self.store.end_offset,
+            recovery_pending=pending,
+            heartbeat_age_ms=age,
         )
 
     # --- broker sessions ----------------------------------------------------------------

@@ -19,10 +19,10 @@ from typing import IO, Any
 
 import msgspec
 
+from controller.describe import describe_image
 from controller.image import parse_tp
 from metactl.errors import MetactlError
 from metactl.wire import (
-    BrokerDescription,
     CreateTopicsRequest,
     CreateTopicsResponse,
     DescribeClusterRequest,
@@ -31,7 +31,7 @@ from metactl.wire import (
     PartitionState,
     TopicSpec,
 )
-from metadata_log.records import NO_LEADER, LeaderRecoveryState
+from metadata_log.records import NO_LEADER
 from ops.client import call, offline_image
 
 DEFAULT_CONTROLLER = "127.0.0.1:9093"
@@ -113,39 +113,14 @@ def _describe(args: argparse.Namespace) -> DescribeClusterResponse:
 
 async def _offline_describe(data_dir: Path, topic: str | None) -> DescribeClusterResponse:
     image, end = await offline_image(data_dir)
-    parts = [
-        PartitionState(
-            topic=p.topic,
-            partition=p.partition,
-            replicas=list(p.replicas),
-            leader=p.leader,
-            leader_epoch=p.leader_epoch,
-            partition_epoch=p.partition_epoch,
-            isr=sorted(p.isr),
-            elr=sorted(p.elr),
-            last_known_elr=sorted(p.last_known_elr),
-            recovering=p.recovery_state is LeaderRecoveryState.RECOVERING,
-            min_isr=p.min_isr,
-        )
-        for tp, p in sorted(image.partitions.items())
-        if topic is None or tp[0] == topic
-    ]
-    brokers = [
-        BrokerDescription(
-            broker_id=b.broker_id,
-            epoch=b.epoch,
-            fenced=b.fenced,
-            controlled_shutdown=b.in_controlled_shutdown,
-            last_registration_clean=b.last_registration_clean,
-            last_heartbeat_age_ms=None,
-            endpoint=b.endpoint,
-            rack=b.rack,
-        )
-        for b in sorted(image.brokers.values(), key=lambda b: b.broker_id)
-    ]
-    return DescribeClusterResponse(
-        brokers=brokers, partitions=parts, end_offset=end, committed_offset=end
-    )
+    return describe_image(image, topic=topic, end_offset=end, committed_offset=end)
+
+
+def _full(obj: msgspec.Struct) -> dict[str, Any]:
+    """Every field, defaults included (the wire form omits them), without tag or version."""
+    return {
+        f: msgspec.to_builtins(getattr(obj, f)) for f in obj.__struct_fields__ if f != "v"
+    }
 
 
 def recovery_state(p: PartitionState) -> str:
@@ -164,7 +139,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
     if args.json:
         print(
             json.dumps(
-                {"partitions": msgspec.to_builtins(r.partitions), "end_offset": r.committed_offset}
+                {"partitions": [_full(p) for p in r.partitions], "end_offset": r.committed_offset}
             )
         )
         return 0
@@ -185,7 +160,7 @@ def cmd_brokers(args: argparse.Namespace) -> int:
     except (MetactlError, OSError, TimeoutError) as exc:
         return _fail(exc)
     if args.json:
-        print(json.dumps({"brokers": msgspec.to_builtins(r.brokers)}))
+        print(json.dumps({"brokers": [_full(b) for b in r.brokers]}))
         return 0
     head = ("ID", "EPOCH", "FENCED", "SHUTDOWN", "HEARTBEAT", "LAST REG")
     print("{:>4} {:>8} {:>7} {:>9} {:>10} {:>9}  ENDPOINT".format(*head))
