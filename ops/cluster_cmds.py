@@ -118,9 +118,7 @@ async def _offline_describe(data_dir: Path, topic: str | None) -> DescribeCluste
 
 def _full(obj: msgspec.Struct) -> dict[str, Any]:
     """Every field, defaults included (the wire form omits them), without tag or version."""
-    return {
-        f: msgspec.to_builtins(getattr(obj, f)) for f in obj.__struct_fields__ if f != "v"
-    }
+    return {f: msgspec.to_builtins(getattr(obj, f)) for f in obj.__struct_fields__ if f != "v"}
 
 
 def recovery_state(p: PartitionState) -> str:
