@@ -80,11 +80,11 @@ def raw_insert_seconds(records: list[MetadataRecord], path: Path) -> float:
 
 
 async def bench_fences(brokers: int, partitions: int, tmp: Path) -> None:
-    image = replay(ClusterImage(), cluster_records(brokers, partitions))
+    seed = cluster_records(brokers, partitions)
+    image = replay(ClusterImage(), seed)
     store = await SqliteLogStore.open(tmp / "fence")
-    ctl = Controller(store, ClusterImage(), config=CONFIG)
     # Seed the log so offsets line up with the image, then start from the image directly.
-    await store.append(cluster_records(brokers, partitions), timestamp_ms=0)
+    await store.append(seed, timestamp_ms=0)
     ctl = Controller(store, image, config=CONFIG)
     ctl.start()
 

@@ -31,7 +31,7 @@ from controller.config import ControllerConfig
 from controller.dispatch import decide
 from controller.image import ClusterImage, TopicPartition
 from controller.recovery.policy import RecoveryPolicy
-from controller.recovery.registry import load_policies
+from controller.recovery.registry import load_policies, require
 from controller.recovery.tracker import (
     Inspection,
     RecoveryTracker,
@@ -136,10 +136,7 @@ class Controller:
         self.policies: Mapping[str, RecoveryPolicy] = (
             policies if policies is not None else load_policies()
         )
-        if config.unclean_recovery_strategy not in self.policies:
-            from controller.recovery.registry import require
-
-            require(dict(self.policies), config.unclean_recovery_strategy)
+        require(self.policies, config.unclean_recovery_strategy)  # fail fast on a typo
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.image = image
         self.committed_image = image

@@ -12,8 +12,9 @@ import asyncio
 import contextlib
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import msgspec
 import structlog
 
 from controller.clock import Clock, SystemClock
@@ -68,6 +69,7 @@ from metactl.wire import (
     GetReplicaLogInfoResponse,
     Message,
     MetadataSnapshot,
+    PartitionState,
     ReplicaRef,
     decode_frame,
     encode_frame,
@@ -79,7 +81,15 @@ from metadata_log.sqlite_store import SqliteLogStore
 
 log = structlog.get_logger("metactl.controller.service")
 
+R = TypeVar("R", bound=msgspec.Struct)
+
 INSPECTION_RETRIES = 20
+
+
+def same_fields(message: msgspec.Struct, request: type[R]) -> R:
+    """Build a controller request from a wire message that carries its fields under the
+    same names (the wire adds only its tag and version)."""
+    return request(**{f: getattr(message, f) for f in request.__struct_fields__ if f != "v"})
 
 
 class ControllerService:
@@ -227,20 +237,7 @@ class ControllerService:
                 self.sessions.touch(body.broker_id, self.clock.now_ms())
                 return BrokerRegistrationResponse(broker_epoch=r.broker_epoch, clean=r.clean)
             case AlterPartitionRequest():
-                v = await ctl.submit(
-                    AlterPartition(
-                        topic=body.topic,
-                        partition=body.partition,
-                        leader=body.leader,
-                        broker_epoch=body.broker_epoch,
-                        partition_epoch=body.partition_epoch,
-                        isr=body.isr,
-                        leader_epoch=body.leader_epoch,
-                        recovered=body.recovered,
-                    )
-                )
-                assert isinstance(v, PartitionView)
-                return partition_state(ctl.committed_image.partitions[(v.topic, v.partition)])
+                return await self._partition_request(same_fields(body, AlterPartition))
             case CreateTopicsRequest():
                 results = []
                 for spec in body.topics:
@@ -271,17 +268,15 @@ class ControllerService:
             case DescribeClusterRequest():
                 return self.describe(body.topic)
             case ElectLeadersRequest():
-                v = await ctl.submit(
-                    ElectLeader(
-                        topic=body.topic,
-                        partition=body.partition,
-                        election_type=body.election_type,
-                        replica=body.replica,
-                    )
-                )
-                assert isinstance(v, PartitionView)
-                return partition_state(ctl.committed_image.partitions[(v.topic, v.partition)])
+                return await self._partition_request(same_fields(body, ElectLeader))
         raise InvalidRequestError(f"the controller does not handle {type(body).__name__}")
+
+    async def _partition_request(self, request: AlterPartition | ElectLeader) -> PartitionState:
+        """Submit a request answered with one partition's committed state."""
+        ctl = self.controller
+        v = await ctl.submit(request)
+        assert isinstance(v, PartitionView)
+        return partition_state(ctl.committed_image.partitions[(v.topic, v.partition)])
 
     def describe(self, topic: str | None = None) -> DescribeClusterResponse:
         """Committed state only: nothing is shown before it is durable."""

@@ -6,6 +6,7 @@ running controller over the wire protocol.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from controller.driver import load_image
@@ -15,8 +16,6 @@ from metadata_log.sqlite_store import SqliteLogStore
 
 
 async def call(controller: str, body: Message, timeout_s: float = 30.0) -> Message:
-    import asyncio
-
     host, port = parse_address(controller)
     conn = await asyncio.wait_for(Connection.open(host, port), timeout_s)
     try:

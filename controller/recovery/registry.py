@@ -7,6 +7,7 @@ resulting mapping.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from importlib.metadata import entry_points
 
 from controller.recovery.builtin import BalancedPolicy, ManualPolicy, ProactivePolicy
@@ -32,7 +33,7 @@ def load_policies() -> dict[str, RecoveryPolicy]:
     return found
 
 
-def require(policies: dict[str, RecoveryPolicy], name: str) -> RecoveryPolicy:
+def require(policies: Mapping[str, RecoveryPolicy], name: str) -> RecoveryPolicy:
     try:
         return policies[name]
     except KeyError:

@@ -108,3 +108,39 @@ async def test_create_describe_brokers_and_elect(
 async def test_unreachable_controller_is_a_clear_error() -> None:
     rc, _, err = await metactl("describe", "--controller", "127.0.0.1:1")
     assert rc == 1 and err.startswith("error:")
+
+
+async def test_alter_partition_over_the_wire_returns_the_committed_state(
+    service: ControllerService,
+) -> None:
+    from controller.requests import IsrMember
+    from metactl.wire import (
+        AlterPartitionRequest,
+        CreateTopicsRequest,
+        DescribeClusterRequest,
+        DescribeClusterResponse,
+        PartitionState,
+        TopicSpec,
+    )
+
+    host, port = parse_address(service.address)
+    conn = await Connection.open(host, port)
+    try:
+        await conn.request(
+            CreateTopicsRequest(
+                topics=[TopicSpec(name="t", assignments=[[1, 2, 3]], min_insync_replicas=2)]
+            )
+        )
+        d = await conn.request(DescribeClusterRequest())
+        assert isinstance(d, DescribeClusterResponse)
+        epochs = {b.broker_id: b.epoch for b in d.brokers}
+        r = await conn.request(
+            AlterPartitionRequest(
+                topic="t", partition=0, leader=1, broker_epoch=epochs[1], partition_epoch=0,
+                isr=[IsrMember(broker_id=b, broker_epoch=epochs[b]) for b in (1, 2)],
+            )
+        )  # fmt: skip
+        assert isinstance(r, PartitionState)
+        assert (r.leader, r.isr, r.partition_epoch, r.replicas) == (1, [1, 2], 1, [1, 2, 3])
+    finally:
+        await conn.close()
