@@ -21,7 +21,6 @@ from metactl.logs import configure as configure_logs
 COMMAND_MODULES = (
     "ops.log_cmds",
     "ops.export_cmds",  # adds `log export` to the `log` group, so it comes after ops.log_cmds
-    "ops.demo",
     "ops.scenario_cmds",
     "ops.controller_cmds",
     "ops.broker_cmds",

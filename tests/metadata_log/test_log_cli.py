@@ -1,4 +1,4 @@
-"""`metactl log dump|verify|tail` and `metactl demo`, run through the real CLI entry point."""
+"""`metactl log dump|verify|tail`, run through the real CLI entry point."""
 
 from __future__ import annotations
 
@@ -172,26 +172,3 @@ def test_tail_follows_new_records_until_interrupted(tmp_path: Path) -> None:
     err = stderr_path.read_text()
     assert proc.returncode == 0, err
     assert "Traceback" not in err
-
-
-def test_demo_runs_twice_on_the_same_data_dir(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    status, out, err = cli(capsys, "demo", "--data-dir", str(tmp_path))
-    assert status == 0, err
-    assert "new, empty log" in out and "verified" in out
-    first_end = _end_offset(tmp_path)
-    status, out, err = cli(capsys, "demo", "--data-dir", str(tmp_path))
-    assert status == 0, err
-    assert "re-registered" in out
-    assert _end_offset(tmp_path) > first_end
-    status, out, _ = cli(capsys, "log", "verify", "--data-dir", str(tmp_path))
-    assert status == 0 and out.startswith("ok: ")
-
-
-def _end_offset(data_dir: Path) -> int:
-    async def run() -> int:
-        async with await SqliteLogStore.open(data_dir, read_only=True) as store:
-            return store.end_offset
-
-    return asyncio.run(run())
