@@ -54,7 +54,6 @@ from metactl.wire import (
     BrokerHeartbeatResponse,
     BrokerRegistrationRequest,
     BrokerRegistrationResponse,
-    Connection,
     CreateTopicResult,
     CreateTopicsRequest,
     CreateTopicsResponse,
@@ -76,6 +75,7 @@ from metactl.wire import (
     error_response,
     parse_address,
     read_frame,
+    request_once,
 )
 from metadata_log.sqlite_store import SqliteLogStore
 
@@ -379,21 +379,15 @@ class ControllerService:
             if b is None or b.epoch != insp.broker_epoch or not b.active or not b.endpoint:
                 return
             try:
-                host, port = parse_address(b.endpoint)
-                conn = await asyncio.wait_for(Connection.open(host, port), 5)
-                try:
-                    resp = await asyncio.wait_for(
-                        conn.request(
-                            GetReplicaLogInfoRequest(
-                                broker_id=insp.broker_id,
-                                broker_epoch=insp.broker_epoch,
-                                partitions=[ReplicaRef(insp.topic, insp.partition)],
-                            )
-                        ),
-                        5,
-                    )
-                finally:
-                    await conn.close()
+                resp = await request_once(
+                    b.endpoint,
+                    GetReplicaLogInfoRequest(
+                        broker_id=insp.broker_id,
+                        broker_epoch=insp.broker_epoch,
+                        partitions=[ReplicaRef(insp.topic, insp.partition)],
+                    ),
+                    timeout_s=10,
+                )
                 if not isinstance(resp, GetReplicaLogInfoResponse):
                     raise InvalidRequestError(f"unexpected {type(resp).__name__}")
                 for entry in resp.partitions:

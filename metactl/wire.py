@@ -332,6 +332,21 @@ class Connection:
             await self.writer.wait_closed()
 
 
+async def request_once(address: str, body: Message, timeout_s: float = 30.0) -> Message:
+    """One request over a fresh connection, within `timeout_s` in all.
+
+    asyncio.timeout rather than wait_for: on Python 3.11 wait_for can drop a result that
+    arrives as the timeout fires, which would leak the just-opened connection.
+    """
+    host, port = parse_address(address)
+    async with asyncio.timeout(timeout_s):
+        conn = await Connection.open(host, port)
+        try:
+            return await conn.request(body)
+        finally:
+            await conn.close()
+
+
 def parse_address(address: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit():

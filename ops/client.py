@@ -1,27 +1,15 @@
-"""A small admin client for the controller, and offline readers of a data directory.
+"""Offline readers of a data directory, for the commands that only read.
 
-Commands that only read work offline on a data directory; everything else talks to a
-running controller over the wire protocol.
+Online commands talk to a running controller with `metactl.wire.request_once`.
 """
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 from controller.driver import load_image
 from controller.image import ClusterImage
-from metactl.wire import Connection, Message, parse_address
 from metadata_log.sqlite_store import SqliteLogStore
-
-
-async def call(controller: str, body: Message, timeout_s: float = 30.0) -> Message:
-    host, port = parse_address(controller)
-    conn = await asyncio.wait_for(Connection.open(host, port), timeout_s)
-    try:
-        return await asyncio.wait_for(conn.request(body), timeout_s)
-    finally:
-        await conn.close()
 
 
 def controller_log_dir(data_dir: Path) -> Path:

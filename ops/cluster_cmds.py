@@ -30,9 +30,10 @@ from metactl.wire import (
     ElectLeadersRequest,
     PartitionState,
     TopicSpec,
+    request_once,
 )
 from metadata_log.records import NO_LEADER
-from ops.client import call, offline_image
+from ops.client import offline_image
 
 DEFAULT_CONTROLLER = "127.0.0.1:9093"
 
@@ -102,7 +103,7 @@ def _describe(args: argparse.Namespace) -> DescribeClusterResponse:
     if args.data_dir is not None:
         return asyncio.run(_offline_describe(args.data_dir, getattr(args, "topic", None)))
     r = asyncio.run(
-        call(
+        request_once(
             args.controller or DEFAULT_CONTROLLER,
             DescribeClusterRequest(topic=getattr(args, "topic", None)),
         )
@@ -187,7 +188,7 @@ def cmd_topics_create(args: argparse.Namespace) -> int:
         unclean_recovery_strategy=args.unclean_recovery_strategy,
     )
     try:
-        r = asyncio.run(call(args.controller, CreateTopicsRequest(topics=[spec])))
+        r = asyncio.run(request_once(args.controller, CreateTopicsRequest(topics=[spec])))
     except (MetactlError, OSError, TimeoutError) as exc:
         return _fail(exc)
     assert isinstance(r, CreateTopicsResponse)
@@ -203,7 +204,7 @@ def cmd_elect(args: argparse.Namespace) -> int:
     try:
         topic, part = parse_tp(args.partition)
         r = asyncio.run(
-            call(
+            request_once(
                 args.controller,
                 ElectLeadersRequest(
                     topic=topic, partition=part, election_type=args.type, replica=args.replica
@@ -275,7 +276,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             replication_factor=min(3, args.brokers),
             min_insync_replicas=args.min_isr,
         )
-        r = asyncio.run(call(address, CreateTopicsRequest(topics=[spec])))
+        r = asyncio.run(request_once(address, CreateTopicsRequest(topics=[spec])))
         assert isinstance(r, CreateTopicsResponse)
         res = r.results[0]
         created = "created" if not res.error_code else f"kept ({res.error_code})"
@@ -315,7 +316,7 @@ async def _await_active(address: str, brokers: int, timeout_s: float = 60) -> No
     """Brokers unfence once they have caught up with the log; wait for all of them."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        r = await call(address, DescribeClusterRequest())
+        r = await request_once(address, DescribeClusterRequest())
         assert isinstance(r, DescribeClusterResponse)
         if sum(1 for b in r.brokers if not b.fenced and not b.controlled_shutdown) >= brokers:
             return

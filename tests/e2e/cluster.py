@@ -24,9 +24,9 @@ from metactl.wire import (
     FetchMetadataRequest,
     FetchMetadataResponse,
     Message,
+    request_once,
 )
 from metadata_log.records import MetadataRecord
-from ops.client import call
 
 HEARTBEAT_MS = 200
 SESSION_MS = 1500
@@ -145,7 +145,7 @@ class Cluster:
     # --- observing ---
 
     async def request(self, body: Message) -> Message:
-        return await call(self.address, body, timeout_s=10)
+        return await request_once(self.address, body, timeout_s=10)
 
     async def describe(self) -> DescribeClusterResponse:
         r = await self.request(DescribeClusterRequest())
