@@ -33,7 +33,7 @@ typecheck: setup
 	$(BIN)/mypy
 
 # The pure core (rules, image, replay, recovery) is held to 100% branch coverage.
-CORE := controller/dispatch.py,controller/image.py,controller/replay.py,controller/partition_change.py,controller/handlers.py,controller/snapshot.py,controller/recovery/*.py
+CORE := controller/core/dispatch.py,metadata_image/image.py,metadata_image/replay.py,controller/core/partition_change.py,controller/core/handlers.py,metadata_image/snapshot.py,controller/core/recovery/*.py
 core-coverage: setup
 	$(BIN)/coverage run --branch --source=controller --data-file=.coverage.core -m pytest -q -p no:cacheprovider tests/controller
 	$(BIN)/coverage report --data-file=.coverage.core --include='$(CORE)' --fail-under=100 --show-missing --skip-covered

@@ -9,7 +9,7 @@
 * `audit.jobs`: the audits (elections, unclean recoveries, offline time, brokers,
   invariants); `audit.rules` holds the invariant checker they share with `audit.plain`,
   the single-process baseline.
-* `audit.simulate`: ``metactl simulate history``: long random histories through the real
+* `simulation.history`: ``metactl simulate history``: long random histories through the real
   controller core.
 
 Nothing here changes a log: every reader opens it read-only.

@@ -22,12 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from controller.config import ControllerConfig
-from controller.driver import Controller, load_image
-from controller.handlers import create_topic, fence_broker
-from controller.image import ClusterImage
-from controller.replay import replay
-from controller.requests import CreateTopic, FenceBroker
+from controller.core.config import ControllerConfig
+from controller.core.handlers import create_topic, fence_broker
+from controller.runtime.driver import Controller, load_image
+from metadata_image.image import ClusterImage
+from metadata_image.replay import replay
 from metadata_log.records import (
     MetadataRecord,
     PartitionRecord,
@@ -37,6 +36,7 @@ from metadata_log.records import (
     encode_batch,
 )
 from metadata_log.sqlite_store import SqliteLogStore
+from protocol.requests import CreateTopic, FenceBroker
 
 CONFIG = ControllerConfig()
 TAIL_FENCES = 2

@@ -43,7 +43,6 @@ import msgspec
 
 from audit import plain
 from audit.logread import iter_batches, log_info
-from audit.simulate import DAY_MS, HistoryConfig, simulate_history
 from metactl.logs import configure
 from metadata_log.records import (
     BrokerRegistrationChangeRecord,
@@ -60,6 +59,7 @@ from metadata_log.records import (
     decode_batch,
 )
 from metadata_log.sqlite_store import LOG_FILE_NAME, SqliteLogStore
+from simulation.history import DAY_MS, HistoryConfig, simulate_history
 
 BASE_DAYS = 12.0  # 30 brokers / 5000 partitions make ~90k records a day
 BROKER_STRIDE = 1000

@@ -28,10 +28,8 @@ from brokers_stub.config import BrokerConfig
 from brokers_stub.logctx import BrokerLog
 from brokers_stub.metadata import MetadataFollower
 from brokers_stub.replica_manager import ReplicaManager
-from brokers_stub.rpc import NetworkError, RpcClient
 from brokers_stub.server import BrokerServer, unsupported
 from brokers_stub.storage import take_clean_shutdown_epoch, write_clean_shutdown
-from controller.image import ClusterImage
 from metactl.errors import (
     BrokerIdNotRegisteredError,
     DuplicateBrokerRegistrationError,
@@ -39,7 +37,9 @@ from metactl.errors import (
     MetactlError,
     StaleBrokerEpochError,
 )
-from metactl.wire import (
+from metadata_image.image import ClusterImage
+from protocol.client import NetworkError, RpcClient
+from protocol.codec import (
     BrokerHeartbeatRequest,
     BrokerHeartbeatResponse,
     BrokerRegistrationRequest,

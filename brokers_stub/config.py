@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from metactl.wire import DEFAULT_MAX_FRAME_BYTES
+from protocol.codec import DEFAULT_MAX_FRAME_BYTES
 
 
 @dataclass(frozen=True, kw_only=True)

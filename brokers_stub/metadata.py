@@ -1,7 +1,7 @@
 """The broker's metadata image: tail the controller's committed log into a ClusterImage.
 
 Long-polls FetchMetadata from the controller, rebuilds the image from a snapshot when
-the controller answers with one, replays records with `controller.replay.replay`,
+the controller answers with one, replays records with `metadata_image.replay.replay`,
 writes the applied offset to `metadata_offset` (page cache) and reports every new image
 to one callback, saying whether it is caught up with the committed end offset the
 controller last reported. A start always fetches from offset 0.
@@ -20,12 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from brokers_stub.logctx import BrokerLog
-from brokers_stub.rpc import NetworkError, RpcClient
 from brokers_stub.storage import write_metadata_offset
-from controller.image import ClusterImage
-from controller.replay import ReplayError, image_from_records, replay
 from metactl.errors import MetactlError, OffsetOutOfRangeError
-from metactl.wire import FetchMetadataRequest, FetchMetadataResponse
+from metadata_image.image import ClusterImage
+from metadata_image.replay import ReplayError, image_from_records, replay
+from protocol.client import NetworkError, RpcClient
+from protocol.codec import FetchMetadataRequest, FetchMetadataResponse
 
 ImageListener = Callable[[ClusterImage, bool], None]
 

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from metactl.wire import parse_address
+from protocol.codec import parse_address
 
 if TYPE_CHECKING:
     from brokers_stub.broker import Broker

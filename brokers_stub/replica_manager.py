@@ -39,25 +39,25 @@ from brokers_stub.replication import (
     next_high_watermark,
     record_fetch,
 )
-from brokers_stub.rpc import NetworkError, RpcClient
 from brokers_stub.storage import REPLICAS_DIR
-from controller.image import ClusterImage, PartitionState, TopicPartition
-from controller.requests import IsrMember
-from metactl import wire
 from metactl.errors import (
     InvalidRequestError,
     MetactlError,
     NotLeaderOrFollowerError,
     UnknownTopicOrPartitionError,
 )
-from metactl.wire import (
+from metadata_image.image import ClusterImage, PartitionState, TopicPartition
+from metadata_log.records import NO_LEADER, LeaderRecoveryState
+from protocol import codec as wire
+from protocol.client import NetworkError, RpcClient
+from protocol.codec import (
     AlterPartitionRequest,
     ReplicaFetchRequest,
     ReplicaFetchResponse,
     ReplicaLogInfoEntry,
     ReplicaRef,
 )
-from metadata_log.records import NO_LEADER, LeaderRecoveryState
+from protocol.requests import IsrMember
 
 ALTER_RETRY_MS = 1000
 PENDING_MAX_MS = 10_000

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 
 from brokers_stub.logctx import BrokerLog
 from metactl.errors import InvalidRequestError, MetactlError
-from metactl.wire import (
+from protocol.codec import (
     DEFAULT_MAX_FRAME_BYTES,
     ErrorResponse,
     FrameTooLargeError,

@@ -1,5 +1,5 @@
 import sys
 
-from controller.serve import main
+from controller.runtime.serve import main
 
 sys.exit(main())

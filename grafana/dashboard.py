@@ -7,7 +7,7 @@ test regenerates it and compares bytes, so edit this file, never the JSON:
     .venv/bin/python grafana/dashboard.py --check  # exit 1 if the checked-in JSON is stale
 
 Owns the dashboard's layout and queries only. The metric names it queries are defined by
-controller/metrics.py (controller) and the broker processes (metadata lag); a test checks
+controller/runtime/metrics.py (controller) and the broker processes (metadata lag); a test checks
 that every `metactl_*` name here is one of those. Must not need a running Grafana.
 """
 

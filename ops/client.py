@@ -1,14 +1,14 @@
 """Offline readers of a data directory, for the commands that only read.
 
-Online commands talk to a running controller with `metactl.wire.request_once`.
+Online commands talk to a running controller with `protocol.codec.request_once`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from controller.driver import load_image
-from controller.image import ClusterImage
+from controller.runtime.driver import load_image
+from metadata_image.image import ClusterImage
 from metadata_log.sqlite_store import SqliteLogStore
 
 

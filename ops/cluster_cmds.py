@@ -19,10 +19,12 @@ from typing import IO, Any
 
 import msgspec
 
-from controller.describe import describe_image
-from controller.image import parse_tp
+from controller.runtime.describe import describe_image
 from metactl.errors import MetactlError
-from metactl.wire import (
+from metadata_image.image import parse_tp
+from metadata_log.records import NO_LEADER
+from ops.client import offline_image
+from protocol.codec import (
     CreateTopicsRequest,
     CreateTopicsResponse,
     DescribeClusterRequest,
@@ -32,8 +34,6 @@ from metactl.wire import (
     TopicSpec,
     request_once,
 )
-from metadata_log.records import NO_LEADER
-from ops.client import offline_image
 
 DEFAULT_CONTROLLER = "127.0.0.1:9093"
 

@@ -83,8 +83,8 @@ def add_source_options(parser: argparse.ArgumentParser) -> None:
 
 
 def input_from_args(args: argparse.Namespace, since: str | None, until: str | None) -> Any:
-    from audit.simulate import parse_time_ms
     from audit.spark import AuditInput
+    from simulation.history import parse_time_ms
 
     return AuditInput.of(
         _split(args.data_dir) or None,

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from metactl.errors import MetactlError
-from ops.scenario import (
+from simulation.scenario import (
     PartitionReport,
     ScenarioError,
     StepReport,

@@ -1,6 +1,6 @@
 """`metactl simulate history`: a long random history through the real controller core.
 
-See `audit.simulate` for what happens. The output is an ordinary data directory: every
+See `simulation.history` for what happens. The output is an ordinary data directory: every
 ``metactl log`` and ``metactl audit`` command reads it.
 """
 
@@ -44,8 +44,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _history(args: argparse.Namespace) -> int:
-    from audit.simulate import HistoryConfig, parse_time_ms, simulate_history
     from metactl.errors import MetactlError
+    from simulation.history import HistoryConfig, parse_time_ms, simulate_history
 
     try:
         if args.brokers < 1 or args.partitions < 1 or args.days <= 0:

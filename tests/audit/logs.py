@@ -1,6 +1,6 @@
 """Logs with known answers for the audit tests.
 
-Scenario logs come from the real controller (`ops.scenario.run_scenario`). The crafted
+Scenario logs come from the real controller (`simulation.scenario.run_scenario`). The crafted
 log is written with `SqliteLogStore` directly: one topic per rule, each with its own
 brokers (so that one partition's unclean registrations cannot touch another's), whose
 records break exactly that rule, plus topics that must *not* be flagged.
@@ -26,10 +26,10 @@ from metadata_log.records import (
     UncleanRecoveryRecord,
 )
 from metadata_log.sqlite_store import SqliteLogStore
-from ops.scenario import load_scenario, run_scenario
+from simulation.scenario import load_scenario, run_scenario
 
 ROOT: Final = Path(__file__).resolve().parents[2]
-SCENARIOS: Final = {p.stem: p for p in sorted((ROOT / "ops" / "scenarios").glob("*.yaml"))}
+SCENARIOS: Final = {p.stem: p for p in sorted((ROOT / "simulation" / "scenarios").glob("*.yaml"))}
 
 
 def run_scenario_log(path: Path, data_dir: Path) -> Path:

@@ -1,4 +1,4 @@
-"""`audit.simulate`: seeded, healthy, and it exercises what the audits look for."""
+"""`simulation.history`: seeded, healthy, and it exercises what the audits look for."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from audit.logread import iter_batches, log_info
-from audit.simulate import HistoryConfig, simulate_history
 from metadata_log.records import decode_batch, encode_record, record_type
+from simulation.history import HistoryConfig, simulate_history
 
 pytestmark = pytest.mark.slow
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from controller.image import ClusterImage
-from controller.replay import replay
 from metactl.errors import InvalidRequestError, MetactlError
-from metactl.wire import (
+from metadata_image.image import ClusterImage
+from metadata_image.replay import replay
+from metadata_log.records import MetadataRecord, RegisterBrokerRecord, UnfenceBrokerRecord
+from protocol.codec import (
     AlterPartitionRequest,
     BrokerHeartbeatRequest,
     BrokerHeartbeatResponse,
@@ -32,7 +33,6 @@ from metactl.wire import (
     error_response,
     read_frame,
 )
-from metadata_log.records import MetadataRecord, RegisterBrokerRecord, UnfenceBrokerRecord
 
 
 class FakeController:

@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from brokers_stub.config import BrokerConfig
-from controller.image import ClusterImage
-from controller.replay import replay
+from metadata_image.image import ClusterImage
+from metadata_image.replay import replay
 from metadata_log.records import (
     ChangeReason,
     LeaderRecoveryState,

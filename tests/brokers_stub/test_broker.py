@@ -24,13 +24,13 @@ from metactl.errors import (
     DuplicateBrokerRegistrationError,
     StaleBrokerEpochError,
 )
-from metactl.wire import (
+from metadata_log.records import PartitionRecord, TopicRecord
+from protocol.codec import (
     AlterPartitionRequest,
     BrokerHeartbeatRequest,
     BrokerRegistrationRequest,
     FetchMetadataRequest,
 )
-from metadata_log.records import PartitionRecord, TopicRecord
 from tests.brokers_stub.fake_controller import FakeController
 from tests.brokers_stub.helpers import TOPIC, eventually
 

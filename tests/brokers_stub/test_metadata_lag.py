@@ -6,9 +6,9 @@ from pathlib import Path
 
 from brokers_stub.logctx import BrokerLog
 from brokers_stub.metadata import MetadataFollower
-from brokers_stub.rpc import RpcClient
-from metactl.wire import FetchedRecord, FetchMetadataResponse
 from metadata_log.records import RegisterBrokerRecord
+from protocol.client import RpcClient
+from protocol.codec import FetchedRecord, FetchMetadataResponse
 
 
 def _follower(tmp_path: Path) -> MetadataFollower:

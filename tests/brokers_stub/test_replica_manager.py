@@ -17,14 +17,14 @@ from brokers_stub.logctx import BrokerLog
 from brokers_stub.replica_log import ReplicaLog
 from brokers_stub.replica_manager import ReplicaManager
 from brokers_stub.storage import REPLICAS_DIR
-from controller.image import ClusterImage
 from metactl.errors import (
     InvalidUpdateVersionError,
     MetactlError,
     NotLeaderOrFollowerError,
     UnknownTopicOrPartitionError,
 )
-from metactl.wire import (
+from metadata_image.image import ClusterImage
+from protocol.codec import (
     AlterPartitionRequest,
     Message,
     PartitionState,

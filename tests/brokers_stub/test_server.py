@@ -18,7 +18,7 @@ from brokers_stub.logctx import BrokerLog
 from brokers_stub.replica_log import ReplicaLog
 from brokers_stub.server import BrokerServer
 from metactl.errors import InvalidRequestError, StaleBrokerEpochError
-from metactl.wire import (
+from protocol.codec import (
     BrokerHeartbeatRequest,
     Connection,
     ErrorResponse,

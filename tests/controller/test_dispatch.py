@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from controller.config import ControllerConfig
-from controller.dispatch import decide
-from controller.image import ClusterImage
-from controller.recovery.tracker import RecoveryTracker, evaluate
-from controller.replay import replay
-from controller.requests import (
+from controller.core.config import ControllerConfig
+from controller.core.dispatch import decide
+from controller.core.recovery.tracker import RecoveryTracker, evaluate
+from metadata_image.image import ClusterImage
+from metadata_image.replay import replay
+from protocol.requests import (
     Ack,
     AlterPartition,
     ControlledShutdown,

@@ -10,8 +10,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from controller.config import ControllerConfig
-from controller.handlers import (
+from controller.core.config import ControllerConfig
+from controller.core.handlers import (
     alter_partition,
     controlled_shutdown,
     create_topic,
@@ -19,22 +19,6 @@ from controller.handlers import (
     fence_broker,
     register_broker,
     unfence_broker,
-)
-from controller.image import ClusterImage
-from controller.replay import replay
-from controller.requests import (
-    Ack,
-    AlterPartition,
-    ControlledShutdown,
-    ControlledShutdownResponse,
-    CreateTopic,
-    ElectLeader,
-    FenceBroker,
-    IsrMember,
-    PartitionView,
-    RegisterBroker,
-    RegisterBrokerResponse,
-    UnfenceBroker,
 )
 from metactl.errors import (
     BrokerIdNotRegisteredError,
@@ -55,6 +39,8 @@ from metactl.errors import (
     UnknownRecoveryPolicyError,
     UnknownTopicOrPartitionError,
 )
+from metadata_image.image import ClusterImage
+from metadata_image.replay import replay
 from metadata_log.records import (
     NO_LEADER,
     BrokerRegistrationChangeRecord,
@@ -67,6 +53,20 @@ from metadata_log.records import (
     RegisterBrokerRecord,
     TopicRecord,
     UnfenceBrokerRecord,
+)
+from protocol.requests import (
+    Ack,
+    AlterPartition,
+    ControlledShutdown,
+    ControlledShutdownResponse,
+    CreateTopic,
+    ElectLeader,
+    FenceBroker,
+    IsrMember,
+    PartitionView,
+    RegisterBroker,
+    RegisterBrokerResponse,
+    UnfenceBroker,
 )
 
 from .testkit import KNOWN_STRATEGIES, Cluster, apply, image_of

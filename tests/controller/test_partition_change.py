@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from controller.image import EMPTY
-from controller.partition_change import build_change, clean_leader, next_elr
+from controller.core.partition_change import build_change, clean_leader, next_elr
+from metadata_image.image import EMPTY
 from metadata_log.records import (
     NO_LEADER,
     ChangeReason,

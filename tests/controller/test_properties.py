@@ -44,8 +44,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from controller.config import ControllerConfig
-from controller.handlers import (
+from controller.core.config import ControllerConfig
+from controller.core.handlers import (
     HandlerResult,
     alter_partition,
     controlled_shutdown,
@@ -55,33 +55,18 @@ from controller.handlers import (
     register_broker,
     unfence_broker,
 )
-from controller.image import EMPTY, ClusterImage, PartitionState, TopicPartition
-from controller.partition_change import next_elr
-from controller.recovery.policy import best_candidate
-from controller.recovery.tracker import (
+from controller.core.partition_change import next_elr
+from controller.core.recovery.policy import best_candidate
+from controller.core.recovery.tracker import (
     RecoveryTracker,
     evaluate,
     manual_election,
     record_answer,
 )
-from controller.replay import image_from_records, image_to_records, replay
-from controller.requests import (
-    AlterPartition,
-    ControlledShutdown,
-    ControlledShutdownResponse,
-    CreateTopic,
-    CreateTopicResponse,
-    ElectLeader,
-    FenceBroker,
-    IsrMember,
-    PartitionView,
-    RegisterBroker,
-    RegisterBrokerResponse,
-    ReplicaLogInfo,
-    UnfenceBroker,
-)
-from controller.snapshot import ImageSnapshot, from_snapshot, to_snapshot
 from metactl.errors import MetactlError
+from metadata_image.image import EMPTY, ClusterImage, PartitionState, TopicPartition
+from metadata_image.replay import image_from_records, image_to_records, replay
+from metadata_image.snapshot import ImageSnapshot, from_snapshot, to_snapshot
 from metadata_log.records import (
     NO_LEADER,
     BrokerRegistrationChangeRecord,
@@ -96,6 +81,21 @@ from metadata_log.records import (
     UncleanRecoveryRecord,
     UnfenceBrokerRecord,
 )
+from protocol.requests import (
+    AlterPartition,
+    ControlledShutdown,
+    ControlledShutdownResponse,
+    CreateTopic,
+    CreateTopicResponse,
+    ElectLeader,
+    FenceBroker,
+    IsrMember,
+    PartitionView,
+    RegisterBroker,
+    RegisterBrokerResponse,
+    ReplicaLogInfo,
+    UnfenceBroker,
+)
 
 from .testkit import KNOWN_STRATEGIES, POLICIES
 
@@ -109,7 +109,7 @@ STRATEGIES = (None, "balanced", "proactive", "manual")
 CONFIG = ControllerConfig(unclean_recovery_window_ms=WINDOW, unclean_recovery_strategy="balanced")
 
 
-# --- the model: the rules restated, independently of controller.partition_change -------------
+# --- the model: the rules restated, independently of controller.core.partition_change -------------
 
 
 @dataclass

@@ -11,11 +11,10 @@ from typing import ClassVar
 import immutables
 import pytest
 
-from controller.config import ControllerConfig
-from controller.image import EMPTY, ClusterImage, PartitionState
-from controller.recovery import registry
-from controller.recovery.builtin import BalancedPolicy, ManualPolicy, ProactivePolicy
-from controller.recovery.policy import (
+from controller.core.config import ControllerConfig
+from controller.core.recovery import registry
+from controller.core.recovery.builtin import BalancedPolicy, ManualPolicy, ProactivePolicy
+from controller.core.recovery.policy import (
     Choose,
     Decision,
     PendingRecovery,
@@ -23,7 +22,7 @@ from controller.recovery.policy import (
     Wait,
     best_candidate,
 )
-from controller.recovery.tracker import (
+from controller.core.recovery.tracker import (
     Inspection,
     RecoveryTracker,
     evaluate,
@@ -31,7 +30,6 @@ from controller.recovery.tracker import (
     recovery_records,
     strategy_for,
 )
-from controller.requests import ReplicaLogInfo
 from metactl.errors import (
     ElectionNotNeededError,
     IneligibleReplicaError,
@@ -40,6 +38,7 @@ from metactl.errors import (
     UnknownRecoveryPolicyError,
     UnknownTopicOrPartitionError,
 )
+from metadata_image.image import EMPTY, ClusterImage, PartitionState
 from metadata_log.records import (
     NO_LEADER,
     ChangeReason,
@@ -51,6 +50,7 @@ from metadata_log.records import (
     RecoveryCandidate,
     UncleanRecoveryRecord,
 )
+from protocol.requests import ReplicaLogInfo
 
 from .testkit import POLICIES, Cluster, image_of
 
@@ -819,9 +819,9 @@ def _mark_fallbacks(monkeypatch: pytest.MonkeyPatch) -> None:
 class TestRegistry:
     def test_pyproject_declares_the_three_built_ins(self) -> None:
         assert _declared_entry_points() == {
-            "balanced": "controller.recovery.builtin:BalancedPolicy",
-            "proactive": "controller.recovery.builtin:ProactivePolicy",
-            "manual": "controller.recovery.builtin:ManualPolicy",
+            "balanced": "controller.core.recovery.builtin:BalancedPolicy",
+            "proactive": "controller.core.recovery.builtin:ProactivePolicy",
+            "manual": "controller.core.recovery.builtin:ManualPolicy",
         }
 
     def test_the_installed_distribution_registers_them(self) -> None:
@@ -868,7 +868,7 @@ class TestRegistry:
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         _install_distribution(
-            tmp_path, monkeypatch, {"careful": "controller.recovery.builtin:ManualPolicy"}
+            tmp_path, monkeypatch, {"careful": "controller.core.recovery.builtin:ManualPolicy"}
         )
         with pytest.raises(UnknownRecoveryPolicyError, match="'careful' loads a policy named"):
             registry.load_policies()

@@ -6,8 +6,9 @@ import immutables
 import msgspec
 import pytest
 
-from controller import replay as replay_module
-from controller.image import (
+from metactl.errors import MetactlError
+from metadata_image import replay as replay_module
+from metadata_image.image import (
     EMPTY,
     BrokerState,
     ClusterImage,
@@ -16,15 +17,14 @@ from controller.image import (
     parse_tp,
     tp_name,
 )
-from controller.replay import (
+from metadata_image.replay import (
     ReplayError,
     image_from_records,
     image_to_records,
     partition_record,
     replay,
 )
-from controller.snapshot import ImageSnapshot, from_snapshot, to_snapshot
-from metactl.errors import MetactlError
+from metadata_image.snapshot import ImageSnapshot, from_snapshot, to_snapshot
 from metadata_log.records import (
     NO_LEADER,
     BrokerRegistrationChangeRecord,

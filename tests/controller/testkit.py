@@ -15,8 +15,8 @@ import itertools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from controller.config import ControllerConfig
-from controller.handlers import (
+from controller.core.config import ControllerConfig
+from controller.core.handlers import (
     HandlerResult,
     alter_partition,
     controlled_shutdown,
@@ -26,18 +26,25 @@ from controller.handlers import (
     register_broker,
     unfence_broker,
 )
-from controller.image import ClusterImage, PartitionState
-from controller.recovery.builtin import BalancedPolicy, ManualPolicy, ProactivePolicy
-from controller.recovery.policy import RecoveryPolicy
-from controller.recovery.tracker import (
+from controller.core.recovery.builtin import BalancedPolicy, ManualPolicy, ProactivePolicy
+from controller.core.recovery.policy import RecoveryPolicy
+from controller.core.recovery.tracker import (
     RecoveryStep,
     RecoveryTracker,
     evaluate,
     manual_election,
     record_answer,
 )
-from controller.replay import replay
-from controller.requests import (
+from metadata_image.image import ClusterImage, PartitionState
+from metadata_image.replay import replay
+from metadata_log.records import (
+    MetadataRecord,
+    PartitionRecord,
+    RegisterBrokerRecord,
+    TopicRecord,
+    UnfenceBrokerRecord,
+)
+from protocol.requests import (
     AlterPartition,
     ControlledShutdown,
     ControlledShutdownResponse,
@@ -51,13 +58,6 @@ from controller.requests import (
     RegisterBrokerResponse,
     ReplicaLogInfo,
     UnfenceBroker,
-)
-from metadata_log.records import (
-    MetadataRecord,
-    PartitionRecord,
-    RegisterBrokerRecord,
-    TopicRecord,
-    UnfenceBrokerRecord,
 )
 
 POLICIES: Mapping[str, RecoveryPolicy] = {

@@ -8,10 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from controller.clock import VirtualClock
-from controller.config import ControllerConfig
-from controller.driver import Controller, load_image
-from controller.requests import (
+from controller.core.config import ControllerConfig
+from controller.runtime.clock import VirtualClock
+from controller.runtime.driver import Controller, load_image
+from metactl.errors import StaleBrokerEpochError, StorageError
+from metadata_log.records import RegisterBrokerRecord, UncleanRecoveryRecord
+from metadata_log.sqlite_store import SqliteLogStore
+from protocol.requests import (
     CreateTopic,
     FenceBroker,
     RegisterBroker,
@@ -19,9 +22,6 @@ from controller.requests import (
     ReplicaLogInfo,
     UnfenceBroker,
 )
-from metactl.errors import StaleBrokerEpochError, StorageError
-from metadata_log.records import RegisterBrokerRecord, UncleanRecoveryRecord
-from metadata_log.sqlite_store import SqliteLogStore
 
 
 async def _cluster(ctl: Controller, brokers: list[int]) -> None:
@@ -119,8 +119,8 @@ async def test_restart_from_snapshot_and_log_gives_the_same_image(tmp_path: Path
         ctl = await Controller.open(store, clock=VirtualClock())
         assert ctl.image.same_state(before)
         # Replaying everything from offset 0 (ignoring the snapshot) agrees as well.
-        from controller.image import ClusterImage
-        from controller.replay import replay
+        from metadata_image.image import ClusterImage
+        from metadata_image.replay import replay
 
         records = [e.record async for e in store.iter_entries(0)]
         assert replay(ClusterImage(), records).same_state(before)
@@ -161,9 +161,9 @@ async def test_proactive_window_fires_on_the_real_clock(store: SqliteLogStore) -
 
 
 def test_touched_partitions_names_what_an_event_can_change() -> None:
-    from controller.driver import touched_partitions
-    from controller.image import ClusterImage
-    from controller.replay import replay
+    from controller.runtime.driver import touched_partitions
+    from metadata_image.image import ClusterImage
+    from metadata_image.replay import replay
     from metadata_log.records import (
         ClearElrRecord,
         FenceBrokerRecord,

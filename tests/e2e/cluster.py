@@ -18,7 +18,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from metactl.wire import (
+from metadata_log.records import MetadataRecord
+from protocol.codec import (
     DescribeClusterRequest,
     DescribeClusterResponse,
     FetchMetadataRequest,
@@ -26,7 +27,6 @@ from metactl.wire import (
     Message,
     request_once,
 )
-from metadata_log.records import MetadataRecord
 
 HEARTBEAT_MS = 200
 SESSION_MS = 1500

@@ -13,17 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from metactl.wire import (
+from metadata_log.records import (
+    PartitionChangeRecord,
+    RegisterBrokerRecord,
+    UncleanRecoveryRecord,
+)
+from protocol.codec import (
     CreateTopicsRequest,
     CreateTopicsResponse,
     DescribeClusterResponse,
     PartitionState,
     TopicSpec,
-)
-from metadata_log.records import (
-    PartitionChangeRecord,
-    RegisterBrokerRecord,
-    UncleanRecoveryRecord,
 )
 from tests.e2e.cluster import Cluster
 

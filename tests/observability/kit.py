@@ -24,27 +24,19 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from controller.clock import VirtualClock
-from controller.config import ControllerConfig
-from controller.driver import Controller, Event
-from controller.metrics import ControllerMetrics
-from controller.recovery.tracker import Inspection
-from controller.requests import (
-    ControllerResponse,
-    CreateTopic,
-    ElectLeader,
-    FenceBroker,
-    RegisterBroker,
-    RegisterBrokerResponse,
-    ReplicaLogInfo,
-    UnfenceBroker,
-)
+from controller.core.config import ControllerConfig
+from controller.core.recovery.tracker import Inspection
+from controller.runtime.clock import VirtualClock
+from controller.runtime.driver import Controller, Event
+from controller.runtime.metrics import ControllerMetrics
 from metactl.errors import (
     InvalidRequestError,
     MetactlError,
     StaleBrokerEpochError,
 )
-from metactl.wire import (
+from metadata_log.records import MetadataRecord
+from metadata_log.sqlite_store import SqliteLogStore
+from protocol.codec import (
     BrokerHeartbeatRequest,
     BrokerRegistrationRequest,
     BrokerRegistrationResponse,
@@ -59,8 +51,16 @@ from metactl.wire import (
     parse_address,
     read_frame,
 )
-from metadata_log.records import MetadataRecord
-from metadata_log.sqlite_store import SqliteLogStore
+from protocol.requests import (
+    ControllerResponse,
+    CreateTopic,
+    ElectLeader,
+    FenceBroker,
+    RegisterBroker,
+    RegisterBrokerResponse,
+    ReplicaLogInfo,
+    UnfenceBroker,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 GRAFANA = REPO / "grafana"

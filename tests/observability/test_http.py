@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.service import ControllerService
-from metactl.wire import BrokerRegistrationRequest, Connection, parse_address
+from controller.runtime.service import ControllerService
+from protocol.codec import BrokerRegistrationRequest, Connection, parse_address
 from tests.observability.kit import REPO
 
 

@@ -13,14 +13,14 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from structlog.testing import capture_logs
 
-from controller.metrics import ELECTION_KINDS, ControllerMetrics, PartitionHealth
+from controller.runtime.metrics import ELECTION_KINDS, ControllerMetrics, PartitionHealth
 from metactl.errors import MetactlError
 from metadata_log.records import (
     PartitionChangeRecord,
     RegisterBrokerRecord,
     UncleanRecoveryRecord,
 )
-from ops.scenario import ScenarioRun, load_scenario
+from simulation.scenario import ScenarioRun, load_scenario
 from tests.observability.kit import REPO, Cluster
 
 PDL = "metactl_potential_data_loss_events_total"
@@ -235,7 +235,7 @@ async def test_registry_is_per_controller_and_exposition_is_clean(cluster: Clust
     assert other.on_commit not in cluster.ctl.commit_listeners
 
 
-SCENARIOS = sorted((REPO / "ops" / "scenarios").glob("*.yaml"))
+SCENARIOS = sorted((REPO / "simulation" / "scenarios").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])

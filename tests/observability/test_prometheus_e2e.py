@@ -18,9 +18,10 @@ from typing import Any, TypeVar
 
 import pytest
 
-from controller.config import ControllerConfig
-from controller.service import ControllerService
-from metactl.wire import (
+from controller.core.config import ControllerConfig
+from controller.runtime.service import ControllerService
+from metadata_log.records import UncleanRecoveryRecord
+from protocol.codec import (
     Connection,
     CreateTopicsRequest,
     CreateTopicsResponse,
@@ -30,7 +31,6 @@ from metactl.wire import (
     TopicSpec,
     parse_address,
 )
-from metadata_log.records import UncleanRecoveryRecord
 from tests.observability.kit import (
     GRAFANA,
     NO_PROMETHEUS,

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from ops.cli import main
-from ops.scenario import ScenarioError, load_scenario, parse_scenario, run_scenario
+from simulation.scenario import ScenarioError, load_scenario, parse_scenario, run_scenario
 
-SCENARIOS = sorted((Path(__file__).parents[2] / "ops" / "scenarios").glob("*.yaml"))
+SCENARIOS = sorted((Path(__file__).parents[2] / "simulation" / "scenarios").glob("*.yaml"))
 
 
 def test_the_reference_examples_and_cases_are_shipped() -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.service import ControllerService
-from metactl.wire import (
+from controller.runtime.service import ControllerService
+from protocol.codec import (
     BrokerHeartbeatRequest,
     BrokerRegistrationRequest,
     BrokerRegistrationResponse,
@@ -113,8 +113,7 @@ async def test_unreachable_controller_is_a_clear_error() -> None:
 async def test_alter_partition_over_the_wire_returns_the_committed_state(
     service: ControllerService,
 ) -> None:
-    from controller.requests import IsrMember
-    from metactl.wire import (
+    from protocol.codec import (
         AlterPartitionRequest,
         CreateTopicsRequest,
         DescribeClusterRequest,
@@ -122,6 +121,7 @@ async def test_alter_partition_over_the_wire_returns_the_committed_state(
         PartitionState,
         TopicSpec,
     )
+    from protocol.requests import IsrMember
 
     host, port = parse_address(service.address)
     conn = await Connection.open(host, port)

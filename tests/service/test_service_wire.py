@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from controller.config import ControllerConfig
-from controller.service import ControllerService
+from controller.core.config import ControllerConfig
+from controller.runtime.service import ControllerService
 from metactl.errors import BrokerIdNotRegisteredError, StaleBrokerEpochError
-from metactl.wire import (
+from metadata_log.records import FenceBrokerRecord, RegisterBrokerRecord
+from protocol.codec import (
     BrokerHeartbeatRequest,
     BrokerHeartbeatResponse,
     BrokerRegistrationRequest,
@@ -29,7 +30,6 @@ from metactl.wire import (
     parse_address,
     read_frame,
 )
-from metadata_log.records import FenceBrokerRecord, RegisterBrokerRecord
 
 
 @pytest.fixture

@@ -26,25 +26,20 @@ from typing import Any, Final
 import msgspec
 import structlog
 
-from controller.clock import Clock, SystemClock
-from controller.config import ControllerConfig
-from controller.dispatch import decide
-from controller.image import ClusterImage, TopicPartition
-from controller.recovery.policy import RecoveryPolicy
-from controller.recovery.registry import load_policies, require
-from controller.recovery.tracker import (
+from controller.core.config import ControllerConfig
+from controller.core.dispatch import decide
+from controller.core.recovery.policy import RecoveryPolicy
+from controller.core.recovery.registry import load_policies, require
+from controller.core.recovery.tracker import (
     Inspection,
     RecoveryTracker,
     evaluate,
 )
-from controller.replay import replay
-from controller.requests import (
-    Ack,
-    ControllerRequest,
-    ControllerResponse,
-)
-from controller.snapshot import ImageSnapshot, from_snapshot, to_snapshot
+from controller.runtime.clock import Clock, SystemClock
 from metactl.errors import LogClosedError, LogError, MetactlError
+from metadata_image.image import ClusterImage, TopicPartition
+from metadata_image.replay import replay
+from metadata_image.snapshot import ImageSnapshot, from_snapshot, to_snapshot
 from metadata_log.records import (
     BrokerRegistrationChangeRecord,
     ClearElrRecord,
@@ -58,6 +53,11 @@ from metadata_log.records import (
     record_type,
 )
 from metadata_log.store import LogStore
+from protocol.requests import (
+    Ack,
+    ControllerRequest,
+    ControllerResponse,
+)
 
 log = structlog.get_logger("metactl.controller")
 

@@ -14,11 +14,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from controller.config import ControllerConfig
-from controller.service import ControllerService
+from controller.core.config import ControllerConfig
+from controller.runtime.service import ControllerService
 from metactl.errors import MetactlError
 from metactl.logs import configure
-from metactl.wire import DEFAULT_MAX_FRAME_BYTES
+from protocol.codec import DEFAULT_MAX_FRAME_BYTES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

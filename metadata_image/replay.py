@@ -19,7 +19,8 @@ from contextlib import contextmanager
 
 import immutables
 
-from controller.image import (
+from metactl.errors import MetactlError
+from metadata_image.image import (
     EMPTY,
     BrokerState,
     ClusterImage,
@@ -27,7 +28,6 @@ from controller.image import (
     TopicPartition,
     TopicState,
 )
-from metactl.errors import MetactlError
 from metadata_log.records import (
     NO_LEADER,
     BrokerRegistrationChangeRecord,

@@ -19,15 +19,13 @@ from collections.abc import Iterable, Mapping
 import immutables
 import msgspec
 
-from controller.config import ControllerConfig
-from controller.image import ClusterImage, PartitionState, TopicPartition
-from controller.recovery.policy import (
+from controller.core.config import ControllerConfig
+from controller.core.recovery.policy import (
     Choose,
     PendingRecovery,
     RecoveryPolicy,
     RestartWindow,
 )
-from controller.requests import ElectLeader, ReplicaLogInfo
 from metactl.errors import (
     ElectionNotNeededError,
     IneligibleReplicaError,
@@ -35,6 +33,7 @@ from metactl.errors import (
     StaleBrokerEpochError,
     UnknownTopicOrPartitionError,
 )
+from metadata_image.image import ClusterImage, PartitionState, TopicPartition
 from metadata_log.records import (
     ChangeReason,
     ElectionKind,
@@ -44,6 +43,7 @@ from metadata_log.records import (
     RecoveryCandidate,
     UncleanRecoveryRecord,
 )
+from protocol.requests import ElectLeader, ReplicaLogInfo
 
 
 class RecoveryTracker(msgspec.Struct, frozen=True):

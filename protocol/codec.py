@@ -18,9 +18,9 @@ from typing import Final, Literal
 
 import msgspec
 
-from controller.requests import IsrMember
 from metactl.errors import InvalidRequestError, MetactlError
 from metadata_log.records import MetadataRecord
+from protocol.requests import IsrMember
 
 DEFAULT_MAX_FRAME_BYTES: Final = 8 * 1024 * 1024
 _LEN: Final = struct.Struct(">I")

@@ -12,7 +12,7 @@ keeps a single last-known leader), and it shrinks when a member re-enters the IS
 
 from __future__ import annotations
 
-from controller.image import EMPTY, ClusterImage, PartitionState
+from metadata_image.image import EMPTY, ClusterImage, PartitionState
 from metadata_log.records import (
     NO_LEADER,
     ChangeReason,

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from controller.image import EMPTY, ClusterImage, PartitionState
-from controller.recovery.policy import (
+from controller.core.recovery.policy import (
     Choose,
     Decision,
     PendingRecovery,
@@ -17,6 +16,7 @@ from controller.recovery.policy import (
     Wait,
     best_candidate,
 )
+from metadata_image.image import EMPTY, ClusterImage, PartitionState
 
 
 class BalancedPolicy:

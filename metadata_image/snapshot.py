@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
-from controller.image import ClusterImage
-from controller.replay import image_from_records, image_to_records
+from metadata_image.image import ClusterImage
+from metadata_image.replay import image_from_records, image_to_records
 from metadata_log.records import MetadataRecord
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from importlib.metadata import entry_points
 
-from controller.recovery.builtin import BalancedPolicy, ManualPolicy, ProactivePolicy
-from controller.recovery.policy import RecoveryPolicy
+from controller.core.recovery.builtin import BalancedPolicy, ManualPolicy, ProactivePolicy
+from controller.core.recovery.policy import RecoveryPolicy
 from metactl.errors import UnknownRecoveryPolicyError
 
 GROUP = "metactl.recovery_policies"

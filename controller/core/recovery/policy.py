@@ -21,7 +21,7 @@ from typing import ClassVar, Protocol
 import immutables
 import msgspec
 
-from controller.image import ClusterImage, PartitionState
+from metadata_image.image import ClusterImage, PartitionState
 from metadata_log.records import RecoveryCandidate
 
 

@@ -6,7 +6,7 @@ the driver appends the records and `replay` applies them. Errors are raised as c
 `MetactlError`s before any record is produced, so a refused request leaves no trace.
 
 Rules 1-6, 8 and 9 of the controller issue live here (rule 1 through
-`partition_change`); rule 7, unclean recovery, lives in `controller.recovery`.
+`partition_change`); rule 7, unclean recovery, lives in `controller.core.recovery`.
 """
 
 from __future__ import annotations
@@ -18,25 +18,8 @@ from typing import Final
 
 import msgspec
 
-from controller.config import ControllerConfig
-from controller.image import ClusterImage, PartitionState
-from controller.partition_change import build_change
-from controller.replay import replay
-from controller.requests import (
-    Ack,
-    AlterPartition,
-    ControlledShutdown,
-    ControlledShutdownResponse,
-    ControllerResponse,
-    CreateTopic,
-    CreateTopicResponse,
-    ElectLeader,
-    FenceBroker,
-    PartitionView,
-    RegisterBroker,
-    RegisterBrokerResponse,
-    UnfenceBroker,
-)
+from controller.core.config import ControllerConfig
+from controller.core.partition_change import build_change
 from metactl.errors import (
     BrokerIdNotRegisteredError,
     DuplicateBrokerRegistrationError,
@@ -55,6 +38,8 @@ from metactl.errors import (
     UnknownRecoveryPolicyError,
     UnknownTopicOrPartitionError,
 )
+from metadata_image.image import ClusterImage, PartitionState
+from metadata_image.replay import replay
 from metadata_log.records import (
     NO_LEADER,
     BrokerRegistrationChangeRecord,
@@ -67,6 +52,21 @@ from metadata_log.records import (
     RegisterBrokerRecord,
     TopicRecord,
     UnfenceBrokerRecord,
+)
+from protocol.requests import (
+    Ack,
+    AlterPartition,
+    ControlledShutdown,
+    ControlledShutdownResponse,
+    ControllerResponse,
+    CreateTopic,
+    CreateTopicResponse,
+    ElectLeader,
+    FenceBroker,
+    PartitionView,
+    RegisterBroker,
+    RegisterBrokerResponse,
+    UnfenceBroker,
 )
 
 _TOPIC_NAME: Final = re.compile(r"^[A-Za-z0-9._]+(-[A-Za-z0-9._]+)*$")

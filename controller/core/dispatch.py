@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Set
 
-from controller.config import ControllerConfig
-from controller.handlers import (
+from controller.core.config import ControllerConfig
+from controller.core.handlers import (
     HandlerResult,
     alter_partition,
     controlled_shutdown,
@@ -22,10 +22,12 @@ from controller.handlers import (
     register_broker,
     unfence_broker,
 )
-from controller.image import ClusterImage
-from controller.recovery.tracker import RecoveryTracker, manual_election, record_answer
-from controller.replay import replay
-from controller.requests import (
+from controller.core.recovery.tracker import RecoveryTracker, manual_election, record_answer
+from metactl.errors import InvalidRequestError
+from metadata_image.image import ClusterImage
+from metadata_image.replay import replay
+from metadata_log.records import MetadataRecord
+from protocol.requests import (
     Ack,
     AlterPartition,
     ControlledShutdown,
@@ -38,8 +40,6 @@ from controller.requests import (
     ReplicaLogInfo,
     UnfenceBroker,
 )
-from metactl.errors import InvalidRequestError
-from metadata_log.records import MetadataRecord
 
 Decided = tuple[list[MetadataRecord], ControllerResponse, RecoveryTracker]
 

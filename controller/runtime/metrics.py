@@ -33,11 +33,10 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from controller.driver import Controller
-from controller.image import ClusterImage, PartitionState, TopicPartition
-from controller.recovery.tracker import strategy_for
+from controller.core.recovery.tracker import strategy_for
+from controller.runtime.driver import Controller
 from metactl import __version__
-from metactl.wire import parse_address
+from metadata_image.image import ClusterImage, PartitionState, TopicPartition
 from metadata_log.records import (
     RECORD_TYPES,
     ClearElrRecord,
@@ -50,6 +49,7 @@ from metadata_log.records import (
     TopicRecord,
     UncleanRecoveryRecord,
 )
+from protocol.codec import parse_address
 
 log = structlog.get_logger("metactl.controller.metrics")
 

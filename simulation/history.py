@@ -1,8 +1,8 @@
 """``metactl simulate history``: a long, random, realistic history through the real core.
 
 The simulator drives the pure controller core directly, as the driver does for each event
-(`controller.handlers` decide, `controller.replay.replay` applies,
-`controller.recovery.tracker.evaluate` runs recoveries), with virtual time, and appends
+(`controller.core.handlers` decide, `metadata_image.replay.replay` applies,
+`controller.core.recovery.tracker.evaluate` runs recoveries), with virtual time, and appends
 each event's records to a real `SqliteLogStore` with the event's time as the batch
 timestamp. No asyncio task per event and no driver: the core is pure, so this is the
 fast path to a multi-million-record log.
@@ -40,17 +40,25 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
-from controller.config import ControllerConfig
-from controller.dispatch import decide
-from controller.image import ClusterImage, PartitionState, TopicPartition
-from controller.recovery.registry import load_policies
-from controller.recovery.tracker import (
+from controller.core.config import ControllerConfig
+from controller.core.dispatch import decide
+from controller.core.recovery.registry import load_policies
+from controller.core.recovery.tracker import (
     Inspection,
     RecoveryTracker,
     evaluate,
 )
-from controller.replay import replay
-from controller.requests import (
+from metactl.errors import MetactlError
+from metadata_image.image import ClusterImage, PartitionState, TopicPartition
+from metadata_image.replay import replay
+from metadata_log.records import (
+    NO_LEADER,
+    MetadataRecord,
+    PartitionChangeRecord,
+    UncleanRecoveryRecord,
+)
+from metadata_log.sqlite_store import SqliteLogStore, resolve_log_path
+from protocol.requests import (
     AlterPartition,
     ControlledShutdown,
     ControllerRequest,
@@ -62,14 +70,6 @@ from controller.requests import (
     ReplicaLogInfo,
     UnfenceBroker,
 )
-from metactl.errors import MetactlError
-from metadata_log.records import (
-    NO_LEADER,
-    MetadataRecord,
-    PartitionChangeRecord,
-    UncleanRecoveryRecord,
-)
-from metadata_log.sqlite_store import SqliteLogStore, resolve_log_path
 
 DAY_MS: Final = 86_400_000
 MINUTE_MS: Final = 60_000

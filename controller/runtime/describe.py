@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from controller.image import BrokerState, ClusterImage, TopicPartition
-from controller.image import PartitionState as ImagePartition
-from metactl.wire import BrokerDescription, DescribeClusterResponse, PartitionState
+from metadata_image.image import BrokerState, ClusterImage, TopicPartition
+from metadata_image.image import PartitionState as ImagePartition
 from metadata_log.records import LeaderRecoveryState
+from protocol.codec import BrokerDescription, DescribeClusterResponse, PartitionState
 
 
 def partition_state(p: ImagePartition, recovery_pending: list[int] | None = None) -> PartitionState:

@@ -1,7 +1,7 @@
 """The scenario runner: a deterministic what-if tool over the real controller and log.
 
 A scenario file (YAML) names a config, brokers, topics and steps. The runner drives the
-real `controller.driver.Controller` on a real metadata log with a virtual clock and
+real `controller.runtime.driver.Controller` on a real metadata log with a virtual clock and
 simulated brokers (they heartbeat implicitly, answer log inspections instantly while
 active, and register/unfence when told). No network is involved.
 
@@ -19,12 +19,21 @@ from typing import Any, Literal
 import msgspec
 import yaml
 
-from controller.clock import VirtualClock
-from controller.config import ControllerConfig
-from controller.driver import Controller
-from controller.image import ClusterImage, PartitionState, parse_tp, tp_name
-from controller.recovery.tracker import Inspection
-from controller.requests import (
+from controller.core.config import ControllerConfig
+from controller.core.recovery.tracker import Inspection
+from controller.runtime.clock import VirtualClock
+from controller.runtime.driver import Controller
+from metactl.errors import MetactlError
+from metadata_image.image import ClusterImage, PartitionState, parse_tp, tp_name
+from metadata_log.records import (
+    NO_LEADER,
+    LeaderRecoveryState,
+    MetadataRecord,
+    PartitionChangeRecord,
+    UncleanRecoveryRecord,
+)
+from metadata_log.store import LogStore, open_store
+from protocol.requests import (
     AlterPartition,
     ControlledShutdown,
     ControllerRequest,
@@ -36,15 +45,6 @@ from controller.requests import (
     ReplicaLogInfo,
     UnfenceBroker,
 )
-from metactl.errors import MetactlError
-from metadata_log.records import (
-    NO_LEADER,
-    LeaderRecoveryState,
-    MetadataRecord,
-    PartitionChangeRecord,
-    UncleanRecoveryRecord,
-)
-from metadata_log.store import LogStore, open_store
 
 
 class ScenarioError(MetactlError):

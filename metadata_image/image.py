@@ -2,7 +2,7 @@
 
 In the spirit of Kafka's MetadataImage. Collections are persistent HAMT maps
 (`immutables.Map`), so producing the next image after a change costs O(changes), not
-O(cluster). Nothing here changes an image in place; `controller.replay` builds new ones.
+O(cluster). Nothing here changes an image in place; `metadata_image.replay` builds new ones.
 This module holds data and read-only queries only: no rules, no IO.
 """
 

@@ -17,29 +17,13 @@ from typing import Any, TypeVar
 import msgspec
 import structlog
 
-from controller.clock import Clock, SystemClock
-from controller.config import ControllerConfig
-from controller.describe import describe_image, partition_state
-from controller.driver import Controller
-from controller.image import TopicPartition
-from controller.metrics import ControllerMetrics, MetricsServer
-from controller.recovery.tracker import Inspection
-from controller.requests import (
-    AlterPartition,
-    ControlledShutdown,
-    ControlledShutdownResponse,
-    CreateTopic,
-    CreateTopicResponse,
-    ElectLeader,
-    FenceBroker,
-    PartitionView,
-    RegisterBroker,
-    RegisterBrokerResponse,
-    ReplicaLogInfo,
-    UnfenceBroker,
-)
-from controller.sessions import BrokerSessions
-from controller.snapshot import ImageSnapshot
+from controller.core.config import ControllerConfig
+from controller.core.recovery.tracker import Inspection
+from controller.runtime.clock import Clock, SystemClock
+from controller.runtime.describe import describe_image, partition_state
+from controller.runtime.driver import Controller
+from controller.runtime.metrics import ControllerMetrics, MetricsServer
+from controller.runtime.sessions import BrokerSessions
 from metactl.errors import (
     BrokerIdNotRegisteredError,
     InvalidRequestError,
@@ -47,7 +31,10 @@ from metactl.errors import (
     OffsetOutOfRangeError,
     StaleBrokerEpochError,
 )
-from metactl.wire import (
+from metadata_image.image import TopicPartition
+from metadata_image.snapshot import ImageSnapshot
+from metadata_log.sqlite_store import SqliteLogStore
+from protocol.codec import (
     DEFAULT_MAX_FRAME_BYTES,
     AlterPartitionRequest,
     BrokerHeartbeatRequest,
@@ -77,7 +64,20 @@ from metactl.wire import (
     read_frame,
     request_once,
 )
-from metadata_log.sqlite_store import SqliteLogStore
+from protocol.requests import (
+    AlterPartition,
+    ControlledShutdown,
+    ControlledShutdownResponse,
+    CreateTopic,
+    CreateTopicResponse,
+    ElectLeader,
+    FenceBroker,
+    PartitionView,
+    RegisterBroker,
+    RegisterBrokerResponse,
+    ReplicaLogInfo,
+    UnfenceBroker,
+)
 
 log = structlog.get_logger("metactl.controller.service")
 

@@ -19,7 +19,7 @@ import contextlib
 from collections.abc import Callable
 
 from metactl.errors import InvalidRequestError, MetactlError, error_for_code
-from metactl.wire import (
+from protocol.codec import (
     DEFAULT_MAX_FRAME_BYTES,
     ErrorResponse,
     Message,
