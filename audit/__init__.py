@@ -9,8 +9,8 @@
 * `audit.jobs`: the audits (elections, unclean recoveries, offline time, brokers,
   invariants); `audit.rules` holds the invariant checker they share with `audit.plain`,
   the single-process baseline.
-* `simulation.history`: ``metactl simulate history``: long random histories through the real
-  controller core.
+
+The history simulator that writes long logs for these audits is `simulation.history`.
 
 Nothing here changes a log: every reader opens it read-only.
 """

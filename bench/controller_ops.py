@@ -36,7 +36,7 @@ from metadata_log.records import (
     encode_batch,
 )
 from metadata_log.sqlite_store import SqliteLogStore
-from protocol.requests import CreateTopic, FenceBroker
+from protocol.messages import CreateTopic, FenceBroker
 
 CONFIG = ControllerConfig()
 TAIL_FENCES = 2

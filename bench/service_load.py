@@ -26,18 +26,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from protocol.codec import (
+from protocol.client import RpcClient
+from protocol.codec import encode_frame
+from protocol.messages import (
     BrokerHeartbeatRequest,
-    BrokerRegistrationRequest,
-    BrokerRegistrationResponse,
-    Connection,
+    CreateTopic,
     CreateTopicsRequest,
     FetchMetadataRequest,
     FetchMetadataResponse,
-    TopicSpec,
-    encode_frame,
-    read_frame,
+    RegisterBroker,
+    RegisterBrokerResponse,
 )
+from protocol.transport import read_frame
 
 ECHO = """
 import asyncio, struct, sys
@@ -69,19 +69,36 @@ def start(cmd: list[str]) -> tuple[subprocess.Popen[str], str]:
             return proc, line.split("listen=")[1].split()[0]
 
 
-async def connect(address: str) -> Connection:
+async def connect(address: str) -> RpcClient:
     host, port = address.rsplit(":", 1)
-    return await Connection.open(host, int(port))
+    return await RpcClient.open(host, int(port))
+
+
+class RawConnection:
+    """Bare streams, for the echo server (which returns our own request frame)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    async def close(self) -> None:
+        self.writer.close()
+
+
+async def connect_raw(address: str) -> RawConnection:
+    host, port = address.rsplit(":", 1)
+    return RawConnection(*await asyncio.open_connection(host, int(port)))
 
 
 async def heartbeat_rate(
     address: str, sessions: list[tuple[int, int]], connections: int, seconds: float, echo: bool
 ) -> float:
-    conns = [await connect(address) for _ in range(connections)]
+    conns: list[RpcClient | RawConnection] = [
+        await (connect_raw(address) if echo else connect(address)) for _ in range(connections)
+    ]
     count = 0
     stop = time.perf_counter() + seconds
 
-    async def worker(i: int, conn: Connection) -> None:
+    async def worker(i: int, conn: RpcClient | RawConnection) -> None:
         nonlocal count
         mine = sessions[i::connections]
         k = 0
@@ -90,7 +107,7 @@ async def heartbeat_rate(
             req = BrokerHeartbeatRequest(
                 broker_id=broker_id, broker_epoch=epoch, metadata_offset=epoch + 1
             )
-            if echo:  # the echo server returns our own frame: read it back raw
+            if isinstance(conn, RawConnection):  # the echo server returns our own frame
                 conn.writer.write(encode_frame(k, req))
                 await conn.writer.drain()
                 await read_frame(conn.reader)
@@ -111,12 +128,10 @@ async def register(address: str, n: int) -> list[tuple[int, int]]:
     conns = [await connect(address) for _ in range(20)]
     out: list[tuple[int, int]] = []
 
-    async def reg(i: int, conn: Connection) -> None:
+    async def reg(i: int, conn: RpcClient) -> None:
         for b in range(i, n, len(conns)):
-            r = await conn.request(
-                BrokerRegistrationRequest(broker_id=1000 + b, incarnation_id=f"i{b}")
-            )
-            assert isinstance(r, BrokerRegistrationResponse)
+            r = await conn.request(RegisterBroker(broker_id=1000 + b, incarnation_id=f"i{b}"))
+            assert isinstance(r, RegisterBrokerResponse)
             out.append((1000 + b, r.broker_epoch))
 
     await asyncio.gather(*(reg(i, c) for i, c in enumerate(conns)))
@@ -139,7 +154,7 @@ async def apply_latency(
     seen: list[tuple[str, float]] = []
     done = asyncio.Event()
 
-    async def tail(conn: Connection) -> None:
+    async def tail(conn: RpcClient) -> None:
         offset = start_offset
         got = 0
         while got < changes:
@@ -159,7 +174,7 @@ async def apply_latency(
         name = f"lat-{i}"
         sent[name] = time.perf_counter()
         await admin.request(
-            CreateTopicsRequest(topics=[TopicSpec(name=name, partitions=1, replication_factor=1)])
+            CreateTopicsRequest(topics=[CreateTopic(name=name, partitions=1, replication_factor=1)])
         )
         acked[name] = time.perf_counter()
         await asyncio.sleep(0.01)  # pacing between changes, not synchronisation
@@ -177,7 +192,7 @@ def pct(xs: list[float], q: float) -> float:
 
 
 async def echo_latency(address: str, n: int) -> list[float]:
-    conn = await connect(address)
+    conn = await connect_raw(address)
     out = []
     for i in range(n):
         t = time.perf_counter()

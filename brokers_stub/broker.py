@@ -35,18 +35,20 @@ from metactl.errors import (
     DuplicateBrokerRegistrationError,
     InvalidRequestError,
     MetactlError,
+    NetworkError,
     StaleBrokerEpochError,
 )
+from metadata_image.delta import MetadataDelta
 from metadata_image.image import ClusterImage
-from protocol.client import NetworkError, RpcClient
-from protocol.codec import (
+from protocol.client import RpcClient
+from protocol.messages import (
     BrokerHeartbeatRequest,
     BrokerHeartbeatResponse,
-    BrokerRegistrationRequest,
-    BrokerRegistrationResponse,
     GetReplicaLogInfoRequest,
     GetReplicaLogInfoResponse,
     Message,
+    RegisterBroker,
+    RegisterBrokerResponse,
     ReplicaFetchRequest,
 )
 
@@ -243,17 +245,17 @@ class Broker:
         interval = cfg.heartbeat_interval_ms / 1000
         failures = 0
         while not self.shutdown_requested.is_set():
-            req = BrokerRegistrationRequest(
+            req = RegisterBroker(
                 broker_id=cfg.broker_id,
                 incarnation_id=self.incarnation_id,
-                previous_broker_epoch=previous_epoch,
+                previous_epoch=previous_epoch,
                 rack=cfg.rack,
                 endpoint=self.endpoint,
             )
             delay = interval
             try:
                 resp = await self.controller_hb.request(req, cfg.request_timeout_ms / 1000)
-                if not isinstance(resp, BrokerRegistrationResponse):
+                if not isinstance(resp, RegisterBrokerResponse):
                     raise InvalidRequestError(f"unexpected {type(resp).__name__}")
             except DuplicateBrokerRegistrationError as exc:
                 self.log.info("registration refused: old session still active", error=exc.message)
@@ -280,7 +282,9 @@ class Broker:
                 break
         return False
 
-    def _on_metadata(self, image: ClusterImage, caught_up: bool) -> None:
+    def _on_metadata(
+        self, image: ClusterImage, delta: MetadataDelta | None, caught_up: bool
+    ) -> None:
         if caught_up and not self._was_caught_up:
             self._heartbeat_now.set()  # ask to be unfenced without waiting an interval
         self._was_caught_up = caught_up

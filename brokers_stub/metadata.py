@@ -1,10 +1,10 @@
 """The broker's metadata image: tail the controller's committed log into a ClusterImage.
 
 Long-polls FetchMetadata from the controller, rebuilds the image from a snapshot when
-the controller answers with one, replays records with `metadata_image.replay.replay`,
+the controller answers with one, replays records with `metadata_image.replay.apply`,
 writes the applied offset to `metadata_offset` (page cache) and reports every new image
-to one callback, saying whether it is caught up with the committed end offset the
-controller last reported. A start always fetches from offset 0.
+with its `MetadataDelta` to its listeners, saying whether it is caught up with the
+committed end offset the controller last reported. A start always fetches from offset 0.
 
 This module owns the image and the fetch loop. It must not act on the image (the
 replica manager does) and never writes metadata: it only follows.
@@ -21,25 +21,34 @@ from pathlib import Path
 
 from brokers_stub.logctx import BrokerLog
 from brokers_stub.storage import write_metadata_offset
-from metactl.errors import MetactlError, OffsetOutOfRangeError
+from metactl.errors import (
+    MetactlError,
+    MetadataGapError,
+    NetworkError,
+    OffsetOutOfRangeError,
+    ReplayError,
+)
+from metadata_image.delta import MetadataDelta
 from metadata_image.image import ClusterImage
-from metadata_image.replay import ReplayError, image_from_records, replay
-from protocol.client import NetworkError, RpcClient
-from protocol.codec import FetchMetadataRequest, FetchMetadataResponse
+from metadata_image.replay import apply, image_from_records
+from protocol.client import RpcClient
+from protocol.messages import FetchMetadataRequest, FetchMetadataResponse
 
-ImageListener = Callable[[ClusterImage, bool], None]
-
-
-class MetadataGapError(MetactlError):
-    code = "METADATA_GAP"
+# listener(image, delta, caught_up); delta None: the image was replaced (a snapshot, or a
+# reset), so everything may have changed.
+ImageListener = Callable[[ClusterImage, MetadataDelta | None, bool], None]
 
 
-def apply_fetch(image: ClusterImage, resp: FetchMetadataResponse) -> ClusterImage:
-    """The image after one fetch response (pure).
+def apply_fetch(
+    image: ClusterImage, resp: FetchMetadataResponse
+) -> tuple[ClusterImage, MetadataDelta | None]:
+    """The image after one fetch response, and what changed (pure).
 
-    A snapshot replaces the image; records below the image's end are skipped (a resend),
-    a record beyond it means something was missed and raises `MetadataGapError`.
+    A snapshot replaces the image (the delta is then None: everything may have changed);
+    records below the image's end are skipped (a resend), a record beyond it means
+    something was missed and raises `MetadataGapError`.
     """
+    replaced = resp.snapshot is not None
     if resp.snapshot is not None:
         image = image_from_records(resp.snapshot.records, resp.snapshot.offset)
     fresh = [r for r in resp.records if r.offset >= image.end_offset]
@@ -51,8 +60,9 @@ def apply_fetch(image: ClusterImage, resp: FetchMetadataResponse) -> ClusterImag
         if nxt.offset != prev.offset + 1:
             raise MetadataGapError(f"fetched records jump from {prev.offset} to {nxt.offset}")
     if not fresh:
-        return image
-    return replay(image, [r.record for r in fresh])
+        return image, None if replaced else MetadataDelta()
+    image, delta = apply(image, [r.record for r in fresh])
+    return image, None if replaced else delta
 
 
 class MetadataFollower:
@@ -76,6 +86,7 @@ class MetadataFollower:
         self.lagging_since: float | None = None
         self.listeners: list[ImageListener] = []
         self.updated = asyncio.Event()  # set after every applied response (for observers)
+        self._replaced = True  # the next listener call reports a whole new image
 
     @property
     def applied_offset(self) -> int:
@@ -134,12 +145,15 @@ class MetadataFollower:
 
     def _reset(self) -> None:
         self.image = ClusterImage()
+        self._replaced = True
         self.controller_end_offset = None
         self.lagging_since = None
 
     def _apply(self, resp: FetchMetadataResponse) -> None:
         before = self.image.end_offset
-        self.image = apply_fetch(self.image, resp)
+        self.image, delta = apply_fetch(self.image, resp)
+        if self._replaced:
+            delta, self._replaced = None, False
         self.controller_end_offset = resp.end_offset
         if self.image.end_offset >= resp.end_offset:
             self.lagging_since = None
@@ -150,6 +164,6 @@ class MetadataFollower:
                 write_metadata_offset(self.data_dir, self.image.end_offset)
         caught_up = self.caught_up
         for listener in self.listeners:
-            listener(self.image, caught_up)
+            listener(self.image, delta, caught_up)
         self.updated.set()
         self.updated.clear()

@@ -43,21 +43,23 @@ from brokers_stub.storage import REPLICAS_DIR
 from metactl.errors import (
     InvalidRequestError,
     MetactlError,
+    NetworkError,
     NotLeaderOrFollowerError,
     UnknownTopicOrPartitionError,
 )
+from metadata_image.delta import MetadataDelta
 from metadata_image.image import ClusterImage, PartitionState, TopicPartition
 from metadata_log.records import NO_LEADER, LeaderRecoveryState
-from protocol import codec as wire
-from protocol.client import NetworkError, RpcClient
-from protocol.codec import (
-    AlterPartitionRequest,
+from protocol import messages as wire
+from protocol.client import RpcClient
+from protocol.messages import (
+    AlterPartition,
+    IsrMember,
     ReplicaFetchRequest,
     ReplicaFetchResponse,
     ReplicaLogInfoEntry,
     ReplicaRef,
 )
-from protocol.requests import IsrMember
 
 ALTER_RETRY_MS = 1000
 PENDING_MAX_MS = 10_000
@@ -104,6 +106,8 @@ class ReplicaManager:
         self.logs: dict[TopicPartition, ReplicaLog] = {}
         self.leaders: dict[TopicPartition, LeaderState] = {}
         self.image: ClusterImage | None = None  # the latest caught-up image
+        # What changed since the last caught-up image was acted on (None: everything).
+        self._unseen: MetadataDelta | None = None
         self.producing = True
         self.fetchers: dict[int, Fetcher] = {}
         self._unflushed: set[TopicPartition] = set()
@@ -188,29 +192,63 @@ class ReplicaManager:
 
     # --- metadata -------------------------------------------------------------------
 
-    def on_metadata(self, image: ClusterImage, caught_up: bool) -> None:
-        """A new image from the metadata follower."""
-        for p in image.partitions_of(self.broker_id):
-            if p.tp not in self.logs:
-                self.logs[p.tp] = ReplicaLog(topic=p.topic, partition=p.partition)
-                self._save(p.tp)
+    def on_metadata(
+        self, image: ClusterImage, delta: MetadataDelta | None, caught_up: bool
+    ) -> None:
+        """A new image from the metadata follower, with what changed (None: everything).
+
+        Only the partitions the deltas name are looked at: those that changed, and those
+        shared with a broker whose registration changed (its epoch decides ISR
+        membership). Deltas that arrive while the broker is catching up are folded
+        together and acted on once it has caught up.
+        """
+        if delta is None or self._unseen is None:
+            self._unseen = None
+        else:
+            self._unseen.update(delta)
+        for tp in self._scope(image, delta):
+            p = image.partitions.get(tp)
+            if p is not None and self.broker_id in p.replicas and tp not in self.logs:
+                self.logs[tp] = ReplicaLog(topic=p.topic, partition=p.partition)
+                self._save(tp)
                 self.log.info("replica created", partition=f"{p.topic}-{p.partition}")
         if not caught_up:
             return
         self.image = image
+        scope = self._scope(image, self._unseen)
+        self._unseen = MetadataDelta()
         now = self.clock_ms()
         led: set[TopicPartition] = set()
-        for p in image.partitions_of(self.broker_id):
+        for tp in scope:
+            p = image.partitions.get(tp)
+            if p is None or self.broker_id not in p.replicas:
+                continue
             if p.leader == self.broker_id and self._become_or_stay_leader(p, now):
-                led.add(p.tp)
-        for tp in list(self.leaders):
-            if tp not in led:
+                led.add(tp)
+            elif tp in self.leaders:
                 del self.leaders[tp]
                 self.log.info("no longer leader", partition=f"{tp[0]}-{tp[1]}")
         if self._running:
             self._reconcile_fetchers(image)
         for tp in led:
             self._maybe_alter_isr(tp, now)
+
+    def _scope(self, image: ClusterImage, delta: MetadataDelta | None) -> set[TopicPartition]:
+        """Our partitions a delta may concern (None: all of ours)."""
+        mine = image.replicas_by_broker.get(self.broker_id)
+        if mine is None:
+            return set()
+        if delta is None:
+            return set(mine)
+        scope = {tp for tp in delta.partitions if tp in mine}
+        for broker_id in delta.brokers:
+            if broker_id == self.broker_id:
+                return set(mine)
+            theirs = image.replicas_by_broker.get(broker_id)
+            if theirs is not None:
+                small, large = (theirs, mine) if len(theirs) < len(mine) else (mine, theirs)
+                scope.update(tp for tp in small if tp in large)
+        return scope
 
     def _become_or_stay_leader(self, p: PartitionState, now: int) -> bool:
         log = self.logs[p.tp]
@@ -360,7 +398,7 @@ class ReplicaManager:
             )
             for b in sorted(isr)
         ]
-        req = AlterPartitionRequest(
+        req = AlterPartition(
             topic=p.topic,
             partition=p.partition,
             leader=self.broker_id,
@@ -374,7 +412,7 @@ class ReplicaManager:
         self._spawn(self._alter_partition(st, req, sorted(p.isr)), f"alter-{tp[0]}-{tp[1]}")
 
     async def _alter_partition(
-        self, st: LeaderState, req: AlterPartitionRequest, old_isr: list[int]
+        self, st: LeaderState, req: AlterPartition, old_isr: list[int]
     ) -> None:
         name = f"{req.topic}-{req.partition}"
         new_isr = [m.broker_id for m in req.isr]

@@ -8,14 +8,16 @@ This module must not import anything from the rest of the project.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 
 class MetactlError(Exception):
-    """Root of every error metactl raises on purpose."""
+    """Root of every error metactl raises on purpose.
 
-    code: ClassVar[str] = "UNKNOWN_SERVER_ERROR"
-    retriable: ClassVar[bool] = False
+    `code` and `retriable` are set per class; an error rebuilt from an unknown wire code
+    (`error_for_code`) carries the received code and flag on the instance instead.
+    """
+
+    code: str = "UNKNOWN_SERVER_ERROR"
+    retriable: bool = False
 
     def __init__(self, message: str = "") -> None:
         super().__init__(message or self.code)
@@ -94,6 +96,16 @@ class InvalidRequestError(MetactlError):
     code = "INVALID_REQUEST"
 
 
+class UnsupportedVersionError(MetactlError):
+    """A message arrived at a version (`v`) its receiver does not support."""
+
+    code = "UNSUPPORTED_VERSION"
+
+    def __init__(self, message: str = "", *, correlation_id: int = 0) -> None:
+        super().__init__(message)
+        self.correlation_id = correlation_id  # of the refused frame, so it can be answered
+
+
 class InvalidConfigurationError(MetactlError):
     code = "INVALID_CONFIG"
 
@@ -150,15 +162,65 @@ class StorageError(LogError):
     retriable = True
 
 
+class FatalStorageError(StorageError):
+    """A commit failed in a way whose outcome is unknown; the store takes no more writes.
+
+    Reopening the log re-reads what is really on disk.
+    """
+
+    code = "FATAL_STORAGE_ERROR"
+
+
 class RecordDecodeError(LogError):
-    code = "CORRUPT_MESSAGE"
+    """A record's bytes do not decode to a known record type."""
+
+    code = "INVALID_RECORD"
+
+
+# --- image, brokers, scenarios ------------------------------------------------------------
+
+
+class ReplayError(MetactlError):
+    """A record cannot be applied to the image it follows."""
+
+    code = "METADATA_REPLAY_ERROR"
+
+
+class MetadataGapError(MetactlError):
+    """A broker's metadata fetch skipped records: it must refetch from its own end."""
+
+    code = "METADATA_GAP"
+
+
+class ScenarioError(MetactlError):
+    """The scenario file is invalid; the message names the step and field."""
+
+    code = "INVALID_SCENARIO"
+
+
+# --- wire protocol ------------------------------------------------------------------------
+
+
+class FrameTooLargeError(InvalidRequestError):
+    """A frame's length exceeds the receiver's limit; the stream cannot be resynchronised."""
+
+    code = "MESSAGE_TOO_LARGE"
+
+
+class NetworkError(MetactlError):
+    """The peer could not be reached, or the connection broke mid-request."""
+
+    code = "NETWORK_EXCEPTION"
+    retriable = True
 
 
 ERRORS_BY_CODE: dict[str, type[MetactlError]] = {}
 
 
 def _index(cls: type[MetactlError]) -> None:
-    ERRORS_BY_CODE.setdefault(cls.code, cls)
+    known = ERRORS_BY_CODE.setdefault(cls.code, cls)
+    if known is not cls:
+        raise TypeError(f"{cls.__name__} reuses the code {cls.code} of {known.__name__}")
     for sub in cls.__subclasses__():
         _index(sub)
 
@@ -166,11 +228,20 @@ def _index(cls: type[MetactlError]) -> None:
 _index(MetactlError)
 
 
-def error_for_code(code: str, message: str) -> MetactlError:
-    """Rebuild an error received over the wire from its code."""
+def error_for_code(code: str, message: str, retriable: bool | None = None) -> MetactlError:
+    """Rebuild an error received over the wire from its code.
+
+    A known code gives its class. An unknown (newer) code, or one whose class needs local
+    context to build, gives a plain `MetactlError` that keeps the code and the sender's
+    `retriable` flag, so a retry decision still follows the sender.
+    """
     cls = ERRORS_BY_CODE.get(code)
-    if cls is None or cls is CorruptLogError:
-        # An unknown (newer) code, or one whose class needs local context: keep the code.
-        remote: type[MetactlError] = type(f"RemoteError_{code}", (MetactlError,), {"code": code})
-        return remote(message)
-    return cls(message)
+    if cls is not None:
+        try:
+            return cls(message)
+        except TypeError:
+            pass  # e.g. CorruptLogError needs a path
+    err = MetactlError(message)
+    err.code = code
+    err.retriable = cls.retriable if cls is not None else bool(retriable)
+    return err

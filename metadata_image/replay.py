@@ -1,8 +1,10 @@
 """Replay: the only place where cluster state changes.
 
-`replay(image, records)` applies committed (or, in the driver, about-to-be-committed)
-records to an image and returns the next image. The controller runs exactly this code
-on every change and again on restart, from the newest snapshot plus the log after it.
+`apply(image, records)` applies committed (or, in the driver, about-to-be-committed)
+records to an image and returns the next image and a `MetadataDelta` naming what
+changed; `replay` is the same without the delta (restart, snapshots, tests). The
+controller runs exactly this code on every change and again on restart, from the newest
+snapshot plus the log after it; the brokers and the audits replay with it too.
 `image_to_records` is the inverse used for snapshots: replaying its output onto an
 empty image gives an equal image.
 
@@ -19,7 +21,8 @@ from contextlib import contextmanager
 
 import immutables
 
-from metactl.errors import MetactlError
+from metactl.errors import ReplayError
+from metadata_image.delta import Election, MetadataDelta
 from metadata_image.image import (
     EMPTY,
     BrokerState,
@@ -30,6 +33,7 @@ from metadata_image.image import (
 )
 from metadata_log.records import (
     NO_LEADER,
+    RECORD_TYPES,
     BrokerRegistrationChangeRecord,
     ClearElrRecord,
     FenceBrokerRecord,
@@ -42,11 +46,6 @@ from metadata_log.records import (
     UncleanRecoveryRecord,
     UnfenceBrokerRecord,
 )
-
-
-class ReplayError(MetactlError):
-    code = "METADATA_REPLAY_ERROR"
-
 
 # Replicas, ISRs and ELRs repeat across partitions; sharing one object per distinct value
 # keeps a million-partition image small and cuts allocation during bulk replay.
@@ -79,6 +78,8 @@ def _tuple(values: list[int]) -> tuple[int, ...]:
 
 BULK = 10_000
 
+_TAGS: dict[type, str] = {cls: tag for tag, cls in RECORD_TYPES.items()}
+
 
 @contextmanager
 def _bulk(n: int) -> Iterator[None]:
@@ -97,9 +98,19 @@ def _bulk(n: int) -> Iterator[None]:
 class _Builder:
     """Collects one batch of changes on mutable views of the persistent maps."""
 
-    __slots__ = ("_base_index", "brokers", "end_offset", "index", "offline", "partitions", "topics")
+    __slots__ = (
+        "_base_index",
+        "brokers",
+        "delta",
+        "end_offset",
+        "index",
+        "offline",
+        "partitions",
+        "topics",
+    )
 
-    def __init__(self, image: ClusterImage) -> None:
+    def __init__(self, image: ClusterImage, delta: MetadataDelta | None = None) -> None:
+        self.delta = delta
         self.brokers = image.brokers.mutate()
         self.topics = image.topics.mutate()
         self.partitions = image.partitions.mutate()
@@ -148,20 +159,35 @@ class _Builder:
         return b
 
     def apply(self, record: MetadataRecord) -> None:
+        delta = self.delta
+        if delta is not None:
+            tag = _TAGS[type(record)]
+            delta.records_by_type[tag] = delta.records_by_type.get(tag, 0) + 1
         match record:
             case PartitionChangeRecord():
                 self._partition_change(record)
+                if delta is not None:
+                    tp = (record.topic, record.partition)
+                    delta.partitions.add(tp)
+                    if record.election is not None and record.leader is not None:
+                        delta.elections.append(Election(tp, record.leader, record.election))
             case FenceBrokerRecord(broker_id=bid, broker_epoch=epoch):
                 b = self.broker(bid, record)
                 if b.epoch == epoch:
                     self.brokers[bid] = _replace_broker(b, fenced=True)
+                    if delta is not None:
+                        delta.brokers.add(bid)
             case UnfenceBrokerRecord(broker_id=bid, broker_epoch=epoch):
                 b = self.broker(bid, record)
                 if b.epoch == epoch:
                     self.brokers[bid] = _replace_broker(b, fenced=False)
+                    if delta is not None:
+                        delta.brokers.add(bid)
             case BrokerRegistrationChangeRecord():
                 b = self.broker(record.broker_id, record)
                 if b.epoch == record.broker_epoch:
+                    if delta is not None:
+                        delta.brokers.add(record.broker_id)
                     self.brokers[record.broker_id] = _replace_broker(
                         b,
                         fenced=b.fenced if record.fenced is None else record.fenced,
@@ -182,9 +208,17 @@ class _Builder:
                     in_controlled_shutdown=False,
                     last_registration_clean=record.clean,
                 )
+                if delta is not None:
+                    delta.brokers.add(record.broker_id)
+                    if not record.clean:
+                        delta.unclean_registrations.append(record.broker_id)
             case PartitionRecord():
                 self._partition(record)
+                if delta is not None:
+                    delta.partitions.add((record.topic, record.partition))
             case TopicRecord():
+                if delta is not None:
+                    delta.topics.add(record.name)
                 self.topics[record.name] = TopicState(
                     name=record.name,
                     topic_id=record.topic_id,
@@ -200,7 +234,12 @@ class _Builder:
                     p = self.partitions[(topic, i)]
                     if p.elr or p.last_known_elr:
                         self.set_partition(_replace_partition(p, elr=EMPTY, lkelr=EMPTY))
-            case UncleanRecoveryRecord() | NoOpRecord():
+                        if delta is not None:
+                            delta.partitions.add((topic, i))
+            case UncleanRecoveryRecord():
+                if delta is not None:
+                    delta.unclean_recoveries.append(record)
+            case NoOpRecord():
                 pass  # audit records: the PartitionChangeRecord beside them carries the state
             case _:
                 raise ReplayError(f"cannot replay a {type(record).__name__}")
@@ -286,7 +325,21 @@ def _replace_partition(
 
 def replay(image: ClusterImage, records: Iterable[MetadataRecord]) -> ClusterImage:
     """Apply records in order; each advances `end_offset` by one."""
-    b = _Builder(image)
+    return _replay(image, records, None)
+
+
+def apply(
+    image: ClusterImage, records: Iterable[MetadataRecord]
+) -> tuple[ClusterImage, MetadataDelta]:
+    """`replay`, and the delta that says what the records changed."""
+    delta = MetadataDelta()
+    return _replay(image, records, delta), delta
+
+
+def _replay(
+    image: ClusterImage, records: Iterable[MetadataRecord], delta: MetadataDelta | None
+) -> ClusterImage:
+    b = _Builder(image, delta)
     batch = records if isinstance(records, list) else list(records)
     with _bulk(len(batch)):
         for record in batch:

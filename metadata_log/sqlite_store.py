@@ -67,13 +67,13 @@ import structlog
 
 from metactl.errors import (
     CorruptLogError,
+    FatalStorageError,
     LogClosedError,
     LogError,
     LogSchemaError,
     StorageError,
 )
 from metadata_log.store import (
-    FatalStorageError,
     LogStore,
     StoredBatch,
     StoredSnapshot,

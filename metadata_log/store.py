@@ -61,6 +61,7 @@ import structlog
 
 from metactl.errors import (
     CorruptLogError,
+    FatalStorageError,
     InvalidRequestError,
     LogClosedError,
     LogError,
@@ -74,7 +75,6 @@ __all__ = [
     "GROUP_COMMIT_BYTES",
     "MAX_BATCH_BYTES",
     "MERGED_BATCH_RECORDS",
-    "FatalStorageError",
     "LogEntry",
     "LogStore",
     "StoredBatch",
@@ -168,13 +168,6 @@ class VerifyReport(msgspec.Struct, frozen=True):
     records: int
     payload_bytes: int
     snapshot_offsets: list[int]
-
-
-class FatalStorageError(StorageError):
-    """A commit failed in a way whose outcome is unknown; the store takes no more writes.
-
-    Reopening the log re-reads what is really on disk.
-    """
 
 
 def check_batch(batch: StoredBatch, location: str) -> list[MetadataRecord]:

@@ -23,16 +23,15 @@ from controller.runtime.describe import describe_image
 from metactl.errors import MetactlError
 from metadata_image.image import parse_tp
 from metadata_log.records import NO_LEADER
-from ops.client import offline_image
-from protocol.codec import (
+from ops.client import call, offline_image
+from protocol.messages import (
+    CreateTopic,
     CreateTopicsRequest,
     CreateTopicsResponse,
     DescribeClusterRequest,
     DescribeClusterResponse,
-    ElectLeadersRequest,
+    ElectLeader,
     PartitionState,
-    TopicSpec,
-    request_once,
 )
 
 DEFAULT_CONTROLLER = "127.0.0.1:9093"
@@ -103,7 +102,7 @@ def _describe(args: argparse.Namespace) -> DescribeClusterResponse:
     if args.data_dir is not None:
         return asyncio.run(_offline_describe(args.data_dir, getattr(args, "topic", None)))
     r = asyncio.run(
-        request_once(
+        call(
             args.controller or DEFAULT_CONTROLLER,
             DescribeClusterRequest(topic=getattr(args, "topic", None)),
         )
@@ -179,16 +178,16 @@ def cmd_topics_create(args: argparse.Namespace) -> int:
         assignments = [
             [int(x) for x in part.split(":")] for part in args.replica_assignment.split(",")
         ]
-    spec = TopicSpec(
+    spec = CreateTopic(
         name=args.name,
         partitions=args.partitions,
         replication_factor=args.replication_factor,
         assignments=assignments,
-        min_insync_replicas=args.min_isr,
-        unclean_recovery_strategy=args.unclean_recovery_strategy,
+        min_isr=args.min_isr,
+        recovery_strategy=args.unclean_recovery_strategy,
     )
     try:
-        r = asyncio.run(request_once(args.controller, CreateTopicsRequest(topics=[spec])))
+        r = asyncio.run(call(args.controller, CreateTopicsRequest(topics=[spec])))
     except (MetactlError, OSError, TimeoutError) as exc:
         return _fail(exc)
     assert isinstance(r, CreateTopicsResponse)
@@ -204,9 +203,9 @@ def cmd_elect(args: argparse.Namespace) -> int:
     try:
         topic, part = parse_tp(args.partition)
         r = asyncio.run(
-            request_once(
+            call(
                 args.controller,
-                ElectLeadersRequest(
+                ElectLeader(
                     topic=topic, partition=part, election_type=args.type, replica=args.replica
                 ),
             )
@@ -270,13 +269,13 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
         for name, p, _ in procs[1:]:
             _await_ready(p, name)
         asyncio.run(_await_active(address, args.brokers))
-        spec = TopicSpec(
+        spec = CreateTopic(
             name=args.topic,
             partitions=args.partitions,
             replication_factor=min(3, args.brokers),
-            min_insync_replicas=args.min_isr,
+            min_isr=args.min_isr,
         )
-        r = asyncio.run(request_once(address, CreateTopicsRequest(topics=[spec])))
+        r = asyncio.run(call(address, CreateTopicsRequest(topics=[spec])))
         assert isinstance(r, CreateTopicsResponse)
         res = r.results[0]
         created = "created" if not res.error_code else f"kept ({res.error_code})"
@@ -316,7 +315,7 @@ async def _await_active(address: str, brokers: int, timeout_s: float = 60) -> No
     """Brokers unfence once they have caught up with the log; wait for all of them."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        r = await request_once(address, DescribeClusterRequest())
+        r = await call(address, DescribeClusterRequest())
         assert isinstance(r, DescribeClusterResponse)
         if sum(1 for b in r.brokers if not b.fenced and not b.controlled_shutdown) >= brokers:
             return

@@ -14,10 +14,9 @@ from typing import Any
 
 import msgspec
 
-from metactl.errors import MetactlError
+from metactl.errors import MetactlError, ScenarioError
 from simulation.scenario import (
     PartitionReport,
-    ScenarioError,
     StepReport,
     Summary,
     load_scenario,

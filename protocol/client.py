@@ -1,40 +1,59 @@
-"""A reconnecting request/response client over the wire protocol.
+"""The one reconnecting request/response client, with retries driven by `retriable`.
 
-One client per purpose (heartbeats, metadata fetches, AlterPartition, one per leader a
-follower fetches from), each with one request in flight. It connects lazily, and drops
-the connection on any transport or framing failure (and on a timeout or cancellation,
-after which the stream is out of step), so the next request reconnects: the peer may be
-SIGKILLed and restarted on the same address. Transport failures surface as
-`NetworkError`; a peer's `ErrorResponse` surfaces as the coded error it names and keeps
-the connection.
+Used by brokers (heartbeats, metadata fetches, AlterPartition, replica fetches), by the
+controller (GetReplicaLogInfo during unclean recovery) and by the CLI. One request is in
+flight per client at a time. It connects lazily and drops the connection on any
+transport or framing failure (and on a timeout or cancellation, after which the stream
+is out of step), so the next request reconnects: the peer may be SIGKILLed and restarted
+on the same address. Transport failures surface as `NetworkError` (retriable); a peer's
+`ErrorResponse` surfaces as the coded error it names and keeps the connection.
 
-This module owns sockets and framing for outgoing requests only: no retries, no
-backoff, no decisions about what to send.
+A `RetryPolicy` retries errors whose `retriable` is true with capped exponential backoff
+and full jitter, and raises any other error at once. The default policy makes one attempt.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+import random as _random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
-from metactl.errors import InvalidRequestError, MetactlError, error_for_code
-from protocol.codec import (
-    DEFAULT_MAX_FRAME_BYTES,
-    ErrorResponse,
-    Message,
-    decode_frame,
-    encode_frame,
-    parse_address,
-    read_frame,
-)
+from metactl.errors import InvalidRequestError, MetactlError, NetworkError, error_for_code
+from protocol.codec import DEFAULT_MAX_FRAME_BYTES, decode_frame, encode_frame, parse_address
+from protocol.messages import ErrorResponse, Message
+from protocol.transport import read_frame
+
+DEFAULT_TIMEOUT_S = 30.0
 
 
-class NetworkError(MetactlError):
-    """The peer could not be reached, or the connection broke mid-request."""
+@dataclass(frozen=True)
+class RetryPolicy:
+    """`attempts` in all (1: no retry). Before retry n (0-based) it sleeps a uniformly
+    random time in [0, min(cap_s, base_s * 2**n)] ("full jitter"). `sleep` and `random`
+    are injectable for tests."""
 
-    code = "NETWORK_EXCEPTION"
-    retriable = True
+    attempts: int = 1
+    base_s: float = 0.1
+    cap_s: float = 2.0
+    sleep: Callable[[float], Awaitable[None]] = field(default=asyncio.sleep, compare=False)
+    random: Callable[[], float] = field(default=_random.random, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1 or self.base_s < 0 or self.cap_s < 0:
+            raise ValueError(f"invalid retry policy {self}")
+
+    def backoff(self, retry: int) -> float:
+        """The delay before retry number `retry` (0 for the first retry)."""
+        return self.random() * min(self.cap_s, self.base_s * 2.0 ** min(retry, 62))
+
+    def should_retry(self, exc: BaseException, attempt: int) -> bool:
+        """Whether to retry after attempt number `attempt` (0-based) failed with `exc`."""
+        return isinstance(exc, MetactlError) and exc.retriable and attempt + 1 < self.attempts
+
+
+NO_RETRY = RetryPolicy()
 
 
 class RpcClient:
@@ -44,15 +63,31 @@ class RpcClient:
         *,
         connect_timeout: float = 5.0,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        retry: RetryPolicy = NO_RETRY,
     ) -> None:
         self._address = address
         self.connect_timeout = connect_timeout
         self.max_frame_bytes = max_frame_bytes
+        self.retry = retry
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._connected_to: str | None = None
         self._next_id = 1
         self._lock = asyncio.Lock()
+
+    @classmethod
+    async def open(
+        cls,
+        host: str,
+        port: int,
+        *,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        retry: RetryPolicy = NO_RETRY,
+    ) -> RpcClient:
+        """A client to HOST:PORT, connected now (so an unreachable peer fails here)."""
+        client = cls(f"{host}:{port}", max_frame_bytes=max_frame_bytes, retry=retry)
+        await client.connect()
+        return client
 
     @property
     def address(self) -> str:
@@ -62,9 +97,36 @@ class RpcClient:
     def connected(self) -> bool:
         return self._writer is not None
 
-    async def request(self, body: Message, timeout_s: float) -> Message:
+    async def connect(self) -> None:
+        """Connect now unless connected; raises NetworkError if the peer is unreachable."""
+        try:
+            await self._connection()
+        except (OSError, TimeoutError) as exc:
+            self._drop()
+            raise NetworkError(f"{self.address}: {type(exc).__name__}: {exc}") from None
+
+    async def request(
+        self,
+        body: Message,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        *,
+        retry: RetryPolicy | None = None,
+    ) -> Message:
         """Send `body`, return the response body; raise the peer's coded error, or
-        `NetworkError` when the exchange failed (the connection is then dropped)."""
+        `NetworkError` when the exchange failed (the connection is then dropped).
+        `timeout_s` bounds each attempt; `retry` (default: the client's) decides retries."""
+        policy = retry if retry is not None else self.retry
+        attempt = 0
+        while True:
+            try:
+                return await self._request_once(body, timeout_s)
+            except MetactlError as exc:
+                if not policy.should_retry(exc, attempt):
+                    raise
+                await policy.sleep(policy.backoff(attempt))
+                attempt += 1
+
+    async def _request_once(self, body: Message, timeout_s: float) -> Message:
         async with self._lock:
             cid = self._next_id
             self._next_id += 1
@@ -87,7 +149,8 @@ class RpcClient:
                     f"does not match {cid}"
                 )
         if isinstance(frame.body, ErrorResponse):
-            raise error_for_code(frame.body.code, frame.body.message)
+            err = frame.body
+            raise error_for_code(err.code, err.message, err.retriable)
         return frame.body
 
     async def _connection(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -112,3 +175,21 @@ class RpcClient:
         if writer is not None:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+    async def __aenter__(self) -> RpcClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+async def request_once(
+    address: str,
+    body: Message,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    *,
+    retry: RetryPolicy = NO_RETRY,
+) -> Message:
+    """One request (with `retry`'s retries) over a client opened and closed for it."""
+    async with RpcClient(address, connect_timeout=min(5.0, timeout_s), retry=retry) as client:
+        return await client.request(body, timeout_s)

@@ -1,11 +1,10 @@
 """``metactl simulate history``: a long, random, realistic history through the real core.
 
-The simulator drives the pure controller core directly, as the driver does for each event
-(`controller.core.handlers` decide, `metadata_image.replay.replay` applies,
-`controller.core.recovery.tracker.evaluate` runs recoveries), with virtual time, and appends
-each event's records to a real `SqliteLogStore` with the event's time as the batch
-timestamp. No asyncio task per event and no driver: the core is pure, so this is the
-fast path to a multi-million-record log.
+The simulator drives the controller's one pure event step (`controller.core.step.step`)
+for each event, exactly as the driver does, with virtual time, and appends each event's
+records to a real `SqliteLogStore` with the event's time as the batch timestamp. No
+asyncio task per event and no driver: the core is pure, so this is the fast path to a
+multi-million-record log.
 
 What happens, as independent random (Poisson) processes over virtual time:
 
@@ -41,24 +40,18 @@ from pathlib import Path
 from typing import Any, Final
 
 from controller.core.config import ControllerConfig
-from controller.core.dispatch import decide
 from controller.core.recovery.registry import load_policies
-from controller.core.recovery.tracker import (
-    Inspection,
-    RecoveryTracker,
-    evaluate,
-)
+from controller.core.recovery.tracker import Inspection, RecoveryTracker
+from controller.core.step import ControllerState, Event, Rules, Tick, step
 from metactl.errors import MetactlError
+from metadata_image.delta import MetadataDelta
 from metadata_image.image import ClusterImage, PartitionState, TopicPartition
-from metadata_image.replay import replay
 from metadata_log.records import (
     NO_LEADER,
     MetadataRecord,
-    PartitionChangeRecord,
-    UncleanRecoveryRecord,
 )
 from metadata_log.sqlite_store import SqliteLogStore, resolve_log_path
-from protocol.requests import (
+from protocol.messages import (
     AlterPartition,
     ControlledShutdown,
     ControllerRequest,
@@ -134,9 +127,8 @@ class _Sim:
             default_replication_factor=cfg.replication_factor,
         )
         self.policies = load_policies()
-        self.image = ClusterImage()
-        self.tracker = RecoveryTracker()
-        self.deadline: int | None = None
+        self.rules = Rules(self.config, self.policies)
+        self.core = ControllerState(ClusterImage())  # the controller's state
         self.now = cfg.start_ms
         self.end = cfg.start_ms + int(cfg.days * DAY_MS)
         self.batches: list[tuple[list[MetadataRecord], int]] = []
@@ -158,52 +150,36 @@ class _Sim:
 
     # --- the controller core, as the driver runs it ----------------------------------
 
-    def _decide(self, req: ControllerRequest) -> list[MetadataRecord]:
-        records, _, self.tracker = decide(
-            self.image,
-            self.tracker,
-            req,
-            self.now,
-            config=self.config,
-            strategies=self.policies.keys(),
-        )
-        return records
+    @property
+    def image(self) -> ClusterImage:
+        return self.core.image
+
+    @property
+    def tracker(self) -> RecoveryTracker:
+        return self.core.tracker
 
     def submit(self, *requests: ControllerRequest) -> bool:
-        """Handle requests that touch distinct partitions as one event; True if all held.
-
-        Requests of one call are decided against the same image (they are independent:
-        each reads its own partition and the brokers), so their records are replayed and
-        recoveries evaluated once, which is what makes large sweeps cheap.
-        """
-        records: list[MetadataRecord] = []
+        """Handle requests in order, one event step each; True if all held."""
         ok = True
         for req in requests:
-            try:
-                records.extend(self._decide(req))
-            except MetactlError:
-                self.refused += 1
-                ok = False
-        self._apply(records)
+            ok = self._step(req) and ok
         return ok
 
-    def _apply(self, records: list[MetadataRecord]) -> None:
-        if records:
-            self.image = replay(self.image, records)
-        step = evaluate(
-            self.image, self.tracker, self.now, policies=self.policies, config=self.config
-        )
-        if step.records:
-            self.image = replay(self.image, step.records)
-            records = records + step.records
-        self.tracker, self.deadline = step.tracker, step.next_deadline_ms
-        deadline = step.next_deadline_ms
+    def _step(self, event: Event) -> bool:
+        try:
+            result = step(self.core, event, self.now, self.rules)
+        except MetactlError:
+            self.refused += 1
+            return False
+        self.core = result.state
+        deadline = result.next_deadline_ms
         if deadline is not None and deadline not in self.deadlines:
             self.deadlines.add(deadline)
             self.at(deadline, "deadline", deadline)
-        self._emit(records)
-        if step.inspections:
-            self._answer(step.inspections)
+        self._emit(result.records, result.delta)
+        if result.inspections:
+            self._answer(result.inspections)
+        return True
 
     def _answer(self, inspections: list[Inspection]) -> None:
         answers: list[ReplicaLogInfo] = []
@@ -229,18 +205,13 @@ class _Sim:
         if answers:
             self.submit(*answers)
 
-    def _emit(self, records: list[MetadataRecord]) -> None:
+    def _emit(self, records: list[MetadataRecord], delta: MetadataDelta) -> None:
         if not records:
             return
-        for r in records:
-            if isinstance(r, PartitionChangeRecord):
-                tp = (r.topic, r.partition)
-                if r.isr is not None:
-                    self.under_replicated.add(tp)
-                if r.leader is not None:
-                    self.not_preferred.add(tp)
-            elif isinstance(r, UncleanRecoveryRecord):
-                self.recoveries += 1
+        # Candidates for the ISR and preferred-leader sweeps, which re-check the image.
+        self.under_replicated |= delta.partitions
+        self.not_preferred.update(e.tp for e in delta.elections)
+        self.recoveries += len(delta.unclean_recoveries)
         if self.batches and self.batches[-1][1] == self.now:
             self.batches[-1][0].extend(records)
         else:
@@ -520,7 +491,7 @@ class _Sim:
 
     def on_deadline(self, deadline: int) -> None:
         self.deadlines.discard(deadline)
-        self._apply([])
+        self._step(Tick())
 
 
 async def simulate_history(

@@ -23,17 +23,17 @@ from controller.core.config import ControllerConfig
 from controller.core.recovery.tracker import Inspection
 from controller.runtime.clock import VirtualClock
 from controller.runtime.driver import Controller
-from metactl.errors import MetactlError
+from metactl.errors import MetactlError, ScenarioError
+from metadata_image.delta import MetadataDelta
 from metadata_image.image import ClusterImage, PartitionState, parse_tp, tp_name
 from metadata_log.records import (
     NO_LEADER,
+    ElectionKind,
     LeaderRecoveryState,
     MetadataRecord,
-    PartitionChangeRecord,
-    UncleanRecoveryRecord,
 )
 from metadata_log.store import LogStore, open_store
-from protocol.requests import (
+from protocol.messages import (
     AlterPartition,
     ControlledShutdown,
     ControllerRequest,
@@ -45,13 +45,6 @@ from protocol.requests import (
     ReplicaLogInfo,
     UnfenceBroker,
 )
-
-
-class ScenarioError(MetactlError):
-    """The scenario file is invalid; the message names the step and field."""
-
-    code = "INVALID_SCENARIO"
-
 
 # --- file format ------------------------------------------------------------------------
 
@@ -305,19 +298,14 @@ def snapshot_state(ctl: Controller) -> tuple[dict[str, PartitionReport], dict[st
     return parts, brokers
 
 
-def record_events(records: Sequence[MetadataRecord]) -> list[dict[str, Any]]:
+def delta_events(delta: MetadataDelta) -> list[dict[str, Any]]:
+    """A step's elections and unclean recoveries, in log order (a recovery's audit record
+    comes just before the election it made)."""
+    recoveries = {(r.topic, r.partition): r for r in delta.unclean_recoveries}
     events: list[dict[str, Any]] = []
-    for r in records:
-        if isinstance(r, PartitionChangeRecord) and r.election is not None and r.leader is not None:
-            events.append(
-                {
-                    "type": "election",
-                    "partition": f"{r.topic}-{r.partition}",
-                    "leader": r.leader,
-                    "kind": r.election.value,
-                }
-            )
-        elif isinstance(r, UncleanRecoveryRecord):
+    for e in delta.elections:
+        r = recoveries.pop(e.tp, None) if e.kind in _RECOVERY_KINDS else None
+        if r is not None:
             events.append(
                 {
                     "type": "unclean_recovery",
@@ -335,7 +323,18 @@ def record_events(records: Sequence[MetadataRecord]) -> list[dict[str, Any]]:
                     "potential_data_loss": r.potential_data_loss,
                 }
             )
+        events.append(
+            {
+                "type": "election",
+                "partition": f"{e.tp[0]}-{e.tp[1]}",
+                "leader": e.leader,
+                "kind": e.kind.value,
+            }
+        )
     return events
+
+
+_RECOVERY_KINDS = frozenset((ElectionKind.UNCLEAN_RECOVERY, ElectionKind.MANUAL))
 
 
 # --- running ----------------------------------------------------------------------------
@@ -366,7 +365,7 @@ class ScenarioRun:
         self.sim = _SimulatedBrokers()
         self.store: LogStore | None = None
         self.ctl: Controller | None = None
-        self.step_records: list[MetadataRecord] = []
+        self.step_events: list[dict[str, Any]] = []
         self.potential_data_loss = 0
 
     @property
@@ -387,10 +386,12 @@ class ScenarioRun:
             await self.store.close()
         self.ctl = self.store = None
 
-    def _on_commit(self, offset: int, records: Sequence[MetadataRecord], now_ms: int) -> None:
-        self.step_records.extend(records)
+    def _on_commit(
+        self, offset: int, records: Sequence[MetadataRecord], delta: MetadataDelta, now_ms: int
+    ) -> None:
+        self.step_events.extend(delta_events(delta))
         self.potential_data_loss += sum(
-            1 for r in records if isinstance(r, UncleanRecoveryRecord) and r.potential_data_loss
+            1 for r in delta.unclean_recoveries if r.potential_data_loss
         )
 
     async def submit(self, request: ControllerRequest) -> Any:
@@ -608,7 +609,7 @@ async def run_scenario(
             failed = 0
             last_error: str | None = None
             for step in scenario.steps:
-                run.step_records = []
+                run.step_events = []
                 error: str | None = None
                 failures: list[str] = []
                 detail = ""
@@ -639,7 +640,7 @@ async def run_scenario(
                     error=error,
                     partitions=parts,
                     brokers=brokers,
-                    events=record_events(run.step_records),
+                    events=run.step_events,
                     failures=failures,
                     detail=detail,
                 )

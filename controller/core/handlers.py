@@ -53,9 +53,11 @@ from metadata_log.records import (
     TopicRecord,
     UnfenceBrokerRecord,
 )
-from protocol.requests import (
+from protocol.messages import (
     Ack,
     AlterPartition,
+    BrokerHeartbeatRequest,
+    BrokerHeartbeatResponse,
     ControlledShutdown,
     ControlledShutdownResponse,
     ControllerResponse,
@@ -74,9 +76,12 @@ _TOPIC_NAME: Final = re.compile(r"^[A-Za-z0-9._]+(-[A-Za-z0-9._]+)*$")
 _TOPIC_ID_NAMESPACE: Final = uuid.UUID("5f1b2a3c-0966-4e6d-8a11-6d657461637c")
 
 
+Response = ControllerResponse | BrokerHeartbeatResponse
+
+
 class HandlerResult(msgspec.Struct, frozen=True):
     records: list[MetadataRecord]
-    response: ControllerResponse
+    response: Response
 
 
 class _Txn:
@@ -104,10 +109,6 @@ class _Txn:
             if c is not None:
                 self.records.append(c)
                 self.changes.append(c)
-
-    def outcome(self) -> ClusterImage:
-        """The image once every record of the request is applied."""
-        return replay(self.image, self.changes)
 
 
 def _require_broker(image: ClusterImage, broker_id: int, epoch: int | None = None) -> None:
@@ -257,8 +258,54 @@ def controlled_shutdown(
             )
         )
         _fence_changes(txn, b.broker_id, ChangeReason.CONTROLLED_SHUTDOWN)
-    can_stop = not txn.outcome().leads_anything(b.broker_id)
-    return HandlerResult(txn.records, ControlledShutdownResponse(can_stop=can_stop))
+    return HandlerResult(
+        txn.records, ControlledShutdownResponse(can_stop=not _leads_after(txn, b.broker_id))
+    )
+
+
+def _leads_after(txn: _Txn, broker_id: int) -> bool:
+    """Whether the broker still leads a partition once the request's changes apply."""
+    moved = {(c.topic, c.partition) for c in txn.changes if c.leader is not None}
+    return any(
+        p.leader == broker_id and p.tp not in moved for p in txn.image.partitions_of(broker_id)
+    )
+
+
+def heartbeat(
+    image: ClusterImage, req: BrokerHeartbeatRequest, now_ms: int, config: ControllerConfig
+) -> HandlerResult:
+    """A live broker's heartbeat: rule 5 when it asks to stop, rule 4 once it has caught up.
+
+    The broker is unfenced when it is fenced, does not ask to stay fenced, and has applied
+    the log past its own registration record (its epoch), so it knows its partitions.
+    """
+    b = image.broker(req.broker_id)
+    if b is None:
+        raise BrokerIdNotRegisteredError(f"broker {req.broker_id} is not registered")
+    if b.epoch != req.broker_epoch:
+        raise StaleBrokerEpochError(
+            f"heartbeat from broker {req.broker_id} at epoch {req.broker_epoch}, "
+            f"current epoch is {b.epoch}"
+        )
+    fenced, shutting_down, should_stop = b.fenced, b.in_controlled_shutdown, False
+    records: list[MetadataRecord] = []
+    if req.want_shutdown:
+        result = controlled_shutdown(
+            image, ControlledShutdown(broker_id=b.broker_id, broker_epoch=b.epoch), now_ms, config
+        )
+        assert isinstance(result.response, ControlledShutdownResponse)
+        records, shutting_down, should_stop = result.records, True, result.response.can_stop
+    elif b.fenced and not req.want_fence and req.metadata_offset > b.epoch:
+        result = unfence_broker(
+            image, UnfenceBroker(broker_id=b.broker_id, broker_epoch=b.epoch), now_ms, config
+        )
+        records, fenced = result.records, False
+    return HandlerResult(
+        records,
+        BrokerHeartbeatResponse(
+            is_fenced=fenced, in_controlled_shutdown=shutting_down, should_shut_down=should_stop
+        ),
+    )
 
 
 def alter_partition(
@@ -306,19 +353,30 @@ def alter_partition(
         recovered=req.recovered,
         broker=req.leader,
     )
-    records: list[MetadataRecord] = [] if change is None else [change]
-    after = replay(image, records).partitions[p.tp] if records else p
-    return HandlerResult(records, partition_view(after))
+    if change is None:
+        return HandlerResult([], partition_view(p))
+    return HandlerResult([change], partition_view(p, change))
 
 
-def partition_view(p: PartitionState) -> PartitionView:
+def partition_view(p: PartitionState, change: PartitionChangeRecord | None = None) -> PartitionView:
+    """The partition as the response shows it: `p`, or `p` once `change` applies (read off
+    the record, as Kafka's handlers do, rather than by replaying it)."""
+    if change is None:
+        return PartitionView(
+            topic=p.topic,
+            partition=p.partition,
+            leader=p.leader,
+            leader_epoch=p.leader_epoch,
+            partition_epoch=p.partition_epoch,
+            isr=sorted(p.isr),
+        )
     return PartitionView(
         topic=p.topic,
         partition=p.partition,
-        leader=p.leader,
-        leader_epoch=p.leader_epoch,
-        partition_epoch=p.partition_epoch,
-        isr=sorted(p.isr),
+        leader=p.leader if change.leader is None else change.leader,
+        leader_epoch=change.leader_epoch,
+        partition_epoch=change.partition_epoch,
+        isr=sorted(p.isr) if change.isr is None else list(change.isr),
     )
 
 
@@ -335,17 +393,11 @@ def elect_preferred(
             f"preferred replica {preferred} of {req.topic}-{req.partition} "
             "is not an active ISR member"
         )
-    change = PartitionChangeRecord(
-        topic=p.topic,
-        partition=p.partition,
-        reason=ChangeReason.ELECTION,
-        partition_epoch=p.partition_epoch + 1,
-        leader_epoch=p.leader_epoch + 1,
-        election=ElectionKind.PREFERRED,
-        leader=preferred,
+    change = build_change(
+        image, p, reason=ChangeReason.ELECTION, elect=(preferred, ElectionKind.PREFERRED)
     )
-    after = replay(image, (change,)).partitions[p.tp]
-    return HandlerResult([change], partition_view(after))
+    assert change is not None  # the leader changes
+    return HandlerResult([change], partition_view(p, change))
 
 
 def _placement(image: ClusterImage, partitions: int, rf: int) -> list[list[int]]:

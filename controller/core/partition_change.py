@@ -67,28 +67,41 @@ def build_change(
     unclean_excluded: frozenset[int] = EMPTY,
     recovered: bool = False,
     broker: int | None = None,
+    elect: tuple[int, ElectionKind] | None = None,
 ) -> PartitionChangeRecord | None:
     """The change that moves `p` to `target_isr` (default: unchanged) and a valid leader.
 
     `unclean_excluded` names brokers that just registered uncleanly: they leave the ELR
     for the LastKnownELR (Unclean Exclusion). `recovered` marks the end of a leader's
     recovery after an unclean election.
+
+    `elect` names a leader the caller has already chosen and validated: with
+    `ElectionKind.PREFERRED` it moves leadership within the ISR (rule 8); with
+    `UNCLEAN_RECOVERY` or `MANUAL` it makes the replica the sole ISR member and leader,
+    clears the ELR and LastKnownELR and marks the partition recovering (rule 7).
     """
     old_isr = p.isr
-    isr = old_isr if target_isr is None else target_isr
-    elr = p.elr - unclean_excluded
-    lkelr = p.last_known_elr | (p.elr & unclean_excluded)
-
-    elr, lkelr = next_elr(old_isr, isr, elr, lkelr, p.min_isr)
-    leader, kind = clean_leader(image, p, isr, elr)
-    if kind is ElectionKind.ELR:
-        # Case B: the elected ELR member moves to the ISR; rule 1 runs on the final ISR.
-        isr = frozenset((leader,))
-        elr, lkelr = next_elr(old_isr, isr, elr, lkelr, p.min_isr)
-
     recovery_state: LeaderRecoveryState | None = None
-    if recovered and p.recovery_state is LeaderRecoveryState.RECOVERING:
-        recovery_state = LeaderRecoveryState.RECOVERED
+    kind: ElectionKind | None
+    if elect is not None and elect[1] in (ElectionKind.UNCLEAN_RECOVERY, ElectionKind.MANUAL):
+        leader, kind = elect
+        isr, elr, lkelr = frozenset((leader,)), EMPTY, EMPTY
+        recovery_state = LeaderRecoveryState.RECOVERING
+    else:
+        isr = old_isr if target_isr is None else target_isr
+        elr = p.elr - unclean_excluded
+        lkelr = p.last_known_elr | (p.elr & unclean_excluded)
+        elr, lkelr = next_elr(old_isr, isr, elr, lkelr, p.min_isr)
+        if elect is not None:
+            leader, kind = elect
+        else:
+            leader, kind = clean_leader(image, p, isr, elr)
+        if kind is ElectionKind.ELR:
+            # Case B: the elected ELR member moves to the ISR; rule 1 runs on the final ISR.
+            isr = frozenset((leader,))
+            elr, lkelr = next_elr(old_isr, isr, elr, lkelr, p.min_isr)
+        if recovered and p.recovery_state is LeaderRecoveryState.RECOVERING:
+            recovery_state = LeaderRecoveryState.RECOVERED
 
     leader_changed = leader != p.leader
     if (

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from metadata_image.image import BrokerState, ClusterImage, TopicPartition
 from metadata_image.image import PartitionState as ImagePartition
 from metadata_log.records import LeaderRecoveryState
-from protocol.codec import BrokerDescription, DescribeClusterResponse, PartitionState
+from protocol.messages import BrokerDescription, DescribeClusterResponse, PartitionState
 
 
 def partition_state(p: ImagePartition, recovery_pending: list[int] | None = None) -> PartitionState:

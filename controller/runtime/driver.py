@@ -1,9 +1,10 @@
-"""The controller driver: one asyncio task owns the image and handles one event at a time.
+"""The controller driver: two asyncio tasks around the one pure event step.
 
-Each event (a request, a timer tick, a log-inspection answer) runs through the pure
-handlers against the newest image. Its records are replayed at once onto that image, so
-the next event sees them (as Kafka's QuorumController does), and handed to a committer
-task that appends everything queued so far in one durable batch. A response is released
+The event task owns the controller state and handles one event at a time (a request, a
+heartbeat, a log-inspection answer, or a Tick when the injected clock reaches the next
+recovery deadline): `controller.core.step.step` decides, replays and evaluates, so the
+next event sees the records at once (as Kafka's QuorumController does). The committer
+task appends everything queued so far in one durable batch. A response is released
 only after the records it depends on are committed, in event order: a response with no
 records of its own still waits for the commits queued before it.
 
@@ -27,69 +28,44 @@ import msgspec
 import structlog
 
 from controller.core.config import ControllerConfig
-from controller.core.dispatch import decide
+from controller.core.handlers import Response
 from controller.core.recovery.policy import RecoveryPolicy
-from controller.core.recovery.registry import load_policies, require
-from controller.core.recovery.tracker import (
-    Inspection,
-    RecoveryTracker,
-    evaluate,
-)
+from controller.core.recovery.registry import load_policies
+from controller.core.recovery.tracker import Inspection, RecoveryTracker
+from controller.core.step import ControllerState, Event, Rules, StepResult, Tick, step
 from controller.runtime.clock import Clock, SystemClock
 from metactl.errors import LogClosedError, LogError, MetactlError
-from metadata_image.image import ClusterImage, TopicPartition
+from metadata_image.delta import MetadataDelta
+from metadata_image.image import ClusterImage
 from metadata_image.replay import replay
 from metadata_image.snapshot import ImageSnapshot, from_snapshot, to_snapshot
-from metadata_log.records import (
-    BrokerRegistrationChangeRecord,
-    ClearElrRecord,
-    FenceBrokerRecord,
-    MetadataRecord,
-    PartitionChangeRecord,
-    PartitionRecord,
-    RegisterBrokerRecord,
-    UncleanRecoveryRecord,
-    UnfenceBrokerRecord,
-    record_type,
-)
+from metadata_log.records import MetadataRecord, UncleanRecoveryRecord, record_type
 from metadata_log.store import LogStore
-from protocol.requests import (
-    Ack,
-    ControllerRequest,
-    ControllerResponse,
-)
 
 log = structlog.get_logger("metactl.controller")
 
 REPLAY_CHUNK: Final = 10_000
 
 
-class Tick(msgspec.Struct, frozen=True):
-    """Internal event: time moved; timers (recovery windows) may be due."""
-
-
-Event = ControllerRequest | Tick
+__all__ = ["CommitListener", "Controller", "Event", "Tick", "load_image"]
 
 
 class _Commit:
-    __slots__ = ("future", "image_after", "now_ms", "records", "response")
+    __slots__ = ("delta", "future", "image_after", "now_ms", "records", "response")
 
     def __init__(
-        self,
-        records: list[MetadataRecord],
-        future: asyncio.Future[ControllerResponse] | None,
-        response: ControllerResponse,
-        image_after: ClusterImage,
-        now_ms: int,
+        self, result: StepResult, future: asyncio.Future[Response] | None, now_ms: int
     ) -> None:
-        self.records = records
+        self.records = result.records
+        self.response = result.response
+        self.image_after = result.state.image
+        self.delta = result.delta
         self.future = future
-        self.response = response
-        self.image_after = image_after
         self.now_ms = now_ms
 
 
-CommitListener = Callable[[int, Sequence[MetadataRecord], int], None]
+# listener(base_offset, records, delta, now_ms), once an event's records are durable.
+CommitListener = Callable[[int, Sequence[MetadataRecord], MetadataDelta, int], None]
 InspectionSink = Callable[[Inspection], None]
 
 
@@ -136,22 +112,18 @@ class Controller:
         self.policies: Mapping[str, RecoveryPolicy] = (
             policies if policies is not None else load_policies()
         )
-        require(self.policies, config.unclean_recovery_strategy)  # fail fast on a typo
+        self.rules = Rules(config, self.policies)  # fails fast on an unknown strategy
         self.clock: Clock = clock if clock is not None else SystemClock()
-        self.image = image
+        self.state = ControllerState(image)
         self.committed_image = image
-        self.tracker = RecoveryTracker()
         self.next_deadline_ms: int | None = None
-        # The first evaluation (and the one after a revert) looks at every leaderless
-        # partition; later ones only at what each event's records touched.
-        self._full_scan = True
         self.log_every_record = False  # services turn this on; bulk tools leave it off
         self.inspection_sinks: list[InspectionSink] = []
         self.commit_listeners: list[CommitListener] = []
         self.event_listeners: list[Callable[[str, float, float], None]] = []
         # Called as listener(seconds, record_count) after each successful durable append.
         self.append_listeners: list[Callable[[float, int], None]] = []
-        self._queue: asyncio.Queue[tuple[Event, asyncio.Future[ControllerResponse] | None, float]]
+        self._queue: asyncio.Queue[tuple[Event, asyncio.Future[Response] | None, float]]
         self._queue = asyncio.Queue()
         self._commits: deque[_Commit] = deque()
         self._commit_wakeup = asyncio.Event()
@@ -169,13 +141,18 @@ class Controller:
         clock: Clock | None = None,
     ) -> Controller:
         image = await load_image(store)
-        # The loaded image is long-lived: move it out of the cyclic GC's generations so
-        # full collections do not rescan millions of partition objects on every change.
-        gc.collect()
-        gc.freeze()
         ctl = cls(store, image, config=config or ControllerConfig(), policies=policies, clock=clock)
         ctl.start()
         return ctl
+
+    @property
+    def image(self) -> ClusterImage:
+        """The newest image: committed records plus those queued for the next commit."""
+        return self.state.image
+
+    @property
+    def tracker(self) -> RecoveryTracker:
+        return self.state.tracker
 
     # --- public API ---------------------------------------------------------------------
 
@@ -183,11 +160,11 @@ class Controller:
         self._run_task = asyncio.create_task(self._run(), name="controller-events")
         self._commit_task = asyncio.create_task(self._commit_loop(), name="controller-commits")
 
-    async def submit(self, request: Event) -> ControllerResponse:
+    async def submit(self, request: Event) -> Response:
         """Handle one request; returns once its records (and all before them) are durable."""
         if self._closing:
             raise LogClosedError("the controller is shutting down")
-        future: asyncio.Future[ControllerResponse] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait((request, future, time.perf_counter()))
         return await future
 
@@ -224,17 +201,7 @@ class Controller:
 
     async def _run(self) -> None:
         while True:
-            timeout: float | None = None
-            if self.next_deadline_ms is not None and isinstance(self.clock, SystemClock):
-                timeout = max(0.0, (self.next_deadline_ms - self.clock.now_ms()) / 1000)
-            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can drop a result that
-            # arrives as the timeout fires, which here would lose an event. A cancelled
-            # Queue.get never consumes an item.
-            try:
-                async with asyncio.timeout(timeout):
-                    event, future, enqueued = await self._queue.get()
-            except TimeoutError:
-                event, future, enqueued = Tick(), None, time.perf_counter()
+            event, future, enqueued = await self._next_event()
             if enqueued < 0:
                 return
             started = time.perf_counter()
@@ -242,24 +209,34 @@ class Controller:
             for listener in self.event_listeners:
                 listener(type(event).__name__, started - enqueued, time.perf_counter() - started)
 
-    def _decide(
-        self, event: Event, now: int
-    ) -> tuple[list[MetadataRecord], ControllerResponse, RecoveryTracker]:
-        if isinstance(event, Tick):
-            return [], Ack(), self.tracker
-        return decide(
-            self.image,
-            self.tracker,
-            event,
-            now,
-            config=self.config,
-            strategies=self.policies.keys(),
-        )
+    async def _next_event(self) -> tuple[Event, asyncio.Future[Response] | None, float]:
+        """The next queued event, or a Tick once the clock reaches the next deadline.
 
-    def _process(self, event: Event, future: asyncio.Future[ControllerResponse] | None) -> None:
+        The timer waits on the injected clock, so virtual time fires timers as real time
+        does. A cancelled Queue.get never consumes an item, so losing the race to the
+        timer loses no event.
+        """
+        deadline = self.next_deadline_ms
+        if deadline is None or not self._queue.empty():
+            return await self._queue.get()
+        getter = asyncio.ensure_future(self._queue.get())
+        timer = asyncio.ensure_future(self.clock.sleep_until(deadline))
+        try:
+            await asyncio.wait((getter, timer), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+            getter.cancel()
+        try:
+            return await getter
+        except asyncio.CancelledError:
+            if not timer.cancelled() or self.clock.now_ms() >= deadline:
+                return Tick(), None, time.perf_counter()
+            raise  # we ourselves were cancelled
+
+    def _process(self, event: Event, future: asyncio.Future[Response] | None) -> None:
         now = self.clock.now_ms()
         try:
-            records, response, tracker = self._decide(event, now)
+            result = step(self.state, event, now, self.rules)
         except MetactlError as exc:
             log.info(
                 "request refused", request=type(event).__name__, code=exc.code, error=exc.message
@@ -267,19 +244,10 @@ class Controller:
             if future is not None and not future.done():
                 future.set_exception(exc)
             return
-        image = replay(self.image, records) if records else self.image
-        touched = None if self._full_scan else touched_partitions(image, records)
-        self._full_scan = False
-        step = evaluate(
-            image, tracker, now, policies=self.policies, config=self.config, touched=touched
-        )
-        if step.records:
-            image = replay(image, step.records)
-            records = records + step.records
-        self.image, self.tracker, self.next_deadline_ms = image, step.tracker, step.next_deadline_ms
-        self._commits.append(_Commit(records, future, response, image, now))
+        self.state, self.next_deadline_ms = result.state, result.next_deadline_ms
+        self._commits.append(_Commit(result, future, now))
         self._commit_wakeup.set()
-        for inspection in step.inspections:
+        for inspection in result.inspections:
             for sink in self.inspection_sinks:
                 sink(inspection)
 
@@ -319,7 +287,7 @@ class Controller:
         for c in batch:
             if c.records:
                 for listener in self.commit_listeners:
-                    listener(offset, c.records, c.now_ms)
+                    listener(offset, c.records, c.delta, c.now_ms)
                 _log_committed(offset, c.records, self.log_every_record)
                 offset += len(c.records)
             if c.future is not None and not c.future.done():
@@ -330,41 +298,12 @@ class Controller:
         log.error("commit failed; reverting to the committed image", error=str(error))
         failed = batch + list(self._commits)
         self._commits.clear()
-        self.image = self.committed_image
-        self.tracker = RecoveryTracker()  # soft state: rebuilt on the next event
-        self._full_scan = True
+        # Soft state is rebuilt: pending recoveries start over, every leaderless
+        # partition is looked at on the next event.
+        self.state = ControllerState(self.committed_image)
         for c in failed:
             if c.future is not None and not c.future.done():
                 c.future.set_exception(error)
-
-
-def touched_partitions(
-    image: ClusterImage, records: Sequence[MetadataRecord]
-) -> list[TopicPartition]:
-    """Leaderless partitions whose recovery status the records may have changed: the ones
-    they name, and those hosted by a broker whose state changed (fenced, unfenced,
-    registered), since broker activity decides the proactive trigger and who can answer."""
-    out: list[TopicPartition] = []
-    for r in records:
-        if isinstance(r, PartitionChangeRecord | PartitionRecord):
-            out.append((r.topic, r.partition))
-        elif isinstance(r, ClearElrRecord):
-            out.extend(tp for tp in image.offline if tp[0] == r.topic)
-        elif isinstance(
-            r,
-            FenceBrokerRecord
-            | UnfenceBrokerRecord
-            | RegisterBrokerRecord
-            | BrokerRegistrationChangeRecord,
-        ):
-            hosted = image.replicas_by_broker.get(r.broker_id)
-            if hosted is None:
-                continue
-            if len(image.offline) < len(hosted):
-                out.extend(tp for tp in image.offline if tp in hosted)
-            else:
-                out.extend(tp for tp in hosted if tp in image.offline)
-    return out
 
 
 def _log_committed(base: int, records: Sequence[MetadataRecord], every_record: bool) -> None:

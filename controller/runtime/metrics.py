@@ -36,26 +36,25 @@ from prometheus_client.registry import Collector
 from controller.core.recovery.tracker import strategy_for
 from controller.runtime.driver import Controller
 from metactl import __version__
+from metadata_image.delta import MetadataDelta
 from metadata_image.image import ClusterImage, PartitionState, TopicPartition
 from metadata_log.records import (
     RECORD_TYPES,
-    ClearElrRecord,
     ElectionKind,
     LeaderRecoveryState,
     MetadataRecord,
-    PartitionChangeRecord,
-    PartitionRecord,
-    RegisterBrokerRecord,
-    TopicRecord,
-    UncleanRecoveryRecord,
 )
 from protocol.codec import parse_address
 
 log = structlog.get_logger("metactl.controller.metrics")
 
-# The `_created` companion series of every counter and histogram would double the series
-# count and nothing here reads them. This is a process-wide prometheus_client setting.
-disable_created_metrics()  # type: ignore[no-untyped-call]
+
+def configure_process() -> None:
+    """Process-wide prometheus_client settings, called by entry points (never on import):
+    the `_created` companion series of every counter and histogram would double the
+    series count, and nothing here reads them."""
+    disable_created_metrics()  # type: ignore[no-untyped-call]
+
 
 PREFIX: Final = "metactl_"
 ELECTION_KINDS: Final[tuple[str, ...]] = tuple(k.value for k in ElectionKind)
@@ -84,10 +83,6 @@ LATENCY_BUCKETS: Final = (
 
 # The classic text format: every Prometheus version parses it, and our names are ASCII.
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
-
-_TYPE_NAMES: Final[dict[type[MetadataRecord], str]] = {
-    cls: name for name, cls in RECORD_TYPES.items()
-}
 
 
 def broker_state(fenced: bool, in_controlled_shutdown: bool) -> str:
@@ -267,55 +262,35 @@ class ControllerMetrics:
 
     # --- listeners (called on the event loop by the driver) ------------------------------
 
-    def on_commit(self, base_offset: int, records: Sequence[MetadataRecord], now_ms: int) -> None:
-        """Count what one event committed. `committed_image` already includes it (and any
-        later event of the same group commit, which re-reads the same partitions)."""
+    def on_commit(
+        self,
+        base_offset: int,
+        records: Sequence[MetadataRecord],
+        delta: MetadataDelta,
+        now_ms: int,
+    ) -> None:
+        """Count what one event committed, from its delta. `committed_image` already
+        includes it (and any later event of the same group commit, which re-reads the same
+        partitions)."""
         image = self.ctl.committed_image
         health = self.health
-        by_type: dict[type[MetadataRecord], int] = {}
+        partitions = image.partitions
+        for tp in delta.partitions:
+            health.update(tp, partitions.get(tp))
+        for recovery in delta.unclean_recoveries:
+            if recovery.potential_data_loss:
+                self.potential_data_loss.labels(
+                    topic=recovery.topic, strategy=recovery.strategy
+                ).inc()
+        if delta.unclean_registrations:
+            self.unclean_registrations.inc(len(delta.unclean_registrations))
+        for topic in delta.topics:
+            self._init_data_loss_series(image, topic)
+        for tag, n in delta.records_by_type.items():
+            self.committed_records.labels(type=tag).inc(n)
         elections: dict[str, int] = {}
-        # Bulk changes commit 100,000s of partition records: keep their path short.
-        for rec in records:
-            kind = type(rec)
-            by_type[kind] = by_type.get(kind, 0) + 1
-            if kind is PartitionRecord:
-                assert isinstance(rec, PartitionRecord)
-                # A full partition state: read it from the record itself (a later change
-                # to the same partition in this commit comes after it and wins).
-                health.set(
-                    (rec.topic, rec.partition),
-                    under_min_isr=len(rec.isr) < rec.min_isr,
-                    elr=bool(rec.elr),
-                    last_known_elr=bool(rec.last_known_elr),
-                    recovering=rec.recovery_state is LeaderRecoveryState.RECOVERING,
-                )
-            elif kind is PartitionChangeRecord:
-                assert isinstance(rec, PartitionChangeRecord)
-                if rec.election is not None:
-                    elections[rec.election.value] = elections.get(rec.election.value, 0) + 1
-                if (
-                    rec.isr is not None
-                    or rec.elr is not None
-                    or rec.last_known_elr is not None
-                    or rec.recovery_state is not None
-                ):
-                    tp = (rec.topic, rec.partition)
-                    health.update(tp, image.partitions.get(tp))
-            elif isinstance(rec, UncleanRecoveryRecord):
-                if rec.potential_data_loss:
-                    self.potential_data_loss.labels(topic=rec.topic, strategy=rec.strategy).inc()
-            elif isinstance(rec, RegisterBrokerRecord):
-                if not rec.clean:
-                    self.unclean_registrations.inc()
-            elif isinstance(rec, TopicRecord):
-                self._init_data_loss_series(image, rec.name)
-            elif isinstance(rec, ClearElrRecord):
-                t = image.topics.get(rec.topic)
-                for i in range(t.partitions if t is not None else 0):
-                    tp = (rec.topic, i)
-                    health.update(tp, image.partitions.get(tp))
-        for kind, n in by_type.items():
-            self.committed_records.labels(type=_TYPE_NAMES[kind]).inc(n)
+        for e in delta.elections:
+            elections[e.kind.value] = elections.get(e.kind.value, 0) + 1
         for election, n in elections.items():
             self.elections.labels(kind=election).inc(n)
 

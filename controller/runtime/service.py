@@ -1,6 +1,6 @@
 """The controller service: the driver behind a TCP listener, with broker sessions.
 
-Owns the network side of the controller: framing, per-connection request handling,
+Owns the network side of the controller: request dispatch behind the shared protocol server,
 broker sessions (fence on expiry, unfence once caught up), metadata fetches (long-poll
 over committed records only), and GetReplicaLogInfo calls to brokers during unclean
 recovery. Every decision is still made by the pure core through `Controller.submit`.
@@ -12,9 +12,8 @@ import asyncio
 import contextlib
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import msgspec
 import structlog
 
 from controller.core.config import ControllerConfig
@@ -25,7 +24,6 @@ from controller.runtime.driver import Controller
 from controller.runtime.metrics import ControllerMetrics, MetricsServer
 from controller.runtime.sessions import BrokerSessions
 from metactl.errors import (
-    BrokerIdNotRegisteredError,
     InvalidRequestError,
     MetactlError,
     OffsetOutOfRangeError,
@@ -34,62 +32,41 @@ from metactl.errors import (
 from metadata_image.image import TopicPartition
 from metadata_image.snapshot import ImageSnapshot
 from metadata_log.sqlite_store import SqliteLogStore
-from protocol.codec import (
-    DEFAULT_MAX_FRAME_BYTES,
-    AlterPartitionRequest,
+from protocol.client import RetryPolicy, RpcClient
+from protocol.codec import DEFAULT_MAX_FRAME_BYTES
+from protocol.messages import (
+    AlterPartition,
     BrokerHeartbeatRequest,
     BrokerHeartbeatResponse,
-    BrokerRegistrationRequest,
-    BrokerRegistrationResponse,
+    CreateTopicResponse,
     CreateTopicResult,
     CreateTopicsRequest,
     CreateTopicsResponse,
     DescribeClusterRequest,
     DescribeClusterResponse,
-    ElectLeadersRequest,
+    ElectLeader,
+    FenceBroker,
     FetchedRecord,
     FetchMetadataRequest,
     FetchMetadataResponse,
-    FrameTooLargeError,
     GetReplicaLogInfoRequest,
     GetReplicaLogInfoResponse,
     Message,
     MetadataSnapshot,
     PartitionState,
-    ReplicaRef,
-    decode_frame,
-    encode_frame,
-    error_response,
-    parse_address,
-    read_frame,
-    request_once,
-)
-from protocol.requests import (
-    AlterPartition,
-    ControlledShutdown,
-    ControlledShutdownResponse,
-    CreateTopic,
-    CreateTopicResponse,
-    ElectLeader,
-    FenceBroker,
     PartitionView,
     RegisterBroker,
     RegisterBrokerResponse,
     ReplicaLogInfo,
-    UnfenceBroker,
+    ReplicaRef,
 )
+from protocol.server import FrameServer
 
 log = structlog.get_logger("metactl.controller.service")
 
-R = TypeVar("R", bound=msgspec.Struct)
-
-INSPECTION_RETRIES = 20
-
-
-def same_fields(message: msgspec.Struct, request: type[R]) -> R:
-    """Build a controller request from a wire message that carries its fields under the
-    same names (the wire adds only its tag and version)."""
-    return request(**{f: getattr(message, f) for f in request.__struct_fields__ if f != "v"})
+# GetReplicaLogInfo: up to 20 attempts, backoff capped at 2 s, while the broker stays
+# active at the same epoch.
+INSPECTION_RETRY = RetryPolicy(attempts=20, base_s=0.1, cap_s=2.0)
 
 
 class ControllerService:
@@ -112,14 +89,12 @@ class ControllerService:
         self.sessions = BrokerSessions(self.config.broker_session_timeout_ms)
         self.store: SqliteLogStore | None = None
         self.ctl: Controller | None = None
-        self.server: asyncio.Server | None = None
+        self.server: FrameServer | None = None
         self.address = ""
         self.metrics: ControllerMetrics | None = None
         self.metrics_server: MetricsServer | None = None
         self.metrics_address = ""
         self._tasks: set[asyncio.Task[None]] = set()
-        self._connections: set[asyncio.StreamWriter] = set()
-        self._stopping = asyncio.Event()
 
     @property
     def controller(self) -> Controller:
@@ -137,10 +112,8 @@ class ControllerService:
                 self.metrics.registry, self.metrics_listen
             )
             self.metrics_address = self.metrics_server.address
-        host, port = parse_address(self.listen)
-        self.server = await asyncio.start_server(self._serve_connection, host, port)
-        sock = self.server.sockets[0].getsockname()
-        self.address = f"{sock[0]}:{sock[1]}"
+        self.server = FrameServer(self._dispatch, log=log, max_frame_bytes=self.max_frame_bytes)
+        self.address = await self.server.start(self.listen)
         self._spawn(self._session_loop(), "sessions")
         log.info(
             "controller serving",
@@ -151,13 +124,12 @@ class ControllerService:
 
     async def stop(self) -> None:
         """Stop accepting, finish in-flight commits, close the log cleanly."""
-        self._stopping.set()
         if self.server is not None:
             self.server.close()
         if self.metrics_server is not None:
             await self.metrics_server.close()
-        for w in list(self._connections):
-            w.close()
+        if self.server is not None:
+            await self.server.stop()  # ends open connections and their in-flight requests
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -165,9 +137,6 @@ class ControllerService:
             await self.ctl.close()
         if self.store is not None:
             await self.store.close()
-        if self.server is not None:
-            with contextlib.suppress(Exception):
-                await self.server.wait_closed()
         log.info("controller stopped")
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
@@ -177,45 +146,6 @@ class ControllerService:
 
     # --- connections --------------------------------------------------------------------
 
-    async def _serve_connection(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        peer = writer.get_extra_info("peername")
-        self._connections.add(writer)
-        try:
-            while not self._stopping.is_set():
-                try:
-                    payload = await read_frame(reader, self.max_frame_bytes)
-                except asyncio.IncompleteReadError as exc:
-                    if exc.partial:
-                        log.warning("truncated frame; closing", peer=str(peer))
-                    return
-                except FrameTooLargeError as exc:
-                    log.warning("oversized frame; closing", peer=str(peer), error=exc.message)
-                    writer.write(encode_frame(0, error_response(exc)))
-                    await writer.drain()
-                    return
-                try:
-                    frame = decode_frame(payload)
-                except InvalidRequestError as exc:
-                    log.warning("undecodable frame", peer=str(peer), error=exc.message)
-                    writer.write(encode_frame(0, error_response(exc)))
-                    await writer.drain()
-                    continue
-                try:
-                    body = await self._dispatch(frame.body)
-                except MetactlError as exc:
-                    body = error_response(exc)
-                writer.write(encode_frame(frame.correlation_id, body))
-                await writer.drain()
-        except (ConnectionError, OSError):
-            return
-        except asyncio.CancelledError:
-            return
-        finally:
-            self._connections.discard(writer)
-            writer.close()
-
     async def _dispatch(self, body: Message) -> Message:
         ctl = self.controller
         match body:
@@ -223,35 +153,18 @@ class ControllerService:
                 return await self._heartbeat(body)
             case FetchMetadataRequest():
                 return await self._fetch(body)
-            case BrokerRegistrationRequest():
-                r = await ctl.submit(
-                    RegisterBroker(
-                        broker_id=body.broker_id,
-                        incarnation_id=body.incarnation_id,
-                        previous_epoch=body.previous_broker_epoch,
-                        endpoint=body.endpoint,
-                        rack=body.rack,
-                    )
-                )
+            case RegisterBroker():
+                r = await ctl.submit(body)
                 assert isinstance(r, RegisterBrokerResponse)
                 self.sessions.touch(body.broker_id, self.clock.now_ms())
-                return BrokerRegistrationResponse(broker_epoch=r.broker_epoch, clean=r.clean)
-            case AlterPartitionRequest():
-                return await self._partition_request(same_fields(body, AlterPartition))
+                return r
+            case AlterPartition():
+                return await self._partition_request(body)
             case CreateTopicsRequest():
                 results = []
                 for spec in body.topics:
                     try:
-                        r = await ctl.submit(
-                            CreateTopic(
-                                name=spec.name,
-                                partitions=spec.partitions,
-                                replication_factor=spec.replication_factor,
-                                assignments=spec.assignments,
-                                min_isr=spec.min_insync_replicas,
-                                recovery_strategy=spec.unclean_recovery_strategy,
-                            )
-                        )
+                        r = await ctl.submit(spec)
                         assert isinstance(r, CreateTopicResponse)
                         results.append(
                             CreateTopicResult(
@@ -267,8 +180,8 @@ class ControllerService:
                 return CreateTopicsResponse(results=results)
             case DescribeClusterRequest():
                 return self.describe(body.topic)
-            case ElectLeadersRequest():
-                return await self._partition_request(same_fields(body, ElectLeader))
+            case ElectLeader():
+                return await self._partition_request(body)
         raise InvalidRequestError(f"the controller does not handle {type(body).__name__}")
 
     async def _partition_request(self, request: AlterPartition | ElectLeader) -> PartitionState:
@@ -305,30 +218,12 @@ class ControllerService:
     # --- broker sessions ----------------------------------------------------------------
 
     async def _heartbeat(self, req: BrokerHeartbeatRequest) -> BrokerHeartbeatResponse:
-        ctl = self.controller
-        b = ctl.image.broker(req.broker_id)
-        if b is None:
-            raise BrokerIdNotRegisteredError(f"broker {req.broker_id} is not registered")
-        if b.epoch != req.broker_epoch:
-            raise StaleBrokerEpochError(
-                f"heartbeat from broker {req.broker_id} at epoch {req.broker_epoch}, "
-                f"current epoch is {b.epoch}"
-            )
+        """The rule (controlled shutdown, unfence once caught up) is the core's; the
+        session clock is ours, touched only for a heartbeat the core accepted."""
+        r = await self.controller.submit(req)
+        assert isinstance(r, BrokerHeartbeatResponse)
         self.sessions.touch(req.broker_id, self.clock.now_ms())
-        should_stop = False
-        if req.want_shutdown:
-            r = await ctl.submit(ControlledShutdown(broker_id=b.broker_id, broker_epoch=b.epoch))
-            assert isinstance(r, ControlledShutdownResponse)
-            should_stop = r.can_stop
-        elif b.fenced and not req.want_fence and req.metadata_offset > b.epoch:
-            await ctl.submit(UnfenceBroker(broker_id=b.broker_id, broker_epoch=b.epoch))
-        now = ctl.committed_image.broker(req.broker_id)
-        assert now is not None
-        return BrokerHeartbeatResponse(
-            is_fenced=now.fenced,
-            in_controlled_shutdown=now.in_controlled_shutdown,
-            should_shut_down=should_stop,
-        )
+        return r
 
     async def _session_loop(self) -> None:
         period = max(0.05, min(self.config.broker_heartbeat_interval_ms, 1000) / 2000)
@@ -373,48 +268,69 @@ class ControllerService:
         self._spawn(self._inspect(inspection), f"inspect-{inspection.broker_id}")
 
     async def _inspect(self, insp: Inspection) -> None:
+        """Ask the broker for its replica's log end; retry retriable failures with backoff
+        while it stays active at the inspected epoch, give up on any other error."""
         ctl = self.controller
-        for attempt in range(INSPECTION_RETRIES):
-            b = ctl.image.broker(insp.broker_id)
-            if b is None or b.epoch != insp.broker_epoch or not b.active or not b.endpoint:
-                return
-            try:
-                resp = await request_once(
-                    b.endpoint,
-                    GetReplicaLogInfoRequest(
-                        broker_id=insp.broker_id,
-                        broker_epoch=insp.broker_epoch,
-                        partitions=[ReplicaRef(insp.topic, insp.partition)],
-                    ),
-                    timeout_s=10,
-                )
-                if not isinstance(resp, GetReplicaLogInfoResponse):
-                    raise InvalidRequestError(f"unexpected {type(resp).__name__}")
-                for entry in resp.partitions:
-                    if entry.error_code is not None:
+        policy = INSPECTION_RETRY
+        client: RpcClient | None = None
+        try:
+            for attempt in range(policy.attempts):
+                b = ctl.image.broker(insp.broker_id)
+                if b is None or b.epoch != insp.broker_epoch or not b.active or not b.endpoint:
+                    return
+                if client is None or client.address != b.endpoint:
+                    if client is not None:
+                        await client.close()
+                    client = RpcClient(b.endpoint, max_frame_bytes=self.max_frame_bytes)
+                try:
+                    await self._inspect_once(client, insp)
+                    return
+                except StaleBrokerEpochError as exc:
+                    log.warning("replica log info rejected: stale broker epoch", error=exc.message)
+                    return
+                except MetactlError as exc:
+                    if not policy.should_retry(exc, attempt):
                         log.warning(
-                            "replica log info error", broker=insp.broker_id, code=entry.error_code
+                            "replica log info failed; giving up",
+                            broker=insp.broker_id,
+                            attempt=attempt,
+                            error=str(exc),
                         )
-                        continue
-                    await ctl.submit(
-                        ReplicaLogInfo(
-                            broker_id=resp.broker_id,
-                            broker_epoch=resp.broker_epoch,
-                            topic=entry.topic,
-                            partition=entry.partition,
-                            last_leader_epoch=entry.last_leader_epoch,
-                            log_end_offset=entry.log_end_offset,
-                        )
+                        return
+                    log.info(
+                        "replica log info failed; will retry",
+                        broker=insp.broker_id,
+                        attempt=attempt,
+                        error=str(exc),
                     )
-                return
-            except StaleBrokerEpochError as exc:
-                log.warning("replica log info rejected: stale broker epoch", error=exc.message)
-                return
-            except (MetactlError, OSError, TimeoutError) as exc:
-                log.info(
-                    "replica log info failed; will retry",
-                    broker=insp.broker_id,
-                    attempt=attempt,
-                    error=str(exc),
+                    await policy.sleep(policy.backoff(attempt))
+        finally:
+            if client is not None:
+                await client.close()
+
+    async def _inspect_once(self, client: RpcClient, insp: Inspection) -> None:
+        ctl = self.controller
+        resp = await client.request(
+            GetReplicaLogInfoRequest(
+                broker_id=insp.broker_id,
+                broker_epoch=insp.broker_epoch,
+                partitions=[ReplicaRef(insp.topic, insp.partition)],
+            ),
+            timeout_s=10,
+        )
+        if not isinstance(resp, GetReplicaLogInfoResponse):
+            raise InvalidRequestError(f"unexpected {type(resp).__name__}")
+        for entry in resp.partitions:
+            if entry.error_code is not None:
+                log.warning("replica log info error", broker=insp.broker_id, code=entry.error_code)
+                continue
+            await ctl.submit(
+                ReplicaLogInfo(
+                    broker_id=resp.broker_id,
+                    broker_epoch=resp.broker_epoch,
+                    topic=entry.topic,
+                    partition=entry.partition,
+                    last_leader_epoch=entry.last_leader_epoch,
+                    log_end_offset=entry.log_end_offset,
                 )
-                await asyncio.sleep(min(0.1 * 2**attempt, 2.0))  # retry backoff
+            )

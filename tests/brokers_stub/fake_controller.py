@@ -17,22 +17,21 @@ from metactl.errors import InvalidRequestError, MetactlError
 from metadata_image.image import ClusterImage
 from metadata_image.replay import replay
 from metadata_log.records import MetadataRecord, RegisterBrokerRecord, UnfenceBrokerRecord
-from protocol.codec import (
-    AlterPartitionRequest,
+from protocol.codec import decode_frame, encode_frame
+from protocol.messages import (
+    AlterPartition,
     BrokerHeartbeatRequest,
     BrokerHeartbeatResponse,
-    BrokerRegistrationRequest,
-    BrokerRegistrationResponse,
     FetchedRecord,
     FetchMetadataRequest,
     FetchMetadataResponse,
     Message,
     PartitionState,
-    decode_frame,
-    encode_frame,
+    RegisterBroker,
+    RegisterBrokerResponse,
     error_response,
-    read_frame,
 )
+from protocol.transport import read_frame
 
 
 class FakeController:
@@ -96,7 +95,7 @@ class FakeController:
 
     async def _answer(self, body: Message) -> Message:
         match body:
-            case BrokerRegistrationRequest():
+            case RegisterBroker():
                 if self.registration_errors:
                     raise self.registration_errors.pop(0)
                 epoch = len(self.records)
@@ -106,11 +105,11 @@ class FakeController:
                         incarnation_id=body.incarnation_id,
                         broker_epoch=epoch,
                         endpoint=body.endpoint,
-                        previous_epoch=body.previous_broker_epoch,
+                        previous_epoch=body.previous_epoch,
                         fenced=True,
                     )
                 )
-                return BrokerRegistrationResponse(broker_epoch=epoch, clean=False)
+                return RegisterBrokerResponse(broker_epoch=epoch, clean=False)
             case BrokerHeartbeatRequest():
                 if self.heartbeat_errors:
                     raise self.heartbeat_errors.pop(0)
@@ -137,7 +136,7 @@ class FakeController:
                     ],
                     end_offset=len(self.records),
                 )
-            case AlterPartitionRequest():
+            case AlterPartition():
                 p = self.image.partitions[(body.topic, body.partition)]
                 return PartitionState(
                     topic=p.topic,

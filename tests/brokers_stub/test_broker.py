@@ -25,11 +25,11 @@ from metactl.errors import (
     StaleBrokerEpochError,
 )
 from metadata_log.records import PartitionRecord, TopicRecord
-from protocol.codec import (
-    AlterPartitionRequest,
+from protocol.messages import (
+    AlterPartition,
     BrokerHeartbeatRequest,
-    BrokerRegistrationRequest,
     FetchMetadataRequest,
+    RegisterBroker,
 )
 from tests.brokers_stub.fake_controller import FakeController
 from tests.brokers_stub.helpers import TOPIC, eventually
@@ -86,8 +86,8 @@ def heartbeats(c: FakeController) -> list[BrokerHeartbeatRequest]:
     return [r for r in c.requests if isinstance(r, BrokerHeartbeatRequest)]
 
 
-def registrations(c: FakeController) -> list[BrokerRegistrationRequest]:
-    return [r for r in c.requests if isinstance(r, BrokerRegistrationRequest)]
+def registrations(c: FakeController) -> list[RegisterBroker]:
+    return [r for r in c.requests if isinstance(r, RegisterBroker)]
 
 
 async def test_clean_restart_cycle(controller: FakeController, tmp_path: Path) -> None:
@@ -95,7 +95,7 @@ async def test_clean_restart_cycle(controller: FakeController, tmp_path: Path) -
     run = Running(broker_config(controller, tmp_path))
     m = await run.await_ready()
     (reg,) = registrations(controller)
-    assert reg.previous_broker_epoch == 5
+    assert reg.previous_epoch == 5
     assert not (tmp_path / "clean_shutdown").exists()  # taken before registering
     assert (int(m[1]), int(m[2]), m[3]) == (1, 0, reg.endpoint)
     assert reg.endpoint == run.broker.server.address
@@ -113,7 +113,7 @@ async def test_clean_restart_cycle(controller: FakeController, tmp_path: Path) -
 
     again = Running(broker_config(controller, tmp_path))
     await again.await_ready()
-    assert registrations(controller)[-1].previous_broker_epoch == 0
+    assert registrations(controller)[-1].previous_epoch == 0
     assert registrations(controller)[-1].incarnation_id != reg.incarnation_id
     assert await again.stop() == 0
 
@@ -123,7 +123,7 @@ async def test_no_clean_shutdown_file_registers_unclean(
 ) -> None:
     run = Running(broker_config(controller, tmp_path))
     await run.await_ready()
-    assert registrations(controller)[0].previous_broker_epoch is None
+    assert registrations(controller)[0].previous_epoch is None
     assert await run.stop() == 0
 
 
@@ -163,7 +163,7 @@ async def test_refused_heartbeat_reregisters_with_the_current_epoch(
     controller.heartbeat_errors = [error("refused")]  # type: ignore[list-item]
     await eventually(lambda: len(registrations(controller)) == 2, what="a re-registration")
     second = registrations(controller)[1]
-    assert second.previous_broker_epoch == 0
+    assert second.previous_epoch == 0
     assert second.incarnation_id == first.incarnation_id
     await eventually(lambda: run.broker.epoch is not None and run.broker.epoch > 0)
     new_epoch = run.broker.epoch
@@ -222,7 +222,7 @@ async def test_leads_produces_and_flushes_everything_at_shutdown(
     assert log.leader_epochs == [(3, 0)]
     assert log.flushed_offset == log.log_end_offset > 0
     assert log.high_watermark == log.log_end_offset  # ISR {1}, min ISR 1
-    assert controller.of(AlterPartitionRequest) == []  # nothing to change
+    assert controller.of(AlterPartition) == []  # nothing to change
 
 
 async def test_a_cancellation_coinciding_with_a_wakeup_is_not_lost(tmp_path: Path) -> None:

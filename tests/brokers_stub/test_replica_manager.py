@@ -24,8 +24,8 @@ from metactl.errors import (
     UnknownTopicOrPartitionError,
 )
 from metadata_image.image import ClusterImage
-from protocol.codec import (
-    AlterPartitionRequest,
+from protocol.messages import (
+    AlterPartition,
     Message,
     PartitionState,
     ReplicaFetchRequest,
@@ -49,11 +49,11 @@ class FakeController:
     """Records AlterPartition requests; answers each with the next scripted outcome."""
 
     def __init__(self) -> None:
-        self.requests: list[AlterPartitionRequest] = []
+        self.requests: list[AlterPartition] = []
         self.outcomes: list[MetactlError | None] = []
 
     async def request(self, body: Message, timeout_s: float) -> Message:
-        assert isinstance(body, AlterPartitionRequest)
+        assert isinstance(body, AlterPartition)
         self.requests.append(body)
         outcome = self.outcomes.pop(0) if self.outcomes else None
         if outcome is not None:
@@ -113,7 +113,7 @@ def test_leader_appends_its_epoch_produces_and_persists(tmp_path: Path) -> None:
     clock = Clock()
     leader = manager(tmp_path, 1, clock, produce_rate=10.0)
     image = cluster(EPOCHS, replicas=[1, 2, 3], leader=1, isr=[1], leader_epoch=4)
-    leader.on_metadata(image, True)
+    leader.on_metadata(image, None, True)
     assert leader.logs[TP].leader_epochs == [(4, 0)]
     leader.tick(clock.now, 1500)
     leader.tick(clock.now, 50)  # 0.5 records: credited, not lost
@@ -131,11 +131,11 @@ def test_nothing_happens_before_the_image_is_caught_up(tmp_path: Path) -> None:
     clock = Clock()
     leader = manager(tmp_path, 1, clock)
     image = cluster(EPOCHS, replicas=[1, 2, 3], leader=1, isr=[1], leader_epoch=4)
-    leader.on_metadata(image, False)
+    leader.on_metadata(image, None, False)
     assert leader.logs[TP].leader_epochs == []  # the replica exists, but nothing is led
     assert leader.leaders == {}
     follower = manager(tmp_path, 2, clock)
-    follower.on_metadata(image, False)
+    follower.on_metadata(image, None, False)
     with pytest.raises(NotLeaderOrFollowerError):
         fetch(leader, follower)
 
@@ -146,7 +146,7 @@ def test_followers_copy_and_hw_needs_every_isr_member(tmp_path: Path) -> None:
     f2, f3 = manager(tmp_path, 2, clock), manager(tmp_path, 3, clock)
     image = cluster(EPOCHS, replicas=[1, 2, 3], leader=1, isr=[1, 2, 3], min_isr=2)
     for m in (leader, f2, f3):
-        m.on_metadata(image, True)
+        m.on_metadata(image, None, True)
     leader.tick(clock.now, 100)  # LEO 10
     assert leader.logs[TP].high_watermark == 0  # 2 and 3 have not fetched yet
     fetch(leader, f2)
@@ -165,14 +165,14 @@ def test_hw_stops_when_the_isr_shrinks_below_min_isr(tmp_path: Path) -> None:
     leader = manager(tmp_path, 1, clock, produce_rate=100.0)
     image = cluster(EPOCHS, replicas=[1, 2, 3], leader=1, isr=[1, 2], min_isr=2)
     f2 = manager(tmp_path, 2, clock)
-    leader.on_metadata(image, True)
-    f2.on_metadata(image, True)
+    leader.on_metadata(image, None, True)
+    f2.on_metadata(image, None, True)
     leader.tick(clock.now, 100)
     fetch(leader, f2)
     fetch(leader, f2)
     assert leader.logs[TP].high_watermark == 10
     image = change(image, isr=[1])  # 2 left the ISR: below min ISR
-    leader.on_metadata(image, True)
+    leader.on_metadata(image, None, True)
     leader.tick(clock.now, 100)
     assert leader.logs[TP].log_end_offset == 20
     assert leader.logs[TP].high_watermark == 10  # frozen
@@ -187,8 +187,8 @@ def test_a_diverged_follower_truncates_then_copies(tmp_path: Path) -> None:
     leader = manager(tmp_path, 1, clock, produce_rate=20.0)
     leader.logs[TP] = ReplicaLog(topic=TOPIC, partition=0, leader_epochs=[(0, 0)], log_end_offset=8)
     image = cluster(EPOCHS, replicas=[1, 2], leader=1, isr=[1], leader_epoch=1)
-    leader.on_metadata(image, True)
-    f2.on_metadata(image, True)
+    leader.on_metadata(image, None, True)
+    f2.on_metadata(image, None, True)
     leader.tick(clock.now, 1000)  # epoch 1 holds 8..27
     assert leader.logs[TP].leader_epochs == [(0, 0), (1, 8)]
     fetch(leader, f2)
@@ -203,7 +203,7 @@ def test_fetch_refusals(tmp_path: Path) -> None:
     clock = Clock()
     follower = manager(tmp_path, 1, clock)
     image = cluster(EPOCHS, replicas=[1, 2, 3], leader=2, isr=[1, 2])
-    follower.on_metadata(image, True)
+    follower.on_metadata(image, None, True)
     req = ReplicaFetchRequest(
         topic=TOPIC,
         partition=0,
@@ -275,8 +275,8 @@ def alter_setup(
 async def test_isr_expands_once_a_follower_caught_up(tmp_path: Path) -> None:
     clock, ctl, leader, image = alter_setup(tmp_path, isr=[1, 2])
     f3 = manager(tmp_path, 3, clock)
-    leader.on_metadata(image, True)
-    f3.on_metadata(image, True)
+    leader.on_metadata(image, None, True)
+    f3.on_metadata(image, None, True)
     leader.tick(clock.now, 100)
     fetch(leader, f3)  # from 0, leader at 10: behind
     await asyncio.sleep(0)
@@ -293,7 +293,7 @@ async def test_isr_expands_once_a_follower_caught_up(tmp_path: Path) -> None:
     fetch(leader, f3)
     await asyncio.sleep(0)
     assert len(ctl.requests) == 1
-    leader.on_metadata(change(image, isr=[1, 2, 3]), True)
+    leader.on_metadata(change(image, isr=[1, 2, 3]), None, True)
     fetch(leader, f3)
     await asyncio.sleep(0)
     assert len(ctl.requests) == 1  # nothing left to change
@@ -303,7 +303,7 @@ async def test_isr_shrinks_a_follower_that_stopped_fetching(tmp_path: Path) -> N
     clock, ctl, leader, image = alter_setup(tmp_path, isr=[1, 2, 3])
     f2, f3 = manager(tmp_path, 2, clock), manager(tmp_path, 3, clock)
     for m in (leader, f2, f3):
-        m.on_metadata(image, True)
+        m.on_metadata(image, None, True)
     for _ in range(40):  # 4 s: 2 keeps fetching, 3 is silent
         clock.now += 100
         leader.tick(clock.now, 100)
@@ -315,7 +315,7 @@ async def test_isr_shrinks_a_follower_that_stopped_fetching(tmp_path: Path) -> N
 async def test_refused_alter_partition_waits_for_new_metadata(tmp_path: Path) -> None:
     clock, ctl, leader, image = alter_setup(tmp_path, isr=[1, 2, 3])
     ctl.outcomes = [InvalidUpdateVersionError("stale")]
-    leader.on_metadata(image, True)
+    leader.on_metadata(image, None, True)
     clock.now += 3001  # neither 2 nor 3 has been caught up for the lag time
     leader.tick(clock.now, 0)
     await eventually(lambda: not leader.leaders[TP].alter_in_flight and bool(ctl.requests))
@@ -323,15 +323,42 @@ async def test_refused_alter_partition_waits_for_new_metadata(tmp_path: Path) ->
     await asyncio.sleep(0)
     assert len(ctl.requests) == 1  # same partition epoch: wait
     image = change(image, isr=[1, 2, 3])  # something else changed it (epoch 0 -> 1)
-    leader.on_metadata(image, True)
+    leader.on_metadata(image, None, True)
     await eventually(lambda: len(ctl.requests) == 2, what="a retry with the new epoch")
     assert ctl.requests[1].partition_epoch == 1
 
 
 async def test_a_recovering_leader_reports_recovery_at_once(tmp_path: Path) -> None:
     _, ctl, leader, image = alter_setup(tmp_path, isr=[1], recovering=True)
-    leader.on_metadata(image, True)
+    leader.on_metadata(image, None, True)
     await eventually(lambda: len(ctl.requests) == 1, what="an AlterPartition")
     req = ctl.requests[0]
     assert req.recovered
     assert [m.broker_id for m in req.isr] == [1]
+
+
+def test_a_broker_acts_only_on_the_partitions_in_the_delta(tmp_path: Path) -> None:
+    from metadata_image.delta import MetadataDelta
+
+    clock = Clock()
+    m = manager(tmp_path, 1, clock)
+    led_by_2 = cluster(EPOCHS, replicas=[1, 2, 3], leader=2, isr=[1, 2, 3])
+    m.on_metadata(led_by_2, None, True)  # a whole image: every partition is looked at
+    assert TP not in m.leaders
+    now_ours = change(led_by_2, leader=1)
+    # A delta that does not name orders-0 (nor a broker sharing it) changes nothing here.
+    m.on_metadata(now_ours, MetadataDelta(), True)
+    assert TP not in m.leaders
+    # Deltas seen while catching up are folded and acted on once caught up.
+    named = MetadataDelta()
+    named.partitions.add(TP)
+    m.on_metadata(now_ours, named, False)
+    assert TP not in m.leaders
+    m.on_metadata(now_ours, MetadataDelta(), True)
+    assert m.leaders[TP].leader_epoch == now_ours.partitions[TP].leader_epoch
+    # A change of a broker sharing the partition brings it into scope too.
+    back_to_2 = change(now_ours, leader=2)
+    peer = MetadataDelta()
+    peer.brokers.add(3)
+    m.on_metadata(back_to_2, peer, True)
+    assert TP not in m.leaders

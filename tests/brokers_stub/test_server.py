@@ -18,19 +18,17 @@ from brokers_stub.logctx import BrokerLog
 from brokers_stub.replica_log import ReplicaLog
 from brokers_stub.server import BrokerServer
 from metactl.errors import InvalidRequestError, StaleBrokerEpochError
-from protocol.codec import (
+from protocol.client import RpcClient
+from protocol.codec import decode_frame, encode_frame, parse_address
+from protocol.messages import (
     BrokerHeartbeatRequest,
-    Connection,
     ErrorResponse,
     GetReplicaLogInfoRequest,
     GetReplicaLogInfoResponse,
     Message,
     ReplicaRef,
-    decode_frame,
-    encode_frame,
-    parse_address,
-    read_frame,
 )
+from protocol.transport import read_frame
 from tests.brokers_stub.helpers import TOPIC, config
 
 MAX_FRAME = 4096
@@ -48,9 +46,9 @@ async def broker(tmp_path: Path) -> AsyncIterator[Broker]:
     await b.server.stop()
 
 
-async def connect(address: str) -> Connection:
+async def connect(address: str) -> RpcClient:
     host, port = parse_address(address)
-    return await Connection.open(host, port)
+    return await RpcClient.open(host, port)
 
 
 async def log_info(address: str, epoch: int) -> Message:
@@ -139,7 +137,7 @@ async def test_oversized_frame_closes_the_connection_cleanly(broker: Broker) -> 
         await writer.drain()
         frame = decode_frame(await read_frame(reader))  # told why, then closed
         assert isinstance(frame.body, ErrorResponse)
-        assert frame.body.code == "INVALID_REQUEST"
+        assert frame.body.code == "MESSAGE_TOO_LARGE"
         assert await reader.read() == b""  # EOF: a clean close, not a reset
     finally:
         writer.close()

@@ -54,7 +54,7 @@ from metadata_log.records import (
     TopicRecord,
     UnfenceBrokerRecord,
 )
-from protocol.requests import (
+from protocol.messages import (
     Ack,
     AlterPartition,
     ControlledShutdown,

@@ -1,8 +1,9 @@
 """Property tests of the pure controller core.
 
 The centrepiece is `ControllerMachine`, a Hypothesis state machine that drives random
-sequences of every controller action through the pure handlers and the recovery tracker
-(evaluated after every successful action, as the driver does, and on virtual-time ticks).
+sequences of every controller action through the one event step
+(`controller.core.step.step`, which evaluates unclean recoveries after every event, as the
+driver does; virtual-time ticks are `Tick` events through the same step).
 Beside the image it keeps an independent model of the rules, written from the rule text
 rather than from the code, and checks after every step that
 
@@ -47,41 +48,29 @@ from hypothesis.stateful import (
 from controller.core.config import ControllerConfig
 from controller.core.handlers import (
     HandlerResult,
-    alter_partition,
-    controlled_shutdown,
     create_topic,
-    elect_preferred,
-    fence_broker,
     register_broker,
     unfence_broker,
 )
 from controller.core.partition_change import next_elr
 from controller.core.recovery.policy import best_candidate
-from controller.core.recovery.tracker import (
-    RecoveryTracker,
-    evaluate,
-    manual_election,
-    record_answer,
-)
+from controller.core.recovery.tracker import RecoveryTracker
+from controller.core.step import ControllerState, Event, Rules, StepResult, Tick, step
 from metactl.errors import MetactlError
 from metadata_image.image import EMPTY, ClusterImage, PartitionState, TopicPartition
 from metadata_image.replay import image_from_records, image_to_records, replay
 from metadata_image.snapshot import ImageSnapshot, from_snapshot, to_snapshot
 from metadata_log.records import (
     NO_LEADER,
-    BrokerRegistrationChangeRecord,
     ClearElrRecord,
-    FenceBrokerRecord,
     LeaderRecoveryState,
     MetadataRecord,
     PartitionChangeRecord,
-    PartitionRecord,
     RecoveryCandidate,
     RegisterBrokerRecord,
     UncleanRecoveryRecord,
-    UnfenceBrokerRecord,
 )
-from protocol.requests import (
+from protocol.messages import (
     AlterPartition,
     ControlledShutdown,
     ControlledShutdownResponse,
@@ -298,21 +287,29 @@ def placement_ok(image: ClusterImage, assignments: list[list[int]], rf: int) -> 
 class ControllerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.image = ClusterImage()
+        self.rules = Rules(CONFIG, POLICIES)
+        # A fresh controller: dirty=None, so its first step looks at every partition.
+        self.state = ControllerState(ClusterImage())
         self.log: list[MetadataRecord] = []
-        self.tracker = RecoveryTracker()
         self.now = 0
         self.model = Model()
         self.snapshots: list[tuple[int, bytes]] = []
         self.incarnations = itertools.count(1)
-        # Partitions the records since the last evaluation may have changed; None asks for
-        # a full scan (the first evaluation, and the first after a controller failover).
-        self.touched: set[TopicPartition] | None = None
+        self.last: StepResult | None = None  # the last successful step, checked by evaluate
+
+    @property
+    def image(self) -> ClusterImage:
+        return self.state.image
+
+    @property
+    def tracker(self) -> RecoveryTracker:
+        return self.state.tracker
 
     # --- plumbing -----------------------------------------------------------------------
 
-    def commit(self, records: list[MetadataRecord]) -> None:
-        """Replay one batch, checking every partition change's epochs on the way."""
+    def commit(self, records: list[MetadataRecord], state: ControllerState) -> None:
+        """Accept `state`, reached from the current one by `records`, checking every
+        partition change's epochs on the way and that one batch replays the same."""
         image = self.image
         for r in records:
             before = (
@@ -329,26 +326,39 @@ class ControllerMachine(RuleBasedStateMachine):
                 assert after.leader_epoch == before.leader_epoch + bump
                 assert (r.leader is not None) == (after.leader != before.leader)
         assert image.same_state(replay(self.image, records))  # batching does not matter
-        self.image = image
+        assert image.same_state(state.image)
+        assert image.end_offset == state.image.end_offset
+        self.state = state
         self.log.extend(records)
-        if self.touched is not None:
-            self.touched |= _touched(image, records)
 
-    def attempt(self, call: object, expected: str | None) -> HandlerResult | None:
-        """Run a handler; it must fail with exactly `expected` (a code) or succeed."""
-        before = image_to_records(self.image), self.image.end_offset
+    def attempt(self, event: Event, expected: str | None) -> HandlerResult | None:
+        """Submit `event` through the one step; it must fail with exactly `expected` (a
+        code), changing nothing, or succeed. Returns the event's own records (the step's
+        recovery records follow them, and `evaluate` checks those) and the response."""
+        assert self.last is None, "the previous step's recovery part was not checked"
+        state = self.state
+        before = image_to_records(self.image), self.image.end_offset, self.tracker
         try:
-            result: HandlerResult = call()  # type: ignore[operator]
+            result = step(state, event, self.now, self.rules)
         except MetactlError as e:
             assert expected == e.code, f"expected {expected}, got {e!r}"
-            assert (image_to_records(self.image), self.image.end_offset) == before
+            assert self.state is state
+            assert (image_to_records(self.image), self.image.end_offset, self.tracker) == before
             return None
         assert expected is None, f"expected {expected}, got success {result.response!r}"
-        self.commit(result.records)
-        return result
+        assert 0 <= result.recovery_records <= len(result.records)
+        assert result.state.dirty == frozenset()  # everything was evaluated
+        self.commit(result.records, result.state)
+        self.last = result
+        own = result.records[: len(result.records) - result.recovery_records]
+        return HandlerResult(own, result.response)
 
     def after_action(self) -> None:
-        self.evaluate()
+        """Check the recovery evaluation of the step just taken against the model, once
+        the model has applied the event itself."""
+        assert self.last is not None
+        self.evaluate(self.last)
+        self.last = None
 
     def broker_ids(self) -> list[int]:
         return sorted(self.model.brokers)
@@ -400,9 +410,7 @@ class ControllerMachine(RuleBasedStateMachine):
         base = self.image.end_offset
         # The model's expectation.
         if existing is not None and existing.incarnation == incarnation:
-            result = self.attempt(
-                lambda: register_broker(self.image, request, self.now, CONFIG), None
-            )
+            result = self.attempt(request, None)
             assert result is not None
             assert result.records == []
             assert result.response == RegisterBrokerResponse(
@@ -411,12 +419,9 @@ class ControllerMachine(RuleBasedStateMachine):
             self.after_action()
             return
         if existing is not None and existing.active:
-            self.attempt(
-                lambda: register_broker(self.image, request, self.now, CONFIG),
-                "DUPLICATE_BROKER_REGISTRATION",
-            )
+            self.attempt(request, "DUPLICATE_BROKER_REGISTRATION")
             return
-        result = self.attempt(lambda: register_broker(self.image, request, self.now, CONFIG), None)
+        result = self.attempt(request, None)
         assert result is not None
         extra = 0
         if existing is not None and not existing.fenced:  # in controlled shutdown
@@ -470,12 +475,9 @@ class ControllerMachine(RuleBasedStateMachine):
         m = self.model
         request = FenceBroker(broker_id=b)
         if b not in m.brokers:
-            self.attempt(
-                lambda: fence_broker(self.image, request, self.now, CONFIG),
-                "BROKER_ID_NOT_REGISTERED",
-            )
+            self.attempt(request, "BROKER_ID_NOT_REGISTERED")
             return
-        result = self.attempt(lambda: fence_broker(self.image, request, self.now, CONFIG), None)
+        result = self.attempt(request, None)
         assert result is not None
         if m.brokers[b].fenced:
             assert result.records == []
@@ -492,14 +494,13 @@ class ControllerMachine(RuleBasedStateMachine):
         m = self.model
         epoch = m.brokers[b].epoch if b in m.brokers else 0
         request = UnfenceBroker(broker_id=b, broker_epoch=epoch - 1 if stale else epoch)
-        call = lambda: unfence_broker(self.image, request, self.now, CONFIG)  # noqa: E731
         if b not in m.brokers:
-            self.attempt(call, "BROKER_ID_NOT_REGISTERED")
+            self.attempt(request, "BROKER_ID_NOT_REGISTERED")
             return
         if stale:
-            self.attempt(call, "STALE_BROKER_EPOCH")
+            self.attempt(request, "STALE_BROKER_EPOCH")
             return
-        result = self.attempt(call, None)
+        result = self.attempt(request, None)
         assert result is not None
         if not m.brokers[b].fenced:
             assert result.records == []
@@ -515,14 +516,13 @@ class ControllerMachine(RuleBasedStateMachine):
         m = self.model
         epoch = m.brokers[b].epoch if b in m.brokers else 0
         request = ControlledShutdown(broker_id=b, broker_epoch=epoch - 1 if stale else epoch)
-        call = lambda: controlled_shutdown(self.image, request, self.now, CONFIG)  # noqa: E731
         if b not in m.brokers:
-            self.attempt(call, "BROKER_ID_NOT_REGISTERED")
+            self.attempt(request, "BROKER_ID_NOT_REGISTERED")
             return
         if stale:
-            self.attempt(call, "STALE_BROKER_EPOCH")
+            self.attempt(request, "STALE_BROKER_EPOCH")
             return
-        result = self.attempt(call, None)
+        result = self.attempt(request, None)
         assert result is not None
         if m.brokers[b].cs:
             assert result.records == []
@@ -618,10 +618,7 @@ class ControllerMachine(RuleBasedStateMachine):
             expected = "INVALID_REQUEST"
         elif rf < 1 or rf > n_active:
             expected = "INVALID_REPLICATION_FACTOR"
-        result = self.attempt(
-            lambda: create_topic(self.image, request, self.now, CONFIG, KNOWN_STRATEGIES),
-            expected,
-        )
+        result = self.attempt(request, expected)
         if result is None:
             return
         response = result.response
@@ -726,9 +723,7 @@ class ControllerMachine(RuleBasedStateMachine):
             expected = "INELIGIBLE_REPLICA"
         elif src not in target or (len(target) > 1 and not recovered and p.recovering):
             expected = "INVALID_REQUEST"
-        result = self.attempt(
-            lambda: alter_partition(self.image, request, self.now, CONFIG), expected
-        )
+        result = self.attempt(request, expected)
         if result is None:
             return
         m.change(p, frozenset(target), recovered=recovered)
@@ -769,9 +764,7 @@ class ControllerMachine(RuleBasedStateMachine):
             expected = "ELECTION_NOT_NEEDED"
         elif preferred not in p.isr or not self.model.active(preferred):
             expected = "PREFERRED_LEADER_NOT_AVAILABLE"
-        result = self.attempt(
-            lambda: elect_preferred(self.image, request, self.now, CONFIG), expected
-        )
+        result = self.attempt(request, expected)
         if result is None:
             return
         p.leader = preferred
@@ -794,39 +787,57 @@ class ControllerMachine(RuleBasedStateMachine):
             expected = "INVALID_REQUEST"
         elif replica not in p.replicas or not m.active(replica):
             expected = "INELIGIBLE_REPLICA"
-        before = image_to_records(self.image), self.tracker
-        try:
-            records, tracker = manual_election(self.image, self.tracker, request, self.now)
-        except MetactlError as e:
-            assert e.code == expected
-            assert (image_to_records(self.image), self.tracker) == before
+        result = self.attempt(request, expected)
+        if result is None:
             return
-        assert expected is None and replica is not None
-        audit = records[0]
+        assert replica is not None
+        audit, change = result.records
         assert isinstance(audit, UncleanRecoveryRecord)
+        assert isinstance(change, PartitionChangeRecord)
         assert (audit.strategy, audit.trigger, audit.chosen) == ("manual", "operator", replica)
-        self.commit(records)
-        self.tracker = tracker
-        assert p.tp not in tracker.pending
+        assert (change.leader, change.isr) == (replica, [replica])
+        assert change.recovery_state is LeaderRecoveryState.RECOVERING
+        mp = m.pending.get(p.tp)
+        assert audit.offline_since_ms == (mp.since if mp is not None else None)
+        assert {c.broker_id for c in audit.candidates} == (
+            set(m.valid_answers(p.tp)) if mp is not None else set()
+        )
+        assert p.tp not in self.tracker.pending
         m.pending.pop(p.tp, None)
         m.recover(p, replica)
         self.after_action()
 
-    @rule(i=st.integers(0, 100))
-    def clear_elr(self, i: int) -> None:
-        """min.insync.replicas changed: the topic's ELRs are cleared (ClearElrRecord).
+    @rule(i=st.integers(0, 100), tick=st.booleans())
+    def clear_elr(self, i: int, tick: bool) -> None:
+        """min.insync.replicas changed: the topic's ELRs are cleared (ClearElrRecord), a
+        record no event produced: the state absorbs it, and the next step (a tick now, or
+        whatever event comes next) evaluates what it changed.
 
         This voids the completeness guarantees MinISR Recovery Quorum rests on, so the
         quorum's history restarts for the cleared partitions."""
         m = self.model
         topic = sorted(m.strategy)[i % len(m.strategy)]
-        self.commit([ClearElrRecord(topic=topic)])
+        records: list[MetadataRecord] = [ClearElrRecord(topic=topic)]
+        was_dirty = self.state.dirty
+        state, _ = self.state.absorb(records)
+        self.commit(records, state)
+        changed = set()
         for p in m.parts.values():
             if p.topic == topic and (p.elr or p.lkelr):
                 p.elr, p.lkelr = EMPTY, EMPTY
                 p.pe += 1
                 m.reached_min[p.tp] = len(p.isr) >= p.min_isr
-        self.after_action()
+                changed.add(p.tp)
+        # What the next step must look at: every changed partition that is leaderless.
+        if was_dirty is None:
+            assert state.dirty is None
+        else:
+            assert state.dirty is not None
+            offline = {tp for tp in changed if m.parts[tp].leader == NO_LEADER}
+            assert state.dirty == was_dirty | offline
+        if tick:
+            self.attempt(Tick(), None)
+            self.after_action()
 
     # --- unclean recovery: answers and time ------------------------------------------------
 
@@ -883,40 +894,38 @@ class ControllerMachine(RuleBasedStateMachine):
             last_leader_epoch=last_leader_epoch,
             log_end_offset=log_end_offset,
         )
-        try:
-            tracker = record_answer(self.image, self.tracker, reply)
-        except MetactlError as e:
-            assert e.code == "STALE_BROKER_EPOCH"
-            assert b not in m.brokers or m.brokers[b].epoch != epoch
+        current = b in m.brokers and m.brokers[b].epoch == epoch
+        tracker = self.tracker
+        result = self.attempt(reply, None if current else "STALE_BROKER_EPOCH")
+        if result is None:
             return
-        assert m.brokers[b].epoch == epoch
+        assert result.records == []
         if tp not in m.pending:
-            assert tracker is self.tracker
-            return
-        m.pending[tp].answers[b] = RecoveryCandidate(
-            broker_id=b,
-            last_leader_epoch=last_leader_epoch,
-            log_end_offset=log_end_offset,
-            broker_epoch=epoch,
-        )
-        self.tracker = tracker
+            # A late answer changes nothing: the step right after an evaluation at the
+            # same time has nothing left to decide or ask.
+            assert self.tracker == tracker
+            assert self.last is not None
+            assert (self.last.records, self.last.inspections) == ([], [])
+        else:
+            m.pending[tp].answers[b] = RecoveryCandidate(
+                broker_id=b,
+                last_leader_epoch=last_leader_epoch,
+                log_end_offset=log_end_offset,
+                broker_epoch=epoch,
+            )
         self.after_action()
 
     @rule(ms=st.sampled_from([0, 1, WINDOW // 2, WINDOW - 1, WINDOW, 3 * WINDOW]))
     def tick(self, ms: int) -> None:
         self.now += ms
-        self.evaluate()
+        result = self.attempt(Tick(), None)
+        assert result is not None and result.records == []
+        self.after_action()
 
-    def evaluate(self) -> None:
+    def evaluate(self, result: StepResult) -> None:
+        """The recovery part of the step `result` against the model, which has applied
+        the event itself."""
         m = self.model
-        step = evaluate(
-            self.image,
-            self.tracker,
-            self.now,
-            policies=POLICIES,
-            config=CONFIG,
-            touched=self.touched,
-        )
         # The model: drop what no longer needs recovery, start what does.
         for tp in list(m.pending):
             if not m.trigger(m.parts[tp]):
@@ -926,7 +935,7 @@ class ControllerMachine(RuleBasedStateMachine):
                 m.pending[p.tp] = MPending(since=self.now, window_start=self.now)
         # Every decided recovery is one the rules call for, choosing what the rules choose.
         decided: dict[TopicPartition, int] = {}
-        records = step.records
+        records = result.records[len(result.records) - result.recovery_records :]
         assert len(records) % 2 == 0
         for audit, change in zip(records[::2], records[1::2], strict=True):
             assert isinstance(audit, UncleanRecoveryRecord)
@@ -970,9 +979,7 @@ class ControllerMachine(RuleBasedStateMachine):
             assert {c.broker_id for c in audit.candidates} == set(m.valid_answers(tp)) & cands
             del m.pending[tp]
             m.recover(p, chosen)
-        self.commit(records)
-        self.touched = set()
-        self.tracker = step.tracker
+        assert result.state is self.state
         assert set(self.tracker.pending) == set(m.pending)
         for tp, pr in m.pending.items():
             tracked = self.tracker.pending[tp]
@@ -986,9 +993,9 @@ class ControllerMachine(RuleBasedStateMachine):
             for tp, pr in m.pending.items()
             if m.strategy[tp[0]] == "proactive"
         ]
-        assert step.next_deadline_ms == (min(deadlines) if deadlines else None)
+        assert result.next_deadline_ms == (min(deadlines) if deadlines else None)
         # Inspections: only to active candidates not yet answered, once per incarnation.
-        for insp in step.inspections:
+        for insp in result.inspections:
             tp = (insp.topic, insp.partition)
             pr = m.pending[tp]
             assert insp.broker_id in m.candidates(m.parts[tp])
@@ -1014,11 +1021,10 @@ class ControllerMachine(RuleBasedStateMachine):
         recoveries are soft state and start over, every leaderless partition is looked at."""
         offset, payload = self.snapshots[-1]
         restored = from_snapshot(msgspec.msgpack.decode(payload, type=ImageSnapshot))
-        self.image = replay(restored, self.log[offset:])
-        self.tracker = RecoveryTracker()
+        self.state = ControllerState(replay(restored, self.log[offset:]))
+        assert self.state.dirty is None  # look at every leaderless partition
         self.model.pending.clear()
-        self.touched = None
-        self.evaluate()
+        self.tick(0)
 
     # --- snapshots ---------------------------------------------------------------------------
 
@@ -1089,26 +1095,6 @@ class ControllerMachine(RuleBasedStateMachine):
             restored = from_snapshot(msgspec.msgpack.decode(payload, type=ImageSnapshot))
             assert restored.end_offset == offset
             assert replay(restored, self.log[offset:]).same_state(self.image)
-
-
-def _touched(image: ClusterImage, records: list[MetadataRecord]) -> set[TopicPartition]:
-    """What an evaluation must look at after `records`: the partitions they name, those of
-    a topic whose ELRs they clear, and those hosted by a broker whose state they change."""
-    out: set[TopicPartition] = set()
-    for r in records:
-        if isinstance(r, PartitionChangeRecord | PartitionRecord):
-            out.add((r.topic, r.partition))
-        elif isinstance(r, ClearElrRecord):
-            out |= {tp for tp in image.partitions if tp[0] == r.topic}
-        elif isinstance(
-            r,
-            RegisterBrokerRecord
-            | FenceBrokerRecord
-            | UnfenceBrokerRecord
-            | BrokerRegistrationChangeRecord,
-        ):
-            out |= set(image.replicas_by_broker.get(r.broker_id, ()))
-    return out
 
 
 def model_view(p: MPartition) -> PartitionView:

@@ -30,6 +30,7 @@ from controller.core.recovery.tracker import (
     recovery_records,
     strategy_for,
 )
+from controller.core.step import ControllerState, Rules, StepResult
 from metactl.errors import (
     ElectionNotNeededError,
     IneligibleReplicaError,
@@ -39,20 +40,22 @@ from metactl.errors import (
     UnknownTopicOrPartitionError,
 )
 from metadata_image.image import EMPTY, ClusterImage, PartitionState
+from metadata_image.replay import replay
 from metadata_log.records import (
     NO_LEADER,
     ChangeReason,
     ClearElrRecord,
     ElectionKind,
     LeaderRecoveryState,
+    MetadataRecord,
     PartitionChangeRecord,
     PartitionRecord,
     RecoveryCandidate,
     UncleanRecoveryRecord,
 )
-from protocol.requests import ReplicaLogInfo
+from protocol.messages import ReplicaLogInfo
 
-from .testkit import POLICIES, Cluster, image_of
+from .testkit import POLICIES, Cluster, image_of, view
 
 ROOT = Path(__file__).resolve().parents[2]
 WINDOW = 1000
@@ -81,22 +84,36 @@ def answers(*cands: RecoveryCandidate) -> immutables.Map[int, RecoveryCandidate]
     return immutables.Map({c.broker_id: c for c in cands})
 
 
-def offline_cluster(strategy: str | None = "balanced", **config: object) -> Cluster:
-    """RF 3, MinISR 2, replicas [1,2,3]; all three fenced in order 3, 2, 1:
+def last(c: Cluster) -> StepResult:
+    """The step of the last event submitted to `c`."""
+    assert c.last is not None
+    return c.last
+
+
+def recovered(result: StepResult) -> list[MetadataRecord]:
+    """The records a step's recovery evaluation wrote (after the event's own)."""
+    return result.records[len(result.records) - result.recovery_records :]
+
+
+def offline_cluster(strategy: str | None = "balanced", *, at: int = 0, **config: object) -> Cluster:
+    """RF 3, MinISR 2, replicas [1,2,3]; all three fenced in order 3, 2, 1 at time `at`:
     NoLeader, ISR=[], ELR=[1,2], LastKnownELR=[]."""
     c = Cluster(ControllerConfig(unclean_recovery_window_ms=WINDOW, **config))  # type: ignore[arg-type]
     c.start(1, 2, 3)
     c.create("t", replication_factor=3, min_isr=2, recovery_strategy=strategy)
+    c.now = at
     for b in (3, 2, 1):
         c.fence(b)
     assert c.view() == (NO_LEADER, [], [1, 2], [])
     return c
 
 
-def lkelr_cluster(strategy: str | None = "balanced") -> Cluster:
-    """As offline_cluster, then 1 and 2 restart uncleanly and 3 restarts:
-    NoLeader, ISR=[], ELR=[], LastKnownELR=[1,2], all brokers active."""
+def lkelr_cluster(strategy: str | None = "balanced", *, at: int = 0) -> Cluster:
+    """As offline_cluster, then (at time `at`) 1 and 2 restart uncleanly and 3 restarts:
+    NoLeader, ISR=[], ELR=[], LastKnownELR=[1,2], all brokers active. A balanced recovery
+    is pending from 2's registration on."""
     c = offline_cluster(strategy)
+    c.now = at
     for b in (1, 2, 3):
         c.restart(b, clean=False)
     assert c.view() == (NO_LEADER, [], [], [1, 2])
@@ -294,38 +311,57 @@ def test_worked_example_5_3_3_balanced_recovery() -> None:
     # 5. Broker 3 is fenced: no leader.
     c.fence(3)
     assert c.view() == (NO_LEADER, [], [2, 3], [])
-    assert c.evaluate(now=0).records == []  # the ELR is not empty: no unclean recovery
+    # The ELR is not empty: no unclean recovery.
+    assert recovered(last(c)) == [] and last(c).inspections == []
     assert not c.tracker.pending
+    assert c.evaluate(now=0).records == []
     # 6. Broker 1 restarts uncleanly; it was not in the ELR: nothing changes.
     epoch = c.p().partition_epoch
     c.restart(1, clean=False)
     assert c.view() == (NO_LEADER, [], [2, 3], [])
     assert c.p().partition_epoch == epoch
+    assert not c.tracker.pending
     # 7. Broker 2 restarts uncleanly (without losing data): ELR -> LastKnownELR.
-    c.restart(2, clean=False)
+    c.now = 10
+    c.register(2)
+    assert recovered(last(c)) == [] and last(c).inspections == []
+    c.unfence(2)
+    assert recovered(last(c)) == [] and last(c).inspections == []
     assert c.view() == (NO_LEADER, [], [3], [2])
-    assert c.evaluate(now=10).records == []
+    assert not c.tracker.pending
     # 8. Broker 3 restarts uncleanly (losing data): ELR -> LastKnownELR.
-    c.restart(3, clean=False)
+    c.now = 20
+    c.register(3)
     assert c.view() == (NO_LEADER, [], [], [2, 3])
-    # 9. No clean election is possible: unclean recovery asks every LastKnownELR member.
-    step = c.evaluate(now=20)
-    assert step.records == []
+    # 9. No clean election is possible: unclean recovery asks every active LastKnownELR
+    # member, right away; broker 3, still fenced, is asked once it is unfenced.
+    step = last(c)
+    assert recovered(step) == []
     assert step.inspections == [
         Inspection(broker_id=2, broker_epoch=c.epoch(2), topic="t", partition=0),
+    ]
+    assert step.next_deadline_ms is None
+    c.unfence(3)
+    step = last(c)
+    assert recovered(step) == []
+    assert step.inspections == [
         Inspection(broker_id=3, broker_epoch=c.epoch(3), topic="t", partition=0),
     ]
     assert step.next_deadline_ms is None
     assert c.tracker.awaited(c.image, ("t", 0), POLICIES) == [2, 3]
     # Every log was last written in leader epoch 0 (replicas 2 and 3 led, briefly, without
     # writing). Broker 1's log is the longest, but it is not a recovery candidate.
+    c.now = 30
     c.answer(1, 0, 15)
+    assert last(c).records == []
     c.answer(2, 0, 12)
-    assert c.evaluate(now=30).records == []  # still waiting for replica 3
+    assert last(c).records == []  # still waiting for replica 3
     assert c.tracker.awaited(c.image, ("t", 0), POLICIES) == [3]
     # 10. Once every LastKnownELR member has answered, replica 2 is chosen.
+    c.now = 40
     c.answer(3, 0, 10)
-    step = c.evaluate(now=40)
+    step = last(c)
+    assert step.next_deadline_ms is None
     audit, change = step.records
     assert audit == UncleanRecoveryRecord(
         topic="t",
@@ -356,21 +392,26 @@ class TestBalancedTracker:
     def test_inspections_go_to_active_members_once_per_incarnation(self) -> None:
         c = offline_cluster()
         c.restart(1, clean=False)
+        assert not c.tracker.pending
         c.register(2)  # unclean, still fenced
         assert c.view() == (NO_LEADER, [], [], [1, 2])
-        step = c.evaluate(now=1)
-        assert [i.broker_id for i in step.inspections] == [1]
+        # The registration that emptied the ELR asks the active member at once.
+        assert [i.broker_id for i in last(c).inspections] == [1]
         assert c.tracker.pending[("t", 0)].trigger == "isr_and_elr_empty"
         assert c.evaluate(now=2).inspections == []  # already asked
         c.unfence(2)
-        assert [i.broker_id for i in c.evaluate(now=3).inspections] == [2]
-        # Broker 1 restarts again: its new incarnation is asked again.
+        assert [i.broker_id for i in last(c).inspections] == [2]
+        assert c.evaluate(now=3).inspections == []
+        # Broker 1 restarts again: its new incarnation is asked again, once active.
         c.fence(1)
-        c.restart(1, clean=False)
-        step = c.evaluate(now=4)
-        assert step.inspections == [
+        assert last(c).inspections == []
+        c.register(1)
+        assert last(c).inspections == []  # fenced
+        c.unfence(1)
+        assert last(c).inspections == [
             Inspection(broker_id=1, broker_epoch=c.epoch(1), topic="t", partition=0)
         ]
+        assert c.evaluate(now=4).inspections == []
 
     def test_a_restart_voids_the_answer_given_before_it(self) -> None:
         c = lkelr_cluster()
@@ -387,13 +428,14 @@ class TestBalancedTracker:
 
     def test_waits_while_the_best_answer_is_from_a_fenced_broker(self) -> None:
         c = lkelr_cluster()
-        c.evaluate(now=1)
         c.answer(1, 3, 50)
-        c.answer(2, 3, 40)
         c.fence(1)  # same epoch: its answer stays valid, but it is not active
+        assert recovered(last(c)) == []
+        c.answer(2, 3, 40)  # every member has answered; the best one is fenced
+        assert last(c).records == []
         assert c.evaluate(now=2).records == []
         c.unfence(1)
-        assert len(c.evaluate(now=3).records) == 2
+        assert len(recovered(last(c))) == 2
         assert c.view() == (1, [1], [], [])
 
     def test_empty_last_known_elr_stays_pending_until_an_operator_elects(self) -> None:
@@ -442,11 +484,11 @@ class TestBalancedTracker:
 
     def test_records_of_a_recovery_clear_elr_and_last_known_elr(self) -> None:
         c = lkelr_cluster()
-        c.evaluate(now=7)
         c.answer(2, 1, 1)
-        c.answer(1, 1, 1)
+        assert last(c).records == []
         before = c.p()
-        audit, change = c.evaluate(now=8).records
+        c.answer(1, 1, 1)
+        audit, change = last(c).records
         assert isinstance(audit, UncleanRecoveryRecord)
         assert [x.broker_id for x in audit.candidates] == [1, 2]  # assignment order
         assert audit.chosen == 1  # tie: the earlier assigned replica
@@ -475,16 +517,24 @@ class TestBalancedTracker:
 
 
 def test_recovery_records_leave_already_empty_sets_unchanged() -> None:
-    p = PartitionState(
-        topic="t",
-        partition=0,
-        replicas=(1, 2),
-        isr=EMPTY,
-        elr=frozenset({2}),
-        leader_epoch=4,
-        partition_epoch=8,
+    image = image_of(
+        active=[1],
+        fenced=[2],
+        partitions=[
+            PartitionRecord(
+                topic="t",
+                partition=0,
+                replicas=[1, 2],
+                isr=[],
+                elr=[2],
+                leader_epoch=4,
+                partition_epoch=8,
+            )
+        ],
     )
+    p = image.partitions[("t", 0)]
     records = recovery_records(
+        image,
         p,
         1,
         strategy="proactive",
@@ -507,20 +557,26 @@ def test_recovery_records_leave_already_empty_sets_unchanged() -> None:
 class TestProactiveTracker:
     def start(self) -> Cluster:
         """ELR [1, 2], both fenced; broker 3 (out of sync) restarts uncleanly."""
-        c = offline_cluster("proactive")
-        step = c.evaluate(now=100)
+        c = offline_cluster("proactive", at=100)
+        step = last(c)  # the fence of broker 1 left the ELR all fenced
         pr = c.tracker.pending[("t", 0)]
         assert (pr.trigger, pr.since_ms, pr.deadline_ms) == ("elr_all_fenced", 100, 1100)
         assert step.next_deadline_ms == 1100
         assert step.inspections == []  # nobody is active
-        c.restart(3, clean=False)
-        step = c.evaluate(now=200)
+        assert recovered(step) == []
+        c.now = 200
+        c.register(3)
+        assert last(c).inspections == []  # fenced
+        c.unfence(3)
+        step = last(c)
         assert [i.broker_id for i in step.inspections] == [3]
+        assert recovered(step) == [] and step.next_deadline_ms == 1100
         return c
 
     def test_window_end_chooses_the_best_active_answer(self) -> None:
         c = self.start()
         c.answer(3, 0, 5)
+        assert last(c).records == [] and last(c).next_deadline_ms == 1100
         step = c.evaluate(now=1099)
         assert step.records == [] and step.next_deadline_ms == 1100
         step = c.evaluate(now=1100)
@@ -537,13 +593,25 @@ class TestProactiveTracker:
         c.answer(3, 0, 500)
         c.restart(2, clean=True)
         assert c.view() == (2, [2], [1], [])
-        step = c.evaluate(now=2000)
-        assert step.records == [] and not c.tracker.pending
+        step = last(c)  # the unfence that elected 2 cleanly
+        assert recovered(step) == [] and step.next_deadline_ms is None
+        assert not c.tracker.pending
+        assert c.evaluate(now=2000).records == [] and not c.tracker.pending
         assert c.view() == (2, [2], [1], [])
         # A late answer for a recovery that is over is ignored.
-        tracker = c.tracker
+        tracker, image = c.tracker, c.image
+        late = ReplicaLogInfo(
+            broker_id=3,
+            broker_epoch=c.epoch(3),
+            topic="t",
+            partition=0,
+            last_leader_epoch=0,
+            log_end_offset=600,
+        )
+        assert record_answer(image, tracker, late) is tracker
         c.answer(3, 0, 600)
-        assert c.tracker is tracker
+        assert last(c).records == [] and last(c).inspections == []
+        assert c.tracker == tracker and c.image is image
 
     def test_no_active_answer_at_the_window_end_starts_a_new_window(self) -> None:
         c = self.start()
@@ -595,11 +663,17 @@ class TestProactiveTracker:
         c.create("a", assignments=[[1, 2]], min_isr=2, recovery_strategy="proactive")
         c.create("b", assignments=[[3]], min_isr=1, recovery_strategy="proactive")
         c.create("c", assignments=[[1]], min_isr=1)  # balanced: no deadline
+        c.now = 10
         c.fence(3)
-        assert c.evaluate(now=10).next_deadline_ms == 1010
+        assert last(c).next_deadline_ms == 1010
+        c.now = 500
         c.fence(1)
-        c.fence(2)
+        assert last(c).next_deadline_ms == 1010
+        c.fence(2)  # a-0's ELR is all fenced now: its window ends at 1500
+        assert last(c).next_deadline_ms == 1010
+        assert set(c.tracker.pending) == {("a", 0), ("b", 0)}
         c.register(1)  # unclean: c-0 (balanced) has an empty ISR and ELR now
+        assert last(c).next_deadline_ms == 1010
         assert c.evaluate(now=500).next_deadline_ms == 1010
         assert set(c.tracker.pending) == {("a", 0), ("b", 0), ("c", 0)}
         assert c.tracker.pending[("a", 0)].deadline_ms == 1500
@@ -640,8 +714,9 @@ class TestManual:
         assert c.p().recovery_state is LeaderRecoveryState.RECOVERING
 
     def test_operator_election_takes_over_a_pending_recovery(self) -> None:
-        c = lkelr_cluster("balanced")
-        c.evaluate(now=50)
+        c = lkelr_cluster("balanced", at=50)
+        assert c.tracker.pending[("t", 0)].since_ms == 50
+        c.now = 55
         c.answer(1, 1, 10)
         c.answer(3, 1, 99)  # not a candidate of balanced, but reported in the audit
         records = c.elect_unclean(2)
@@ -723,53 +798,72 @@ class TestEvaluateBookkeeping:
     def test_pending_recovery_of_a_partition_that_no_longer_exists_is_dropped(self) -> None:
         c = Cluster()
         p = PartitionState(topic="gone", partition=0, replicas=(1,), isr=EMPTY)
-        c.tracker = RecoveryTracker(immutables.Map({("gone", 0): pending_for(p)}))
-        c.evaluate(now=1)
+        tracker = RecoveryTracker(immutables.Map({("gone", 0): pending_for(p)}))
+        c.state = ControllerState(c.image, tracker, frozenset())
+        step = c.evaluate(now=1)
+        assert (step.records, step.inspections, step.next_deadline_ms) == ([], [], None)
         assert not c.tracker.pending
 
     def test_topics_whose_policy_is_not_loaded_are_left_alone(self) -> None:
         c = lkelr_cluster("manual")
-        c.policies = {"balanced": BalancedPolicy()}
+        assert not c.tracker.pending
+        c.rules = Rules(c.config, {"balanced": BalancedPolicy()})
         pr = pending_for(c.p(), strategy="manual")
-        c.tracker = RecoveryTracker(immutables.Map({("t", 0): pr}))
+        tracker = RecoveryTracker(immutables.Map({("t", 0): pr}))
+        c.state = ControllerState(c.image, tracker, None)  # look at every leaderless one
         step = c.evaluate(now=1)
         assert (step.records, step.inspections) == ([], [])
         assert not c.tracker.pending
 
     def test_touched_limits_where_new_recoveries_start(self) -> None:
-        c = Cluster()
-        c.start(1, 2)
-        c.create("a", assignments=[[1]], min_isr=1)
-        c.create("b", assignments=[[2]], min_isr=1)
-        c.fence(1)
-        c.fence(2)
-        c.restart(1, clean=False)
-        c.restart(2, clean=False)
-        assert c.view("a") == (NO_LEADER, [], [], [1])
-        assert c.view("b") == (NO_LEADER, [], [], [2])
+        config = ControllerConfig()
+        image = image_of(
+            active=[1, 2],
+            partitions=[
+                _leaderless(topic="a", replicas=[1], last_known_elr=[1], min_isr=1),
+                _leaderless(topic="b", replicas=[2], last_known_elr=[2], min_isr=1),
+                PartitionRecord(topic="c", partition=0, replicas=[1], isr=[1], leader=1),
+            ],
+            min_isr=1,
+        )
+        assert view(image.partitions[("a", 0)]) == (NO_LEADER, [], [], [1])
+        assert view(image.partitions[("b", 0)]) == (NO_LEADER, [], [], [2])
+        tracker = RecoveryTracker()
 
         def run(touched: list[tuple[str, int]] | None) -> set[tuple[str, int]]:
-            step = evaluate(
-                c.image, c.tracker, 5, policies=POLICIES, config=c.config, touched=touched
-            )
-            c.tracker = step.tracker
+            nonlocal tracker
+            step = evaluate(image, tracker, 5, policies=POLICIES, config=config, touched=touched)
+            tracker = step.tracker
             return set(step.tracker.pending)
 
         assert run([]) == set()
         # A touched partition that is not leaderless (or does not exist) starts nothing.
-        assert run([("a", 0), ("a", 0), ("nope", 3)]) == {("a", 0)}
+        assert run([("a", 0), ("a", 0), ("c", 0), ("nope", 3)]) == {("a", 0)}
         # Pending recoveries are always re-evaluated, touched or not.
-        c.answer(1, 0, 0, topic="a")
-        step = evaluate(c.image, c.tracker, 6, policies=POLICIES, config=c.config, touched=[])
+        tracker = record_answer(
+            image,
+            tracker,
+            ReplicaLogInfo(
+                broker_id=1,
+                broker_epoch=image.brokers[1].epoch,
+                topic="a",
+                partition=0,
+                last_leader_epoch=0,
+                log_end_offset=0,
+            ),
+        )
+        step = evaluate(image, tracker, 6, policies=POLICIES, config=config, touched=[])
         assert [r.topic for r in step.records if isinstance(r, UncleanRecoveryRecord)] == ["a"]
-        c.commit(step.records)
-        c.tracker = step.tracker
+        image = replay(image, step.records)
+        tracker = step.tracker
+        assert not tracker.pending
         assert run(None) == {("b", 0)}
 
     def test_awaited(self) -> None:
-        c = lkelr_cluster()
+        c = offline_cluster()  # a clean election is still possible: nothing pending
         assert c.tracker.awaited(c.image, ("t", 0), POLICIES) is None
-        c.evaluate(now=1)
+        for b in (1, 2, 3):
+            c.restart(b, clean=False)
         assert c.tracker.awaited(c.image, ("t", 0), POLICIES) == [1, 2]
         c.answer(2, 0, 0)
         assert c.tracker.awaited(c.image, ("t", 0), POLICIES) == [1]

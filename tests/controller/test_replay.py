@@ -6,7 +6,7 @@ import immutables
 import msgspec
 import pytest
 
-from metactl.errors import MetactlError
+from metactl.errors import MetactlError, ReplayError
 from metadata_image import replay as replay_module
 from metadata_image.image import (
     EMPTY,
@@ -18,7 +18,6 @@ from metadata_image.image import (
     tp_name,
 )
 from metadata_image.replay import (
-    ReplayError,
     image_from_records,
     image_to_records,
     partition_record,

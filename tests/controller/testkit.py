@@ -1,8 +1,8 @@
 """A small synchronous harness over the pure controller core, for the tests in this package.
 
-`Cluster` runs every request through its pure handler and replays the records it returns,
-exactly as the driver does, with an explicit virtual clock and the recovery tracker held
-in plain attributes. It also keeps the full record log, so that tests can rebuild the
+`Cluster` runs every request through the one event step (`controller.core.step.step`),
+exactly as the driver does, with an explicit virtual clock. `evaluate` is a Tick event
+through the same step. It also keeps the full record log, so that tests can rebuild the
 image from scratch or from a snapshot.
 
 `image_of` builds an image directly from records for the unit tests that need a state
@@ -28,13 +28,8 @@ from controller.core.handlers import (
 )
 from controller.core.recovery.builtin import BalancedPolicy, ManualPolicy, ProactivePolicy
 from controller.core.recovery.policy import RecoveryPolicy
-from controller.core.recovery.tracker import (
-    RecoveryStep,
-    RecoveryTracker,
-    evaluate,
-    manual_election,
-    record_answer,
-)
+from controller.core.recovery.tracker import RecoveryTracker
+from controller.core.step import ControllerState, Event, Rules, StepResult, Tick, step
 from metadata_image.image import ClusterImage, PartitionState
 from metadata_image.replay import replay
 from metadata_log.records import (
@@ -44,7 +39,7 @@ from metadata_log.records import (
     TopicRecord,
     UnfenceBrokerRecord,
 )
-from protocol.requests import (
+from protocol.messages import (
     AlterPartition,
     ControlledShutdown,
     ControlledShutdownResponse,
@@ -88,23 +83,43 @@ class Cluster:
     ) -> None:
         self.config = config or ControllerConfig()
         self.policies = policies
-        self.image = ClusterImage()
+        self.rules = Rules(self.config, policies)
+        self.state = ControllerState(ClusterImage())
         self.log: list[MetadataRecord] = []
-        self.tracker = RecoveryTracker()
         self.now = 0
+        self.last: StepResult | None = None
         self._incarnations = itertools.count(1)
+
+    @property
+    def image(self) -> ClusterImage:
+        return self.state.image
+
+    @property
+    def tracker(self) -> RecoveryTracker:
+        return self.state.tracker
 
     # --- plumbing -----------------------------------------------------------------------
 
     def commit(self, records: Iterable[MetadataRecord]) -> None:
+        """Replay records that no event produced (a test's own), as a tool would."""
         records = list(records)
-        self.image = replay(self.image, records)
+        self.state, _ = self.state.absorb(records)
         self.log.extend(records)
 
-    def run(self, handler: object, request: object) -> HandlerResult:
-        result: HandlerResult = handler(self.image, request, self.now, self.config)  # type: ignore[operator]
-        self.commit(result.records)
+    def submit(self, event: Event) -> StepResult:
+        """One event through the one step; its records join the log."""
+        result = step(self.state, event, self.now, self.rules)
+        self.state = result.state
+        self.log.extend(result.records)
+        self.last = result
         return result
+
+    def run(self, handler: object, request: Event) -> HandlerResult:
+        """Submit `request` (whose handler is `handler`, named for readability)."""
+        result = self.submit(request)
+        return HandlerResult(
+            result.records[: len(result.records) - result.recovery_records], result.response
+        )
 
     def epoch(self, broker: int) -> int:
         return self.image.brokers[broker].epoch
@@ -168,8 +183,7 @@ class Cluster:
 
     def create(self, name: str = "t", **kwargs: object) -> CreateTopicResponse:
         request = CreateTopic(name=name, **kwargs)  # type: ignore[arg-type]
-        result = create_topic(self.image, request, self.now, self.config, KNOWN_STRATEGIES)
-        self.commit(result.records)
+        result = self.run(create_topic, request)
         assert isinstance(result.response, CreateTopicResponse)
         return result.response
 
@@ -234,17 +248,13 @@ class Cluster:
             last_leader_epoch=last_leader_epoch,
             log_end_offset=log_end_offset,
         )
-        self.tracker = record_answer(self.image, self.tracker, reply)
+        self.submit(reply)
 
-    def evaluate(self, now: int | None = None) -> RecoveryStep:
+    def evaluate(self, now: int | None = None) -> StepResult:
+        """A Tick through the step: recoveries due now are decided."""
         if now is not None:
             self.now = now
-        step = evaluate(
-            self.image, self.tracker, self.now, policies=self.policies, config=self.config
-        )
-        self.commit(step.records)
-        self.tracker = step.tracker
-        return step
+        return self.submit(Tick())
 
     def elect_unclean(
         self, replica: int | None, topic: str = "t", partition: int = 0
@@ -252,9 +262,7 @@ class Cluster:
         request = ElectLeader(
             topic=topic, partition=partition, election_type="unclean", replica=replica
         )
-        records, self.tracker = manual_election(self.image, self.tracker, request, self.now)
-        self.commit(records)
-        return records
+        return self.submit(request).records
 
 
 def image_of(

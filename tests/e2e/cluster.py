@@ -18,14 +18,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from metactl.errors import NetworkError
 from metadata_log.records import MetadataRecord
-from protocol.codec import (
+from protocol.client import request_once
+from protocol.messages import (
     DescribeClusterRequest,
     DescribeClusterResponse,
     FetchMetadataRequest,
     FetchMetadataResponse,
     Message,
-    request_once,
 )
 
 HEARTBEAT_MS = 200
@@ -165,7 +166,7 @@ class Cluster:
                 last = await self.describe()
                 if check(last):
                     return last
-            except (OSError, TimeoutError):
+            except (OSError, TimeoutError, NetworkError):
                 pass  # the controller may be restarting
             await asyncio.sleep(0.1)  # polling interval of an observable condition
         raise AssertionError(f"timed out waiting for {what}; last state: {last}")
@@ -191,7 +192,7 @@ class Cluster:
         while time.monotonic() < deadline:
             try:
                 r = await self.request(FetchMetadataRequest(from_offset=offset, max_wait_ms=500))
-            except (OSError, TimeoutError):
+            except (OSError, TimeoutError, NetworkError):
                 await asyncio.sleep(0.1)
                 continue
             assert isinstance(r, FetchMetadataResponse)

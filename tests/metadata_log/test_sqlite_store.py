@@ -10,6 +10,7 @@ import pytest
 
 from metactl.errors import (
     CorruptLogError,
+    FatalStorageError,
     InvalidRequestError,
     LogError,
     LogSchemaError,
@@ -17,7 +18,6 @@ from metactl.errors import (
 )
 from metadata_log.records import MetadataRecord, NoOpRecord, TopicRecord
 from metadata_log.sqlite_store import LOG_FILE_NAME, SqliteLogStore, resolve_log_path
-from metadata_log.store import FatalStorageError
 from tests.metadata_log.log_fixtures import change, records
 
 MARKER = "corrupt-me-please"

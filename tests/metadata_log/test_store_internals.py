@@ -7,13 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from metactl.errors import StorageError
+from metactl.errors import FatalStorageError, StorageError
 from metadata_log.memory_store import MemoryLogStore, MemoryStorage
 from metadata_log.records import MetadataRecord, NoOpRecord, decode_batch, encode_batch
 from metadata_log.sqlite_store import SqliteLogStore
 from metadata_log.store import (
     MERGED_BATCH_RECORDS,
-    FatalStorageError,
     StoredBatch,
     concat_batches,
     open_store,

@@ -34,33 +34,28 @@ from metactl.errors import (
     MetactlError,
     StaleBrokerEpochError,
 )
+from metadata_image.delta import MetadataDelta
 from metadata_log.records import MetadataRecord
 from metadata_log.sqlite_store import SqliteLogStore
-from protocol.codec import (
+from protocol.client import RpcClient
+from protocol.codec import decode_frame, encode_frame, parse_address
+from protocol.messages import (
     BrokerHeartbeatRequest,
-    BrokerRegistrationRequest,
-    BrokerRegistrationResponse,
-    Connection,
-    GetReplicaLogInfoRequest,
-    GetReplicaLogInfoResponse,
-    Message,
-    ReplicaLogInfoEntry,
-    decode_frame,
-    encode_frame,
-    error_response,
-    parse_address,
-    read_frame,
-)
-from protocol.requests import (
     ControllerResponse,
     CreateTopic,
     ElectLeader,
     FenceBroker,
+    GetReplicaLogInfoRequest,
+    GetReplicaLogInfoResponse,
+    Message,
     RegisterBroker,
     RegisterBrokerResponse,
     ReplicaLogInfo,
+    ReplicaLogInfoEntry,
     UnfenceBroker,
+    error_response,
 )
+from protocol.transport import read_frame
 
 REPO = Path(__file__).resolve().parents[2]
 GRAFANA = REPO / "grafana"
@@ -103,7 +98,9 @@ class Cluster:
         await self.ctl.close()
         await self.store.close()
 
-    def _on_commit(self, base: int, records: Sequence[MetadataRecord], now_ms: int) -> None:
+    def _on_commit(
+        self, base: int, records: Sequence[MetadataRecord], delta: MetadataDelta, now_ms: int
+    ) -> None:
         self.committed.extend(records)
 
     def value(self, name: str, **labels: str) -> float | None:
@@ -320,19 +317,19 @@ class LogInfoBroker:
 
     async def register(self, *, clean: bool) -> None:
         self._incarnation += 1
-        conn = await Connection.open(*parse_address(self.controller))
+        conn = await RpcClient.open(*parse_address(self.controller))
         try:
             r = await conn.request(
-                BrokerRegistrationRequest(
+                RegisterBroker(
                     broker_id=self.broker_id,
                     incarnation_id=f"broker-{self.broker_id}-{self._incarnation}",
-                    previous_broker_epoch=self.epoch if clean and self.epoch >= 0 else None,
+                    previous_epoch=self.epoch if clean and self.epoch >= 0 else None,
                     endpoint=self.endpoint,
                 )
             )
         finally:
             await conn.close()
-        assert isinstance(r, BrokerRegistrationResponse)
+        assert isinstance(r, RegisterBrokerResponse)
         self.epoch = r.broker_epoch
 
     def start_heartbeats(self, interval_s: float = 0.1) -> None:
@@ -346,7 +343,7 @@ class LogInfoBroker:
             self._heartbeat = None
 
     async def _beat(self, interval_s: float) -> None:
-        conn = await Connection.open(*parse_address(self.controller))
+        conn = await RpcClient.open(*parse_address(self.controller))
         try:
             while True:
                 with contextlib.suppress(MetactlError):

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from controller.runtime.service import ControllerService
-from protocol.codec import BrokerRegistrationRequest, Connection, parse_address
+from protocol.client import RpcClient
+from protocol.codec import parse_address
+from protocol.messages import RegisterBroker
 from tests.observability.kit import REPO
 
 
@@ -73,9 +75,9 @@ async def test_get_metrics(service: ControllerService) -> None:
 
 async def test_metrics_follow_requests_over_the_wire(service: ControllerService) -> None:
     host, port = parse_address(service.address)
-    conn = await Connection.open(host, port)
+    conn = await RpcClient.open(host, port)
     try:
-        await conn.request(BrokerRegistrationRequest(broker_id=1, incarnation_id="a"))
+        await conn.request(RegisterBroker(broker_id=1, incarnation_id="a"))
     finally:
         await conn.close()
     body = body_of(await get(service.metrics_address, "/metrics"))

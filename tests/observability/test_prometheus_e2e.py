@@ -21,15 +21,15 @@ import pytest
 from controller.core.config import ControllerConfig
 from controller.runtime.service import ControllerService
 from metadata_log.records import UncleanRecoveryRecord
-from protocol.codec import (
-    Connection,
+from protocol.client import RpcClient
+from protocol.codec import parse_address
+from protocol.messages import (
+    CreateTopic,
     CreateTopicsRequest,
     CreateTopicsResponse,
     DescribeClusterRequest,
     DescribeClusterResponse,
     PartitionState,
-    TopicSpec,
-    parse_address,
 )
 from tests.observability.kit import (
     GRAFANA,
@@ -115,13 +115,11 @@ async def test_unclean_recovery_fires_the_potential_data_loss_alert(tmp_path: Pa
                 True if sum(x.active for x in ctl.committed_image.brokers.values()) == 3 else None
             ),
         )
-        conn = await Connection.open(*parse_address(service.address))
+        conn = await RpcClient.open(*parse_address(service.address))
         try:
             r = await conn.request(
                 CreateTopicsRequest(
-                    topics=[
-                        TopicSpec(name="orders", assignments=[[1, 2, 3]], min_insync_replicas=2)
-                    ]
+                    topics=[CreateTopic(name="orders", assignments=[[1, 2, 3]], min_isr=2)]
                 )
             )
         finally:
@@ -211,7 +209,7 @@ SESSION_MS = "1500"
 
 
 async def describe(controller: str) -> DescribeClusterResponse:
-    conn = await Connection.open(*parse_address(controller))
+    conn = await RpcClient.open(*parse_address(controller))
     try:
         r = await conn.request(DescribeClusterRequest())
     finally:
@@ -293,13 +291,11 @@ async def test_real_processes_power_outage_fires_the_alert(tmp_path: Path) -> No
             "3 active brokers",
             lambda s: len(s.brokers) == 3 and not any(b.fenced for b in s.brokers),
         )
-        conn = await Connection.open(*parse_address(listen))
+        conn = await RpcClient.open(*parse_address(listen))
         try:
             r = await conn.request(
                 CreateTopicsRequest(
-                    topics=[
-                        TopicSpec(name="orders", assignments=[[1, 2, 3]], min_insync_replicas=2)
-                    ]
+                    topics=[CreateTopic(name="orders", assignments=[[1, 2, 3]], min_isr=2)]
                 )
             )
         finally:

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from metactl.errors import ScenarioError
 from ops.cli import main
-from simulation.scenario import ScenarioError, load_scenario, parse_scenario, run_scenario
+from simulation.scenario import load_scenario, parse_scenario, run_scenario
 
 SCENARIOS = sorted((Path(__file__).parents[2] / "simulation" / "scenarios").glob("*.yaml"))
 

@@ -10,25 +10,27 @@ from pathlib import Path
 
 import pytest
 
+from controller.core.config import ControllerConfig
 from controller.runtime.service import ControllerService
-from protocol.codec import (
-    BrokerHeartbeatRequest,
-    BrokerRegistrationRequest,
-    BrokerRegistrationResponse,
-    Connection,
-    parse_address,
-)
+from protocol.client import RpcClient
+from protocol.codec import parse_address
+from protocol.messages import BrokerHeartbeatRequest, RegisterBroker, RegisterBrokerResponse
 
 
 @pytest.fixture
 async def service(tmp_path: Path) -> AsyncIterator[ControllerService]:
-    svc = ControllerService(tmp_path, "127.0.0.1:0")
+    # The brokers heartbeat once and then never again: a long session keeps them live for
+    # however long the CLI subprocesses take on a loaded machine (this tests the CLI, not
+    # sessions; tests/service covers expiry).
+    svc = ControllerService(
+        tmp_path, "127.0.0.1:0", config=ControllerConfig(broker_session_timeout_ms=3_600_000)
+    )
     await svc.start()
     host, port = parse_address(svc.address)
-    conn = await Connection.open(host, port)
+    conn = await RpcClient.open(host, port)
     for b in (1, 2, 3):
-        r = await conn.request(BrokerRegistrationRequest(broker_id=b, incarnation_id=f"i{b}"))
-        assert isinstance(r, BrokerRegistrationResponse)
+        r = await conn.request(RegisterBroker(broker_id=b, incarnation_id=f"i{b}"))
+        assert isinstance(r, RegisterBrokerResponse)
         await conn.request(
             BrokerHeartbeatRequest(
                 broker_id=b, broker_epoch=r.broker_epoch, metadata_offset=r.broker_epoch + 1
@@ -113,29 +115,27 @@ async def test_unreachable_controller_is_a_clear_error() -> None:
 async def test_alter_partition_over_the_wire_returns_the_committed_state(
     service: ControllerService,
 ) -> None:
-    from protocol.codec import (
-        AlterPartitionRequest,
+    from protocol.messages import (
+        AlterPartition,
+        CreateTopic,
         CreateTopicsRequest,
         DescribeClusterRequest,
         DescribeClusterResponse,
+        IsrMember,
         PartitionState,
-        TopicSpec,
     )
-    from protocol.requests import IsrMember
 
     host, port = parse_address(service.address)
-    conn = await Connection.open(host, port)
+    conn = await RpcClient.open(host, port)
     try:
         await conn.request(
-            CreateTopicsRequest(
-                topics=[TopicSpec(name="t", assignments=[[1, 2, 3]], min_insync_replicas=2)]
-            )
+            CreateTopicsRequest(topics=[CreateTopic(name="t", assignments=[[1, 2, 3]], min_isr=2)])
         )
         d = await conn.request(DescribeClusterRequest())
         assert isinstance(d, DescribeClusterResponse)
         epochs = {b.broker_id: b.epoch for b in d.brokers}
         r = await conn.request(
-            AlterPartitionRequest(
+            AlterPartition(
                 topic="t", partition=0, leader=1, broker_epoch=epochs[1], partition_epoch=0,
                 isr=[IsrMember(broker_id=b, broker_epoch=epochs[b]) for b in (1, 2)],
             )

@@ -14,22 +14,20 @@ from controller.core.config import ControllerConfig
 from controller.runtime.service import ControllerService
 from metactl.errors import BrokerIdNotRegisteredError, StaleBrokerEpochError
 from metadata_log.records import FenceBrokerRecord, RegisterBrokerRecord
-from protocol.codec import (
+from protocol.client import RpcClient
+from protocol.codec import decode_frame, encode_frame, parse_address
+from protocol.messages import (
     BrokerHeartbeatRequest,
     BrokerHeartbeatResponse,
-    BrokerRegistrationRequest,
-    BrokerRegistrationResponse,
-    Connection,
     DescribeClusterRequest,
     DescribeClusterResponse,
     ErrorResponse,
     FetchMetadataRequest,
     FetchMetadataResponse,
-    decode_frame,
-    encode_frame,
-    parse_address,
-    read_frame,
+    RegisterBroker,
+    RegisterBrokerResponse,
 )
+from protocol.transport import read_frame
 
 
 @pytest.fixture
@@ -41,9 +39,9 @@ async def service(tmp_path: Path) -> AsyncIterator[ControllerService]:
     await svc.stop()
 
 
-async def _connect(svc: ControllerService) -> Connection:
+async def _connect(svc: ControllerService) -> RpcClient:
     host, port = parse_address(svc.address)
-    return await Connection.open(host, port)
+    return await RpcClient.open(host, port)
 
 
 async def _raw(svc: ControllerService) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -83,7 +81,7 @@ async def test_oversized_frame_is_refused_and_the_connection_closed(
     writer.write(struct.pack(">I", 10 * 1024 * 1024))
     await writer.drain()
     reply = decode_frame(await read_frame(reader))
-    assert isinstance(reply.body, ErrorResponse) and reply.body.code == "INVALID_REQUEST"
+    assert isinstance(reply.body, ErrorResponse) and reply.body.code == "MESSAGE_TOO_LARGE"
     assert "exceeds" in reply.body.message
     assert await reader.read() == b""  # closed by the server
     writer.close()
@@ -108,8 +106,8 @@ async def test_unknown_broker_and_stale_epoch_get_coded_errors(service: Controll
             await conn.request(
                 BrokerHeartbeatRequest(broker_id=42, broker_epoch=0, metadata_offset=0)
             )
-        r = await conn.request(BrokerRegistrationRequest(broker_id=1, incarnation_id="a"))
-        assert isinstance(r, BrokerRegistrationResponse)
+        r = await conn.request(RegisterBroker(broker_id=1, incarnation_id="a"))
+        assert isinstance(r, RegisterBrokerResponse)
         with pytest.raises(StaleBrokerEpochError):
             await conn.request(
                 BrokerHeartbeatRequest(
@@ -130,8 +128,8 @@ async def test_unfence_after_catch_up_then_fence_on_session_expiry(
 ) -> None:
     conn = await _connect(service)
     try:
-        r = await conn.request(BrokerRegistrationRequest(broker_id=1, incarnation_id="a"))
-        assert isinstance(r, BrokerRegistrationResponse)
+        r = await conn.request(RegisterBroker(broker_id=1, incarnation_id="a"))
+        assert isinstance(r, RegisterBrokerResponse)
         hb = await conn.request(
             BrokerHeartbeatRequest(
                 broker_id=1, broker_epoch=r.broker_epoch, metadata_offset=r.broker_epoch + 1
@@ -158,7 +156,7 @@ async def test_fetch_returns_committed_records_and_long_polls(service: Controlle
     conn = await _connect(service)
     other = await _connect(service)
     try:
-        await conn.request(BrokerRegistrationRequest(broker_id=1, incarnation_id="a"))
+        await conn.request(RegisterBroker(broker_id=1, incarnation_id="a"))
         first = await conn.request(FetchMetadataRequest(from_offset=0, max_wait_ms=0))
         assert isinstance(first, FetchMetadataResponse)
         assert [r.offset for r in first.records] == list(range(first.end_offset))
@@ -167,7 +165,7 @@ async def test_fetch_returns_committed_records_and_long_polls(service: Controlle
         poll = asyncio.create_task(
             conn.request(FetchMetadataRequest(from_offset=first.end_offset, max_wait_ms=10_000))
         )
-        await other.request(BrokerRegistrationRequest(broker_id=2, incarnation_id="b"))
+        await other.request(RegisterBroker(broker_id=2, incarnation_id="b"))
         woke = await asyncio.wait_for(poll, 10)
         assert isinstance(woke, FetchMetadataResponse)
         assert woke.records and woke.records[0].offset == first.end_offset

@@ -20,6 +20,7 @@ import immutables
 import msgspec
 
 from controller.core.config import ControllerConfig
+from controller.core.partition_change import build_change
 from controller.core.recovery.policy import (
     Choose,
     PendingRecovery,
@@ -37,13 +38,11 @@ from metadata_image.image import ClusterImage, PartitionState, TopicPartition
 from metadata_log.records import (
     ChangeReason,
     ElectionKind,
-    LeaderRecoveryState,
     MetadataRecord,
-    PartitionChangeRecord,
     RecoveryCandidate,
     UncleanRecoveryRecord,
 )
-from protocol.requests import ElectLeader, ReplicaLogInfo
+from protocol.messages import ElectLeader, ReplicaLogInfo
 
 
 class RecoveryTracker(msgspec.Struct, frozen=True):
@@ -86,6 +85,7 @@ def strategy_for(image: ClusterImage, topic: str, config: ControllerConfig) -> s
 
 
 def recovery_records(
+    image: ClusterImage,
     p: PartitionState,
     chosen: int,
     *,
@@ -96,6 +96,13 @@ def recovery_records(
     election: ElectionKind,
 ) -> list[MetadataRecord]:
     order = {r: i for i, r in enumerate(p.replicas)}
+    change = build_change(
+        image,
+        p,
+        reason=ChangeReason.UNCLEAN_RECOVERY,
+        elect=(chosen, election),
+    )
+    assert change is not None  # a leaderless partition always changes leader
     return [
         UncleanRecoveryRecord(
             topic=p.topic,
@@ -107,19 +114,7 @@ def recovery_records(
             trigger=trigger,
             offline_since_ms=since_ms,
         ),
-        PartitionChangeRecord(
-            topic=p.topic,
-            partition=p.partition,
-            reason=ChangeReason.UNCLEAN_RECOVERY,
-            partition_epoch=p.partition_epoch + 1,
-            leader_epoch=p.leader_epoch + 1,
-            election=election,
-            leader=chosen,
-            isr=[chosen],
-            elr=[] if p.elr else None,
-            last_known_elr=[] if p.last_known_elr else None,
-            recovery_state=LeaderRecoveryState.RECOVERING,
-        ),
+        change,
     ]
 
 
@@ -182,6 +177,7 @@ def evaluate(
             members = policy.candidates(image, p)
             records.extend(
                 recovery_records(
+                    image,
                     p,
                     decision.broker_id,
                     strategy=pr.strategy,
@@ -271,6 +267,7 @@ def manual_election(
         )
     pr = tracker.pending.get(p.tp)
     records = recovery_records(
+        image,
         p,
         req.replica,
         strategy="manual",

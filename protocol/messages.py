@@ -1,0 +1,331 @@
+"""Every message of metactl, as versioned msgspec Structs: one class per concept.
+
+The controller core decides over these (RegisterBroker, AlterPartition, ElectLeader, …),
+the wire carries them unchanged, and the scenario runner and tests build them directly.
+Some exist only inside the controller (FenceBroker, UnfenceBroker, ControlledShutdown,
+ReplicaLogInfo and the core's responses), some only on the wire (metadata fetches,
+DescribeCluster, GetReplicaLogInfo, ReplicaFetch, ErrorResponse).
+
+Each message has a version `v` (1 unless set) and the versions its receiver accepts in
+`VERSIONS`; `protocol.codec.decode_frame` refuses others with UNSUPPORTED_VERSION. Wire
+tags and field names are those of docs/protocol.md: where the core's attribute name
+differs, the field is renamed on the wire (e.g. RegisterBroker.previous_epoch travels as
+`previous_broker_epoch`). Data only: no IO, no rules.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+import msgspec
+
+from metactl.errors import MetactlError
+from metadata_log.records import MetadataRecord
+
+
+class _Msg(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", omit_defaults=True):
+    VERSIONS: ClassVar[frozenset[int]] = frozenset({1})  # what a receiver accepts
+    v: int = 1
+
+
+# --- broker -> controller ---------------------------------------------------------------
+
+
+class RegisterBroker(_Msg, tag="BrokerRegistration", frozen=True):
+    broker_id: int
+    incarnation_id: str
+    # From the clean-shutdown file; None after a crash.
+    previous_epoch: int | None = msgspec.field(default=None, name="previous_broker_epoch")
+    endpoint: str = ""  # host:port where the broker answers GetReplicaLogInfo
+    rack: str | None = None
+
+
+class RegisterBrokerResponse(_Msg, tag="BrokerRegistrationResponse", frozen=True):
+    broker_epoch: int
+    clean: bool
+
+
+class BrokerHeartbeatRequest(_Msg, tag="BrokerHeartbeat", frozen=True):
+    broker_id: int
+    broker_epoch: int
+    metadata_offset: int  # the broker has applied every record below this offset
+    want_fence: bool = False
+    want_shutdown: bool = False
+
+
+class BrokerHeartbeatResponse(_Msg, tag="BrokerHeartbeatResponse", frozen=True):
+    is_fenced: bool
+    in_controlled_shutdown: bool
+    should_shut_down: bool  # controlled shutdown done: the broker leads nothing
+
+
+class IsrMember(msgspec.Struct, frozen=True, kw_only=True):
+    broker_id: int
+    broker_epoch: int
+
+
+class AlterPartition(_Msg, tag="AlterPartition", frozen=True):
+    topic: str
+    partition: int
+    leader: int
+    broker_epoch: int  # the sender's
+    partition_epoch: int
+    isr: list[IsrMember]
+    leader_epoch: int | None = None
+    recovered: bool = True  # the leader has finished recovering after an unclean election
+
+
+class PartitionState(_Msg, tag="PartitionState", frozen=True):
+    """One partition's committed state, as the wire reports it."""
+
+    topic: str
+    partition: int
+    replicas: list[int]
+    leader: int  # -1: none
+    leader_epoch: int
+    partition_epoch: int
+    isr: list[int]
+    elr: list[int] = []
+    last_known_elr: list[int] = []
+    recovering: bool = False
+    recovery_pending: list[int] | None = None
+    min_isr: int = 1
+
+
+class FetchMetadataRequest(_Msg, tag="FetchMetadata", frozen=True):
+    from_offset: int
+    max_records: int = 10_000
+    max_wait_ms: int = 500
+
+
+class FetchedRecord(msgspec.Struct, frozen=True, array_like=True):
+    offset: int
+    timestamp_ms: int
+    record: MetadataRecord
+
+
+class MetadataSnapshot(msgspec.Struct, frozen=True):
+    offset: int  # the snapshot holds the state of every record below this offset
+    records: list[MetadataRecord]
+
+
+class FetchMetadataResponse(_Msg, tag="FetchMetadataResponse", frozen=True):
+    records: list[FetchedRecord]
+    end_offset: int  # committed end offset at the time of the answer
+    snapshot: MetadataSnapshot | None = None
+
+
+# --- operator -> controller -------------------------------------------------------------
+
+
+class CreateTopic(_Msg, tag="CreateTopic", frozen=True):
+    name: str
+    partitions: int | None = None
+    replication_factor: int | None = None
+    assignments: list[list[int]] | None = None  # explicit placement, one list per partition
+    min_isr: int | None = msgspec.field(default=None, name="min_insync_replicas")
+    recovery_strategy: str | None = msgspec.field(default=None, name="unclean_recovery_strategy")
+
+
+class CreateTopicsRequest(_Msg, tag="CreateTopics", frozen=True):
+    topics: list[CreateTopic]
+
+
+class CreateTopicResult(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    name: str
+    error_code: str | None = None
+    message: str = ""
+    topic_id: str | None = None
+    assignments: list[list[int]] | None = None
+
+
+class CreateTopicsResponse(_Msg, tag="CreateTopicsResponse", frozen=True):
+    results: list[CreateTopicResult]
+
+
+class ElectLeader(_Msg, tag="ElectLeaders", frozen=True):
+    topic: str
+    partition: int
+    election_type: Literal["preferred", "unclean"]
+    replica: int | None = None  # required for unclean
+
+
+class DescribeClusterRequest(_Msg, tag="DescribeCluster", frozen=True):
+    topic: str | None = None
+
+
+class BrokerDescription(msgspec.Struct, frozen=True, kw_only=True):
+    broker_id: int
+    epoch: int
+    fenced: bool
+    controlled_shutdown: bool
+    last_registration_clean: bool
+    last_heartbeat_age_ms: int | None
+    endpoint: str
+    rack: str | None
+
+
+class DescribeClusterResponse(_Msg, tag="DescribeClusterResponse", frozen=True):
+    brokers: list[BrokerDescription]
+    partitions: list[PartitionState]
+    end_offset: int
+    committed_offset: int
+
+
+# --- controller -> broker ---------------------------------------------------------------
+
+
+class ReplicaRef(msgspec.Struct, frozen=True, array_like=True):
+    topic: str
+    partition: int
+
+
+class GetReplicaLogInfoRequest(_Msg, tag="GetReplicaLogInfo", frozen=True):
+    broker_id: int
+    broker_epoch: int  # the epoch the controller knows; a broker at another epoch refuses
+    partitions: list[ReplicaRef]
+
+
+class ReplicaLogInfoEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    topic: str
+    partition: int
+    last_leader_epoch: int = -1
+    log_end_offset: int = 0
+    error_code: str | None = None
+
+
+class GetReplicaLogInfoResponse(_Msg, tag="GetReplicaLogInfoResponse", frozen=True):
+    broker_id: int
+    broker_epoch: int
+    partitions: list[ReplicaLogInfoEntry]
+
+
+# --- broker -> broker (simulated replication) --------------------------------------------
+
+
+class ReplicaFetchRequest(_Msg, tag="ReplicaFetch", frozen=True):
+    topic: str
+    partition: int
+    follower_id: int
+    follower_broker_epoch: int
+    fetch_offset: int  # the follower's log end offset
+    last_fetched_epoch: int  # the leader epoch of the follower's last record (-1: empty log)
+
+
+class ReplicaFetchResponse(_Msg, tag="ReplicaFetchResponse", frozen=True):
+    leader_epoch: int
+    log_end_offset: int
+    high_watermark: int
+    # Where the follower must truncate to before copying (its log diverged), if anywhere.
+    truncate_to: int | None = None
+    leader_epochs: list[tuple[int, int]] = []  # (epoch, start offset), oldest first
+
+
+# --- common -------------------------------------------------------------------------------
+
+
+class ErrorResponse(_Msg, tag="Error", frozen=True):
+    code: str
+    message: str = ""
+    retriable: bool = False
+
+
+def error_response(exc: MetactlError) -> ErrorResponse:
+    return ErrorResponse(code=exc.code, message=exc.message, retriable=exc.retriable)
+
+
+# --- inside the controller only -----------------------------------------------------------
+
+
+class FenceBroker(_Msg, tag="FenceBroker", frozen=True):
+    """The broker's session expired (or an operator fenced it)."""
+
+    broker_id: int
+    reason: str = "session_timeout"
+
+
+class UnfenceBroker(_Msg, tag="UnfenceBroker", frozen=True):
+    """The broker caught up with the log and asked to be unfenced."""
+
+    broker_id: int
+    broker_epoch: int
+
+
+class ControlledShutdown(_Msg, tag="ControlledShutdown", frozen=True):
+    broker_id: int
+    broker_epoch: int
+
+
+class ReplicaLogInfo(_Msg, tag="ReplicaLogInfo", frozen=True):
+    """A broker's answer to GetReplicaLogInfo for one replica."""
+
+    broker_id: int
+    broker_epoch: int
+    topic: str
+    partition: int
+    last_leader_epoch: int
+    log_end_offset: int
+
+
+class Ack(_Msg, tag="Ack", frozen=True):
+    pass
+
+
+class ControlledShutdownResponse(_Msg, tag="ControlledShutdownResponse", frozen=True):
+    can_stop: bool  # the broker leads nothing any more
+
+
+class PartitionView(_Msg, tag="PartitionView", frozen=True):
+    topic: str
+    partition: int
+    leader: int
+    leader_epoch: int
+    partition_epoch: int
+    isr: list[int]
+
+
+class CreateTopicResponse(_Msg, tag="CreateTopicResponse", frozen=True):
+    name: str
+    topic_id: str
+    assignments: list[list[int]]
+
+
+# --- unions -------------------------------------------------------------------------------
+
+ControllerRequest = (
+    RegisterBroker
+    | FenceBroker
+    | UnfenceBroker
+    | ControlledShutdown
+    | AlterPartition
+    | CreateTopic
+    | ElectLeader
+    | ReplicaLogInfo
+)
+
+ControllerResponse = (
+    Ack | RegisterBrokerResponse | ControlledShutdownResponse | PartitionView | CreateTopicResponse
+)
+
+# What travels on the wire. Requests and responses share one union so one decoder serves
+# both ends (the controller also *sends* GetReplicaLogInfo to brokers).
+Message = (
+    RegisterBroker
+    | RegisterBrokerResponse
+    | BrokerHeartbeatRequest
+    | BrokerHeartbeatResponse
+    | AlterPartition
+    | PartitionState
+    | FetchMetadataRequest
+    | FetchMetadataResponse
+    | CreateTopicsRequest
+    | CreateTopicsResponse
+    | ElectLeader
+    | DescribeClusterRequest
+    | DescribeClusterResponse
+    | GetReplicaLogInfoRequest
+    | GetReplicaLogInfoResponse
+    | ReplicaFetchRequest
+    | ReplicaFetchResponse
+    | ErrorResponse
+)

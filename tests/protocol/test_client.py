@@ -1,0 +1,114 @@
+"""The one client: reconnects, retries retriable errors with capped, jittered backoff,
+fails fast on the others. Against a real FrameServer on 127.0.0.1 port 0."""
+
+from __future__ import annotations
+
+import pytest
+
+from metactl.errors import (
+    EligibleLeadersNotAvailableError,
+    IneligibleReplicaError,
+    NetworkError,
+    NotLeaderOrFollowerError,
+)
+from protocol.client import RetryPolicy, RpcClient, request_once
+from protocol.messages import DescribeClusterRequest, DescribeClusterResponse
+from protocol.server import FrameServer
+from tests.protocol.conftest import Scripted
+
+EMPTY = DescribeClusterResponse(brokers=[], partitions=[], end_offset=0, committed_offset=0)
+
+
+class Sleeps:
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def __call__(self, delay: float) -> None:
+        self.delays.append(delay)
+
+
+def policy(attempts: int, sleeps: Sleeps, *, base: float = 0.1, cap: float = 1.0) -> RetryPolicy:
+    return RetryPolicy(attempts=attempts, base_s=base, cap_s=cap, sleep=sleeps, random=lambda: 1.0)
+
+
+async def test_retriable_errors_are_retried_until_success(
+    server: FrameServer, handler: Scripted
+) -> None:
+    handler.script = [NotLeaderOrFollowerError("moving"), EligibleLeadersNotAvailableError(), EMPTY]
+    sleeps = Sleeps()
+    async with RpcClient(server.address, retry=policy(5, sleeps)) as client:
+        assert await client.request(DescribeClusterRequest()) == EMPTY
+    assert len(handler.requests) == 3
+    assert sleeps.delays == [0.1, 0.2]  # exponential, with random() = 1: the full bound
+
+
+async def test_a_non_retriable_error_is_raised_after_exactly_one_attempt(
+    server: FrameServer, handler: Scripted
+) -> None:
+    handler.script = [IneligibleReplicaError("not in the ELR"), EMPTY]
+    sleeps = Sleeps()
+    async with RpcClient(server.address, retry=policy(5, sleeps)) as client:
+        with pytest.raises(IneligibleReplicaError, match="not in the ELR"):
+            await client.request(DescribeClusterRequest())
+        assert len(handler.requests) == 1 and sleeps.delays == []
+        assert client.connected  # a coded answer keeps the connection
+        assert await client.request(DescribeClusterRequest()) == EMPTY
+
+
+async def test_attempts_run_out_and_the_last_error_is_raised(
+    server: FrameServer, handler: Scripted
+) -> None:
+    handler.script = [NotLeaderOrFollowerError(str(i)) for i in range(10)]
+    sleeps = Sleeps()
+    with pytest.raises(NotLeaderOrFollowerError, match=r": 3$"):
+        await request_once(server.address, DescribeClusterRequest(), retry=policy(4, sleeps))
+    assert len(handler.requests) == 4 and len(sleeps.delays) == 3
+
+
+async def test_backoff_is_capped_and_fully_jittered(server: FrameServer, handler: Scripted) -> None:
+    handler.script = [*(NotLeaderOrFollowerError() for _ in range(7)), EMPTY]
+    sleeps = Sleeps()
+    async with RpcClient(server.address) as client:  # the per-call policy wins
+        resp = await client.request(
+            DescribeClusterRequest(), retry=policy(10, sleeps, base=0.1, cap=0.5)
+        )
+    assert resp == EMPTY
+    assert sleeps.delays == [0.1, 0.2, 0.4, 0.5, 0.5, 0.5, 0.5]
+    jitter = RetryPolicy(base_s=0.1, cap_s=0.5, random=lambda: 0.25)
+    assert jitter.backoff(0) == pytest.approx(0.025) and jitter.backoff(60) == 0.125
+
+
+async def test_an_unreachable_peer_is_a_retriable_network_error(
+    server: FrameServer, handler: Scripted
+) -> None:
+    address = server.address
+    await server.stop()
+    sleeps = Sleeps()
+    with pytest.raises(NetworkError) as e:
+        await request_once(address, DescribeClusterRequest(), retry=policy(3, sleeps))
+    assert e.value.retriable and len(sleeps.delays) == 2
+
+
+async def test_the_client_reconnects_after_the_peer_restarts(handler: Scripted) -> None:
+    handler.script = [EMPTY, EMPTY]
+    first = FrameServer(handler)
+    address = await first.start("127.0.0.1:0")
+    client = RpcClient(address)
+    try:
+        assert await client.request(DescribeClusterRequest()) == EMPTY
+        await first.stop()
+        with pytest.raises(NetworkError):
+            await client.request(DescribeClusterRequest(), timeout_s=2)
+        second = FrameServer(handler)
+        await second.start(address)
+        try:
+            assert await client.request(DescribeClusterRequest()) == EMPTY
+        finally:
+            await second.stop()
+    finally:
+        await client.close()
+
+
+def test_a_policy_refuses_nonsense() -> None:
+    with pytest.raises(ValueError):
+        RetryPolicy(attempts=0)
