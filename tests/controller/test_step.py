@@ -210,3 +210,29 @@ def test_the_delta_names_what_changed_and_drives_evaluation() -> None:
     absorbed, _ = state.absorb([change])
     assert absorbed.dirty == {("t", 1)}
     assert ControllerState(image).absorb([change])[0].dirty is None
+
+
+def test_a_heartbeat_from_an_unknown_broker_is_refused() -> None:
+    from metactl.errors import BrokerIdNotRegisteredError
+
+    with pytest.raises(BrokerIdNotRegisteredError):
+        _Run()(BrokerHeartbeatRequest(broker_id=9, broker_epoch=0, metadata_offset=0))
+
+
+def test_delta_bookkeeping() -> None:
+    from metadata_image.delta import Election, MetadataDelta
+    from metadata_log.records import ElectionKind
+
+    a = Election(("t", 0), 1, ElectionKind.ISR)
+    assert a == Election(("t", 0), 1, ElectionKind.ISR) and a != "x"
+    assert len({a, Election(("t", 0), 1, ElectionKind.ISR)}) == 1
+    assert "leader=1" in repr(a)
+    d = MetadataDelta()
+    assert d.empty and d.record_count == 0
+    other = MetadataDelta()
+    other.records_by_type["Topic"] = 2
+    other.elections.append(a)
+    other.topics.add("t")
+    assert d.update(other) is d and d.record_count == 2 and not d.empty
+    assert d.update(other).records_by_type == {"Topic": 4}
+    assert "topics=['t']" in repr(d) and "elections=2" in repr(d)
