@@ -5,6 +5,6 @@ replication with leader-epoch histories and offsets instead of record bytes, so 
 clean and unclean shutdowns, ISR changes and unclean recovery can be driven end to end.
 Modules: config, storage, replica_log, replication (pure decisions), replica_manager,
 metadata (tails the log with `metadata_image.replay.apply` and hands on each delta),
-server (on `protocol.server`), broker (the process), cli, metrics, logctx. The protocol
+broker (the process, serving on `protocol.server`), cli, metrics, logctx. The protocol
 client is `protocol.client`; the image and its deltas come from `metadata_image`.
 """

@@ -28,7 +28,6 @@ from brokers_stub.config import BrokerConfig
 from brokers_stub.logctx import BrokerLog
 from brokers_stub.metadata import MetadataFollower
 from brokers_stub.replica_manager import ReplicaManager
-from brokers_stub.server import BrokerServer, unsupported
 from brokers_stub.storage import take_clean_shutdown_epoch, write_clean_shutdown
 from metactl.errors import (
     BrokerIdNotRegisteredError,
@@ -51,6 +50,7 @@ from protocol.messages import (
     RegisterBrokerResponse,
     ReplicaFetchRequest,
 )
+from protocol.server import FrameServer
 
 EXIT_OK: Final = 0
 EXIT_STARTUP_FAILED: Final = 1
@@ -91,7 +91,7 @@ class Broker:
         )
         self.metadata.listeners.append(self.replicas.on_metadata)
         self.metadata.listeners.append(self._on_metadata)
-        self.server = BrokerServer(self.handle, self.log, max_frame_bytes=config.max_frame_bytes)
+        self.server = FrameServer(self.handle, log=self.log, max_frame_bytes=config.max_frame_bytes)
         self._tasks: list[asyncio.Task[None]] = []
         self._metrics_stop: object | None = None
 
@@ -103,7 +103,7 @@ class Broker:
                 return self.replica_log_info(body)
             case ReplicaFetchRequest():
                 return self.replicas.handle_fetch(body)
-        raise unsupported(body)
+        raise InvalidRequestError(f"a broker does not handle {type(body).__name__}")
 
     def replica_log_info(self, req: GetReplicaLogInfoRequest) -> GetReplicaLogInfoResponse:
         if req.broker_id != self.config.broker_id:

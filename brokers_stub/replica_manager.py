@@ -48,7 +48,7 @@ from metactl.errors import (
     UnknownTopicOrPartitionError,
 )
 from metadata_image.delta import MetadataDelta
-from metadata_image.image import ClusterImage, PartitionState, TopicPartition
+from metadata_image.image import EMPTY_INDEX, ClusterImage, PartitionState, TopicPartition, common
 from metadata_log.records import NO_LEADER, LeaderRecoveryState
 from protocol import messages as wire
 from protocol.client import RpcClient
@@ -240,14 +240,11 @@ class ReplicaManager:
             return set()
         if delta is None:
             return set(mine)
-        scope = {tp for tp in delta.partitions if tp in mine}
+        if self.broker_id in delta.brokers:
+            return set(mine)
+        scope = set(common(delta.partitions, mine))
         for broker_id in delta.brokers:
-            if broker_id == self.broker_id:
-                return set(mine)
-            theirs = image.replicas_by_broker.get(broker_id)
-            if theirs is not None:
-                small, large = (theirs, mine) if len(theirs) < len(mine) else (mine, theirs)
-                scope.update(tp for tp in small if tp in large)
+            scope.update(common(mine, image.replicas_by_broker.get(broker_id, EMPTY_INDEX)))
         return scope
 
     def _become_or_stay_leader(self, p: PartitionState, now: int) -> bool:

@@ -8,7 +8,7 @@ This module holds data and read-only queries only: no rules, no IO.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Final
 
 import immutables
@@ -19,6 +19,18 @@ from metadata_log.records import NO_LEADER, LeaderRecoveryState
 TopicPartition = tuple[str, int]
 
 EMPTY: Final[frozenset[int]] = frozenset()
+
+
+EMPTY_INDEX: Final[immutables.Map[TopicPartition, None]] = immutables.Map()
+
+
+def common(
+    a: Collection[TopicPartition], b: Collection[TopicPartition]
+) -> Iterator[TopicPartition]:
+    """The partitions in both collections, walking the smaller and probing the larger: an
+    index of a broker's replicas or the offline set may hold a million entries."""
+    small, large = (a, b) if len(a) <= len(b) else (b, a)
+    return (tp for tp in small if tp in large)
 
 
 def tp_name(tp: TopicPartition) -> str:

@@ -111,10 +111,13 @@ class RpcClient:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         *,
         retry: RetryPolicy | None = None,
+        still_wanted: Callable[[], bool] | None = None,
     ) -> Message:
         """Send `body`, return the response body; raise the peer's coded error, or
         `NetworkError` when the exchange failed (the connection is then dropped).
-        `timeout_s` bounds each attempt; `retry` (default: the client's) decides retries."""
+        `timeout_s` bounds each attempt; `retry` (default: the client's) decides retries,
+        and `still_wanted`, asked after each backoff, can end them early (the last error is
+        then raised)."""
         policy = retry if retry is not None else self.retry
         attempt = 0
         while True:
@@ -124,6 +127,8 @@ class RpcClient:
                 if not policy.should_retry(exc, attempt):
                     raise
                 await policy.sleep(policy.backoff(attempt))
+                if still_wanted is not None and not still_wanted():
+                    raise
                 attempt += 1
 
     async def _request_once(self, body: Message, timeout_s: float) -> Message:

@@ -292,8 +292,10 @@ class CreateTopicResponse(_Msg, tag="CreateTopicResponse", frozen=True):
 
 # --- unions -------------------------------------------------------------------------------
 
+# What the controller's event step decides over, and what it answers.
 ControllerRequest = (
     RegisterBroker
+    | BrokerHeartbeatRequest
     | FenceBroker
     | UnfenceBroker
     | ControlledShutdown
@@ -304,7 +306,12 @@ ControllerRequest = (
 )
 
 ControllerResponse = (
-    Ack | RegisterBrokerResponse | ControlledShutdownResponse | PartitionView | CreateTopicResponse
+    Ack
+    | RegisterBrokerResponse
+    | BrokerHeartbeatResponse
+    | ControlledShutdownResponse
+    | PartitionView
+    | CreateTopicResponse
 )
 
 # What travels on the wire. Requests and responses share one union so one decoder serves

@@ -117,24 +117,19 @@ class FrameServer:
                 return
             except FrameTooLargeError as exc:
                 self.log.warning("oversized frame; closing", peer=peer, error=exc.message)
-                writer.write(encode_frame(0, error_response(exc)))
-                await writer.drain()
+                await _send(writer, 0, error_response(exc))
                 return
             try:
                 frame = decode_frame(payload)
             except UnsupportedVersionError as exc:
                 self.log.warning("unsupported message version", peer=peer, error=exc.message)
-                writer.write(encode_frame(exc.correlation_id, error_response(exc)))
-                await writer.drain()
+                await _send(writer, exc.correlation_id, error_response(exc))
                 continue
             except InvalidRequestError as exc:
                 self.log.warning("undecodable frame", peer=peer, error=exc.message)
-                writer.write(encode_frame(0, error_response(exc)))
-                await writer.drain()
+                await _send(writer, 0, error_response(exc))
                 continue
-            body = await self._answer(frame.body, peer)
-            writer.write(encode_frame(frame.correlation_id, body))
-            await writer.drain()
+            await _send(writer, frame.correlation_id, await self._answer(frame.body, peer))
 
     async def _answer(self, body: Message, peer: str) -> Message:
         try:
@@ -144,3 +139,8 @@ class FrameServer:
         except Exception as exc:
             self.log.exception("request handler failed", peer=peer, request=type(body).__name__)
             return ErrorResponse(code=MetactlError.code, message=type(exc).__name__)
+
+
+async def _send(writer: asyncio.StreamWriter, correlation_id: int, body: Message) -> None:
+    writer.write(encode_frame(correlation_id, body))
+    await writer.drain()

@@ -76,12 +76,9 @@ _TOPIC_NAME: Final = re.compile(r"^[A-Za-z0-9._]+(-[A-Za-z0-9._]+)*$")
 _TOPIC_ID_NAMESPACE: Final = uuid.UUID("5f1b2a3c-0966-4e6d-8a11-6d657461637c")
 
 
-Response = ControllerResponse | BrokerHeartbeatResponse
-
-
 class HandlerResult(msgspec.Struct, frozen=True):
     records: list[MetadataRecord]
-    response: Response
+    response: ControllerResponse
 
 
 class _Txn:

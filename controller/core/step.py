@@ -22,7 +22,6 @@ import msgspec
 from controller.core.config import ControllerConfig
 from controller.core.handlers import (
     HandlerResult,
-    Response,
     alter_partition,
     controlled_shutdown,
     create_topic,
@@ -44,7 +43,7 @@ from controller.core.recovery.tracker import (
 )
 from metactl.errors import InvalidRequestError
 from metadata_image.delta import MetadataDelta
-from metadata_image.image import ClusterImage, TopicPartition
+from metadata_image.image import EMPTY_INDEX, ClusterImage, TopicPartition, common
 from metadata_image.replay import apply
 from metadata_log.records import MetadataRecord, PartitionChangeRecord
 from protocol.messages import (
@@ -53,6 +52,7 @@ from protocol.messages import (
     BrokerHeartbeatRequest,
     ControlledShutdown,
     ControllerRequest,
+    ControllerResponse,
     CreateTopic,
     ElectLeader,
     FenceBroker,
@@ -66,7 +66,7 @@ class Tick(msgspec.Struct, frozen=True):
     """Time moved: timers (recovery windows) may be due. Decides nothing by itself."""
 
 
-Event = ControllerRequest | BrokerHeartbeatRequest | Tick
+Event = ControllerRequest | Tick
 
 
 class Rules(msgspec.Struct, frozen=True):
@@ -95,17 +95,13 @@ class ControllerState(msgspec.Struct, frozen=True):
         """Replay records that did not come from a step (a test's or a tool's own), so that
         the next step evaluates what they changed."""
         image, delta = apply(self.image, records)
-        return self._after(image, delta), delta
-
-    def _after(self, image: ClusterImage, delta: MetadataDelta) -> ControllerState:
-        if self.dirty is None:
-            return ControllerState(image, self.tracker, None)
-        return ControllerState(image, self.tracker, self.dirty | touched(image, delta))
+        dirty = None if self.dirty is None else self.dirty | touched(image, delta)
+        return ControllerState(image, self.tracker, dirty), delta
 
 
 class StepResult(msgspec.Struct, frozen=True):
     records: list[MetadataRecord]  # the event's records, then the recoveries' records
-    response: Response
+    response: ControllerResponse
     state: ControllerState
     inspections: list[Inspection]
     next_deadline_ms: int | None
@@ -144,7 +140,7 @@ def decide(
     event: Event,
     now_ms: int,
     rules: Rules,
-) -> tuple[list[MetadataRecord], Response, RecoveryTracker]:
+) -> tuple[list[MetadataRecord], ControllerResponse, RecoveryTracker]:
     """Route one event to its handler: the records, the response and the soft state."""
     config = rules.config
     result: HandlerResult
@@ -185,18 +181,7 @@ def touched(image: ClusterImage, delta: MetadataDelta) -> frozenset[TopicPartiti
     changed, and those hosted by a broker whose state changed (fenced, unfenced,
     registered), since broker activity decides the proactive trigger and who can answer."""
     offline = image.offline
-    out: set[TopicPartition] = set()
-    if delta.partitions:
-        if len(offline) < len(delta.partitions):
-            out.update(tp for tp in offline if tp in delta.partitions)
-        else:
-            out.update(tp for tp in delta.partitions if tp in offline)
+    out = set(common(offline, delta.partitions))
     for broker_id in delta.brokers:
-        hosted = image.replicas_by_broker.get(broker_id)
-        if hosted is None:
-            continue
-        if len(offline) < len(hosted):
-            out.update(tp for tp in offline if tp in hosted)
-        else:
-            out.update(tp for tp in hosted if tp in offline)
+        out.update(common(offline, image.replicas_by_broker.get(broker_id, EMPTY_INDEX)))
     return frozenset(out)

@@ -52,9 +52,6 @@ class VirtualClock:
             if not waiter.done():
                 waiter.set_result(None)
 
-    def advance(self, ms: int) -> None:
-        self.set(self._now + ms)
-
     async def sleep_until(self, deadline_ms: int) -> None:
         if deadline_ms <= self._now:
             return

@@ -28,7 +28,6 @@ import msgspec
 import structlog
 
 from controller.core.config import ControllerConfig
-from controller.core.handlers import Response
 from controller.core.recovery.policy import RecoveryPolicy
 from controller.core.recovery.registry import load_policies
 from controller.core.recovery.tracker import Inspection, RecoveryTracker
@@ -41,6 +40,7 @@ from metadata_image.replay import replay
 from metadata_image.snapshot import ImageSnapshot, from_snapshot, to_snapshot
 from metadata_log.records import MetadataRecord, UncleanRecoveryRecord, record_type
 from metadata_log.store import LogStore
+from protocol.messages import ControllerResponse
 
 log = structlog.get_logger("metactl.controller")
 
@@ -54,7 +54,7 @@ class _Commit:
     __slots__ = ("delta", "future", "image_after", "now_ms", "records", "response")
 
     def __init__(
-        self, result: StepResult, future: asyncio.Future[Response] | None, now_ms: int
+        self, result: StepResult, future: asyncio.Future[ControllerResponse] | None, now_ms: int
     ) -> None:
         self.records = result.records
         self.response = result.response
@@ -123,7 +123,7 @@ class Controller:
         self.event_listeners: list[Callable[[str, float, float], None]] = []
         # Called as listener(seconds, record_count) after each successful durable append.
         self.append_listeners: list[Callable[[float, int], None]] = []
-        self._queue: asyncio.Queue[tuple[Event, asyncio.Future[Response] | None, float]]
+        self._queue: asyncio.Queue[tuple[Event, asyncio.Future[ControllerResponse] | None, float]]
         self._queue = asyncio.Queue()
         self._commits: deque[_Commit] = deque()
         self._commit_wakeup = asyncio.Event()
@@ -160,11 +160,11 @@ class Controller:
         self._run_task = asyncio.create_task(self._run(), name="controller-events")
         self._commit_task = asyncio.create_task(self._commit_loop(), name="controller-commits")
 
-    async def submit(self, request: Event) -> Response:
+    async def submit(self, request: Event) -> ControllerResponse:
         """Handle one request; returns once its records (and all before them) are durable."""
         if self._closing:
             raise LogClosedError("the controller is shutting down")
-        future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[ControllerResponse] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait((request, future, time.perf_counter()))
         return await future
 
@@ -209,7 +209,7 @@ class Controller:
             for listener in self.event_listeners:
                 listener(type(event).__name__, started - enqueued, time.perf_counter() - started)
 
-    async def _next_event(self) -> tuple[Event, asyncio.Future[Response] | None, float]:
+    async def _next_event(self) -> tuple[Event, asyncio.Future[ControllerResponse] | None, float]:
         """The next queued event, or a Tick once the clock reaches the next deadline.
 
         The timer waits on the injected clock, so virtual time fires timers as real time
@@ -222,18 +222,15 @@ class Controller:
         getter = asyncio.ensure_future(self._queue.get())
         timer = asyncio.ensure_future(self.clock.sleep_until(deadline))
         try:
-            await asyncio.wait((getter, timer), return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait((getter, timer), return_when=asyncio.FIRST_COMPLETED)
         finally:
             timer.cancel()
             getter.cancel()
-        try:
-            return await getter
-        except asyncio.CancelledError:
-            if not timer.cancelled() or self.clock.now_ms() >= deadline:
-                return Tick(), None, time.perf_counter()
-            raise  # we ourselves were cancelled
+        if getter in done:
+            return getter.result()
+        return Tick(), None, time.perf_counter()
 
-    def _process(self, event: Event, future: asyncio.Future[Response] | None) -> None:
+    def _process(self, event: Event, future: asyncio.Future[ControllerResponse] | None) -> None:
         now = self.clock.now_ms()
         try:
             result = step(self.state, event, now, self.rules)

@@ -268,69 +268,48 @@ class ControllerService:
         self._spawn(self._inspect(inspection), f"inspect-{inspection.broker_id}")
 
     async def _inspect(self, insp: Inspection) -> None:
-        """Ask the broker for its replica's log end; retry retriable failures with backoff
-        while it stays active at the inspected epoch, give up on any other error."""
+        """Ask the broker for its replica's log end. The client retries retriable failures
+        with backoff while the broker stays active at the inspected epoch (its endpoint is
+        fixed for that epoch); any other error ends the inspection. A recovery that needs
+        the answer again asks again: a revert restarts pending recoveries."""
         ctl = self.controller
-        policy = INSPECTION_RETRY
-        client: RpcClient | None = None
-        try:
-            for attempt in range(policy.attempts):
-                b = ctl.image.broker(insp.broker_id)
-                if b is None or b.epoch != insp.broker_epoch or not b.active or not b.endpoint:
-                    return
-                if client is None or client.address != b.endpoint:
-                    if client is not None:
-                        await client.close()
-                    client = RpcClient(b.endpoint, max_frame_bytes=self.max_frame_bytes)
-                try:
-                    await self._inspect_once(client, insp)
-                    return
-                except StaleBrokerEpochError as exc:
-                    log.warning("replica log info rejected: stale broker epoch", error=exc.message)
-                    return
-                except MetactlError as exc:
-                    if not policy.should_retry(exc, attempt):
-                        log.warning(
-                            "replica log info failed; giving up",
-                            broker=insp.broker_id,
-                            attempt=attempt,
-                            error=str(exc),
-                        )
-                        return
-                    log.info(
-                        "replica log info failed; will retry",
-                        broker=insp.broker_id,
-                        attempt=attempt,
-                        error=str(exc),
-                    )
-                    await policy.sleep(policy.backoff(attempt))
-        finally:
-            if client is not None:
-                await client.close()
 
-    async def _inspect_once(self, client: RpcClient, insp: Inspection) -> None:
-        ctl = self.controller
-        resp = await client.request(
-            GetReplicaLogInfoRequest(
-                broker_id=insp.broker_id,
-                broker_epoch=insp.broker_epoch,
-                partitions=[ReplicaRef(insp.topic, insp.partition)],
-            ),
-            timeout_s=10,
+        def still_wanted() -> bool:
+            b = ctl.image.broker(insp.broker_id)
+            return b is not None and b.epoch == insp.broker_epoch and b.active
+
+        b = ctl.image.broker(insp.broker_id)
+        if b is None or not b.endpoint or not still_wanted():
+            return
+        request = GetReplicaLogInfoRequest(
+            broker_id=insp.broker_id,
+            broker_epoch=insp.broker_epoch,
+            partitions=[ReplicaRef(insp.topic, insp.partition)],
         )
-        if not isinstance(resp, GetReplicaLogInfoResponse):
-            raise InvalidRequestError(f"unexpected {type(resp).__name__}")
-        for entry in resp.partitions:
-            if entry.error_code is not None:
-                log.warning("replica log info error", broker=insp.broker_id, code=entry.error_code)
-                continue
-            await ctl.submit(
-                ReplicaLogInfo(
-                    broker_id=resp.broker_id,
-                    broker_epoch=resp.broker_epoch,
-                    topic=entry.topic,
-                    partition=entry.partition,
-                    last_leader_epoch=entry.last_leader_epoch,
-                    log_end_offset=entry.log_end_offset,
+        try:
+            async with RpcClient(
+                b.endpoint, max_frame_bytes=self.max_frame_bytes, retry=INSPECTION_RETRY
+            ) as client:
+                resp = await client.request(request, timeout_s=10, still_wanted=still_wanted)
+            if not isinstance(resp, GetReplicaLogInfoResponse):
+                raise InvalidRequestError(f"unexpected {type(resp).__name__}")
+            for entry in resp.partitions:
+                if entry.error_code is not None:
+                    log.warning(
+                        "replica log info error", broker=insp.broker_id, code=entry.error_code
+                    )
+                    continue
+                await ctl.submit(
+                    ReplicaLogInfo(
+                        broker_id=resp.broker_id,
+                        broker_epoch=resp.broker_epoch,
+                        topic=entry.topic,
+                        partition=entry.partition,
+                        last_leader_epoch=entry.last_leader_epoch,
+                        log_end_offset=entry.log_end_offset,
+                    )
                 )
-            )
+        except StaleBrokerEpochError as exc:
+            log.warning("replica log info rejected: stale broker epoch", error=exc.message)
+        except MetactlError as exc:
+            log.warning("replica log info failed; giving up", broker=insp.broker_id, error=str(exc))

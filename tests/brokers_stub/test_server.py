@@ -14,9 +14,7 @@ from pathlib import Path
 import pytest
 
 from brokers_stub.broker import Broker
-from brokers_stub.logctx import BrokerLog
 from brokers_stub.replica_log import ReplicaLog
-from brokers_stub.server import BrokerServer
 from metactl.errors import InvalidRequestError, StaleBrokerEpochError
 from protocol.client import RpcClient
 from protocol.codec import decode_frame, encode_frame, parse_address
@@ -152,30 +150,6 @@ async def test_truncated_frame_closes_only_that_connection(broker: Broker) -> No
     assert await reader.read() == b""
     writer.close()
     assert isinstance(await log_info(broker.server.address, 7), GetReplicaLogInfoResponse)
-
-
-async def test_a_failing_handler_answers_unknown_server_error(tmp_path: Path) -> None:
-    async def broken(body: Message) -> Message:
-        raise RuntimeError("bug")
-
-    server = BrokerServer(broken, BrokerLog(1))
-    address = await server.start("127.0.0.1:0")
-    try:
-        reader, writer = await raw(address)
-        for cid in (1, 2):  # the connection survives the failure
-            writer.write(
-                encode_frame(
-                    cid, GetReplicaLogInfoRequest(broker_id=1, broker_epoch=7, partitions=[])
-                )
-            )
-            await writer.drain()
-            frame = decode_frame(await read_frame(reader))
-            assert frame.correlation_id == cid
-            assert isinstance(frame.body, ErrorResponse)
-            assert frame.body.code == "UNKNOWN_SERVER_ERROR"
-        writer.close()
-    finally:
-        await server.stop()
 
 
 async def test_stop_closes_idle_connections(broker: Broker) -> None:

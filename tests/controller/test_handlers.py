@@ -181,8 +181,8 @@ class TestRegistration:
         c.fence(2)
         assert c.view() == (1, [1], [2, 3], [])
         request = RegisterBroker(broker_id=2, incarnation_id="2b", previous_epoch=c.epoch(2))
-        c.run(register_broker, request)
-        c.run(register_broker, request)
+        c.run(request)
+        c.run(request)
         assert c.view() == (1, [1], [2, 3], [])
         assert c.image.brokers[2].last_registration_clean
 
@@ -243,7 +243,6 @@ class TestRegistration:
         old = c.epoch(2)
         base = c.image.end_offset
         result = c.run(
-            register_broker,
             RegisterBroker(broker_id=2, incarnation_id="2b", previous_epoch=old),
         )
         assert result.records[0] == FenceBrokerRecord(
@@ -290,7 +289,7 @@ class TestFence:
 
     def test_fence_reason_is_recorded(self) -> None:
         c = three_brokers()
-        result = c.run(fence_broker, FenceBroker(broker_id=3, reason="operator"))
+        result = c.run(FenceBroker(broker_id=3, reason="operator"))
         assert result.records[0] == FenceBrokerRecord(
             broker_id=3, broker_epoch=c.epoch(3), reason="operator"
         )
@@ -457,9 +456,7 @@ class TestControlledShutdown:
     def test_repeated_request_writes_nothing(self) -> None:
         c = three_brokers()
         c.shutdown(3)
-        result = c.run(
-            controlled_shutdown, ControlledShutdown(broker_id=3, broker_epoch=c.epoch(3))
-        )
+        result = c.run(ControlledShutdown(broker_id=3, broker_epoch=c.epoch(3)))
         assert result.records == []
         assert result.response == ControlledShutdownResponse(can_stop=True)
 
@@ -620,7 +617,7 @@ class TestAlterPartition:
 
     def test_unchanged_isr_writes_nothing(self) -> None:
         c = three_brokers()
-        result = c.run(alter_partition, c.alter_request([3, 2, 1, 1]))
+        result = c.run(c.alter_request([3, 2, 1, 1]))
         assert result.records == []
         assert result.response == PartitionView(
             topic="t", partition=0, leader=1, leader_epoch=0, partition_epoch=0, isr=[1, 2, 3]
@@ -637,7 +634,7 @@ class TestAlterPartition:
         e = self.fail(c, [2, 3], recovered=False)
         assert isinstance(e, InvalidRequestError)
         # Not expanding while recovering is fine and keeps the state.
-        result = c.run(alter_partition, c.alter_request([2], recovered=False))
+        result = c.run(c.alter_request([2], recovered=False))
         assert result.records == []
         c.alter([2, 3], recovered=True)
         assert c.p().recovery_state is LeaderRecoveryState.RECOVERED

@@ -18,13 +18,6 @@ from typing import Any
 from controller.core.config import ControllerConfig
 from controller.core.handlers import (
     HandlerResult,
-    alter_partition,
-    controlled_shutdown,
-    create_topic,
-    elect_preferred,
-    fence_broker,
-    register_broker,
-    unfence_broker,
 )
 from controller.core.recovery.builtin import BalancedPolicy, ManualPolicy, ProactivePolicy
 from controller.core.recovery.policy import RecoveryPolicy
@@ -114,8 +107,9 @@ class Cluster:
         self.last = result
         return result
 
-    def run(self, handler: object, request: Event) -> HandlerResult:
-        """Submit `request` (whose handler is `handler`, named for readability)."""
+    def run(self, request: Event) -> HandlerResult:
+        """Submit `request`: the event's own records (without the recoveries the step
+        decided after it) and its response."""
         result = self.submit(request)
         return HandlerResult(
             result.records[: len(result.records) - result.recovery_records], result.response
@@ -145,16 +139,13 @@ class Cluster:
         prev = self.epoch(broker) if clean else previous_epoch
         inc = incarnation or f"broker-{broker}-{next(self._incarnations)}"
         result = self.run(
-            register_broker,
             RegisterBroker(broker_id=broker, incarnation_id=inc, previous_epoch=prev, rack=rack),
         )
         assert isinstance(result.response, RegisterBrokerResponse)
         return result.response
 
     def unfence(self, broker: int) -> HandlerResult:
-        return self.run(
-            unfence_broker, UnfenceBroker(broker_id=broker, broker_epoch=self.epoch(broker))
-        )
+        return self.run(UnfenceBroker(broker_id=broker, broker_epoch=self.epoch(broker)))
 
     def start(self, *brokers: int, rack: str | None = None) -> None:
         """First registration and unfencing of each broker."""
@@ -163,7 +154,7 @@ class Cluster:
             self.unfence(b)
 
     def fence(self, broker: int) -> HandlerResult:
-        return self.run(fence_broker, FenceBroker(broker_id=broker))
+        return self.run(FenceBroker(broker_id=broker))
 
     def restart(self, broker: int, *, clean: bool) -> RegisterBrokerResponse:
         """Re-register (new incarnation, epoch presented only if clean) and unfence."""
@@ -173,7 +164,6 @@ class Cluster:
 
     def shutdown(self, broker: int) -> ControlledShutdownResponse:
         result = self.run(
-            controlled_shutdown,
             ControlledShutdown(broker_id=broker, broker_epoch=self.epoch(broker)),
         )
         assert isinstance(result.response, ControlledShutdownResponse)
@@ -183,7 +173,7 @@ class Cluster:
 
     def create(self, name: str = "t", **kwargs: object) -> CreateTopicResponse:
         request = CreateTopic(name=name, **kwargs)  # type: ignore[arg-type]
-        result = self.run(create_topic, request)
+        result = self.run(request)
         assert isinstance(result.response, CreateTopicResponse)
         return result.response
 
@@ -216,13 +206,12 @@ class Cluster:
     def alter(
         self, isr: Iterable[int], topic: str = "t", partition: int = 0, **overrides: Any
     ) -> PartitionView:
-        result = self.run(alter_partition, self.alter_request(isr, topic, partition, **overrides))
+        result = self.run(self.alter_request(isr, topic, partition, **overrides))
         assert isinstance(result.response, PartitionView)
         return result.response
 
     def preferred(self, topic: str = "t", partition: int = 0) -> PartitionView:
         result = self.run(
-            elect_preferred,
             ElectLeader(topic=topic, partition=partition, election_type="preferred"),
         )
         assert isinstance(result.response, PartitionView)

@@ -129,33 +129,45 @@ async def test_restart_from_snapshot_and_log_gives_the_same_image(tmp_path: Path
         await store.close()
 
 
-async def test_proactive_window_fires_on_the_real_clock(store: SqliteLogStore) -> None:
-    config = ControllerConfig(unclean_recovery_strategy="proactive", unclean_recovery_window_ms=50)
-    ctl = await Controller.open(store, config=config)
+async def _answered_proactive_recovery(ctl: Controller, store: SqliteLogStore) -> int:
+    """Both replicas of t-0 fail; broker 2 restarts uncleanly, is inspected as soon as it is
+    active, and answers. The proactive window is then open, with an answer to choose.
+    Returns the log end before the answer (an answer writes no record of its own, so any
+    record after it is the recovery, however early a short window closes)."""
     await _cluster(ctl, [1, 2])
     await ctl.submit(CreateTopic(name="t", assignments=[[1, 2]], min_isr=2))
     asked = asyncio.Queue[tuple[int, int]]()
     ctl.inspection_sinks.append(lambda i: asked.put_nowait((i.broker_id, i.broker_epoch)))
     await ctl.submit(FenceBroker(broker_id=2))
     await ctl.submit(FenceBroker(broker_id=1))
-    # Broker 2 restarts uncleanly and is inspected as soon as it is active.
     r = await ctl.submit(RegisterBroker(broker_id=2, incarnation_id="2b"))
     assert isinstance(r, RegisterBrokerResponse)
     await ctl.submit(UnfenceBroker(broker_id=2, broker_epoch=r.broker_epoch))
     broker, epoch = await asyncio.wait_for(asked.get(), 5)
     assert broker == 2
+    end = store.end_offset
     await ctl.submit(
         ReplicaLogInfo(
             broker_id=2, broker_epoch=epoch, topic="t", partition=0,
             last_leader_epoch=3, log_end_offset=40,
         )
     )  # fmt: skip
-    # No one ticks: the driver's own timer ends the window and commits the recovery.
-    end = store.end_offset
+    return end
+
+
+async def _recovery_committed_after(store: SqliteLogStore, end: int) -> None:
     assert await store.wait_for(end + 1, timeout=10)
     records = [e.record for e in await store.read(end, 10)]
     recovery = [r for r in records if isinstance(r, UncleanRecoveryRecord)]
     assert recovery and recovery[0].chosen == 2 and recovery[0].strategy == "proactive"
+
+
+async def test_proactive_window_fires_on_the_real_clock(store: SqliteLogStore) -> None:
+    config = ControllerConfig(unclean_recovery_strategy="proactive", unclean_recovery_window_ms=50)
+    ctl = await Controller.open(store, config=config)
+    end = await _answered_proactive_recovery(ctl, store)
+    # No one ticks: the driver's own timer ends the window and commits the recovery.
+    await _recovery_committed_after(store, end)
     assert ctl.image.partitions[("t", 0)].leader == 2
     await ctl.close()
 
@@ -168,32 +180,12 @@ async def test_proactive_window_fires_on_a_virtual_clock(store: SqliteLogStore) 
         unclean_recovery_strategy="proactive", unclean_recovery_window_ms=60_000
     )
     ctl = await Controller.open(store, config=config, clock=clock)
-    await _cluster(ctl, [1, 2])
-    await ctl.submit(CreateTopic(name="t", assignments=[[1, 2]], min_isr=2))
-    asked = asyncio.Queue[tuple[int, int]]()
-    ctl.inspection_sinks.append(lambda i: asked.put_nowait((i.broker_id, i.broker_epoch)))
-    await ctl.submit(FenceBroker(broker_id=2))
-    await ctl.submit(FenceBroker(broker_id=1))
-    r = await ctl.submit(RegisterBroker(broker_id=2, incarnation_id="2b"))
-    assert isinstance(r, RegisterBrokerResponse)
-    await ctl.submit(UnfenceBroker(broker_id=2, broker_epoch=r.broker_epoch))
-    broker, epoch = await asyncio.wait_for(asked.get(), 5)
-    assert broker == 2
-    await ctl.submit(
-        ReplicaLogInfo(
-            broker_id=2, broker_epoch=epoch, topic="t", partition=0,
-            last_leader_epoch=3, log_end_offset=40,
-        )
-    )  # fmt: skip
+    end = await _answered_proactive_recovery(ctl, store)
     deadline = ctl.next_deadline_ms
     assert deadline is not None and deadline > clock.now_ms()
-    end = store.end_offset
     # The window is still open: a drain (an event through the queue) decides nothing.
     await ctl.drain()
     assert store.end_offset == end and ctl.image.partitions[("t", 0)].leader == -1
     clock.set(deadline)  # no submit, no tick: the clock alone wakes the driver
-    assert await store.wait_for(end + 1, timeout=10)
-    records = [e.record for e in await store.read(end, 10)]
-    recovery = [r for r in records if isinstance(r, UncleanRecoveryRecord)]
-    assert recovery and recovery[0].chosen == 2 and recovery[0].strategy == "proactive"
+    await _recovery_committed_after(store, end)
     await ctl.close()

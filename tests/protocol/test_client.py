@@ -65,6 +65,18 @@ async def test_attempts_run_out_and_the_last_error_is_raised(
     assert len(handler.requests) == 4 and len(sleeps.delays) == 3
 
 
+async def test_retries_end_once_the_answer_is_no_longer_wanted(
+    server: FrameServer, handler: Scripted
+) -> None:
+    handler.script = [NotLeaderOrFollowerError(str(i)) for i in range(10)]
+    sleeps = Sleeps()
+    wanted = iter([True, False])
+    async with RpcClient(server.address, retry=policy(10, sleeps)) as client:
+        with pytest.raises(NotLeaderOrFollowerError, match=r": 1$"):
+            await client.request(DescribeClusterRequest(), still_wanted=lambda: next(wanted))
+    assert len(handler.requests) == 2 and len(sleeps.delays) == 2
+
+
 async def test_backoff_is_capped_and_fully_jittered(server: FrameServer, handler: Scripted) -> None:
     handler.script = [*(NotLeaderOrFollowerError() for _ in range(7)), EMPTY]
     sleeps = Sleeps()
