@@ -5,14 +5,17 @@ Run: python bench/controller_ops.py [--partitions 100000] [--restart-partitions 
 Each figure is the wall time from handling the event to its records being durable in a
 real SQLite log and applied to the image, next to the raw cost of encoding the same
 records and inserting them with sqlite3 in one transaction (same pragmas), measured in
-the same run. Prints figures and ratios; asserts nothing.
+the same run; fence and create print the best of `--repeat` runs. As `serve` does once
+its image is loaded, each run freezes the heap before it measures, so a full collection
+of the set-up's garbage is not counted as the controller's. Peak memory of the restart
+is the measuring process's own high-water mark (VmHWM; ru_maxrss would carry the parent's
+peak across exec). Goals are those of issue 9. Prints figures and ratios; asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import resource
 import sqlite3
 import subprocess
 import sys
@@ -25,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from controller.core.config import ControllerConfig
 from controller.core.handlers import create_topic, fence_broker
 from controller.runtime.driver import Controller, load_image
+from controller.runtime.process import freeze_heap
 from metadata_image.image import ClusterImage
 from metadata_image.replay import replay
 from metadata_log.records import (
@@ -79,29 +83,44 @@ def raw_insert_seconds(records: list[MetadataRecord], path: Path) -> float:
     return elapsed
 
 
-async def bench_fences(brokers: int, partitions: int, tmp: Path) -> None:
+def peak_rss_mib() -> float:
+    """This process's resident-set high-water mark (VmHWM), in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+async def bench_fences(brokers: int, partitions: int, tmp: Path, repeat: int) -> None:
     seed = cluster_records(brokers, partitions)
     image = replay(ClusterImage(), seed)
-    store = await SqliteLogStore.open(tmp / "fence")
-    # Seed the log so offsets line up with the image, then start from the image directly.
-    await store.append(seed, timestamp_ms=0)
-    ctl = Controller(store, image, config=CONFIG)
-    ctl.start()
-
-    start = time.perf_counter()
-    await ctl.submit(FenceBroker(broker_id=0))
-    one = time.perf_counter() - start
+    runs: list[float] = []
+    for run in range(repeat):
+        store = await SqliteLogStore.open(tmp / f"fence-{run}")
+        # Seed the log so offsets line up with the image, then start from the image.
+        await store.append(seed, timestamp_ms=0)
+        ctl = Controller(store, image, config=CONFIG)
+        ctl.start()
+        freeze_heap()
+        start = time.perf_counter()
+        await ctl.submit(FenceBroker(broker_id=0))
+        runs.append(time.perf_counter() - start)
+        if run < repeat - 1:
+            await ctl.close()
+            await store.close()
+    one = min(runs)
     records = fence_broker(image, FenceBroker(broker_id=0), 0, CONFIG).records
     raw = raw_insert_seconds(records, tmp / "raw1.sqlite")
     affected = len(records) - 1
-    print(f"fence 1 of {brokers} brokers ({partitions:,} partitions, RF 3):")
+    print(f"fence 1 of {brokers} brokers ({partitions:,} partitions, RF 3), best of {repeat}:")
     print(
-        f"  {one * 1000:8.1f} ms until durable and applied, {affected:,} partitions changed, "
-        f"{one / max(affected, 1) * 1e6:.1f} µs per partition (goal ≤ 250 ms)"
+        f"  {one * 1000:8.1f} ms until durable and applied (runs: "
+        f"{', '.join(f'{r * 1000:.1f}' for r in runs)} ms), {affected:,} partitions changed, "
+        f"{one / max(affected, 1) * 1e6:.1f} µs per partition (goal ≤ 60 ms)"
     )
     print(
         f"  raw encode+insert of the same {len(records):,} records: {raw * 1000:.1f} ms; "
-        f"ratio {one / raw:.2f}× (goal ≤ 3×)"
+        f"ratio {one / raw:.2f}× (goal ≤ 6×)"
     )
 
     start = time.perf_counter()
@@ -116,24 +135,29 @@ async def bench_fences(brokers: int, partitions: int, tmp: Path) -> None:
     await store.close()
 
 
-async def bench_create(brokers: int, partitions: int, tmp: Path) -> None:
+async def bench_create(brokers: int, partitions: int, tmp: Path, repeat: int) -> None:
     image = replay(ClusterImage(), cluster_records(brokers, 0))
-    store = await SqliteLogStore.open(tmp / "create")
-    await store.append(cluster_records(brokers, 0), timestamp_ms=0)
-    ctl = Controller(store, image, config=CONFIG)
-    ctl.start()
     req = CreateTopic(name="huge", partitions=partitions, replication_factor=3, min_isr=2)
-    start = time.perf_counter()
-    await ctl.submit(req)
-    took = time.perf_counter() - start
+    runs: list[float] = []
+    for run in range(repeat):
+        store = await SqliteLogStore.open(tmp / f"create-{run}")
+        await store.append(cluster_records(brokers, 0), timestamp_ms=0)
+        ctl = Controller(store, image, config=CONFIG)
+        ctl.start()
+        freeze_heap()
+        start = time.perf_counter()
+        await ctl.submit(req)
+        runs.append(time.perf_counter() - start)
+        await ctl.close()
+        await store.close()
+    took = min(runs)
     records = create_topic(image, req, 0, CONFIG).records
     raw = raw_insert_seconds(records, tmp / "raw2.sqlite")
     print(
-        f"create one topic of {partitions:,} partitions: {took:.2f} s (goal ≤ 3 s); "
+        f"create one topic of {partitions:,} partitions, best of {repeat}: {took:.2f} s "
+        f"(runs: {', '.join(f'{r:.2f}' for r in runs)} s; goal ≤ 0.5 s); "
         f"raw encode+insert {raw:.2f} s, ratio {took / raw:.2f}×"
     )
-    await ctl.close()
-    await store.close()
 
 
 async def prepare_restart(partitions: int, data: Path) -> None:
@@ -158,11 +182,11 @@ async def measure_restart(data: Path) -> None:
     store = await SqliteLogStore.open(data)
     image = await load_image(store)
     took = time.perf_counter() - start
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss = peak_rss_mib()
     tail = store.end_offset - (await store.snapshot_offsets())[-1]
     print(
         f"restart from snapshot + {tail:,} log records: {len(image.partitions):,} partitions "
-        f"in {took:.2f} s (goal ≤ 15 s), peak RSS {rss:.0f} MiB (goal ≤ 3072 MiB)"
+        f"in {took:.2f} s (goal ≤ 6 s), peak RSS {rss:.0f} MiB (goal ≤ 1024 MiB)"
     )
     await store.close()
 
@@ -178,6 +202,7 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=100_000)
     ap.add_argument("--restart-partitions", type=int, default=1_000_000)
     ap.add_argument("--only-restart", action="store_true")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of fence and create (best)")
     ap.add_argument("--measure-restart", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.measure_restart:
@@ -186,8 +211,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="metactl-bench-") as d:
         tmp = Path(d)
         if not args.only_restart:
-            asyncio.run(bench_fences(args.brokers, args.partitions, tmp))
-            asyncio.run(bench_create(args.brokers, args.partitions, tmp))
+            asyncio.run(bench_fences(args.brokers, args.partitions, tmp, args.repeat))
+            asyncio.run(bench_create(args.brokers, args.partitions, tmp, args.repeat))
         if args.restart_partitions:
             asyncio.run(prepare_restart(args.restart_partitions, tmp / "restart"))
             # A fresh process, so that peak RSS is the restart's own.

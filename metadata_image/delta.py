@@ -11,30 +11,18 @@ Data only: no rules, no IO.
 
 from __future__ import annotations
 
+import msgspec
+
 from metadata_image.image import TopicPartition
 from metadata_log.records import ElectionKind, UncleanRecoveryRecord
 
 
-class Election:
+class Election(msgspec.Struct, frozen=True, gc=False):
     """A leader chosen for a partition (a PartitionChangeRecord with `election` set)."""
 
-    __slots__ = ("kind", "leader", "tp")
-
-    def __init__(self, tp: TopicPartition, leader: int, kind: ElectionKind) -> None:
-        self.tp, self.leader, self.kind = tp, leader, kind
-
-    def __repr__(self) -> str:
-        return f"Election({self.tp!r}, leader={self.leader}, kind={self.kind.value})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Election) and (self.tp, self.leader, self.kind) == (
-            other.tp,
-            other.leader,
-            other.kind,
-        )
-
-    def __hash__(self) -> int:
-        return hash((self.tp, self.leader, self.kind))
+    tp: TopicPartition
+    leader: int
+    kind: ElectionKind
 
 
 class MetadataDelta:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-from controller.runtime.metrics import configure_process
+from controller.runtime.process import configure_process
 
 # What the controller's entry point sets for its process, set once for the test process.
 configure_process()

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Final
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -47,13 +47,6 @@ from metadata_log.records import (
 from protocol.codec import parse_address
 
 log = structlog.get_logger("metactl.controller.metrics")
-
-
-def configure_process() -> None:
-    """Process-wide prometheus_client settings, called by entry points (never on import):
-    the `_created` companion series of every counter and histogram would double the
-    series count, and nothing here reads them."""
-    disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 PREFIX: Final = "metactl_"

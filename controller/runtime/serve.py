@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import logging
 import signal
 import sys
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.core.config import ControllerConfig
-from controller.runtime.metrics import configure_process
+from controller.runtime.process import configure_process, freeze_heap
 from controller.runtime.service import ControllerService
 from metactl.errors import MetactlError
 from metactl.logs import configure
@@ -63,11 +62,7 @@ async def serve(args: Any) -> int:
     except MetactlError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    # The loaded image is long-lived: move it out of the cyclic GC's generations so full
-    # collections do not rescan millions of partition objects on every change. A
-    # process-wide setting, so it is made here, in the entry point, not in the library.
-    gc.collect()
-    gc.freeze()
+    freeze_heap()  # the loaded image is long-lived
     metrics = service.metrics_address
     print(
         f"READY controller listen={service.address}" + (f" metrics={metrics}" if metrics else ""),
