@@ -1,8 +1,10 @@
 """Spark audits of the metadata log: a PySpark data source, a Parquet export and audit jobs.
 
 * `audit.schema`: the flat, typed row schema every reader produces (one row per record).
-* `audit.logread`: reads the SQLite log read-only with the stdlib and turns stored
-  batches into Arrow record batches of that schema (used by the data source and export).
+* `audit.logread`: reads the SQLite log read-only with the stdlib (stored batches, bounds).
+* `audit.selection`: the record filters (types, anyOf) a reader can apply to raw bytes.
+* `audit.rows`: turns stored batches into Arrow record batches of that schema (used by
+  the data source and export).
 * `audit.source`: the Spark 4 Python data source ``metactl``
   (``spark.read.format("metactl").load("data-dir")``).
 * `audit.export`: ``metactl log export``: the same rows as Parquet, partitioned by date.

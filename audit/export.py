@@ -19,7 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from audit.logread import RowBuilder, log_info, read_arrow
+from audit.logread import log_info
+from audit.rows import RowBuilder, read_arrow
 from audit.schema import arrow_schema
 from audit.source import resolve_sources
 

@@ -27,7 +27,7 @@ Options (all optional):
 ``partitions``  number of input partitions per log (overrides partitionRecords).
 ``validate``    ``true``: also decode every batch with `records.decode_batch`.
 ``prefilter``   ``false``: decode every batch even when ``types``/``anyOf`` could skip it
-                by its bytes (see `audit.logread._patterns`; default ``true``).
+                by its bytes (see `audit.selection._patterns`; default ``true``).
 
 Each input partition is an offset range of one log; its reader opens the SQLite file
 read-only with the stdlib (no asyncio in executors), reads the stored batches whose base
@@ -46,14 +46,10 @@ from typing import Any, Final
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from audit.logread import (
-    RowBuilder,
-    cluster_name,
-    log_info,
-    parse_any_of,
-    read_arrow,
-)
+from audit.logread import cluster_name, log_info
+from audit.rows import RowBuilder, read_arrow
 from audit.schema import check_columns, check_types, spark_schema
+from audit.selection import parse_any_of
 
 FORMAT: Final = "metactl"
 DEFAULT_PARTITION_RECORDS: Final = 1_000_000

@@ -154,7 +154,7 @@ class AuditInput:
 def _any_of_condition(text: str) -> Any:
     from pyspark.sql import functions as F
 
-    from audit.logread import NOT_NULL, parse_any_of
+    from audit.selection import NOT_NULL, parse_any_of
 
     cond = F.lit(False)
     for col, want in parse_any_of(text):

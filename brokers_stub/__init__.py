@@ -4,6 +4,7 @@ It registers, heartbeats, tails the metadata log into a local image, and simulat
 replication with leader-epoch histories and offsets instead of record bytes, so that
 clean and unclean shutdowns, ISR changes and unclean recovery can be driven end to end.
 Modules: config, storage, replica_log, replication (pure decisions), replica_manager,
+leader (a led partition's soft state and its AlterPartition requests), fetcher,
 metadata (tails the log with `metadata_image.replay.apply` and hands on each delta),
 broker (the process, serving on `protocol.server`), cli, metrics, logctx. The protocol
 client is `protocol.client`; the image and its deltas come from `metadata_image`.

@@ -2,11 +2,12 @@
 
 Follows the metadata image: creates a replica for every partition assigned to this
 broker; as a leader appends the new leader epoch, simulates producers (the LEO grows at
-`produce_rate`), answers followers' ReplicaFetch, advances the high watermark and asks
-the controller to shrink or expand the ISR (one AlterPartition in flight per
-partition); as a follower fetches from the leader's endpoint, truncates where the logs
-diverge and copies the rest. Every change is written through the page cache; every
-flush interval (and at shutdown) changed replicas are fsynced.
+`produce_rate`), answers followers' ReplicaFetch, advances the high watermark and has
+`leader.IsrUpdater` ask the controller to shrink or expand the ISR (one AlterPartition
+in flight per partition); as a follower runs a `fetcher.Fetcher` per leader and applies
+its answers: truncates where the logs diverge and copies the rest. Every change is
+written through the page cache; every flush interval (and at shutdown) changed replicas
+are fsynced.
 
 Nothing acts on the image before it has caught up with the controller's committed end:
 while a restarted broker replays the log from 0, old images would name it leader of
@@ -20,70 +21,40 @@ write files other than the replica files.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Coroutine, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from brokers_stub import replica_log as rl
 from brokers_stub.config import BrokerConfig
+from brokers_stub.fetcher import Fetcher
+from brokers_stub.leader import IsrUpdater, LeaderState
 from brokers_stub.logctx import BrokerLog
 from brokers_stub.replica_log import ReplicaLog
 from brokers_stub.replication import (
     FollowerFetchState,
     divergence,
     follower_truncation,
-    isr_change,
     next_high_watermark,
     record_fetch,
 )
 from brokers_stub.storage import REPLICAS_DIR
-from metactl.errors import (
-    InvalidRequestError,
-    MetactlError,
-    NetworkError,
-    NotLeaderOrFollowerError,
-    UnknownTopicOrPartitionError,
-)
+from metactl.errors import NotLeaderOrFollowerError, UnknownTopicOrPartitionError
 from metadata_image.delta import MetadataDelta
 from metadata_image.image import EMPTY_INDEX, ClusterImage, PartitionState, TopicPartition, common
 from metadata_log.records import NO_LEADER, LeaderRecoveryState
-from protocol import messages as wire
 from protocol.client import RpcClient
 from protocol.messages import (
-    AlterPartition,
-    IsrMember,
     ReplicaFetchRequest,
     ReplicaFetchResponse,
     ReplicaLogInfoEntry,
     ReplicaRef,
 )
 
-ALTER_RETRY_MS = 1000
-PENDING_MAX_MS = 10_000
-
 
 def monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
-
-
-@dataclass
-class LeaderState:
-    """Soft state of one partition this broker leads, for one leader epoch."""
-
-    leader_epoch: int
-    followers: dict[int, FollowerFetchState] = field(default_factory=dict)
-    produce_credit: float = 0.0
-    alter_in_flight: bool = False
-    # An accepted AlterPartition whose record the image has not reached yet.
-    pending_partition_epoch: int | None = None
-    pending_isr: frozenset[int] = frozenset()
-    pending_until_ms: int = 0  # stop waiting for it then (the answer was never committed?)
-    # A refused or failed AlterPartition: retry once the partition changes, or later.
-    refused_at_partition_epoch: int | None = None
-    retry_at_ms: int = 0
 
 
 class ReplicaManager:
@@ -115,6 +86,14 @@ class ReplicaManager:
         self._running = False  # start() called: fetchers may run
         self._stopped = False  # stop() called: no new AlterPartition
         self._stale_leader_warned: set[tuple[TopicPartition, int]] = set()
+        self.isr_updater = IsrUpdater(
+            config,
+            log,
+            broker_epoch=broker_epoch,
+            controller=controller,
+            clock_ms=clock_ms,
+            spawn=self._spawn,
+        )
 
     # --- files ----------------------------------------------------------------------
 
@@ -350,101 +329,10 @@ class ReplicaManager:
         )
         return log.advance_high_watermark(hw)
 
-    def _active_epochs(self, image: ClusterImage) -> dict[int, int]:
-        return {b.broker_id: b.epoch for b in image.brokers.values() if b.active}
-
     def _maybe_alter_isr(self, tp: TopicPartition, now: int) -> None:
-        """Send an AlterPartition if the ISR should change (or the partition still awaits
-        the end of its recovery) and none is in flight or waiting to be seen."""
         image, st = self.image, self.leaders.get(tp)
-        epoch = self.broker_epoch()
-        if image is None or st is None or epoch is None or st.alter_in_flight:
-            return
-        if self.controller is None or self._stopped:
-            return
-        p = image.partition(tp)
-        if p is None or p.leader != self.broker_id:
-            return
-        if st.pending_partition_epoch is not None:
-            if p.partition_epoch < st.pending_partition_epoch and now < st.pending_until_ms:
-                return  # the accepted change is not in our image yet
-            st.pending_partition_epoch, st.pending_isr = None, frozenset()
-        if st.refused_at_partition_epoch is not None:
-            if p.partition_epoch == st.refused_at_partition_epoch and now < st.retry_at_ms:
-                return
-            st.refused_at_partition_epoch = None
-        elif now < st.retry_at_ms:
-            return
-        target = isr_change(
-            leader_id=self.broker_id,
-            isr=p.isr,
-            replicas=p.replicas,
-            followers=st.followers,
-            active_epochs=self._active_epochs(image),
-            now_ms=now,
-            lag_max_ms=self.config.replica_lag_time_max_ms,
-        )
-        recovering = p.recovery_state is LeaderRecoveryState.RECOVERING
-        if target is None and not recovering:
-            return
-        isr = target if target is not None else p.isr | {self.broker_id}
-        members = [
-            IsrMember(
-                broker_id=b,
-                broker_epoch=epoch if b == self.broker_id else image.brokers[b].epoch,
-            )
-            for b in sorted(isr)
-        ]
-        req = AlterPartition(
-            topic=p.topic,
-            partition=p.partition,
-            leader=self.broker_id,
-            broker_epoch=epoch,
-            partition_epoch=p.partition_epoch,
-            isr=members,
-            leader_epoch=p.leader_epoch,
-            recovered=True,  # the simulated log needs no recovery work
-        )
-        st.alter_in_flight = True
-        self._spawn(self._alter_partition(st, req, sorted(p.isr)), f"alter-{tp[0]}-{tp[1]}")
-
-    async def _alter_partition(
-        self, st: LeaderState, req: AlterPartition, old_isr: list[int]
-    ) -> None:
-        name = f"{req.topic}-{req.partition}"
-        new_isr = [m.broker_id for m in req.isr]
-        assert self.controller is not None
-        try:
-            resp = await self.controller.request(req, self.config.request_timeout_ms / 1000)
-            if not isinstance(resp, wire.PartitionState):
-                raise InvalidRequestError(f"unexpected {type(resp).__name__}")
-        except NetworkError as exc:
-            st.retry_at_ms = self.clock_ms() + ALTER_RETRY_MS // 2
-            self.log.warning("AlterPartition failed; will retry", partition=name, error=str(exc))
-        except MetactlError as exc:
-            # INVALID_UPDATE_VERSION, NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH,
-            # INELIGIBLE_REPLICA, STALE_BROKER_EPOCH, INVALID_REQUEST: our view is behind.
-            # Re-evaluate once the metadata moves on (or after a pause).
-            st.refused_at_partition_epoch = req.partition_epoch
-            st.retry_at_ms = self.clock_ms() + ALTER_RETRY_MS
-            self.log.info(
-                "AlterPartition refused", partition=name, code=exc.code, error=exc.message
-            )
-        else:
-            st.pending_partition_epoch = resp.partition_epoch
-            st.pending_isr = frozenset(resp.isr)
-            st.pending_until_ms = self.clock_ms() + PENDING_MAX_MS
-            self.log.info(
-                "AlterPartition accepted",
-                partition=name,
-                old_isr=old_isr,
-                proposed_isr=new_isr,
-                isr=resp.isr,
-                partition_epoch=resp.partition_epoch,
-                recovering=resp.recovering,
-            )
-        finally:
-            st.alter_in_flight = False
+        if image is not None and st is not None and not self._stopped:
+            self.isr_updater.maybe_alter(image, tp, st, now)
 
     # --- leader: serving followers ------------------------------------------------------
 
@@ -573,96 +461,3 @@ class ReplicaManager:
                 self.flush_changed()
             except OSError as exc:
                 self.log.error("replica flush failed", error=str(exc))
-
-
-class Fetcher:
-    """Fetches, for every partition this broker follows from one leader, in turn."""
-
-    def __init__(self, manager: ReplicaManager, leader_id: int) -> None:
-        self.manager = manager
-        self.leader_id = leader_id
-        self.client = RpcClient(
-            self._endpoint,
-            connect_timeout=manager.config.request_timeout_ms / 1000,
-            max_frame_bytes=manager.config.max_frame_bytes,
-        )
-        self.failures = 0
-        self.task = asyncio.ensure_future(self._run())
-        self.task.set_name(f"fetcher-{leader_id}")
-
-    def _endpoint(self) -> str:
-        image = self.manager.image
-        b = image.broker(self.leader_id) if image is not None else None
-        return b.endpoint if b is not None else ""
-
-    async def _run(self) -> None:
-        m = self.manager
-        try:
-            while True:
-                try:
-                    await self._round()
-                except Exception:
-                    m.log.exception("fetcher round failed", leader=self.leader_id)
-                    self.failures += 1
-                delay = m.config.fetch_interval_ms / 1000
-                if self.failures:
-                    delay = max(delay, min(0.05 * 2 ** min(self.failures, 5), 1.0))
-                await asyncio.sleep(delay)  # a timer: the fetch interval
-        finally:
-            with contextlib.suppress(Exception):
-                await self.client.close()
-
-    async def _round(self) -> None:
-        m = self.manager
-        image = m.image
-        if image is None or not self._endpoint():
-            return
-        for p in list(m.followed_partitions(image)):
-            if p.leader == self.leader_id:
-                await self._fetch(p.tp)
-
-    async def _fetch(self, tp: TopicPartition) -> None:
-        m = self.manager
-        epoch = m.broker_epoch()
-        image = m.image
-        if epoch is None or image is None:
-            return
-        p = image.partition(tp)
-        log = m.logs.get(tp)
-        if p is None or log is None or p.leader != self.leader_id:
-            return
-        sent_offset = log.log_end_offset
-        req = ReplicaFetchRequest(
-            topic=tp[0],
-            partition=tp[1],
-            follower_id=m.broker_id,
-            follower_broker_epoch=epoch,
-            fetch_offset=sent_offset,
-            last_fetched_epoch=log.last_fetched_epoch,
-        )
-        try:
-            resp = await self.client.request(req, m.config.request_timeout_ms / 1000)
-        except NetworkError as exc:
-            if self.failures == 0:
-                m.log.warning("replica fetch failed", leader=self.leader_id, error=exc.message)
-            self.failures += 1
-            return
-        except MetactlError as exc:
-            m.log.debug("replica fetch refused", partition=log.name, code=exc.code)
-            return
-        if self.failures:
-            m.log.info("replica fetch recovered", leader=self.leader_id)
-            self.failures = 0
-        if not isinstance(resp, ReplicaFetchResponse):
-            m.log.warning("unexpected fetch answer", answer=type(resp).__name__)
-            return
-        now_image = m.image
-        now_p = now_image.partition(tp) if now_image is not None else None
-        if (
-            now_p is None
-            or now_p.leader != self.leader_id
-            or now_p.leader_epoch != p.leader_epoch
-            or resp.leader_epoch != p.leader_epoch
-        ):
-            return  # leadership moved, or the leader has not caught up with it yet
-        m.apply_fetch_response(tp, sent_offset, resp)

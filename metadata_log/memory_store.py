@@ -14,7 +14,8 @@ import bisect
 from dataclasses import dataclass, field
 
 from metactl.errors import LogError
-from metadata_log.store import LogStore, StoredBatch, StoredSnapshot
+from metadata_log.batch_format import StoredBatch, StoredSnapshot
+from metadata_log.store import LogStore
 
 __all__ = ["MemoryLogStore", "MemoryStorage"]
 

@@ -35,8 +35,9 @@ separate read-only connection and never ask for offsets at or past the published
 offset; another process sees a commit only once SQLite has made it durable.
 
 Crash safety: a commit is atomic (SQLite's WAL), so a crash leaves whole batches only.
-Opening checks the header (magic, schema version) and the CRCs and offset continuity of
-the last `TAIL_CHECK_BATCHES` batches; `verify()` checks everything. Nothing is ever
+Opening checks the header (magic, schema version) and the CRCs, record counts and offset
+continuity of the last `TAIL_CHECK_BATCHES` batches, without decoding them (reads decode
+and check every batch they touch); `verify()` checks everything. Nothing is ever
 truncated or repaired silently: damage raises `CorruptLogError` naming file and offset.
 
 Disk full (SQLITE_FULL) or a busy database during a commit: the transaction is rolled
@@ -73,13 +74,13 @@ from metactl.errors import (
     LogSchemaError,
     StorageError,
 )
-from metadata_log.store import (
-    LogStore,
+from metadata_log.batch_format import (
     StoredBatch,
     StoredSnapshot,
-    check_batch,
+    check_batch_frame,
     check_continuity,
 )
+from metadata_log.store import LogStore
 
 __all__ = [
     "FOLLOWER_POLL_INTERVAL",
@@ -546,7 +547,14 @@ class SqliteLogStore(LogStore):
 
 
 async def _check_tail(conn: aiosqlite.Connection, location: str, start: int, end: int) -> None:
-    """Check CRCs, decodability and continuity of the last `TAIL_CHECK_BATCHES` batches."""
+    """Check CRCs, record counts and continuity of the last `TAIL_CHECK_BATCHES` batches.
+
+    The records are not decoded here (`check_batch_frame`): the CRC already proves each
+    batch is what was written, and whoever reads the records (replay, right after opening)
+    decodes them and checks each batch again. On the restart benchmark's log, whose 1.2 M
+    records sit in fewer than `TAIL_CHECK_BATCHES` batches, the CRCs take 35 ms, decoding
+    took 2.1 s.
+    """
     try:
         # Bounded by `end`: a writer in another process may have appended since.
         rows = list(await conn.execute_fetchall(_TAIL_BATCHES, (end, TAIL_CHECK_BATCHES)))
@@ -559,4 +567,4 @@ async def _check_tail(conn: aiosqlite.Connection, location: str, start: int, end
     if check_continuity(batches, first, location) != end:
         raise CorruptLogError("log tail does not end at its end offset", path=location, offset=end)
     for batch in batches:
-        check_batch(batch, location)
+        check_batch_frame(batch, location)

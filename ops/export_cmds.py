@@ -84,7 +84,7 @@ def add_source_options(parser: argparse.ArgumentParser) -> None:
 
 def input_from_args(args: argparse.Namespace, since: str | None, until: str | None) -> Any:
     from audit.spark import AuditInput
-    from simulation.history import parse_time_ms
+    from simulation.history_config import parse_time_ms
 
     return AuditInput.of(
         _split(args.data_dir) or None,

@@ -28,8 +28,8 @@ from metactl.errors import (
     OffsetOutOfRangeError,
 )
 from metactl.logs import configure
+from metadata_log.batch_format import LogEntry
 from metadata_log.records import RECORD_TYPES, record_type, to_builtins
-from metadata_log.store import LogEntry
 
 EXIT_OK = 0
 EXIT_ERROR = 1

@@ -15,13 +15,9 @@ from typing import Any
 import msgspec
 
 from metactl.errors import MetactlError, ScenarioError
-from simulation.scenario import (
-    PartitionReport,
-    StepReport,
-    Summary,
-    load_scenario,
-    run_scenario,
-)
+from simulation.scenario import run_scenario
+from simulation.scenario_format import load_scenario
+from simulation.scenario_report import PartitionReport, StepReport, Summary
 
 
 def register(sub: Any) -> None:

@@ -45,7 +45,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _history(args: argparse.Namespace) -> int:
     from metactl.errors import MetactlError
-    from simulation.history import HistoryConfig, parse_time_ms, simulate_history
+    from simulation.history import simulate_history
+    from simulation.history_config import HistoryConfig, parse_time_ms
 
     try:
         if args.brokers < 1 or args.partitions < 1 or args.days <= 0:

@@ -51,7 +51,8 @@ def crafted_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def sim_log(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     """A small simulated day: 5 brokers, 60 partitions, busy enough for recoveries."""
-    from simulation.history import HistoryConfig, simulate_history
+    from simulation.history import simulate_history
+    from simulation.history_config import HistoryConfig
 
     path = tmp_path_factory.mktemp("sim") / "sim"
     cfg = HistoryConfig(brokers=5, partitions=60, days=1.0, seed=7, intensity=4.0, outages=2.0)

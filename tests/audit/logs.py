@@ -26,7 +26,8 @@ from metadata_log.records import (
     UncleanRecoveryRecord,
 )
 from metadata_log.sqlite_store import SqliteLogStore
-from simulation.scenario import load_scenario, run_scenario
+from simulation.scenario import run_scenario
+from simulation.scenario_format import load_scenario
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 SCENARIOS: Final = {p.stem: p for p in sorted((ROOT / "simulation" / "scenarios").glob("*.yaml"))}

@@ -10,7 +10,8 @@ import pytest
 
 from audit.logread import iter_batches, log_info
 from metadata_log.records import decode_batch, encode_record, record_type
-from simulation.history import HistoryConfig, simulate_history
+from simulation.history import simulate_history
+from simulation.history_config import HistoryConfig
 
 pytestmark = pytest.mark.slow
 

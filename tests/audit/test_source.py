@@ -11,8 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from audit.export import export_parquet
-from audit.logread import NOT_NULL, RowBuilder, iter_batches, log_info, read_arrow
+from audit.logread import iter_batches, log_info
+from audit.rows import RowBuilder, read_arrow
 from audit.schema import COLUMN_NAMES, FIELD_SOURCES, POSITIONAL
+from audit.selection import NOT_NULL
 from metactl.errors import CorruptLogError
 from metadata_log.records import decode_batch, record_type
 

@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -225,14 +226,27 @@ async def test_leads_produces_and_flushes_everything_at_shutdown(
     assert controller.of(AlterPartition) == []  # nothing to change
 
 
+class _WatchedEvent(asyncio.Event):
+    """An Event that says when someone starts waiting on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = asyncio.Event()
+
+    async def wait(self) -> Literal[True]:
+        self.waiting.set()  # no await between this and the wait below
+        return await super().wait()
+
+
 async def test_a_cancellation_coinciding_with_a_wakeup_is_not_lost(tmp_path: Path) -> None:
     """The heartbeat task waits on a timer-or-event; cancelling it just as the event fires
     must still cancel it (asyncio.wait_for on 3.11 loses that cancellation, and a broker
     then hung in its shutdown)."""
     broker = Broker(BrokerConfig(broker_id=1, controller="127.0.0.1:1", data_dir=tmp_path))
-    event = asyncio.Event()
+    event = _WatchedEvent()
     task = asyncio.create_task(broker._wait_or_stop(60, event))
-    await asyncio.sleep(0)  # let it start waiting
+    await event.waiting.wait()  # it is now inside event.wait(), under its timeout
+    assert not task.done()
     event.set()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

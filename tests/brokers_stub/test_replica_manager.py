@@ -7,7 +7,6 @@ explicit virtual clock.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -279,23 +278,24 @@ async def test_isr_expands_once_a_follower_caught_up(tmp_path: Path) -> None:
     f3.on_metadata(image, None, True)
     leader.tick(clock.now, 100)
     fetch(leader, f3)  # from 0, leader at 10: behind
-    await asyncio.sleep(0)
+    await leader.isr_updater.settled()  # any AlterPartition decided on has been sent
     assert ctl.requests == []
     clock.now += 100
     leader.tick(clock.now, 100)
     fetch(leader, f3)  # holds the 10 we had at its previous fetch: caught up
-    await eventually(lambda: len(ctl.requests) == 1, what="an AlterPartition")
+    await leader.isr_updater.settled()
+    assert len(ctl.requests) == 1
     req = ctl.requests[0]
     assert [(m.broker_id, m.broker_epoch) for m in req.isr] == [(1, 100), (2, 200), (3, 300)]
     assert (req.leader, req.broker_epoch, req.partition_epoch, req.leader_epoch) == (1, 100, 0, 0)
     # Accepted: nothing more is sent until the image shows the change.
-    await eventually(lambda: not leader.leaders[TP].alter_in_flight)
+    assert not leader.leaders[TP].alter_in_flight
     fetch(leader, f3)
-    await asyncio.sleep(0)
+    await leader.isr_updater.settled()
     assert len(ctl.requests) == 1
     leader.on_metadata(change(image, isr=[1, 2, 3]), None, True)
     fetch(leader, f3)
-    await asyncio.sleep(0)
+    await leader.isr_updater.settled()
     assert len(ctl.requests) == 1  # nothing left to change
 
 
@@ -318,9 +318,10 @@ async def test_refused_alter_partition_waits_for_new_metadata(tmp_path: Path) ->
     leader.on_metadata(image, None, True)
     clock.now += 3001  # neither 2 nor 3 has been caught up for the lag time
     leader.tick(clock.now, 0)
-    await eventually(lambda: not leader.leaders[TP].alter_in_flight and bool(ctl.requests))
+    await leader.isr_updater.settled()
+    assert len(ctl.requests) == 1 and not leader.leaders[TP].alter_in_flight
     leader.tick(clock.now, 0)
-    await asyncio.sleep(0)
+    await leader.isr_updater.settled()
     assert len(ctl.requests) == 1  # same partition epoch: wait
     image = change(image, isr=[1, 2, 3])  # something else changed it (epoch 0 -> 1)
     leader.on_metadata(image, None, True)

@@ -6,6 +6,7 @@ import asyncio
 import sqlite3
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from metactl.errors import (
@@ -16,7 +17,8 @@ from metactl.errors import (
     LogSchemaError,
     StorageError,
 )
-from metadata_log.records import MetadataRecord, NoOpRecord, TopicRecord
+from metadata_log.batch_format import batch_crc
+from metadata_log.records import MetadataRecord, NoOpRecord, TopicRecord, encode_batch
 from metadata_log.sqlite_store import LOG_FILE_NAME, SqliteLogStore, resolve_log_path
 from tests.metadata_log.log_fixtures import change, records
 
@@ -140,6 +142,50 @@ async def test_a_corrupt_payload_before_the_tail_is_found_by_verify_and_reads(
             await store.verify()
         assert raised.value.offset == 3
         assert raised.value.path == str(tmp_path / LOG_FILE_NAME)
+
+
+def rewrite_batch(path: Path, base_offset: int, payload: bytes) -> None:
+    """Replace a stored batch's payload, with a CRC that matches: what a writer bug would do."""
+    with sqlite3.connect(path) as conn:
+        count, timestamp_ms = conn.execute(
+            "SELECT record_count, timestamp_ms FROM batches WHERE base_offset = ?", (base_offset,)
+        ).fetchone()
+        conn.execute(
+            "UPDATE batches SET payload = ?, crc = ? WHERE base_offset = ?",
+            (payload, batch_crc(base_offset, count, timestamp_ms, payload), base_offset),
+        )
+
+
+async def test_a_tail_batch_whose_payload_holds_the_wrong_count_fails_open(
+    tmp_path: Path,
+) -> None:
+    ranges = await write_log(tmp_path, [records(5, first=5 * i) for i in range(4)])
+    path = tmp_path / LOG_FILE_NAME
+    rewrite_batch(path, ranges[2].start, encode_batch(records(6)))
+
+    with pytest.raises(CorruptLogError, match="says 5 records, payload holds 6") as raised:
+        await SqliteLogStore.open(tmp_path)
+    assert raised.value.offset == ranges[2].start
+    assert raised.value.path == str(path)
+
+
+async def test_a_tail_batch_that_does_not_decode_under_a_valid_crc_fails_reads_not_open(
+    tmp_path: Path,
+) -> None:
+    # Opening checks the tail's CRCs and record counts but does not decode it; the first
+    # read of the batch (replay, right after opening) finds it.
+    ranges = await write_log(tmp_path, [records(5, first=5 * i) for i in range(4)])
+    rewrite_batch(tmp_path / LOG_FILE_NAME, ranges[2].start, msgspec.msgpack.encode([7] * 5))
+
+    async with await SqliteLogStore.open(tmp_path) as store:
+        assert store.end_offset == ranges[-1].stop
+        assert len(await store.read(0, max_records=ranges[2].start)) == ranges[2].start
+        with pytest.raises(CorruptLogError, match="does not decode") as raised:
+            await store.read(0)
+        assert raised.value.offset == ranges[2].start
+        with pytest.raises(CorruptLogError, match="does not decode") as raised:
+            await store.verify()
+        assert raised.value.offset == ranges[2].start
 
 
 async def test_a_damaged_sqlite_page_is_a_corrupt_log_error(tmp_path: Path) -> None:

@@ -23,10 +23,11 @@ from metactl.errors import (
     LogSchemaError,
     OffsetOutOfRangeError,
 )
+from metadata_log.batch_format import LogEntry
 from metadata_log.memory_store import MemoryLogStore
 from metadata_log.records import MetadataRecord, NoOpRecord
 from metadata_log.sqlite_store import SqliteLogStore
-from metadata_log.store import LogEntry, LogStore
+from metadata_log.store import LogStore
 from tests.metadata_log.log_fixtures import change, record_strategy, records
 
 

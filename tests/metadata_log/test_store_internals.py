@@ -7,16 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from metactl.errors import FatalStorageError, StorageError
+from metactl.errors import CorruptLogError, FatalStorageError, StorageError
+from metadata_log.backends import open_store
+from metadata_log.batch_format import StoredBatch, batch_crc, check_batch_frame, concat_batches
+from metadata_log.group_commit import MERGED_BATCH_RECORDS
 from metadata_log.memory_store import MemoryLogStore, MemoryStorage
 from metadata_log.records import MetadataRecord, NoOpRecord, decode_batch, encode_batch
 from metadata_log.sqlite_store import SqliteLogStore
-from metadata_log.store import (
-    MERGED_BATCH_RECORDS,
-    StoredBatch,
-    concat_batches,
-    open_store,
-)
 from tests.metadata_log.log_fixtures import change, records
 
 
@@ -74,6 +71,23 @@ def test_concat_batches_is_encoding_the_records_together(sizes: list[int]) -> No
     joined = concat_batches([encode_batch(p) for p in parts], sum(sizes))
     assert joined == encode_batch([r for p in parts for r in p])
     assert len(decode_batch(joined)) == sum(sizes)
+
+
+@pytest.mark.parametrize("count", [1, 15, 16, 65_535, 65_536])
+def test_check_batch_frame_reads_the_record_count_without_decoding(count: int) -> None:
+    def stored(payload: bytes, count: int = count) -> StoredBatch:
+        return StoredBatch(10, count, 5, batch_crc(10, count, 5, payload), payload)
+
+    payload = encode_batch([NoOpRecord()] * count)
+    check_batch_frame(stored(payload), "here")
+    with pytest.raises(CorruptLogError, match=f"says {count + 1} records, payload holds {count}"):
+        check_batch_frame(stored(payload, count + 1), "here")
+    with pytest.raises(CorruptLogError, match="CRC mismatch"):
+        check_batch_frame(StoredBatch(10, count, 5, 0, payload), "here")
+    for not_an_array in (b"", b"\xc0", payload[:2] if count >= 16 else b"\xdc"):
+        with pytest.raises(CorruptLogError, match="not a MessagePack array") as raised:
+            check_batch_frame(stored(not_an_array), "here")
+        assert raised.value.offset == 10
 
 
 async def test_open_store_understands_paths_and_urls(tmp_path: Path) -> None:

@@ -20,7 +20,8 @@ from metadata_log.records import (
     RegisterBrokerRecord,
     UncleanRecoveryRecord,
 )
-from simulation.scenario import ScenarioRun, load_scenario
+from simulation.scenario import ScenarioRun
+from simulation.scenario_format import load_scenario
 from tests.observability.kit import REPO, Cluster
 
 PDL = "metactl_potential_data_loss_events_total"

@@ -9,9 +9,21 @@ import pytest
 
 from metactl.errors import ScenarioError
 from ops.cli import main
-from simulation.scenario import load_scenario, parse_scenario, run_scenario
+from simulation.scenario import run_scenario
+from simulation.scenario_format import Scenario, load_scenario, parse_scenario
 
 SCENARIOS = sorted((Path(__file__).parents[2] / "simulation" / "scenarios").glob("*.yaml"))
+
+
+def missing_expectation(scenario: Scenario) -> str | None:
+    """Why a shipped scenario proves nothing, or None: it needs at least one `expect` step
+    (an `expect_error` only checks the previous step's error, not the outcome)."""
+    if any(step.action == "expect" for step in scenario.steps):
+        return None
+    return (
+        f"{scenario.source or 'scenario'} has no `expect` step: a shipped scenario must state"
+        " the outcome it demonstrates (add e.g. `- expect: {partition: t-0, leader: 1}`)"
+    )
 
 
 def test_the_reference_examples_and_cases_are_shipped() -> None:
@@ -28,11 +40,27 @@ def test_the_reference_examples_and_cases_are_shipped() -> None:
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 async def test_shipped_scenario_holds(path: Path, tmp_path: Path) -> None:
-    reports, summary = await run_scenario(load_scenario(path), tmp_path)
+    scenario = load_scenario(path)
+    problem = missing_expectation(scenario)
+    assert problem is None, problem
+    reports, summary = await run_scenario(scenario, tmp_path)
     failures = [f"step {r.step}: {f}" for r in reports for f in r.failures]
     assert failures == []
     assert summary.failed_expectations == 0
     assert summary.steps == len(reports)
+
+
+def test_a_scenario_without_expect_is_reported() -> None:
+    steps: list[object] = [{"fence": 1}, {"elect": {"partition": "t-0", "type": "preferred"}}]
+    doc = {"brokers": [1, 2, 3], "topics": [{"name": "t", "partitions": [[1, 2, 3]]}]}
+    problem = missing_expectation(parse_scenario({**doc, "steps": steps}, source="x.yaml"))
+    assert problem is not None
+    assert problem.startswith("x.yaml has no `expect` step")
+    # expect_error alone does not count: it checks an error, not the outcome.
+    steps.append({"expect_error": "ELECTION_NOT_NEEDED"})
+    assert missing_expectation(parse_scenario({**doc, "steps": steps})) is not None
+    steps.append({"expect": {"partition": "t-0", "leader": 2}})
+    assert missing_expectation(parse_scenario({**doc, "steps": steps})) is None
 
 
 def _run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[str], str]:

@@ -1,0 +1,180 @@
+"""The leader side of a partition's replication: its soft state, and the ISR changes it
+asks the controller for.
+
+`LeaderState` is what this broker knows of one partition it leads, for one leader epoch:
+its followers' fetch positions, the simulated producers' credit, and where its
+AlterPartition stands (in flight, accepted but not yet in the image, or refused).
+`IsrUpdater` decides with `replication.isr_change` whether a led partition's ISR should
+change (or its recovery be reported) and sends one AlterPartition at a time per
+partition, recording the answer in that partition's `LeaderState`.
+
+This module must not touch replica logs or files, nor follow the metadata log: the
+replica manager hands it the caught-up image and the state of the partition it leads,
+and owns the tasks it spawns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from brokers_stub.config import BrokerConfig
+from brokers_stub.logctx import BrokerLog
+from brokers_stub.replication import FollowerFetchState, isr_change
+from metactl.errors import InvalidRequestError, MetactlError, NetworkError
+from metadata_image.image import ClusterImage, TopicPartition
+from metadata_log.records import LeaderRecoveryState
+from protocol import messages as wire
+from protocol.client import RpcClient
+from protocol.messages import AlterPartition, IsrMember
+
+ALTER_RETRY_MS = 1000
+PENDING_MAX_MS = 10_000
+
+
+@dataclass
+class LeaderState:
+    """Soft state of one partition this broker leads, for one leader epoch."""
+
+    leader_epoch: int
+    followers: dict[int, FollowerFetchState] = field(default_factory=dict)
+    produce_credit: float = 0.0
+    alter_in_flight: bool = False
+    # An accepted AlterPartition whose record the image has not reached yet.
+    pending_partition_epoch: int | None = None
+    pending_isr: frozenset[int] = frozenset()
+    pending_until_ms: int = 0  # stop waiting for it then (the answer was never committed?)
+    # A refused or failed AlterPartition: retry once the partition changes, or later.
+    refused_at_partition_epoch: int | None = None
+    retry_at_ms: int = 0
+
+
+class IsrUpdater:
+    """Sends the AlterPartition requests of the partitions this broker leads."""
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        log: BrokerLog,
+        *,
+        broker_epoch: Callable[[], int | None],
+        controller: RpcClient | None,
+        clock_ms: Callable[[], int],
+        spawn: Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]],
+    ) -> None:
+        self.config = config
+        self.broker_id = config.broker_id
+        self.log = log
+        self.broker_epoch = broker_epoch
+        self.controller = controller
+        self.clock_ms = clock_ms
+        self._spawn = spawn  # the replica manager's: it cancels them at stop
+        self._in_flight: set[asyncio.Task[None]] = set()
+
+    async def settled(self) -> None:
+        """Return once every AlterPartition sent so far has been answered (or has failed).
+
+        Lets a caller that has just driven the leader (a tick, a fetch) know that any
+        request it decided on has reached the controller."""
+        while self._in_flight:
+            await asyncio.wait(set(self._in_flight))  # never cancels them
+
+    def maybe_alter(
+        self, image: ClusterImage, tp: TopicPartition, st: LeaderState, now: int
+    ) -> None:
+        """Send an AlterPartition if the ISR should change (or the partition still awaits
+        the end of its recovery) and none is in flight or waiting to be seen."""
+        epoch = self.broker_epoch()
+        if epoch is None or st.alter_in_flight or self.controller is None:
+            return
+        p = image.partition(tp)
+        if p is None or p.leader != self.broker_id:
+            return
+        if st.pending_partition_epoch is not None:
+            if p.partition_epoch < st.pending_partition_epoch and now < st.pending_until_ms:
+                return  # the accepted change is not in our image yet
+            st.pending_partition_epoch, st.pending_isr = None, frozenset()
+        if st.refused_at_partition_epoch is not None:
+            if p.partition_epoch == st.refused_at_partition_epoch and now < st.retry_at_ms:
+                return
+            st.refused_at_partition_epoch = None
+        elif now < st.retry_at_ms:
+            return
+        target = isr_change(
+            leader_id=self.broker_id,
+            isr=p.isr,
+            replicas=p.replicas,
+            followers=st.followers,
+            active_epochs=_active_epochs(image),
+            now_ms=now,
+            lag_max_ms=self.config.replica_lag_time_max_ms,
+        )
+        recovering = p.recovery_state is LeaderRecoveryState.RECOVERING
+        if target is None and not recovering:
+            return
+        isr = target if target is not None else p.isr | {self.broker_id}
+        members = [
+            IsrMember(
+                broker_id=b,
+                broker_epoch=epoch if b == self.broker_id else image.brokers[b].epoch,
+            )
+            for b in sorted(isr)
+        ]
+        req = AlterPartition(
+            topic=p.topic,
+            partition=p.partition,
+            leader=self.broker_id,
+            broker_epoch=epoch,
+            partition_epoch=p.partition_epoch,
+            isr=members,
+            leader_epoch=p.leader_epoch,
+            recovered=True,  # the simulated log needs no recovery work
+        )
+        st.alter_in_flight = True
+        task = self._spawn(self._alter_partition(st, req, sorted(p.isr)), f"alter-{tp[0]}-{tp[1]}")
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+
+    async def _alter_partition(
+        self, st: LeaderState, req: AlterPartition, old_isr: list[int]
+    ) -> None:
+        name = f"{req.topic}-{req.partition}"
+        new_isr = [m.broker_id for m in req.isr]
+        assert self.controller is not None
+        try:
+            resp = await self.controller.request(req, self.config.request_timeout_ms / 1000)
+            if not isinstance(resp, wire.PartitionState):
+                raise InvalidRequestError(f"unexpected {type(resp).__name__}")
+        except NetworkError as exc:
+            st.retry_at_ms = self.clock_ms() + ALTER_RETRY_MS // 2
+            self.log.warning("AlterPartition failed; will retry", partition=name, error=str(exc))
+        except MetactlError as exc:
+            # INVALID_UPDATE_VERSION, NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH,
+            # INELIGIBLE_REPLICA, STALE_BROKER_EPOCH, INVALID_REQUEST: our view is behind.
+            # Re-evaluate once the metadata moves on (or after a pause).
+            st.refused_at_partition_epoch = req.partition_epoch
+            st.retry_at_ms = self.clock_ms() + ALTER_RETRY_MS
+            self.log.info(
+                "AlterPartition refused", partition=name, code=exc.code, error=exc.message
+            )
+        else:
+            st.pending_partition_epoch = resp.partition_epoch
+            st.pending_isr = frozenset(resp.isr)
+            st.pending_until_ms = self.clock_ms() + PENDING_MAX_MS
+            self.log.info(
+                "AlterPartition accepted",
+                partition=name,
+                old_isr=old_isr,
+                proposed_isr=new_isr,
+                isr=resp.isr,
+                partition_epoch=resp.partition_epoch,
+                recovering=resp.recovering,
+            )
+        finally:
+            st.alter_in_flight = False
+
+
+def _active_epochs(image: ClusterImage) -> dict[int, int]:
+    return {b.broker_id: b.epoch for b in image.brokers.values() if b.active}
