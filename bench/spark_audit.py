@@ -59,7 +59,8 @@ from metadata_log.records import (
     decode_batch,
 )
 from metadata_log.sqlite_store import LOG_FILE_NAME, SqliteLogStore
-from simulation.history import DAY_MS, HistoryConfig, simulate_history
+from simulation.history import simulate_history
+from simulation.history_config import DAY_MS, HistoryConfig
 
 BASE_DAYS = 12.0  # 30 brokers / 5000 partitions make ~90k records a day
 BROKER_STRIDE = 1000

@@ -8,7 +8,7 @@ This module holds data and read-only queries only: no rules, no IO.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from typing import Final
 
 import immutables
@@ -21,7 +21,47 @@ TopicPartition = tuple[str, int]
 EMPTY: Final[frozenset[int]] = frozenset()
 
 
-EMPTY_INDEX: Final[immutables.Map[TopicPartition, None]] = immutables.Map()
+class ReplicaIndex(msgspec.Struct, frozen=True, gc=False):
+    """The partitions that have a replica on one broker, grouped by topic.
+
+    A set-like, immutable collection of TopicPartitions. Grouping by topic makes creating
+    a topic of N partitions cost N list appends and one frozenset per broker, rather than
+    N persistent-map inserts per replica, and keeps a million-partition index small.
+    Iteration is deterministic: topics in name order, partitions in set order (integer
+    hashing does not vary between processes).
+    """
+
+    topics: immutables.Map[str, frozenset[int]] = immutables.Map()
+    size: int = 0
+
+    def __contains__(self, tp: object) -> bool:
+        if not isinstance(tp, tuple) or len(tp) != 2:
+            return False
+        parts = self.topics.get(tp[0])
+        return parts is not None and tp[1] in parts
+
+    def __iter__(self) -> Iterator[TopicPartition]:
+        topics = self.topics
+        for topic in sorted(topics.keys()):
+            for i in topics[topic]:
+                yield (topic, i)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def added(self, new: Mapping[str, Collection[int]]) -> ReplicaIndex:
+        """This index plus new partitions (topic -> partition numbers not yet in it)."""
+        size = self.size
+        m = self.topics.mutate()
+        for topic, parts in new.items():
+            old = m.get(topic)
+            merged = frozenset(parts) if old is None else old.union(parts)
+            size += len(merged) - (0 if old is None else len(old))
+            m[topic] = merged
+        return ReplicaIndex(m.finish(), size)
+
+
+EMPTY_INDEX: Final[ReplicaIndex] = ReplicaIndex()
 
 
 def common(
@@ -98,16 +138,17 @@ class ClusterImage(msgspec.Struct, frozen=True, kw_only=True):
     topics: immutables.Map[str, TopicState] = immutables.Map()
     partitions: immutables.Map[TopicPartition, PartitionState] = immutables.Map()
     # Derived indexes, maintained by replay so that rules touch only what they must.
-    replicas_by_broker: immutables.Map[int, immutables.Map[TopicPartition, None]] = immutables.Map()
+    replicas_by_broker: immutables.Map[int, ReplicaIndex] = immutables.Map()
     offline: immutables.Map[TopicPartition, None] = immutables.Map()
+    # The brokers that are registered, unfenced and not in controlled shutdown.
+    active: frozenset[int] = EMPTY
     end_offset: int = 0
 
     def broker(self, broker_id: int) -> BrokerState | None:
         return self.brokers.get(broker_id)
 
     def is_active(self, broker_id: int) -> bool:
-        b = self.brokers.get(broker_id)
-        return b is not None and b.active
+        return broker_id in self.active
 
     def partition(self, tp: TopicPartition) -> PartitionState | None:
         return self.partitions.get(tp)
@@ -117,8 +158,10 @@ class ClusterImage(msgspec.Struct, frozen=True, kw_only=True):
         index = self.replicas_by_broker.get(broker_id)
         if index is None:
             return
-        for tp in index:
-            yield self.partitions[tp]
+        partitions = self.partitions
+        for topic in sorted(index.topics.keys()):
+            for i in index.topics[topic]:
+                yield partitions[(topic, i)]
 
     def offline_partitions(self) -> Iterator[PartitionState]:
         for tp in self.offline:
@@ -140,4 +183,5 @@ class ClusterImage(msgspec.Struct, frozen=True, kw_only=True):
             and self.partitions == other.partitions
             and self.replicas_by_broker == other.replicas_by_broker
             and self.offline == other.offline
+            and self.active == other.active
         )

@@ -19,7 +19,7 @@ from typing import Final
 import msgspec
 
 from controller.core.config import ControllerConfig
-from controller.core.partition_change import build_change
+from controller.core.partition_change import build_change, remove_from_isrs
 from metactl.errors import (
     BrokerIdNotRegisteredError,
     DuplicateBrokerRegistrationError,
@@ -127,12 +127,7 @@ def _require_partition(image: ClusterImage, topic: str, partition: int) -> Parti
 
 def _fence_changes(txn: _Txn, broker_id: int, reason: ChangeReason) -> None:
     """Rule 2 / rule 5: leave every ISR; re-elect where the broker led."""
-    image = txn.image
-    txn.partition_changes(
-        build_change(image, p, reason=reason, target_isr=p.isr - {broker_id}, broker=broker_id)
-        for p in image.partitions_of(broker_id)
-        if broker_id in p.isr
-    )
+    txn.partition_changes(remove_from_isrs(txn.image, broker_id, reason=reason))
 
 
 def fence_broker(
@@ -476,17 +471,23 @@ def create_topic(
             recovery_strategy=req.recovery_strategy,
         )
     ]
-    is_active = image.is_active
+    live = image.active
+    # Striped placement repeats a few assignments; work out each one's ISR once.
+    shapes: dict[tuple[int, ...], tuple[list[int], int, int]] = {}
     for i, a in enumerate(assignments):
-        isr = [r for r in a if is_active(r)]
+        key = tuple(a)
+        shape = shapes.get(key)
+        if shape is None:
+            isr = [r for r in a if r in live]
+            shape = shapes[key] = (sorted(isr), isr[0], min(min_isr, len(a)))
         records.append(
             PartitionRecord(
                 topic=req.name,
                 partition=i,
                 replicas=a,
-                isr=sorted(isr),
-                leader=isr[0],
-                min_isr=min(min_isr, len(a)),
+                isr=shape[0],
+                leader=shape[1],
+                min_isr=shape[2],
             )
         )
     return HandlerResult(

@@ -12,6 +12,8 @@ keeps a single last-known leader), and it shrinks when a member re-enters the IS
 
 from __future__ import annotations
 
+import msgspec
+
 from metadata_image.image import EMPTY, ClusterImage, PartitionState
 from metadata_log.records import (
     NO_LEADER,
@@ -46,14 +48,15 @@ def clean_leader(
 ) -> tuple[int, ElectionKind | None]:
     """Rule 2's order: keep a valid leader, else the first active ISR member in assignment
     order, else (ISR empty) the first active ELR member (case B), else no leader."""
-    if p.leader in isr and image.is_active(p.leader):
+    active = image.active
+    if p.leader in isr and p.leader in active:
         return p.leader, None
     for r in p.replicas:
-        if r in isr and image.is_active(r):
+        if r in isr and r in active:
             return r, ElectionKind.ISR
     if not isr:
         for r in p.replicas:
-            if r in elr and image.is_active(r):
+            if r in elr and r in active:
                 return r, ElectionKind.ELR
     return NO_LEADER, None
 
@@ -89,8 +92,9 @@ def build_change(
         recovery_state = LeaderRecoveryState.RECOVERING
     else:
         isr = old_isr if target_isr is None else target_isr
-        elr = p.elr - unclean_excluded
-        lkelr = p.last_known_elr | (p.elr & unclean_excluded)
+        elr, lkelr = p.elr, p.last_known_elr
+        if unclean_excluded:
+            elr, lkelr = elr - unclean_excluded, lkelr | (elr & unclean_excluded)
         elr, lkelr = next_elr(old_isr, isr, elr, lkelr, p.min_isr)
         if elect is not None:
             leader, kind = elect
@@ -126,3 +130,56 @@ def build_change(
         recovery_state=recovery_state,
         broker=broker,
     )
+
+
+def remove_from_isrs(
+    image: ClusterImage, broker_id: int, *, reason: ChangeReason
+) -> list[PartitionChangeRecord]:
+    """`build_change` for every partition whose ISR holds `broker_id`, with the broker
+    removed from the ISR (fence and controlled shutdown; rule 2 and rule 5).
+
+    A fence of one broker changes thousands of partitions that fall into a handful of
+    shapes (replicas, ISR, ELR, LastKnownELR, leader, MinISR, recovery state). Within one
+    image the change depends only on the shape, apart from the partition's name and
+    epochs, so `build_change` runs once per shape and its answer is restamped for the
+    other partitions of that shape. The records are exactly those `build_change` gives for
+    each partition (the property tests compare both ways).
+    """
+    plans: dict[tuple[object, ...], PartitionChangeRecord | None] = {}
+    out: list[PartitionChangeRecord] = []
+    append = out.append
+    replace = msgspec.structs.replace
+    for p in image.partitions_of(broker_id):
+        if broker_id not in p.isr:
+            continue
+        shape = (
+            p.replicas,
+            p.isr,
+            p.elr,
+            p.last_known_elr,
+            p.leader,
+            p.min_isr,
+            p.recovery_state,
+        )
+        if shape in plans:
+            plan = plans[shape]
+            if plan is not None:
+                append(
+                    replace(
+                        plan,
+                        topic=p.topic,
+                        partition=p.partition,
+                        partition_epoch=p.partition_epoch + 1,
+                        leader_epoch=(
+                            p.leader_epoch if plan.leader is None else p.leader_epoch + 1
+                        ),
+                    )
+                )
+            continue
+        change = build_change(
+            image, p, reason=reason, target_isr=p.isr - {broker_id}, broker=broker_id
+        )
+        plans[shape] = change
+        if change is not None:
+            append(change)
+    return out

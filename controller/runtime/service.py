@@ -248,7 +248,7 @@ class ControllerService:
             return FetchMetadataResponse(
                 records=[],
                 end_offset=store.end_offset,
-                snapshot=MetadataSnapshot(offset=snap[0], records=snap[1].records),
+                snapshot=MetadataSnapshot(offset=snap[0], records=snap[1].all_records()),
             )
         if req.from_offset > store.end_offset:
             raise OffsetOutOfRangeError(

@@ -52,7 +52,7 @@ from controller.core.handlers import (
     register_broker,
     unfence_broker,
 )
-from controller.core.partition_change import next_elr
+from controller.core.partition_change import build_change, next_elr, remove_from_isrs
 from controller.core.recovery.policy import best_candidate
 from controller.core.recovery.tracker import RecoveryTracker
 from controller.core.step import ControllerState, Event, Rules, StepResult, Tick, step
@@ -62,6 +62,7 @@ from metadata_image.replay import image_from_records, image_to_records, replay
 from metadata_image.snapshot import ImageSnapshot, from_snapshot, to_snapshot
 from metadata_log.records import (
     NO_LEADER,
+    ChangeReason,
     ClearElrRecord,
     LeaderRecoveryState,
     MetadataRecord,
@@ -1084,6 +1085,28 @@ class ControllerMachine(RuleBasedStateMachine):
                 assert not any(broker.broker_id in p.isr for p in image.partitions.values())
         for bid, index in image.replicas_by_broker.items():
             assert set(index) == {tp for tp, p in image.partitions.items() if bid in p.replicas}
+            assert len(index) == len(set(index))
+        assert image.active == {b.broker_id for b in image.brokers.values() if b.active}
+
+    @invariant()
+    def bulk_isr_removal_equals_one_change_per_partition(self) -> None:
+        # `remove_from_isrs` plans once per partition shape and restamps; it must give
+        # exactly what `build_change` gives partition by partition, for every broker.
+        image = self.image
+        for bid in image.brokers:
+            expected = [
+                build_change(
+                    image,
+                    p,
+                    reason=ChangeReason.FENCE,
+                    target_isr=p.isr - {bid},
+                    broker=bid,
+                )
+                for p in image.partitions_of(bid)
+                if bid in p.isr
+            ]
+            bulk = remove_from_isrs(image, bid, reason=ChangeReason.FENCE)
+            assert bulk == [c for c in expected if c is not None]
 
     @invariant()
     def replay_from_scratch_and_from_snapshots(self) -> None:

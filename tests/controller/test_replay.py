@@ -8,8 +8,10 @@ import pytest
 
 from metactl.errors import MetactlError, ReplayError
 from metadata_image import replay as replay_module
+from metadata_image import snapshot as snapshot_module
 from metadata_image.image import (
     EMPTY,
+    EMPTY_INDEX,
     BrokerState,
     ClusterImage,
     PartitionState,
@@ -26,6 +28,7 @@ from metadata_image.replay import (
 from metadata_image.snapshot import ImageSnapshot, from_snapshot, to_snapshot
 from metadata_log.records import (
     NO_LEADER,
+    RECORD_TYPES,
     BrokerRegistrationChangeRecord,
     ChangeReason,
     ClearElrRecord,
@@ -41,7 +44,6 @@ from metadata_log.records import (
     UncleanRecoveryRecord,
     UnfenceBrokerRecord,
     decode_batch,
-    encode_batch,
 )
 
 from .testkit import Cluster
@@ -392,8 +394,35 @@ class TestSnapshotForm:
         decoded = msgspec.msgpack.decode(payload, type=ImageSnapshot)
         assert decoded == snapshot
         assert from_snapshot(decoded).same_state(c.image)
-        # The records inside are the metadata log's own encoding, too.
-        assert decode_batch(encode_batch(snapshot.records)) == snapshot.records
+        # The batches inside are the metadata log's own encoding, too.
+        assert snapshot.v == 2 and not snapshot.records
+        assert [r for b in snapshot.batches for r in decode_batch(b)] == image_to_records(c.image)
+
+    def test_a_large_image_snapshots_in_several_batches(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        c = rich_cluster()
+        monkeypatch.setattr(snapshot_module, "SNAPSHOT_BATCH_RECORDS", 3)
+        snapshot = to_snapshot(c.image)
+        n = len(image_to_records(c.image))
+        assert len(snapshot.batches) == -(-n // 3) > 1
+        assert snapshot.all_records() == image_to_records(c.image)
+        assert from_snapshot(snapshot).same_state(c.image)
+
+    def test_a_version_1_snapshot_still_loads(self) -> None:
+        c = rich_cluster()
+        v1 = msgspec.msgpack.encode(
+            {
+                "type": "ImageSnapshot",
+                "v": 1,
+                "end_offset": c.image.end_offset,
+                "records": image_to_records(c.image),
+            }
+        )
+        decoded = msgspec.msgpack.decode(v1, type=ImageSnapshot)
+        assert decoded.v == 1 and not decoded.batches
+        assert from_snapshot(decoded).same_state(c.image)
+        assert decoded.all_records() == image_to_records(c.image)
 
     def test_snapshot_then_the_rest_of_the_log_gives_the_same_state(self) -> None:
         c = rich_cluster()
@@ -408,7 +437,7 @@ class TestSnapshotForm:
 
     def test_snapshot_of_the_empty_image(self) -> None:
         snapshot = to_snapshot(ClusterImage())
-        assert snapshot == ImageSnapshot(end_offset=0, records=[])
+        assert snapshot == ImageSnapshot(end_offset=0, batches=[])
         assert from_snapshot(snapshot).same_state(ClusterImage())
 
 
@@ -538,7 +567,7 @@ class TestImage:
 
     def test_empty_index_means_hosting_nothing(self) -> None:
         image = msgspec.structs.replace(
-            ClusterImage(), replicas_by_broker=immutables.Map({1: immutables.Map()})
+            ClusterImage(), replicas_by_broker=immutables.Map({1: EMPTY_INDEX})
         )
         assert not image.hosts_replicas(1)
         assert not image.leads_anything(1)
@@ -563,3 +592,20 @@ class TestImage:
         ]
         for v in variants:
             assert not image.same_state(v)
+
+
+class TestReplicaIndex:
+    def test_membership_iteration_and_size(self) -> None:
+        index = EMPTY_INDEX.added({"b": [2, 0], "a": [1]})
+        assert ("b", 2) in index and ("a", 1) in index
+        assert ("a", 2) not in index and ("c", 0) not in index
+        assert "a" not in index and ("a", 1, 0) not in index  # not a partition at all
+        assert len(index) == 3
+        assert next(iter(index)) == ("a", 1)  # topics in name order, whatever the hash seed
+        grown = index.added({"b": [5], "c": [0]})
+        assert set(grown) == {("a", 1), ("b", 0), ("b", 2), ("b", 5), ("c", 0)}
+        assert len(grown) == 5 and len(index) == 3  # the old index is unchanged
+        assert grown == EMPTY_INDEX.added({"a": [1], "b": [0, 2, 5], "c": [0]})
+
+    def test_every_record_type_has_a_replay_handler(self) -> None:
+        assert set(RECORD_TYPES.values()) <= set(replay_module._APPLY)
