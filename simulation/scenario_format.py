@@ -19,7 +19,7 @@ import msgspec
 import yaml
 
 from controller.core.config import ControllerConfig
-from metactl.errors import ScenarioError
+from metactl.errors import MetactlError, ScenarioError
 from metadata_image.image import parse_tp
 
 
@@ -134,7 +134,7 @@ class Scenario(msgspec.Struct, frozen=True):
 def _convert(value: Any, type_: Any, where: str) -> Any:
     try:
         return msgspec.convert(value, type_, strict=False)
-    except msgspec.ValidationError as exc:
+    except (msgspec.ValidationError, MetactlError) as exc:
         raise ScenarioError(f"{where}: {exc}") from None
 
 

@@ -125,9 +125,16 @@ def _require_partition(image: ClusterImage, topic: str, partition: int) -> Parti
     return p
 
 
-def _fence_changes(txn: _Txn, broker_id: int, reason: ChangeReason) -> None:
-    """Rule 2 / rule 5: leave every ISR; re-elect where the broker led."""
-    txn.partition_changes(remove_from_isrs(txn.image, broker_id, reason=reason))
+def _fence_changes(
+    txn: _Txn, broker_id: int, reason: ChangeReason, config: ControllerConfig
+) -> None:
+    """Rule 2 / rule 5: leave every ISR (classic rules: but the last); re-elect where the
+    broker led."""
+    txn.partition_changes(
+        remove_from_isrs(
+            txn.image, broker_id, reason=reason, elr_enabled=config.eligible_leader_replicas
+        )
+    )
 
 
 def fence_broker(
@@ -141,7 +148,7 @@ def fence_broker(
     txn.broker_record(
         FenceBrokerRecord(broker_id=b.broker_id, broker_epoch=b.epoch, reason=req.reason)
     )
-    _fence_changes(txn, b.broker_id, ChangeReason.FENCE)
+    _fence_changes(txn, b.broker_id, ChangeReason.FENCE, config)
     return HandlerResult(txn.records, Ack())
 
 
@@ -181,7 +188,7 @@ def register_broker(
                     reason="reregistration",
                 )
             )
-            _fence_changes(txn, existing.broker_id, ChangeReason.FENCE)
+            _fence_changes(txn, existing.broker_id, ChangeReason.FENCE, config)
         clean = req.previous_epoch is not None and req.previous_epoch == existing.epoch
     else:
         clean = not image.hosts_replicas(req.broker_id)
@@ -219,7 +226,8 @@ def register_broker(
 def unfence_broker(
     image: ClusterImage, req: UnfenceBroker, now_ms: int, config: ControllerConfig
 ) -> HandlerResult:
-    """Rule 4: unfence, then elect wherever the broker's ELR membership makes it possible."""
+    """Rule 4: unfence, then elect wherever the broker's ELR membership makes it possible
+    (classic rules: its ISR membership, as the last ISR member stays in the ISR)."""
     _require_broker(image, req.broker_id, req.broker_epoch)
     b = image.brokers[req.broker_id]
     if not b.fenced:
@@ -228,9 +236,15 @@ def unfence_broker(
     txn.broker_record(UnfenceBrokerRecord(broker_id=b.broker_id, broker_epoch=b.epoch))
     img = txn.image
     txn.partition_changes(
-        build_change(img, p, reason=ChangeReason.UNFENCE, broker=b.broker_id)
+        build_change(
+            img,
+            p,
+            reason=ChangeReason.UNFENCE,
+            broker=b.broker_id,
+            elr_enabled=config.eligible_leader_replicas,
+        )
         for p in img.partitions_of(b.broker_id)
-        if p.leader == NO_LEADER and b.broker_id in p.elr
+        if p.leader == NO_LEADER and (b.broker_id in p.elr or b.broker_id in p.isr)
     )
     return HandlerResult(txn.records, Ack())
 
@@ -249,7 +263,7 @@ def controlled_shutdown(
                 broker_id=b.broker_id, broker_epoch=b.epoch, in_controlled_shutdown=True
             )
         )
-        _fence_changes(txn, b.broker_id, ChangeReason.CONTROLLED_SHUTDOWN)
+        _fence_changes(txn, b.broker_id, ChangeReason.CONTROLLED_SHUTDOWN, config)
     return HandlerResult(
         txn.records, ControlledShutdownResponse(can_stop=not _leads_after(txn, b.broker_id))
     )
@@ -344,6 +358,7 @@ def alter_partition(
         target_isr=frozenset(target),
         recovered=req.recovered,
         broker=req.leader,
+        elr_enabled=config.eligible_leader_replicas,
     )
     if change is None:
         return HandlerResult([], partition_view(p))

@@ -8,6 +8,11 @@ that carries only what changes, or None when nothing does.
 Where Kafka differs from the KIP-966 documents, this follows the documents: the
 LastKnownELR is a set of replicas removed from the ELR by unclean registrations (Kafka
 keeps a single last-known leader), and it shrinks when a member re-enters the ISR.
+
+With `elr_enabled=False` the builder applies Kafka's classic, pre-KIP-966 rules, kept for
+comparison (`--eligible-leader-replicas disabled`): no ELR or LastKnownELR, the ISR
+never becomes empty (the last member stays when it is fenced, and the partition has no
+leader), and clean election is from the ISR only.
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ def build_change(
     recovered: bool = False,
     broker: int | None = None,
     elect: tuple[int, ElectionKind] | None = None,
+    elr_enabled: bool = True,
 ) -> PartitionChangeRecord | None:
     """The change that moves `p` to `target_isr` (default: unchanged) and a valid leader.
 
@@ -82,6 +88,8 @@ def build_change(
     `ElectionKind.PREFERRED` it moves leadership within the ISR (rule 8); with
     `UNCLEAN_RECOVERY` or `MANUAL` it makes the replica the sole ISR member and leader,
     clears the ELR and LastKnownELR and marks the partition recovering (rule 7).
+
+    `elr_enabled=False` selects the classic rules (see the module docstring).
     """
     old_isr = p.isr
     recovery_state: LeaderRecoveryState | None = None
@@ -92,10 +100,16 @@ def build_change(
         recovery_state = LeaderRecoveryState.RECOVERING
     else:
         isr = old_isr if target_isr is None else target_isr
-        elr, lkelr = p.elr, p.last_known_elr
-        if unclean_excluded:
-            elr, lkelr = elr - unclean_excluded, lkelr | (elr & unclean_excluded)
-        elr, lkelr = next_elr(old_isr, isr, elr, lkelr, p.min_isr)
+        if not elr_enabled:
+            # Classic: the ISR keeps its last member, and there is no ELR to fall back on.
+            if not isr:
+                isr = old_isr
+            elr, lkelr = EMPTY, EMPTY
+        else:
+            elr, lkelr = p.elr, p.last_known_elr
+            if unclean_excluded:
+                elr, lkelr = elr - unclean_excluded, lkelr | (elr & unclean_excluded)
+            elr, lkelr = next_elr(old_isr, isr, elr, lkelr, p.min_isr)
         if elect is not None:
             leader, kind = elect
         else:
@@ -133,7 +147,7 @@ def build_change(
 
 
 def remove_from_isrs(
-    image: ClusterImage, broker_id: int, *, reason: ChangeReason
+    image: ClusterImage, broker_id: int, *, reason: ChangeReason, elr_enabled: bool = True
 ) -> list[PartitionChangeRecord]:
     """`build_change` for every partition whose ISR holds `broker_id`, with the broker
     removed from the ISR (fence and controlled shutdown; rule 2 and rule 5).
@@ -177,7 +191,12 @@ def remove_from_isrs(
                 )
             continue
         change = build_change(
-            image, p, reason=reason, target_isr=p.isr - {broker_id}, broker=broker_id
+            image,
+            p,
+            reason=reason,
+            target_isr=p.isr - {broker_id},
+            broker=broker_id,
+            elr_enabled=elr_enabled,
         )
         plans[shape] = change
         if change is not None:

@@ -31,6 +31,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--unclean-recovery-strategy", default="balanced")
     p.add_argument("--unclean-recovery-window-ms", type=int, default=1000)
     p.add_argument("--default-min-isr", type=int, default=1)
+    p.add_argument(
+        "--eligible-leader-replicas",
+        choices=["enabled", "disabled"],
+        default="enabled",
+        help="KIP-966 (enabled) or Kafka's classic ISR rules, for comparison (disabled)",
+    )
+    p.add_argument(
+        "--unclean-leader-election",
+        action="store_true",
+        help="classic rules only: elect any live replica when no ISR member is live "
+        "(a potential data-loss event)",
+    )
     p.add_argument("--max-frame-bytes", type=int, default=DEFAULT_MAX_FRAME_BYTES)
     p.add_argument("--log-level", default="INFO")
 
@@ -42,14 +54,21 @@ def config_from(args: Any) -> ControllerConfig:
         broker_session_timeout_ms=args.session_timeout_ms,
         broker_heartbeat_interval_ms=args.heartbeat_interval_ms,
         default_min_insync_replicas=args.default_min_isr,
+        eligible_leader_replicas=getattr(args, "eligible_leader_replicas", "enabled") == "enabled",
+        unclean_leader_election=getattr(args, "unclean_leader_election", False),
     )
 
 
 async def serve(args: Any) -> int:
+    try:
+        config = config_from(args)
+    except MetactlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     service = ControllerService(
         args.data_dir,
         args.listen,
-        config=config_from(args),
+        config=config,
         max_frame_bytes=args.max_frame_bytes,
         metrics=getattr(args, "metrics", None),
     )

@@ -109,3 +109,38 @@ class ManualPolicy:
         self, image: ClusterImage, p: PartitionState, pending: PendingRecovery, now_ms: int
     ) -> Decision:
         return Wait()
+
+
+class ClassicUncleanElection:
+    """Kafka's `unclean.leader.election.enable`, under the classic rules only.
+
+    Not a selectable strategy: the controller uses it in place of every topic's strategy
+    when it runs with `--eligible-leader-replicas disabled --unclean-leader-election`.
+    When no ISR member is active, the first active replica in assignment order is elected
+    at once, with no log inspection. It is written as an unclean recovery (strategy
+    `unclean_leader_election`), because each one is a potential data-loss event.
+    """
+
+    name: ClassVar[str] = "unclean_leader_election"
+
+    def trigger(self, image: ClusterImage, p: PartitionState) -> str | None:
+        if p.has_leader or any(image.is_active(r) for r in p.isr):
+            return None
+        return "no_live_isr_member"
+
+    def candidates(self, image: ClusterImage, p: PartitionState) -> frozenset[int]:
+        return EMPTY  # nobody is asked for their log
+
+    def window_ms(self, window_ms: int) -> int | None:
+        return None
+
+    def decide(
+        self, image: ClusterImage, p: PartitionState, pending: PendingRecovery, now_ms: int
+    ) -> Decision:
+        for r in p.replicas:
+            if image.is_active(r):
+                return Choose(r)
+        return Wait()
+
+
+CLASSIC_UNCLEAN = ClassicUncleanElection()

@@ -21,6 +21,7 @@ import msgspec
 
 from controller.core.config import ControllerConfig
 from controller.core.partition_change import build_change
+from controller.core.recovery.builtin import CLASSIC_UNCLEAN
 from controller.core.recovery.policy import (
     Choose,
     PendingRecovery,
@@ -56,7 +57,7 @@ class RecoveryTracker(msgspec.Struct, frozen=True):
         if pr is None:
             return None
         p = image.partitions[tp]
-        members = policies[pr.strategy].candidates(image, p)
+        members = policy_named(policies, pr.strategy).candidates(image, p)
         answered = {a.broker_id for a in pr.valid_answers(image)}
         return [r for r in p.replicas if r in members and r not in answered]
 
@@ -75,6 +76,11 @@ class RecoveryStep(msgspec.Struct, frozen=True, kw_only=True):
     tracker: RecoveryTracker
     inspections: list[Inspection]
     next_deadline_ms: int | None
+
+
+def policy_named(policies: Mapping[str, RecoveryPolicy], name: str) -> RecoveryPolicy:
+    """A pending recovery's policy: a registered strategy, or the classic unclean election."""
+    return CLASSIC_UNCLEAN if name == CLASSIC_UNCLEAN.name else policies[name]
 
 
 def strategy_for(image: ClusterImage, topic: str, config: ControllerConfig) -> str:
@@ -135,6 +141,9 @@ def evaluate(
     deadline: int | None = None
 
     def policy_of(topic: str) -> RecoveryPolicy | None:
+        if not config.eligible_leader_replicas:
+            # Classic rules: no KIP-966 recovery; Kafka's unclean election if enabled.
+            return CLASSIC_UNCLEAN if config.unclean_leader_election else None
         return policies.get(strategy_for(image, topic, config))
 
     # Pending recoveries are few (leaderless partitions), so a plain dict is the builder.
@@ -171,7 +180,7 @@ def evaluate(
     for tp in list(pending):
         pr = pending[tp]
         p = image.partitions[tp]
-        policy = policies[pr.strategy]
+        policy = policy_named(policies, pr.strategy)
         decision = policy.decide(image, p, pr, now_ms)
         if isinstance(decision, Choose):
             members = policy.candidates(image, p)
