@@ -21,7 +21,7 @@ from typing import Final
 
 from metactl.errors import CorruptLogError, LogError, LogSchemaError
 from metadata_log.batch_format import batch_crc
-from metadata_log.sqlite_store import MAGIC, SCHEMA_VERSION, resolve_log_path
+from metadata_log.sqlite_format import MAGIC, SCHEMA_VERSION, resolve_log_path
 
 __all__ = [
     "LogInfo",

@@ -18,15 +18,7 @@ Design decision: one row per stored *batch*, not one row per record.
     appends become one row, not 64. The cost: a read that starts inside a batch decodes
     the whole batch, which is cheap at the batch sizes the controller writes.
 
-File format (schema version 1)::
-
-    meta(key TEXT PRIMARY KEY, value)      -- magic, schema_version, start_offset, created_ms
-    batches(base_offset INTEGER PRIMARY KEY, last_offset, record_count, timestamp_ms,
-            crc, payload BLOB)             -- payload = records.encode_batch(...)
-    snapshots(snap_offset INTEGER PRIMARY KEY, timestamp_ms, crc, payload BLOB)
-
-``base_offset`` is the rowid, so the batch holding any offset is one b-tree seek away
-(``max(base_offset) WHERE base_offset <= ?``).
+File format: see `metadata_log.sqlite_format`.
 
 Durability before visibility: the writer connection runs in WAL mode with
 ``synchronous=FULL``, so COMMIT returns only after the WAL is fsynced. `LogStore` advances
@@ -61,7 +53,7 @@ import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import Any, cast
 
 import aiosqlite
 import structlog
@@ -80,6 +72,26 @@ from metadata_log.batch_format import (
     check_batch_frame,
     check_continuity,
 )
+from metadata_log.sqlite_format import (
+    BOUNDS_SQL,
+    BUSY_TIMEOUT_MS,
+    FETCH_BATCHES_SQL,
+    FOLLOWER_POLL_INTERVAL,
+    INSERT_BATCH_SQL,
+    LOG_FILE_NAME,
+    MAGIC,
+    RECOVERABLE_WRITE_ERRORS,
+    SCAN_BATCHES_SQL,
+    SCHEMA_SQL,
+    SCHEMA_VERSION,
+    TABLES_SQL,
+    TAIL_BATCHES_SQL,
+    TAIL_CHECK_BATCHES,
+    batch_from_row,
+    error_code,
+    resolve_log_path,
+    wrap_sqlite_error,
+)
 from metadata_log.store import LogStore
 
 __all__ = [
@@ -93,98 +105,6 @@ __all__ = [
 ]
 
 log = structlog.get_logger("metadata_log")
-
-LOG_FILE_NAME: Final = "metadata.log.sqlite"
-MAGIC: Final = "metactl-metadata-log"
-SCHEMA_VERSION: Final = 1
-TAIL_CHECK_BATCHES: Final = 64
-FOLLOWER_POLL_INTERVAL: Final = 0.05
-BUSY_TIMEOUT_MS: Final = 5000
-
-_SCHEMA: Final = """
-BEGIN IMMEDIATE;
-CREATE TABLE meta (key TEXT PRIMARY KEY NOT NULL, value NOT NULL) WITHOUT ROWID;
-CREATE TABLE batches (
-    base_offset INTEGER PRIMARY KEY,
-    last_offset INTEGER NOT NULL,
-    record_count INTEGER NOT NULL,
-    timestamp_ms INTEGER NOT NULL,
-    crc INTEGER NOT NULL,
-    payload BLOB NOT NULL
-);
-CREATE TABLE snapshots (
-    snap_offset INTEGER PRIMARY KEY,
-    timestamp_ms INTEGER NOT NULL,
-    crc INTEGER NOT NULL,
-    payload BLOB NOT NULL
-);
-INSERT INTO meta (key, value) VALUES
-    ('magic', '{magic}'),
-    ('schema_version', {version}),
-    ('start_offset', 0),
-    ('created_ms', {created_ms});
-COMMIT;
-"""
-
-_TABLES: Final = "SELECT name FROM sqlite_master WHERE type = 'table'"
-_COLUMNS: Final = "base_offset, last_offset, record_count, timestamp_ms, crc, payload"
-_INSERT_BATCH: Final = f"INSERT INTO batches ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)"
-_FETCH_BATCHES: Final = (
-    f"SELECT {_COLUMNS} FROM batches WHERE base_offset >= "
-    "coalesce((SELECT max(base_offset) FROM batches WHERE base_offset <= ?1), ?1) "
-    "AND base_offset < ?2 ORDER BY base_offset"
-)
-_SCAN_BATCHES: Final = (
-    f"SELECT {_COLUMNS} FROM batches WHERE base_offset > ? ORDER BY base_offset LIMIT ?"
-)
-_TAIL_BATCHES: Final = (
-    f"SELECT {_COLUMNS} FROM batches WHERE base_offset < ? ORDER BY base_offset DESC LIMIT ?"
-)
-_BOUNDS: Final = (
-    "SELECT (SELECT value FROM meta WHERE key = 'start_offset'), "
-    "(SELECT last_offset FROM batches ORDER BY base_offset DESC LIMIT 1)"
-)
-# Errors after which SQLite has rolled the statement back and nothing of the commit landed.
-_RECOVERABLE_WRITE_ERRORS: Final = frozenset(
-    {sqlite3.SQLITE_FULL, sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
-)
-
-
-def resolve_log_path(data_dir_or_file: str | os.PathLike[str]) -> Path:
-    """The log file for a data directory, or the file itself if given one.
-
-    A path that does not exist is a directory unless it ends in .sqlite, .sqlite3 or .db.
-    """
-    path = Path(data_dir_or_file)
-    if path.is_dir():
-        return path / LOG_FILE_NAME
-    if path.exists() or path.suffix in (".sqlite", ".sqlite3", ".db"):
-        return path
-    return path / LOG_FILE_NAME
-
-
-def _error_code(exc: sqlite3.Error) -> int:
-    return int(getattr(exc, "sqlite_errorcode", 0)) & 0xFF
-
-
-def _wrap(
-    exc: sqlite3.Error, location: str, *, offset: int | None = None, opening: bool = False
-) -> LogError:
-    code = _error_code(exc)
-    if code == sqlite3.SQLITE_NOTADB and opening:
-        return LogSchemaError(f"{location} is not a metactl metadata log: {exc}")
-    if code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
-        return CorruptLogError(f"SQLite reports damage: {exc}", path=location, offset=offset)
-    if code == sqlite3.SQLITE_FULL:
-        return StorageError(f"disk full writing {location}: {exc}")
-    return StorageError(f"SQLite error on {location}: {exc}")
-
-
-def _batch_from_row(row: Any, location: str) -> StoredBatch:
-    base, last, count, timestamp_ms, crc, payload = row
-    if type(payload) is not bytes or last != base + count - 1:
-        raise CorruptLogError("malformed batch row", path=location, offset=base)
-    return StoredBatch(base, count, timestamp_ms, crc, payload)
 
 
 def _lock_writer(path: Path) -> int:
@@ -228,12 +148,14 @@ async def _connect(path: Path, *, read_only: bool) -> aiosqlite.Connection:
 
 
 async def _check_schema(conn: aiosqlite.Connection, path: Path, *, create: bool) -> None:
-    tables = {row[0] for row in await conn.execute_fetchall(_TABLES)}
+    tables = {row[0] for row in await conn.execute_fetchall(TABLES_SQL)}
     if not tables:
         if not create:
             raise LogSchemaError(f"{path} is not a metactl metadata log (the database is empty)")
         await conn.executescript(
-            _SCHEMA.format(magic=MAGIC, version=SCHEMA_VERSION, created_ms=time.time_ns() // 10**6)
+            SCHEMA_SQL.format(
+                magic=MAGIC, version=SCHEMA_VERSION, created_ms=time.time_ns() // 10**6
+            )
         )
         log.info("created metadata log", path=str(path), schema_version=SCHEMA_VERSION)
         return
@@ -257,7 +179,7 @@ async def _check_schema(conn: aiosqlite.Connection, path: Path, *, create: bool)
 
 
 async def _load_bounds(conn: aiosqlite.Connection) -> tuple[int, int]:
-    rows = list(await conn.execute_fetchall(_BOUNDS))
+    rows = list(await conn.execute_fetchall(BOUNDS_SQL))
     start, last = rows[0]
     return int(start), int(start) if last is None else int(last) + 1
 
@@ -349,7 +271,7 @@ class SqliteLogStore(LogStore):
             if isinstance(exc, CorruptLogError):
                 log.warning("metadata log is corrupt", path=location, error=str(exc))
             if isinstance(exc, sqlite3.Error):
-                raise _wrap(exc, location, opening=True) from exc
+                raise wrap_sqlite_error(exc, location, opening=True) from exc
             raise
         if read_only:
             rows = list(await reader.execute_fetchall("PRAGMA data_version"))
@@ -369,7 +291,7 @@ class SqliteLogStore(LogStore):
             (b.base_offset, b.last_offset, b.count, b.timestamp_ms, b.crc, b.payload)
             for b in batches
         ]
-        await self._write(lambda conn: conn.executemany(_INSERT_BATCH, rows), "appending")
+        await self._write(lambda conn: conn.executemany(INSERT_BATCH_SQL, rows), "appending")
 
     async def _write(self, statements: Callable[[sqlite3.Connection], object], doing: str) -> None:
         """Run `statements` and COMMIT on the writer's thread; on failure roll back and raise.
@@ -395,17 +317,17 @@ class SqliteLogStore(LogStore):
             await run_in_thread(transaction)
         except sqlite3.Error as exc:
             message = f"{doing} failed on {self.location}: {exc}"
-            if _error_code(exc) in _RECOVERABLE_WRITE_ERRORS:
+            if error_code(exc) in RECOVERABLE_WRITE_ERRORS:
                 raise StorageError(message) from exc
             raise FatalStorageError(message) from exc
 
     async def _fetch_batches(self, from_offset: int, upper: int) -> list[StoredBatch]:
-        rows = await self._query(_FETCH_BATCHES, (from_offset, upper), offset=from_offset)
-        return [_batch_from_row(row, self.location) for row in rows]
+        rows = await self._query(FETCH_BATCHES_SQL, (from_offset, upper), offset=from_offset)
+        return [batch_from_row(row, self.location) for row in rows]
 
     async def _scan_batches(self, after: int | None, limit: int, near: int) -> list[StoredBatch]:
-        rows = await self._query(_SCAN_BATCHES, (-1 if after is None else after, limit), near)
-        return [_batch_from_row(row, self.location) for row in rows]
+        rows = await self._query(SCAN_BATCHES_SQL, (-1 if after is None else after, limit), near)
+        return [batch_from_row(row, self.location) for row in rows]
 
     async def _query(
         self, sql: str, params: Iterable[Any] = (), offset: int | None = None
@@ -413,7 +335,7 @@ class SqliteLogStore(LogStore):
         try:
             return list(await self._reader.execute_fetchall(sql, params))
         except sqlite3.Error as exc:
-            raise _wrap(exc, self.location, offset=offset) from exc
+            raise wrap_sqlite_error(exc, self.location, offset=offset) from exc
         except ValueError as exc:  # aiosqlite: "Connection closed", when close() won a race
             if self.closed:
                 raise LogClosedError(f"metadata log {self.location} is closed") from exc
@@ -492,7 +414,7 @@ class SqliteLogStore(LogStore):
         try:
             start, end = await _load_bounds(self._reader)
         except sqlite3.Error as exc:
-            raise _wrap(exc, self.location) from exc
+            raise wrap_sqlite_error(exc, self.location) from exc
         self._start_offset = max(self._start_offset, start)
         if end > self._end_offset:
             self._advance(end)
@@ -557,10 +479,10 @@ async def _check_tail(conn: aiosqlite.Connection, location: str, start: int, end
     """
     try:
         # Bounded by `end`: a writer in another process may have appended since.
-        rows = list(await conn.execute_fetchall(_TAIL_BATCHES, (end, TAIL_CHECK_BATCHES)))
+        rows = list(await conn.execute_fetchall(TAIL_BATCHES_SQL, (end, TAIL_CHECK_BATCHES)))
     except sqlite3.Error as exc:
-        raise _wrap(exc, location) from exc
-    batches = [_batch_from_row(row, location) for row in reversed(rows)]
+        raise wrap_sqlite_error(exc, location) from exc
+    batches = [batch_from_row(row, location) for row in reversed(rows)]
     if not batches:
         return
     first = start if len(batches) < TAIL_CHECK_BATCHES else batches[0].base_offset
