@@ -1,9 +1,11 @@
 """The stub broker: a lightweight broker process for exercising the controller service.
 
-It registers, heartbeats, tails the metadata log into a local image, and simulates
-replication with leader-epoch histories and offsets instead of record bytes, so that
-clean and unclean shutdowns, ISR changes and unclean recovery can be driven end to end.
+It registers, heartbeats, tails the metadata log into a local image, accepts Produce
+from clients as a leader, and replicates with leader-epoch histories and offsets
+instead of record bytes, so that clean and unclean shutdowns, ISR changes, unclean
+recovery and the loss of acknowledged records can be driven end to end.
 Modules: config, storage, replica_log, replication (pure decisions), replica_manager,
+produce (the data plane: Produce, ReadLog, acks=all waiters),
 leader (a led partition's soft state and its AlterPartition requests), fetcher,
 metadata (tails the log with `metadata_image.replay.apply` and hands on each delta),
 broker (the process, serving on `protocol.server`), cli, metrics, logctx. The protocol

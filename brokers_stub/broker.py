@@ -3,7 +3,8 @@
 Start: take (read and delete) `clean_shutdown`, load the replicas (dropping unflushed
 data with --lose-unflushed), listen, register with the previous epoch (None after an
 unclean stop) and print the READY line. Run: heartbeat every interval (asking to stay
-fenced until the metadata image has caught up), tail the metadata log, replicate.
+fenced until the metadata image has caught up), tail the metadata log, replicate, and
+serve Produce and ReadLog (see `produce.py`) beside the replication requests.
 Re-register with the current epoch when the controller answers STALE_BROKER_EPOCH or
 BROKER_ID_NOT_REGISTERED. Stop (SIGTERM/SIGINT): controlled shutdown through
 heartbeats, stop replicating, fsync every replica, then write `clean_shutdown`.
@@ -46,6 +47,8 @@ from protocol.messages import (
     GetReplicaLogInfoRequest,
     GetReplicaLogInfoResponse,
     Message,
+    ProduceRequest,
+    ReadLogRequest,
     RegisterBroker,
     RegisterBrokerResponse,
     ReplicaFetchRequest,
@@ -103,6 +106,10 @@ class Broker:
                 return self.replica_log_info(body)
             case ReplicaFetchRequest():
                 return self.replicas.handle_fetch(body)
+            case ProduceRequest():
+                return await self.replicas.data.produce(body)
+            case ReadLogRequest():
+                return self.replicas.data.read_log(body)
         raise InvalidRequestError(f"a broker does not handle {type(body).__name__}")
 
     def replica_log_info(self, req: GetReplicaLogInfoRequest) -> GetReplicaLogInfoResponse:
@@ -202,7 +209,6 @@ class Broker:
         await self.shutdown_requested.wait()
 
         self.log.info("controlled shutdown starting")
-        self.replicas.producing = False
         heartbeats.cancel()
         await asyncio.wait({heartbeats}, timeout=5)  # it stops itself too, see the loop
         await self._controlled_shutdown()

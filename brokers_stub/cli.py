@@ -29,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--listen",
         default="127.0.0.1:0",
         metavar="HOST:PORT",
-        help="where to answer GetReplicaLogInfo and ReplicaFetch (default: 127.0.0.1:0)",
+        help="where to answer GetReplicaLogInfo, ReplicaFetch, Produce and ReadLog "
+        "(default: 127.0.0.1:0)",
     )
     parser.add_argument("--rack", default=None, help="rack of this broker")
     parser.add_argument("--heartbeat-interval-ms", type=int, default=2000)
@@ -45,12 +46,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="at start, drop every replica's data above its last flushed offset "
         "(simulates losing the page cache in an unclean shutdown)",
     )
-    parser.add_argument("--flush-interval-ms", type=int, default=1000)
     parser.add_argument(
-        "--produce-rate",
-        type=float,
-        default=50.0,
-        help="records per second appended to each partition this broker leads (50)",
+        "--flush-interval-ms",
+        type=int,
+        default=1000,
+        help="fsync changed replicas this often (Kafka's flush.ms; default 1000)",
+    )
+    parser.add_argument(
+        "--flush-messages",
+        type=int,
+        default=None,
+        metavar="N",
+        help="also fsync a replica as soon as N records are unflushed (Kafka's "
+        "flush.messages; default off). Acknowledgements never wait for a flush",
+    )
+    parser.add_argument(
+        "--max-batch-records",
+        type=int,
+        default=10_000,
+        help="largest Produce batch accepted, in records (10000)",
     )
     parser.add_argument("--replica-lag-time-max-ms", type=int, default=3000)
     parser.add_argument("--fetch-interval-ms", type=int, default=100)
@@ -73,7 +87,8 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         session_timeout_ms=args.session_timeout_ms,
         lose_unflushed=args.lose_unflushed,
         flush_interval_ms=args.flush_interval_ms,
-        produce_rate=args.produce_rate,
+        flush_messages=args.flush_messages,
+        max_batch_records=args.max_batch_records,
         replica_lag_time_max_ms=args.replica_lag_time_max_ms,
         fetch_interval_ms=args.fetch_interval_ms,
         metrics=args.metrics,

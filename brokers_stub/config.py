@@ -22,10 +22,13 @@ class BrokerConfig:
     session_timeout_ms: int = 9000  # the controller's; bounds an unreachable shutdown
     lose_unflushed: bool = False
     flush_interval_ms: int = 1000
-    produce_rate: float = 50.0  # records per second per led partition
+    # fsync a replica as soon as this many records are unflushed (Kafka's flush.messages;
+    # None: off, the default; 1: every append is fsynced before it is answered)
+    flush_messages: int | None = None
+    max_batch_records: int = 10_000  # a larger Produce batch gets MESSAGE_TOO_LARGE
     replica_lag_time_max_ms: int = 3000
     fetch_interval_ms: int = 100
-    produce_tick_ms: int = 100
+    replica_tick_ms: int = 100  # ISR checks and high-watermark catch-up
     metadata_max_wait_ms: int = 500
     request_timeout_ms: int = 5000
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
@@ -40,13 +43,14 @@ class BrokerConfig:
             "flush_interval_ms",
             "replica_lag_time_max_ms",
             "fetch_interval_ms",
-            "produce_tick_ms",
+            "replica_tick_ms",
+            "max_batch_records",
             "request_timeout_ms",
             "max_frame_bytes",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.produce_rate < 0:
-            raise ValueError(f"--produce-rate must be >= 0, got {self.produce_rate}")
+        if self.flush_messages is not None and self.flush_messages <= 0:
+            raise ValueError(f"--flush-messages must be > 0, got {self.flush_messages}")
         if self.metadata_max_wait_ms < 0:
             raise ValueError("metadata_max_wait_ms must be >= 0")

@@ -2,8 +2,8 @@
 asks the controller for.
 
 `LeaderState` is what this broker knows of one partition it leads, for one leader epoch:
-its followers' fetch positions, the simulated producers' credit, and where its
-AlterPartition stands (in flight, accepted but not yet in the image, or refused).
+its followers' fetch positions and where its AlterPartition stands (in flight, accepted
+but not yet in the image, or refused).
 `IsrUpdater` decides with `replication.isr_change` whether a led partition's ISR should
 change (or its recovery be reported) and sends one AlterPartition at a time per
 partition, recording the answer in that partition's `LeaderState`.
@@ -40,7 +40,6 @@ class LeaderState:
 
     leader_epoch: int
     followers: dict[int, FollowerFetchState] = field(default_factory=dict)
-    produce_credit: float = 0.0
     alter_in_flight: bool = False
     # An accepted AlterPartition whose record the image has not reached yet.
     pending_partition_epoch: int | None = None

@@ -1,13 +1,15 @@
 """The replicas this broker hosts, and the replication it runs for them.
 
 Follows the metadata image: creates a replica for every partition assigned to this
-broker; as a leader appends the new leader epoch, simulates producers (the LEO grows at
-`produce_rate`), answers followers' ReplicaFetch, advances the high watermark and has
-`leader.IsrUpdater` ask the controller to shrink or expand the ISR (one AlterPartition
-in flight per partition); as a follower runs a `fetcher.Fetcher` per leader and applies
-its answers: truncates where the logs diverge and copies the rest. Every change is
-written through the page cache; every flush interval (and at shutdown) changed replicas
-are fsynced.
+broker; as a leader appends the new leader epoch, appends the batches clients produce
+(`produce.DataPlane`: the log grows only through Produce), answers followers'
+ReplicaFetch, advances the high watermark (answering the acks=all batches it covers) and
+has `leader.IsrUpdater` ask the controller to shrink or expand the ISR (one
+AlterPartition in flight per partition); as a follower runs a `fetcher.Fetcher` per
+leader and applies its answers: truncates where the logs diverge and copies the rest.
+Every change is written through the page cache; changed replicas are fsynced every
+flush interval, as soon as `flush_messages` records are unflushed (Kafka's
+flush.messages, off by default), and at shutdown.
 
 Nothing acts on the image before it has caught up with the controller's committed end:
 while a restarted broker replays the log from 0, old images would name it leader of
@@ -31,6 +33,7 @@ from brokers_stub.config import BrokerConfig
 from brokers_stub.fetcher import Fetcher
 from brokers_stub.leader import IsrUpdater, LeaderState
 from brokers_stub.logctx import BrokerLog
+from brokers_stub.produce import DataPlane
 from brokers_stub.replica_log import ReplicaLog
 from brokers_stub.replication import (
     FollowerFetchState,
@@ -79,7 +82,6 @@ class ReplicaManager:
         self.image: ClusterImage | None = None  # the latest caught-up image
         # What changed since the last caught-up image was acted on (None: everything).
         self._unseen: MetadataDelta | None = None
-        self.producing = True
         self.fetchers: dict[int, Fetcher] = {}
         self._unflushed: set[TopicPartition] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -94,6 +96,7 @@ class ReplicaManager:
             clock_ms=clock_ms,
             spawn=self._spawn,
         )
+        self.data = DataPlane(self)  # Produce and ReadLog
 
     # --- files ----------------------------------------------------------------------
 
@@ -125,8 +128,16 @@ class ReplicaManager:
         )
 
     def _save(self, tp: TopicPartition) -> None:
-        rl.save(self.logs[tp], self.replicas_dir)
-        self._unflushed.add(tp)
+        """Write the replica through the page cache, or fsync it once `flush_messages`
+        records are unflushed (Kafka's flush.messages)."""
+        log = self.logs[tp]
+        every = self.config.flush_messages
+        if every is not None and log.log_end_offset - log.flushed_offset >= every:
+            rl.flush(log, self.replicas_dir)
+            self._unflushed.discard(tp)
+        else:
+            rl.save(log, self.replicas_dir)
+            self._unflushed.add(tp)
 
     def flush_changed(self) -> None:
         for tp in sorted(self._unflushed):
@@ -149,9 +160,15 @@ class ReplicaManager:
         if self.image is not None:
             self._reconcile_fetchers(self.image)
 
+    @property
+    def stopped(self) -> bool:
+        """stop() was called: this broker leads nothing any more."""
+        return self._stopped
+
     async def stop(self) -> None:
         self._running = False
         self._stopped = True
+        self.data.stop()
         tasks = list(self._tasks)
         for fetcher in self.fetchers.values():
             tasks.append(fetcher.task)
@@ -204,9 +221,15 @@ class ReplicaManager:
                 continue
             if p.leader == self.broker_id and self._become_or_stay_leader(p, now):
                 led.add(tp)
-            elif tp in self.leaders:
-                del self.leaders[tp]
-                self.log.info("no longer leader", partition=f"{tp[0]}-{tp[1]}")
+                st = self.leaders[tp]
+                self.data.partition_changed(p, st)
+                if self._update_high_watermark(p, st, self.logs[tp]):
+                    self._save(tp)
+            else:
+                if tp in self.leaders:
+                    del self.leaders[tp]
+                    self.log.info("no longer leader", partition=f"{tp[0]}-{tp[1]}")
+                self.data.partition_changed(p, None)
         if self._running:
             self._reconcile_fetchers(image)
         for tp in led:
@@ -280,13 +303,19 @@ class ReplicaManager:
             if leader_id not in self.fetchers:
                 self.fetchers[leader_id] = Fetcher(self, leader_id)
 
-    # --- leader: producing, high watermark, ISR ---------------------------------------
+    # --- leader: appends, high watermark, ISR -----------------------------------------
+
+    def appended(self, p: PartitionState, st: LeaderState) -> None:
+        """The leader appended a produced batch to `p`'s log: persist it, and advance the
+        high watermark if the ISR allows (a lone ISR member commits at once)."""
+        self._update_high_watermark(p, st, self.logs[p.tp])
+        self._save(p.tp)
 
     async def _tick_loop(self) -> None:
-        period = self.config.produce_tick_ms / 1000
+        period = self.config.replica_tick_ms / 1000
         last = self.clock_ms()
         while True:
-            await asyncio.sleep(period)  # a timer: simulated producers and ISR checks
+            await asyncio.sleep(period)  # a timer: ISR checks (lagging followers)
             now = self.clock_ms()
             try:
                 self.tick(now, now - last)
@@ -295,7 +324,7 @@ class ReplicaManager:
             last = now
 
     def tick(self, now: int, elapsed_ms: int) -> None:
-        """Produce for `elapsed_ms`, advance high watermarks, check the ISRs."""
+        """Advance high watermarks, check the ISRs (`elapsed_ms` since the last tick)."""
         image = self.image
         if image is None:
             return
@@ -303,17 +332,7 @@ class ReplicaManager:
             p = image.partition(tp)
             if p is None:
                 continue
-            log = self.logs[tp]
-            changed = False
-            if self.producing and self.config.produce_rate > 0:
-                st.produce_credit += self.config.produce_rate * elapsed_ms / 1000
-                count = int(st.produce_credit)
-                if count > 0:
-                    st.produce_credit -= count
-                    log.append(count)
-                    changed = True
-            changed |= self._update_high_watermark(p, st, log)
-            if changed:
+            if self._update_high_watermark(p, st, self.logs[tp]):
                 self._save(tp)
             self._maybe_alter_isr(tp, now)
 
@@ -327,7 +346,10 @@ class ReplicaManager:
             follower_offsets={b: f.fetch_offset for b, f in st.followers.items()},
             pending_isr=st.pending_isr if st.pending_partition_epoch is not None else (),
         )
-        return log.advance_high_watermark(hw)
+        if not log.advance_high_watermark(hw):
+            return False
+        self.data.high_watermark_advanced(p.tp, log.high_watermark, st.leader_epoch)
+        return True
 
     def _maybe_alter_isr(self, tp: TopicPartition, now: int) -> None:
         image, st = self.image, self.leaders.get(tp)

@@ -106,6 +106,33 @@ class UnsupportedVersionError(MetactlError):
         self.correlation_id = correlation_id  # of the refused frame, so it can be answered
 
 
+# --- data plane: Produce (Kafka's names; its numeric code in each docstring) ------------
+
+
+class NotEnoughReplicasError(MetactlError):
+    """Kafka error 19: an acks=all batch refused at append, the ISR being below MinISR."""
+
+    code = "NOT_ENOUGH_REPLICAS"
+    retriable = True
+
+
+class NotEnoughReplicasAfterAppendError(MetactlError):
+    """Kafka error 20: an acks=all batch was appended, then the ISR shrank below MinISR
+    before the high watermark covered it. It may still commit later; it was not
+    acknowledged."""
+
+    code = "NOT_ENOUGH_REPLICAS_AFTER_APPEND"
+    retriable = True
+
+
+class RequestTimedOutError(MetactlError):
+    """Kafka error 7: an acks=all batch was not committed within the request's timeout.
+    It may still commit later; it was not acknowledged."""
+
+    code = "REQUEST_TIMED_OUT"
+    retriable = True
+
+
 class InvalidConfigurationError(MetactlError):
     code = "INVALID_CONFIG"
 
@@ -205,6 +232,11 @@ class FrameTooLargeError(InvalidRequestError):
     """A frame's length exceeds the receiver's limit; the stream cannot be resynchronised."""
 
     code = "MESSAGE_TOO_LARGE"
+
+
+# Kafka error 10 (MESSAGE_TOO_LARGE) for a Produce batch over the broker's record limit:
+# the same code, hence the same class, as an oversized frame.
+MessageTooLargeError = FrameTooLargeError
 
 
 class NetworkError(MetactlError):

@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "ops.cluster_cmds",
     "ops.audit_cmds",
     "ops.simulate_cmds",
+    "ops.data_cmds",
 )
 
 

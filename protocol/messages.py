@@ -4,7 +4,8 @@ The controller core decides over these (RegisterBroker, AlterPartition, ElectLea
 the wire carries them unchanged, and the scenario runner and tests build them directly.
 Some exist only inside the controller (FenceBroker, UnfenceBroker, ControlledShutdown,
 ReplicaLogInfo and the core's responses), some only on the wire (metadata fetches,
-DescribeCluster, GetReplicaLogInfo, ReplicaFetch, ErrorResponse).
+DescribeCluster, GetReplicaLogInfo, ReplicaFetch, the data plane's Produce and ReadLog,
+ErrorResponse).
 
 Each message has a version `v` (1 unless set) and the versions its receiver accepts in
 `VERSIONS`; `protocol.codec.decode_frame` refuses others with UNSUPPORTED_VERSION. Wire
@@ -221,6 +222,52 @@ class ReplicaFetchResponse(_Msg, tag="ReplicaFetchResponse", frozen=True):
     leader_epochs: list[tuple[int, int]] = []  # (epoch, start offset), oldest first
 
 
+# --- client -> broker (the data plane) ----------------------------------------------------
+
+ACKS_ALL = -1  # Produce.acks: answered once the high watermark covers the batch
+ACKS_LEADER = 1  # Produce.acks: answered once the leader has appended the batch
+
+
+class ProduceRequest(_Msg, tag="Produce", frozen=True):
+    """A batch of `count` records for one partition, sent to its leader. Records carry no
+    bytes: a record is identified by its (offset, leader epoch)."""
+
+    topic: str
+    partition: int
+    acks: int = ACKS_ALL  # ACKS_ALL (-1) or ACKS_LEADER (1)
+    count: int = 1
+    timeout_ms: int | None = None  # for acks=all; None: the broker's request timeout
+
+
+class ProduceResponse(_Msg, tag="ProduceResponse", frozen=True):
+    """The batch holds offsets base_offset .. base_offset+count-1, all in leader_epoch."""
+
+    topic: str
+    partition: int
+    base_offset: int
+    count: int
+    leader_epoch: int
+    high_watermark: int = 0  # the leader's, when it answered
+
+
+class ReadLogRequest(_Msg, tag="ReadLog", frozen=True):
+    """What a consumer can read of one partition: its committed records, from the leader."""
+
+    topic: str
+    partition: int
+
+
+class ReadLogResponse(_Msg, tag="ReadLogResponse", frozen=True):
+    topic: str
+    partition: int
+    leader_epoch: int  # the leader's current epoch
+    high_watermark: int  # records [0, high_watermark) are committed and readable
+    log_end_offset: int
+    # (epoch, start offset), oldest first, only entries starting below the high watermark:
+    # the record at offset o < high_watermark has the epoch of the last entry starting <= o.
+    leader_epochs: list[tuple[int, int]] = []
+
+
 # --- common -------------------------------------------------------------------------------
 
 
@@ -334,5 +381,9 @@ Message = (
     | GetReplicaLogInfoResponse
     | ReplicaFetchRequest
     | ReplicaFetchResponse
+    | ProduceRequest
+    | ProduceResponse
+    | ReadLogRequest
+    | ReadLogResponse
     | ErrorResponse
 )

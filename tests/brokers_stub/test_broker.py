@@ -26,10 +26,13 @@ from metactl.errors import (
     StaleBrokerEpochError,
 )
 from metadata_log.records import PartitionRecord, TopicRecord
+from protocol.client import RpcClient
 from protocol.messages import (
     AlterPartition,
     BrokerHeartbeatRequest,
     FetchMetadataRequest,
+    ProduceRequest,
+    ProduceResponse,
     RegisterBroker,
 )
 from tests.brokers_stub.fake_controller import FakeController
@@ -75,7 +78,7 @@ def broker_config(controller: FakeController, data_dir: Path, **kw: object) -> B
         "heartbeat_interval_ms": 30,
         "metadata_max_wait_ms": 50,
         "fetch_interval_ms": 20,
-        "produce_tick_ms": 20,
+        "replica_tick_ms": 20,
         "flush_interval_ms": 50,
         "session_timeout_ms": 2000,
     }
@@ -204,24 +207,27 @@ async def test_stops_when_the_controller_stays_unreachable(
     assert json.loads((tmp_path / "clean_shutdown").read_text()) == {"broker_epoch": 0}
 
 
-async def test_leads_produces_and_flushes_everything_at_shutdown(
+async def test_leads_takes_produce_and_flushes_everything_at_shutdown(
     controller: FakeController, tmp_path: Path
 ) -> None:
     controller.append(TopicRecord(name=TOPIC, topic_id="t", partitions=1, min_isr=1))
-    run = Running(broker_config(controller, tmp_path, produce_rate=500.0))
-    await run.await_ready()
+    run = Running(broker_config(controller, tmp_path, flush_interval_ms=60_000))
+    m = await run.await_ready()
     controller.append(
         PartitionRecord(topic=TOPIC, partition=0, replicas=[1], isr=[1], leader=1, leader_epoch=3)
     )
-    replicas = tmp_path / "replicas"
-    await eventually(
-        lambda: any(log.log_end_offset > 0 for log in load_all(replicas)[0]),
-        what="the leader producing",
-    )
+    await eventually(lambda: (TOPIC, 0) in run.broker.replicas.leaders, what="leadership")
+    async with RpcClient(m[3]) as client:
+        resp = await client.request(ProduceRequest(topic=TOPIC, partition=0, count=7))
+    assert isinstance(resp, ProduceResponse)
+    assert (resp.base_offset, resp.count, resp.leader_epoch) == (0, 7, 3)
+    assert resp.high_watermark == 7  # ISR {1}, min ISR 1: committed at once
+    (log,), _ = load_all(tmp_path / "replicas")
+    assert log.flushed_offset == 0  # answered from the page cache: acks do not wait for fsync
     assert await run.stop() == 0
-    (log,), _ = load_all(replicas)
+    (log,), _ = load_all(tmp_path / "replicas")
     assert log.leader_epochs == [(3, 0)]
-    assert log.flushed_offset == log.log_end_offset > 0
+    assert log.flushed_offset == log.log_end_offset == 7
     assert log.high_watermark == log.log_end_offset  # ISR {1}, min ISR 1
     assert controller.of(AlterPartition) == []  # nothing to change
 

@@ -1,8 +1,8 @@
 """The replica manager, driven directly: a leader and followers wired in memory.
 
 No sockets: a follower's fetch is `leader.handle_fetch(...)` and the answer goes to
-`follower.apply_fetch_response(...)`; AlterPartition goes to a recording fake. Time is an
-explicit virtual clock.
+`follower.apply_fetch_response(...)`; a produced batch is `leader.data.produce(...)`;
+AlterPartition goes to a recording fake. Time is an explicit virtual clock.
 """
 
 from __future__ import annotations
@@ -24,9 +24,12 @@ from metactl.errors import (
 )
 from metadata_image.image import ClusterImage
 from protocol.messages import (
+    ACKS_LEADER,
     AlterPartition,
     Message,
     PartitionState,
+    ProduceRequest,
+    ProduceResponse,
     ReplicaFetchRequest,
     ReplicaRef,
 )
@@ -103,20 +106,28 @@ def fetch(leader: ReplicaManager, follower: ReplicaManager) -> None:
     follower.apply_fetch_response(TP, sent, resp)
 
 
+async def produce(m: ReplicaManager, count: int, acks: int = ACKS_LEADER) -> ProduceResponse:
+    """A client's batch of `count` records (acks=1 by default: answered at append)."""
+    return await m.data.produce(ProduceRequest(topic=TOPIC, partition=0, acks=acks, count=count))
+
+
 def on_disk(m: ReplicaManager) -> ReplicaLog:
     (log,), _ = rl.load_all(m.replicas_dir)
     return log
 
 
-def test_leader_appends_its_epoch_produces_and_persists(tmp_path: Path) -> None:
+async def test_leader_appends_its_epoch_produces_and_persists(tmp_path: Path) -> None:
     clock = Clock()
-    leader = manager(tmp_path, 1, clock, produce_rate=10.0)
+    leader = manager(tmp_path, 1, clock)
     image = cluster(EPOCHS, replicas=[1, 2, 3], leader=1, isr=[1], leader_epoch=4)
     leader.on_metadata(image, None, True)
     assert leader.logs[TP].leader_epochs == [(4, 0)]
     leader.tick(clock.now, 1500)
-    leader.tick(clock.now, 50)  # 0.5 records: credited, not lost
-    leader.tick(clock.now, 50)
+    assert leader.logs[TP].log_end_offset == 0  # the log grows only through Produce
+    first = await produce(leader, 15)
+    assert (first.base_offset, first.count, first.leader_epoch) == (0, 15, 4)
+    second = await produce(leader, 1)
+    assert second.base_offset == 15
     log = leader.logs[TP]
     assert log.log_end_offset == 16
     assert log.high_watermark == 16  # ISR {1} and min ISR 1
@@ -139,14 +150,14 @@ def test_nothing_happens_before_the_image_is_caught_up(tmp_path: Path) -> None:
         fetch(leader, follower)
 
 
-def test_followers_copy_and_hw_needs_every_isr_member(tmp_path: Path) -> None:
+async def test_followers_copy_and_hw_needs_every_isr_member(tmp_path: Path) -> None:
     clock = Clock()
-    leader = manager(tmp_path, 1, clock, produce_rate=100.0)
+    leader = manager(tmp_path, 1, clock)
     f2, f3 = manager(tmp_path, 2, clock), manager(tmp_path, 3, clock)
     image = cluster(EPOCHS, replicas=[1, 2, 3], leader=1, isr=[1, 2, 3], min_isr=2)
     for m in (leader, f2, f3):
         m.on_metadata(image, None, True)
-    leader.tick(clock.now, 100)  # LEO 10
+    await produce(leader, 10)  # LEO 10
     assert leader.logs[TP].high_watermark == 0  # 2 and 3 have not fetched yet
     fetch(leader, f2)
     assert f2.logs[TP].log_end_offset == 10
@@ -159,36 +170,37 @@ def test_followers_copy_and_hw_needs_every_isr_member(tmp_path: Path) -> None:
     assert f2.logs[TP].high_watermark == 10
 
 
-def test_hw_stops_when_the_isr_shrinks_below_min_isr(tmp_path: Path) -> None:
+async def test_hw_stops_when_the_isr_shrinks_below_min_isr(tmp_path: Path) -> None:
     clock = Clock()
-    leader = manager(tmp_path, 1, clock, produce_rate=100.0)
+    leader = manager(tmp_path, 1, clock)
     image = cluster(EPOCHS, replicas=[1, 2, 3], leader=1, isr=[1, 2], min_isr=2)
     f2 = manager(tmp_path, 2, clock)
     leader.on_metadata(image, None, True)
     f2.on_metadata(image, None, True)
-    leader.tick(clock.now, 100)
+    await produce(leader, 10)
     fetch(leader, f2)
     fetch(leader, f2)
     assert leader.logs[TP].high_watermark == 10
     image = change(image, isr=[1])  # 2 left the ISR: below min ISR
     leader.on_metadata(image, None, True)
+    await produce(leader, 10)  # acks=1 is still accepted
     leader.tick(clock.now, 100)
     assert leader.logs[TP].log_end_offset == 20
     assert leader.logs[TP].high_watermark == 10  # frozen
 
 
-def test_a_diverged_follower_truncates_then_copies(tmp_path: Path) -> None:
+async def test_a_diverged_follower_truncates_then_copies(tmp_path: Path) -> None:
     clock = Clock()
     # Broker 2 led epoch 0 to offset 12 but only 0..7 reached broker 1, now leader of
     # epoch 1 from offset 8.
     f2 = manager(tmp_path, 2, clock)
     f2.logs[TP] = ReplicaLog(topic=TOPIC, partition=0, leader_epochs=[(0, 0)], log_end_offset=12)
-    leader = manager(tmp_path, 1, clock, produce_rate=20.0)
+    leader = manager(tmp_path, 1, clock)
     leader.logs[TP] = ReplicaLog(topic=TOPIC, partition=0, leader_epochs=[(0, 0)], log_end_offset=8)
     image = cluster(EPOCHS, replicas=[1, 2], leader=1, isr=[1], leader_epoch=1)
     leader.on_metadata(image, None, True)
     f2.on_metadata(image, None, True)
-    leader.tick(clock.now, 1000)  # epoch 1 holds 8..27
+    await produce(leader, 20)  # epoch 1 holds 8..27
     assert leader.logs[TP].leader_epochs == [(0, 0), (1, 8)]
     fetch(leader, f2)
     assert f2.logs[TP].log_end_offset == 8  # the 4 records of epoch 0 nobody else has
@@ -266,7 +278,7 @@ def alter_setup(
 ) -> tuple[Clock, FakeController, ReplicaManager, ClusterImage]:
     clock = Clock()
     ctl = FakeController()
-    leader = manager(tmp_path, 1, clock, ctl, produce_rate=100.0, replica_lag_time_max_ms=3000)
+    leader = manager(tmp_path, 1, clock, ctl, replica_lag_time_max_ms=3000)
     image = cluster(EPOCHS, replicas=[1, 2, 3], leader=1, isr=isr, min_isr=2, recovering=recovering)
     return clock, ctl, leader, image
 
@@ -276,11 +288,13 @@ async def test_isr_expands_once_a_follower_caught_up(tmp_path: Path) -> None:
     f3 = manager(tmp_path, 3, clock)
     leader.on_metadata(image, None, True)
     f3.on_metadata(image, None, True)
+    await produce(leader, 10)
     leader.tick(clock.now, 100)
     fetch(leader, f3)  # from 0, leader at 10: behind
     await leader.isr_updater.settled()  # any AlterPartition decided on has been sent
     assert ctl.requests == []
     clock.now += 100
+    await produce(leader, 10)
     leader.tick(clock.now, 100)
     fetch(leader, f3)  # holds the 10 we had at its previous fetch: caught up
     await leader.isr_updater.settled()
@@ -306,6 +320,7 @@ async def test_isr_shrinks_a_follower_that_stopped_fetching(tmp_path: Path) -> N
         m.on_metadata(image, None, True)
     for _ in range(40):  # 4 s: 2 keeps fetching, 3 is silent
         clock.now += 100
+        await produce(leader, 10)
         leader.tick(clock.now, 100)
         fetch(leader, f2)
     await eventually(lambda: len(ctl.requests) == 1, what="an AlterPartition")

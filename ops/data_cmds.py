@@ -1,0 +1,507 @@
+"""`metactl produce` and `metactl consume`: clients of the brokers' data plane.
+
+`produce` finds each partition's leader in the controller's DescribeCluster, sends
+batches of records to it (Produce, see docs/protocol.md), refreshes the metadata and
+retries on NOT_LEADER_OR_FOLLOWER or a broken connection, retries every retriable error
+with `RetryPolicy` backoff, and appends each acknowledged batch (topic, partition,
+base_offset, count, leader_epoch, acks) to the acked log as one JSON line, written,
+flushed and fsynced *before* it is counted as acknowledged. A batch refused for good is
+counted by its error code. Exit status: 0 every batch acknowledged, 3 some refused, 1 an
+error before producing (unknown topic, controller unreachable, bad acked log), 2 bad
+arguments.
+
+`consume --from-beginning` reads every partition's committed records (ReadLog) from its
+current leader: the high watermark and the (offset, leader epoch) ranges below it, with
+a digest; `--check-acked FILE` also says which acknowledged records are missing (a
+record acknowledged at (o, e) survives iff the log holds offset o in epoch e). Exit
+status: 0, 3 when a partition could not be read or an acknowledged record is missing, 1
+and 2 as above.
+
+This module owns the client side only: what to send, retry and record. What a broker
+answers is `brokers_stub.produce`'s business.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from metactl.errors import (
+    InvalidRequestError,
+    MetactlError,
+    NetworkError,
+    NotLeaderOrFollowerError,
+    UnknownTopicOrPartitionError,
+)
+from protocol.client import RetryPolicy, RpcClient
+from protocol.messages import (
+    ACKS_ALL,
+    ACKS_LEADER,
+    DescribeClusterRequest,
+    DescribeClusterResponse,
+    Message,
+    PartitionState,
+    ProduceRequest,
+    ProduceResponse,
+    ReadLogRequest,
+    ReadLogResponse,
+)
+
+DEFAULT_CONTROLLER = "127.0.0.1:9093"
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
+# A leader moves within a session timeout (9 s by default): retry for about that long.
+DATA_RETRY = RetryPolicy(attempts=12, base_s=0.05, cap_s=1.0)
+Range = tuple[int, int, int]  # [start, end) offsets, all in one leader epoch
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "produce",
+        help="produce records to a topic and log every acknowledged batch",
+        description="Send batches of records (offsets only, no bytes) to the partitions' "
+        "leaders; append each acknowledged batch to --acked-log (fsynced) before counting "
+        "it. Exit 0: all acknowledged; 3: some refused; 1: error; 2: bad arguments.",
+    )
+    _controller_arg(p)
+    p.add_argument("--topic", required=True)
+    p.add_argument("--partition", type=int, default=None, help="default: round-robin over all")
+    p.add_argument("--acks", choices=["all", "-1", "1"], default="all")
+    p.add_argument("--count", type=int, required=True, help="records to produce in all")
+    p.add_argument("--batch", type=int, default=100, help="records per batch (100)")
+    p.add_argument("--rate", type=float, default=None, help="records per second (no limit)")
+    p.add_argument("--in-flight", type=int, default=1, help="batches sent concurrently (1)")
+    p.add_argument(
+        "--timeout-ms", type=int, default=None, help="acks=all commit timeout (broker default)"
+    )
+    p.add_argument(
+        "--retries",
+        type=int,
+        default=DATA_RETRY.attempts - 1,
+        help=f"retries of a batch refused with a retriable error ({DATA_RETRY.attempts - 1})",
+    )
+    p.add_argument("--acked-log", type=Path, required=True, help="JSON lines, appended")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=cmd_produce)
+
+    c = sub.add_parser(
+        "consume",
+        help="read the committed records of a topic from the leaders",
+        description="Read every partition's committed (offset, leader epoch) ranges up to "
+        "the high watermark from its leader. Exit 3 if a partition could not be read or "
+        "an acknowledged record (--check-acked) is missing.",
+    )
+    _controller_arg(c)
+    c.add_argument("--topic", required=True)
+    c.add_argument("--partition", type=int, default=None)
+    c.add_argument(
+        "--from-beginning",
+        action="store_true",
+        help="read from offset 0 (the only mode: accepted for kafka-console-consumer habits)",
+    )
+    c.add_argument("--check-acked", type=Path, default=None, metavar="ACKED_LOG")
+    c.add_argument("--json", action="store_true", help="print the ranges as JSON")
+    c.set_defaults(func=cmd_consume)
+
+
+def _controller_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--controller",
+        "--bootstrap-controller",
+        dest="controller",
+        default=DEFAULT_CONTROLLER,
+        metavar="HOST:PORT",
+        help=f"the controller service (default {DEFAULT_CONTROLLER})",
+    )
+
+
+# --- metadata ---------------------------------------------------------------------------
+
+
+class Leaders:
+    """Where each partition of one topic is led, as the controller last said."""
+
+    def __init__(self, controller: str, topic: str, retry: RetryPolicy) -> None:
+        self.controller = controller
+        self.topic = topic
+        self.retry = retry
+        self.partitions: dict[int, PartitionState] = {}
+        self.endpoints: dict[int, str] = {}
+
+    async def refresh(self) -> None:
+        async with RpcClient(self.controller, connect_timeout=5.0) as client:
+            req = DescribeClusterRequest(topic=self.topic)
+            r = await client.request(req, 10.0, retry=self.retry)
+        if not isinstance(r, DescribeClusterResponse):
+            raise InvalidRequestError(f"unexpected {type(r).__name__} from the controller")
+        self.partitions = {p.partition: p for p in r.partitions if p.topic == self.topic}
+        self.endpoints = {b.broker_id: b.endpoint for b in r.brokers if not b.fenced}
+        if not self.partitions:
+            raise UnknownTopicOrPartitionError(f"topic {self.topic!r} does not exist")
+
+    def leader(self, partition: int) -> tuple[int, str]:
+        """(leader id, endpoint); NotLeaderOrFollowerError (retriable) if it has none."""
+        p = self.partitions.get(partition)
+        if p is None:
+            raise UnknownTopicOrPartitionError(f"no partition {self.topic}-{partition}")
+        endpoint = self.endpoints.get(p.leader, "")
+        if p.leader < 0 or not endpoint:
+            raise NotLeaderOrFollowerError(f"{self.topic}-{partition} has no reachable leader")
+        return p.leader, endpoint
+
+
+class Connections:
+    """One connection per broker endpoint (a connection carries one request at a time)."""
+
+    def __init__(self) -> None:
+        self._clients: dict[str, RpcClient] = {}
+
+    def to(self, endpoint: str) -> RpcClient:
+        client = self._clients.get(endpoint)
+        if client is None:
+            client = self._clients[endpoint] = RpcClient(endpoint, connect_timeout=5.0)
+        return client
+
+    async def close(self) -> None:
+        for client in self._clients.values():
+            await client.close()
+        self._clients.clear()
+
+
+async def leader_request(
+    leaders: Leaders,
+    conns: Connections,
+    partition: int,
+    body: Message,
+    *,
+    timeout_s: float,
+    retry: RetryPolicy,
+) -> Message:
+    """Send `body` to the partition's leader; on NOT_LEADER_OR_FOLLOWER or a broken
+    connection refresh the metadata, and retry every retriable error with backoff."""
+    attempt = 0
+    while True:
+        try:
+            _, endpoint = leaders.leader(partition)
+            return await conns.to(endpoint).request(body, timeout_s)
+        except MetactlError as exc:
+            if not retry.should_retry(exc, attempt):
+                raise
+            await retry.sleep(retry.backoff(attempt))
+            attempt += 1
+            if isinstance(exc, NotLeaderOrFollowerError | NetworkError):
+                # The controller may be moving too: the next attempt says.
+                with contextlib.suppress(MetactlError):
+                    await leaders.refresh()
+
+
+# --- produce ----------------------------------------------------------------------------
+
+
+class AckedLog:
+    """The acknowledged batches, one JSON line each, durable before they count."""
+
+    def __init__(self, path: Path) -> None:
+        created = not path.exists()
+        self._file: IO[str] = path.open("a", encoding="utf-8")
+        if created:
+            fd = os.open(path.parent if str(path.parent) else ".", os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def append(self, resp: ProduceResponse, acks: int) -> None:
+        line = json.dumps(
+            {
+                "topic": resp.topic,
+                "partition": resp.partition,
+                "base_offset": resp.base_offset,
+                "count": resp.count,
+                "leader_epoch": resp.leader_epoch,
+                "acks": "all" if acks == ACKS_ALL else acks,
+            },
+            separators=(",", ":"),
+        )
+        self._file.write(line + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+
+@dataclass
+class ProduceSummary:
+    acked_records: int = 0
+    acked_batches: int = 0
+    refused_records: int = 0
+    refused: Counter[str] = field(default_factory=Counter)  # batches, by error code
+
+    def line(self) -> str:
+        refused = " ".join(f"{code}={n}" for code, n in sorted(self.refused.items())) or "none"
+        return (
+            f"acked {self.acked_records} records in {self.acked_batches} batches; "
+            f"refused {self.refused_records} records: {refused}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "acked_records": self.acked_records,
+            "acked_batches": self.acked_batches,
+            "refused_records": self.refused_records,
+            "refused_batches": dict(sorted(self.refused.items())),
+        }
+
+
+async def produce(
+    *,
+    controller: str,
+    topic: str,
+    partition: int | None,
+    acks: int,
+    count: int,
+    batch: int,
+    acked_log: Path,
+    rate: float | None = None,
+    in_flight: int = 1,
+    timeout_ms: int | None = None,
+    retry: RetryPolicy = DATA_RETRY,
+) -> ProduceSummary:
+    leaders = Leaders(controller, topic, retry)
+    await leaders.refresh()
+    targets = [partition] if partition is not None else sorted(leaders.partitions)
+    for t in targets:
+        if t not in leaders.partitions:
+            raise UnknownTopicOrPartitionError(f"no partition {topic}-{t}")
+    log = AckedLog(acked_log)
+    summary = ProduceSummary()
+    sizes = [min(batch, count - start) for start in range(0, count, batch)]
+    next_batch = 0
+    start = time.monotonic()
+    client_timeout_s = (timeout_ms if timeout_ms is not None else 30_000) / 1000 + 5.0
+
+    async def worker() -> None:
+        nonlocal next_batch
+        conns = Connections()
+        try:
+            while next_batch < len(sizes):
+                i, next_batch = next_batch, next_batch + 1
+                size = sizes[i]
+                if rate is not None:  # pace: batch i may leave once its records are due
+                    due = start + i * batch / rate  # every batch but the last is full
+                    await asyncio.sleep(max(0.0, due - time.monotonic()))
+                target = targets[i % len(targets)]
+                req = ProduceRequest(
+                    topic=topic, partition=target, acks=acks, count=size, timeout_ms=timeout_ms
+                )
+                try:
+                    resp = await leader_request(
+                        leaders, conns, target, req, timeout_s=client_timeout_s, retry=retry
+                    )
+                    if not isinstance(resp, ProduceResponse):
+                        raise InvalidRequestError(f"unexpected {type(resp).__name__}")
+                except MetactlError as exc:
+                    summary.refused[exc.code] += 1
+                    summary.refused_records += size
+                    continue
+                log.append(resp, acks)  # durable first ...
+                summary.acked_records += resp.count  # ... then acknowledged
+                summary.acked_batches += 1
+        finally:
+            await conns.close()
+
+    try:
+        await asyncio.gather(*(worker() for _ in range(max(1, in_flight))))
+    finally:
+        log.close()
+    return summary
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    for name in ("count", "batch", "in_flight"):
+        if getattr(args, name) < 1:
+            return _usage(f"--{name.replace('_', '-')} must be >= 1")
+    if args.rate is not None and args.rate <= 0:
+        return _usage("--rate must be > 0")
+    if args.retries < 0:
+        return _usage("--retries must be >= 0")
+    if args.timeout_ms is not None and args.timeout_ms < 0:
+        return _usage("--timeout-ms must be >= 0")
+    acks = ACKS_ALL if args.acks in ("all", "-1") else ACKS_LEADER
+    try:
+        summary = asyncio.run(
+            produce(
+                controller=args.controller,
+                topic=args.topic,
+                partition=args.partition,
+                acks=acks,
+                count=args.count,
+                batch=args.batch,
+                acked_log=args.acked_log,
+                rate=args.rate,
+                in_flight=args.in_flight,
+                timeout_ms=args.timeout_ms,
+                retry=dataclasses.replace(DATA_RETRY, attempts=args.retries + 1),
+            )
+        )
+    except (MetactlError, OSError) as exc:
+        return _fail(exc)
+    if args.json:
+        print(json.dumps(summary.to_json()))
+    else:
+        print(summary.line())
+    return EXIT_INCOMPLETE if summary.refused else EXIT_OK
+
+
+# --- consume ----------------------------------------------------------------------------
+
+
+def ranges(leader_epochs: Sequence[tuple[int, int]], high_watermark: int) -> list[Range]:
+    """The committed records as [start, end) offset ranges, each in one leader epoch."""
+    out: list[Range] = []
+    entries = [(int(e), int(s)) for e, s in leader_epochs if s < high_watermark]
+    for i, (epoch, begin) in enumerate(entries):
+        end = entries[i + 1][1] if i + 1 < len(entries) else high_watermark
+        if end > begin:
+            out.append((begin, end, epoch))
+    return out
+
+
+def digest(rs: Iterable[Range]) -> str:
+    """A short fingerprint of a partition's committed records."""
+    data = json.dumps([list(r) for r in rs], separators=(",", ":")).encode()
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def missing_records(
+    acked: Iterable[dict[str, Any]], committed: dict[int, list[Range]]
+) -> dict[int, int]:
+    """Per partition, how many acknowledged records the committed ranges lack. A record
+    acknowledged at (offset o, epoch e) survives iff a range holds o in epoch e."""
+    missing: Counter[int] = Counter()
+    for a in acked:
+        part, base, n, epoch = a["partition"], a["base_offset"], a["count"], a["leader_epoch"]
+        if part not in committed:
+            continue
+        held = 0
+        for start, end, e in committed[part]:
+            if e == epoch:
+                held += max(0, min(end, base + n) - max(start, base))
+        if held < n:
+            missing[part] += n - held
+    return dict(missing)
+
+
+def read_acked_log(path: Path, topic: str) -> list[dict[str, Any]]:
+    out = []
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                doc = json.loads(line)
+                if doc["topic"] == topic:
+                    out.append(doc)
+            except (ValueError, KeyError, TypeError) as exc:
+                problem = f"{path}:{number}: not an acked-log line: {exc}"
+                raise InvalidRequestError(problem) from None
+    return out
+
+
+async def consume(
+    *, controller: str, topic: str, partition: int | None, retry: RetryPolicy = DATA_RETRY
+) -> list[tuple[PartitionState, ReadLogResponse | MetactlError]]:
+    leaders = Leaders(controller, topic, retry)
+    await leaders.refresh()
+    targets = [partition] if partition is not None else sorted(leaders.partitions)
+    conns = Connections()
+    out: list[tuple[PartitionState, ReadLogResponse | MetactlError]] = []
+    try:
+        for t in targets:
+            if t not in leaders.partitions:
+                raise UnknownTopicOrPartitionError(f"no partition {topic}-{t}")
+            req = ReadLogRequest(topic=topic, partition=t)
+            try:
+                r = await leader_request(leaders, conns, t, req, timeout_s=10.0, retry=retry)
+                if not isinstance(r, ReadLogResponse):
+                    raise InvalidRequestError(f"unexpected {type(r).__name__}")
+            except MetactlError as exc:
+                out.append((leaders.partitions[t], exc))
+            else:
+                out.append((leaders.partitions[t], r))
+    finally:
+        await conns.close()
+    return out
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    try:
+        acked = read_acked_log(args.check_acked, args.topic) if args.check_acked else None
+        results = asyncio.run(
+            consume(controller=args.controller, topic=args.topic, partition=args.partition)
+        )
+    except (MetactlError, OSError) as exc:
+        return _fail(exc)
+    committed = {
+        r.partition: ranges(r.leader_epochs, r.high_watermark)
+        for _, r in results
+        if isinstance(r, ReadLogResponse)
+    }
+    failed = [p.partition for p, r in results if isinstance(r, MetactlError)]
+    missing = missing_records(acked, committed) if acked is not None else {}
+    if args.json:
+        parts: list[dict[str, Any]] = []
+        for p, r in results:
+            doc: dict[str, Any] = {"topic": p.topic, "partition": p.partition}
+            if isinstance(r, MetactlError):
+                doc["error"] = r.code
+            else:
+                rs = committed[r.partition]
+                doc.update(
+                    leader=p.leader,
+                    leader_epoch=r.leader_epoch,
+                    high_watermark=r.high_watermark,
+                    log_end_offset=r.log_end_offset,
+                    ranges=[list(x) for x in rs],
+                    digest=digest(rs),
+                )
+                if acked is not None:
+                    doc["missing_acked"] = missing.get(r.partition, 0)
+            parts.append(doc)
+        print(json.dumps({"topic": args.topic, "partitions": parts}))
+    else:
+        for p, r in results:
+            head = f"Topic: {p.topic}\tPartition: {p.partition}\t"
+            if isinstance(r, MetactlError):
+                print(f"{head}Error: {r.code}: {r.message}")
+                continue
+            rs = committed[r.partition]
+            extra = f"\tMissingAcked: {missing.get(r.partition, 0)}" if acked is not None else ""
+            print(
+                f"{head}Leader: {p.leader}\tLeaderEpoch: {r.leader_epoch}\t"
+                f"HighWatermark: {r.high_watermark}\tRanges: {len(rs)}\t"
+                f"Digest: {digest(rs)}{extra}"
+            )
+    return EXIT_INCOMPLETE if failed or any(missing.values()) else EXIT_OK
+
+
+def _fail(exc: BaseException) -> int:
+    print(f"error: {exc}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def _usage(message: str) -> int:
+    print(f"error: {InvalidRequestError(message)}", file=sys.stderr)
+    return EXIT_USAGE
