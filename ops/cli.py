@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "ops.audit_cmds",
     "ops.simulate_cmds",
     "ops.data_cmds",
+    "ops.chaos_cmds",
 )
 
 

@@ -1,0 +1,174 @@
+"""`metactl chaos run`: the command line of the chaos runner (`ops.chaos`).
+
+Parses and checks the flags (a bad one is a named error and exit 2, no traceback), runs
+the chaos run under asyncio with SIGINT turned into a cancellation (every process is
+stopped and a partial report printed, exit 130), prints the table or, with `--json`,
+ends stdout with exactly one JSON object, and writes `--report FILE`.
+
+Exit status: 0 no silent loss (with `--expect-silent-loss`: 0 iff some silent loss was
+found); 3 a silent loss (or, with `--expect-silent-loss`, none); 1 an error; 2 bad flags;
+130 interrupted. The first line on stdout is always `STARTED {json}` once the cluster
+is up (data dir, controller address, pids).
+
+Only the CLI lives here: nothing of the run itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from metactl.errors import InvalidRequestError, MetactlError
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_SILENT_LOSS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+def register(sub: Any) -> None:
+    c = sub.add_parser("chaos", help="fault injection with real processes")
+    csub = c.add_subparsers(dest="chaos_command", metavar="SUBCOMMAND")
+    r = csub.add_parser(
+        "run",
+        help="start a cluster, produce with acks=all, inject faults, check every ack",
+        description="Start a controller and brokers, produce with acks=all, inject a seeded "
+        "fault plan (SIGKILL with and without page-cache loss, SIGTERM, SIGSTOP pauses, "
+        "controller kills), heal, and classify every acknowledged record: present, lost "
+        "and reported (an unclean recovery after its acknowledgement), or lost silently. "
+        "See docs/chaos.md.",
+    )
+    r.add_argument("--brokers", type=int, default=5)
+    r.add_argument("--partitions", type=int, default=6)
+    r.add_argument("--rf", type=int, default=3, help="replication factor (3)")
+    r.add_argument("--min-isr", type=int, default=2)
+    r.add_argument("--strategy", choices=["balanced", "proactive", "manual"], default="balanced")
+    r.add_argument("--eligible-leader-replicas", choices=["enabled", "disabled"], default="enabled")
+    r.add_argument("--unclean-leader-election", action="store_true")
+    r.add_argument(
+        "--lossy-kills", type=int, default=4, help="at most K lossy kills (random plans; 4)"
+    )
+    r.add_argument("--duration", type=float, default=60.0, help="fault phase, seconds (60)")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument(
+        "--schedule",
+        default=None,
+        metavar="FILE|builtin:NAME",
+        help="a fault schedule (JSON) instead of a random plan; builtin:outage, "
+        "builtin:controller-and-outage",
+    )
+    r.add_argument("--producers", type=int, default=3, help="producer groups (3)")
+    r.add_argument("--batch", type=int, default=50, help="records per batch (50)")
+    r.add_argument("--flush-interval-ms", type=int, default=500, help="brokers' flush.ms (500)")
+    r.add_argument("--session-timeout-ms", type=int, default=1500)
+    r.add_argument("--heartbeat-interval-ms", type=int, default=200)
+    r.add_argument(
+        "--operator-elect",
+        action="store_true",
+        help="with --strategy manual: at heal, elect what an operator would (first live "
+        "LastKnownELR member, else first live replica) instead of reporting unavailable",
+    )
+    r.add_argument("--data-dir", type=Path, default=None, help="default: a new temp dir")
+    r.add_argument("--json", action="store_true", help="end stdout with one JSON object")
+    r.add_argument("--report", type=Path, default=None, help="write the JSON report here")
+    r.add_argument(
+        "--expect-silent-loss",
+        action="store_true",
+        help="exit 0 iff silent losses were found (classic mode)",
+    )
+    r.set_defaults(func=cmd_chaos_run)
+    c.set_defaults(func=lambda args: c.print_help() or EXIT_USAGE)
+
+
+def _usage(msg: str) -> int:
+    print(f"error: {InvalidRequestError(msg)}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def cmd_chaos_run(args: argparse.Namespace) -> int:
+    from ops.chaos import ChaosConfig, ChaosRun
+    from ops.chaos_plan import check_brokers, load_schedule
+    from ops.chaos_procs import Timing
+    from ops.chaos_report import table
+
+    for name in ("flush_interval_ms", "session_timeout_ms", "heartbeat_interval_ms"):
+        if getattr(args, name) <= 0:
+            return _usage(f"--{name.replace('_', '-')} must be > 0")
+    if args.heartbeat_interval_ms >= args.session_timeout_ms:
+        return _usage("--heartbeat-interval-ms must be below --session-timeout-ms")
+    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="metactl-chaos-"))
+    try:
+        schedule = load_schedule(args.schedule) if args.schedule else None
+        if schedule is not None:
+            check_brokers(schedule, args.brokers)
+        cfg = ChaosConfig(
+            data_dir=data_dir,
+            brokers=args.brokers,
+            partitions=args.partitions,
+            rf=args.rf,
+            min_isr=args.min_isr,
+            strategy=args.strategy,
+            elr=args.eligible_leader_replicas == "enabled",
+            unclean_leader_election=args.unclean_leader_election,
+            lossy_kills=args.lossy_kills,
+            duration_s=args.duration,
+            seed=args.seed,
+            schedule=schedule,
+            producers=args.producers,
+            batch=args.batch,
+            operator_elect=args.operator_elect,
+            timing=Timing(
+                heartbeat_ms=args.heartbeat_interval_ms,
+                session_ms=args.session_timeout_ms,
+                flush_ms=args.flush_interval_ms,
+            ),
+        )
+        cfg.validate()
+    except MetactlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if data_dir.exists() and any(data_dir.iterdir()):
+        return _usage(f"--data-dir {data_dir} is not empty")
+
+    def started(info: dict[str, Any]) -> None:
+        print("STARTED " + json.dumps(info, separators=(",", ":")), flush=True)
+
+    run = ChaosRun(cfg, on_started=started)
+    error: BaseException | None = None
+
+    async def main() -> None:
+        task = asyncio.create_task(run.execute())
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGINT, task.cancel)
+        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        try:
+            await task
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
+            loop.remove_signal_handler(signal.SIGTERM)
+
+    try:
+        asyncio.run(main())
+    except (MetactlError, OSError, RuntimeError, TimeoutError) as exc:
+        error = exc
+    report = run.report()
+    if error is not None:
+        report["error"] = str(error)
+    if args.report is not None:
+        args.report.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    if args.json:
+        print(json.dumps(report, separators=(",", ":")))
+    else:
+        print(table(report))
+    if error is not None:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    if run.interrupted:
+        return EXIT_INTERRUPTED
+    silent = bool(report["lost_silent"])
+    if args.expect_silent_loss:
+        return EXIT_OK if silent else EXIT_SILENT_LOSS
+    return EXIT_SILENT_LOSS if silent else EXIT_OK

@@ -1,0 +1,205 @@
+"""The fault plan of a chaos run: what happens to which process, and when.
+
+A plan is a list of `Step`s run in order. A step with `at_s` waits until that many
+seconds after the fault phase began; a step with `down_s` (or a pause's `pause_s`)
+restores its target in the background after that long, so the plan goes on. Operations:
+
+- `kill`            SIGKILL a broker; `lossy` restarts it with `--lose-unflushed`
+                    (its unflushed tail is gone: the page cache was lost too)
+- `term`            SIGTERM a broker (controlled shutdown, clean restart)
+- `pause`           SIGSTOP a broker for `pause_s`, then SIGCONT
+- `restart`         start a broker that a step left down (lossy if it was killed lossily)
+- `kill_controller` SIGKILL the controller, restart it after `down_s`
+- `sleep`           wait `s` seconds (producers keep producing)
+
+`await_fenced` on a kill or term waits until the controller has fenced the broker (or
+it has stopped) before the next step, which is how a schedule shrinks an ISR one member
+at a time into the ELR.
+
+`random_plan` draws a bounded plan from `random.Random(seed)`: at most (brokers-1)//2
+brokers down or paused at once, except during an `outage` (RF brokers lossily killed
+one after another, each after the previous one was fenced, then all restarted: the
+correlated failure that empties an ISR and its ELR and forces an unclean recovery). At
+most `lossy_kills` lossy kills in all. `load_schedule` reads a JSON file or a built-in
+name (`BUILTIN`).
+
+Pure: no processes, no IO except reading the schedule file.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from metactl.errors import InvalidRequestError
+
+OPS = ("kill", "term", "pause", "restart", "kill_controller", "sleep")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Step:
+    op: str
+    broker: int | None = None
+    lossy: bool = False
+    at_s: float | None = None
+    down_s: float | None = None  # restore after this long (None: stays down)
+    pause_s: float = 0.0
+    s: float = 0.0  # sleep
+    await_fenced: bool = False
+
+    def kind(self) -> str:
+        """The fault kind it counts as in the report (None for restart and sleep)."""
+        if self.op == "kill":
+            return "kill_lossy" if self.lossy else "kill"
+        return self.op
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v not in (None, False, 0.0)}
+
+
+def _outage(brokers: list[int], gap_s: float) -> list[Step]:
+    steps = [Step(op="sleep", s=gap_s)]
+    steps += [Step(op="kill", broker=b, lossy=True, await_fenced=True) for b in brokers]
+    steps += [Step(op="restart", broker=b) for b in brokers]
+    return steps
+
+
+# Built-in schedules, by name. `outage` lossily kills brokers 1, 2, 3 one after the other
+# (each once fenced), so that with RF 3 on 3 brokers every partition's ISR shrinks into
+# its ELR and empties, then restarts them all: unclean registrations move the ELR into
+# the LastKnownELR and a balanced unclean recovery follows.
+BUILTIN: dict[str, list[Step]] = {
+    "outage": _outage([1, 2, 3], 3.0),
+    "controller-and-outage": [
+        Step(op="sleep", s=2.0),
+        Step(op="kill_controller", down_s=1.0),
+        *_outage([1, 2, 3], 2.0),
+    ],
+}
+
+
+def parse_steps(doc: Any, source: str) -> list[Step]:
+    items = doc.get("steps") if isinstance(doc, dict) else doc
+    if not isinstance(items, list):
+        raise InvalidRequestError(f"{source}: a schedule is a list of steps or {{'steps': [...]}}")
+    fields = set(Step.__dataclass_fields__)
+    out = []
+    for i, item in enumerate(items):
+        where = f"{source}: step {i + 1}"
+        if not isinstance(item, dict) or item.get("op") not in OPS:
+            raise InvalidRequestError(f"{where}: 'op' must be one of {', '.join(OPS)}")
+        unknown = set(item) - fields
+        if unknown:
+            raise InvalidRequestError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+        try:
+            step = Step(**item)
+        except TypeError as exc:
+            raise InvalidRequestError(f"{where}: {exc}") from None
+        if step.op in ("kill", "term", "pause", "restart") and not isinstance(step.broker, int):
+            raise InvalidRequestError(f"{where}: {step.op} needs an integer 'broker'")
+        out.append(step)
+    return out
+
+
+def load_schedule(spec: str) -> list[Step]:
+    """`builtin:NAME` or a JSON file."""
+    if spec.startswith("builtin:"):
+        name = spec.removeprefix("builtin:")
+        if name not in BUILTIN:
+            names = ", ".join(sorted(BUILTIN))
+            raise InvalidRequestError(f"no built-in schedule {name!r} (known: {names})")
+        return list(BUILTIN[name])
+    try:
+        doc = json.loads(Path(spec).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InvalidRequestError(f"cannot read the schedule {spec}: {exc}") from None
+    return parse_steps(doc, spec)
+
+
+def check_brokers(steps: list[Step], brokers: int) -> None:
+    for s in steps:
+        if s.broker is not None and not 1 <= s.broker <= brokers:
+            raise InvalidRequestError(f"the schedule names broker {s.broker}; ids are 1..{brokers}")
+
+
+def random_plan(
+    rng: random.Random,
+    *,
+    brokers: int,
+    rf: int,
+    duration_s: float,
+    lossy_kills: int,
+    session_s: float,
+    controller_kills: bool = True,
+) -> list[Step]:
+    """A bounded, seeded fault plan for `duration_s` seconds of faults."""
+    steps: list[Step] = []
+    busy: dict[int, float] = {}  # broker -> when it is back (with a restart allowance)
+    controller_back = 0.0
+    outage_until = 0.0
+    budget = lossy_kills
+    max_down = max(1, (brokers - 1) // 2)
+    t = min(2.0, duration_s / 10)
+    while True:
+        t += rng.uniform(0.4, 1.6)
+        if t > duration_s - 1.0:
+            return steps
+        down = {b for b, back in busy.items() if back > t}
+        free = [b for b in range(1, brokers + 1) if b not in down]
+        kinds = ["kill", "term", "pause"]
+        weights = [2.0, 2.0, 2.0]
+        if budget > 0:
+            kinds.append("kill_lossy")
+            weights.append(2.0)
+        if controller_kills:
+            kinds.append("kill_controller")
+            weights.append(1.0)
+        stagger = session_s + 0.7
+        if budget >= rf and brokers >= rf and t + rf * stagger + 4.0 < duration_s:
+            kinds.append("outage")
+            weights.append(1.0)
+        kind = rng.choices(kinds, weights)[0]
+        if kind == "kill_controller":
+            if controller_back > t:
+                continue
+            down_s = round(rng.uniform(0.5, 2.0), 2)
+            steps.append(Step(op="kill_controller", at_s=round(t, 2), down_s=down_s))
+            controller_back = t + down_s + 2.0
+            continue
+        if outage_until > t:
+            continue
+        if kind == "outage":
+            if down:
+                continue
+            targets = rng.sample(range(1, brokers + 1), rf)
+            end = t + rf * stagger + rng.uniform(0.5, 1.5)
+            for i, b in enumerate(targets):
+                at = t + i * stagger
+                steps.append(
+                    Step(op="kill", broker=b, lossy=True, at_s=round(at, 2),
+                         down_s=round(end - at, 2))
+                )  # fmt: skip
+                busy[b] = end + 2.0
+            budget -= rf
+            outage_until = end + 2.0
+            t = end
+            continue
+        if len(down) >= max_down or not free:
+            continue
+        b = rng.choice(free)
+        if kind == "pause":
+            pause_s = round(session_s * rng.uniform(1.3, 2.5), 2)
+            steps.append(Step(op="pause", broker=b, at_s=round(t, 2), pause_s=pause_s))
+            busy[b] = t + pause_s + 1.0
+            continue
+        down_s = round(rng.uniform(0.5, 3.0), 2)
+        if kind == "kill_lossy":
+            budget -= 1
+        op = "term" if kind == "term" else "kill"
+        steps.append(
+            Step(op=op, broker=b, lossy=kind == "kill_lossy", at_s=round(t, 2), down_s=down_s)
+        )
+        busy[b] = t + down_s + (session_s if op == "term" else 0.0) + 2.0

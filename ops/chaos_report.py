@@ -1,0 +1,148 @@
+"""The report of a chaos run: one JSON document (the `--json` object and `--report`
+file) and its text table.
+
+`build_report` reads a finished, failed or interrupted `ChaosRun`: without the final
+results (interrupted, or an error before the check) the checker's fields are None and
+the verdict says so. Keys always present: `faults`, `acknowledged`, `lost_reported`,
+`lost_silent`, `unavailable_partition_seconds`, `unclean_recoveries`,
+`potential_data_loss_metric`, `acked_records_per_s`, `verdict` (see docs/chaos.md).
+
+Pure formatting: no processes, no network.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from ops.chaos_check import Ack, Verdict, classify, leaderless_seconds, recoveries_of
+
+if TYPE_CHECKING:
+    from ops.chaos import ChaosRun
+
+TOPIC = "chaos"  # the same as ops.chaos.TOPIC
+
+
+def verdict(run: ChaosRun) -> Verdict | None:
+    if not run.results:
+        return None
+    acks = [Ack(*a, bound=b) for a, b in zip(run.acks, run.bounds, strict=True)]
+    return classify(acks, run.results["committed"], recoveries_of(run.results["records"], TOPIC))
+
+
+def build_report(run: ChaosRun) -> dict[str, Any]:
+    cfg = run.cfg
+    acknowledged = sum(a[2] for a in run.acks)
+    counts = Counter(f["kind"] for f in run.faults)
+    doc: dict[str, Any] = {
+        "config": {
+            "brokers": cfg.brokers,
+            "partitions": cfg.partitions,
+            "rf": cfg.rf,
+            "min_isr": cfg.min_isr,
+            "strategy": cfg.strategy,
+            "mode": cfg.mode,
+            "lossy_kills_bound": cfg.lossy_kills,
+            "duration_s": cfg.duration_s,
+            "seed": cfg.seed,
+            "schedule": "random" if cfg.schedule is None else "given",
+        },
+        "data_dir": str(run.root),
+        "acked_log": str(run.acked_path),
+        "interrupted": run.interrupted,
+        "phase": run.phase,
+        "pids": list(run.procs.pids),
+        "faults": len(run.faults),
+        "fault_counts": dict(sorted(counts.items())),
+        "fault_log": run.faults,
+        "faults_skipped": run.skipped,
+        "lossy_kills": counts.get("kill_lossy", 0),
+        "fault_phase_s": round(run.fault_phase_s, 2),
+        "acknowledged": acknowledged,
+        "acked_batches": len(run.acks),
+        "acked_records_per_s": round(acknowledged / run.produce_s, 1) if run.produce_s else 0.0,
+        "refused_batches": dict(sorted(run.refused.items())),
+        "present": None,
+        "lost_reported": None,
+        "lost_silent": None,
+        "unreadable": None,
+        "unavailable_partition_seconds": None,
+        "unavailable_sampled_seconds": round(run.sampled_ms / 1000, 1),
+        "unclean_recoveries": None,
+        "potential_data_loss_metric": None,
+        "metric_scrape_failures": run.metric_scrape_failures,
+        "verdict": "interrupted" if run.interrupted else "incomplete",
+    }
+    v = verdict(run)
+    if v is None:
+        return doc
+    res = run.results
+    recs = recoveries_of(res["records"], TOPIC)
+    start_ms = next(
+        (f.timestamp_ms for f in res["records"] if getattr(f.record, "topic", None) == TOPIC),
+        None,
+    )
+    final = res["final_metric"]
+    doc.update(
+        present=v.present,
+        lost_reported=v.lost_reported,
+        lost_silent=v.lost_silent,
+        unreadable=v.unreadable,
+        silent_examples=v.silent_examples,
+        by_partition={str(k): dict(c) for k, c in sorted(v.by_partition.items())},
+        read_errors={str(k): e for k, e in res["read_errors"].items()},
+        unavailable_partition_seconds=round(
+            leaderless_seconds(res["records"], TOPIC, res["end_ms"], start_ms), 1
+        ),
+        unclean_recoveries=sum(1 for r in recs if r.potential_data_loss),
+        unclean_recovery_records=[vars(r) for r in recs],
+        potential_data_loss_metric=None
+        if final is None
+        else int(run.metric_before_restarts + final),
+        metadata_snapshot_at=res["snapshot_at"],
+    )
+    doc["metric_matches_log"] = doc["potential_data_loss_metric"] == doc["unclean_recoveries"]
+    doc["verdict"] = "SILENT LOSS" if v.lost_silent else "no silent loss"
+    return doc
+
+
+# --- the report as text ---------------------------------------------------------------
+
+
+def table(report: dict[str, Any]) -> str:
+    rows: list[tuple[str, str]] = [
+        ("mode", str(report["config"]["mode"])),
+        ("strategy", str(report["config"]["strategy"])),
+        ("seed", str(report["config"]["seed"])),
+        ("fault phase (s)", f"{report['fault_phase_s']:.1f}"),
+        ("faults", f"{report['faults']}  {_kinds(report['fault_counts'])}"),
+        ("lossy kills", str(report["lossy_kills"])),
+        ("acknowledged records", str(report["acknowledged"])),
+        ("acked records/s", f"{report['acked_records_per_s']:.1f}"),
+        ("refused batches", _kinds(report["refused_batches"]) or "0"),
+        ("present", _n(report.get("present"))),
+        ("lost, reported", _n(report.get("lost_reported"))),
+        ("LOST SILENTLY", _n(report.get("lost_silent"))),
+        ("unreadable", _n(report.get("unreadable"))),
+        ("unclean recoveries (log)", _n(report.get("unclean_recoveries"))),
+        ("potential data loss (metric)", _n(report.get("potential_data_loss_metric"))),
+        ("unavailable partition-s", _f(report.get("unavailable_partition_seconds"))),
+        ("unavailable partition-s (sampled)", _f(report.get("unavailable_sampled_seconds"))),
+        ("verdict", str(report["verdict"])),
+    ]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"metactl chaos run — {report['data_dir']}"]
+    lines += [f"  {k:<{width}}  {v}" for k, v in rows]
+    return "\n".join(lines)
+
+
+def _kinds(counts: dict[str, int]) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+
+
+def _n(x: Any) -> str:
+    return "-" if x is None else str(int(x))
+
+
+def _f(x: Any) -> str:
+    return "-" if x is None else f"{float(x):.1f}"
