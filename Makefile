@@ -53,6 +53,7 @@ bench: setup
 	$(BIN)/python bench/log_append.py
 	$(BIN)/python bench/controller_ops.py
 	$(BIN)/python bench/service_load.py
+	$(BIN)/python bench/produce.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
