@@ -27,6 +27,13 @@ since its creation, its last unclean recovery (or operator election) or its last
 ClearElrRecord, then whenever its ISR and ELR are both empty its LastKnownELR has at
 least MinISR members. (An unclean recovery starts a new history with an ISR of one; a
 ClearElrRecord, written when min.insync.replicas changes, voids the ELR by design.)
+
+The machine's controller settings are its class attribute `CONFIG`, and the model follows
+them: `test_properties_classic.py` runs the same machine under Kafka's classic rules
+(`eligible_leader_replicas=False`, with and without `unclean_leader_election`), which the
+model restates on its own (`Model.classic_change`, `elects_on_unfence`, `strategy_of`);
+there Unclean Exclusion and "no fenced broker is in an ISR" do not hold by design, and
+the classic machines check the classic invariants instead.
 """
 
 from __future__ import annotations
@@ -142,8 +149,18 @@ class MPending:
     asked: dict[int, int] = field(default_factory=dict)  # broker -> epoch asked at
 
 
+# The classic unclean election's name in the log (`--unclean-leader-election`).
+CLASSIC_UNCLEAN_ELECTION = "unclean_leader_election"
+
+
 class Model:
-    def __init__(self) -> None:
+    """The rules restated. `classic` selects Kafka's pre-KIP-966 rules
+    (`eligible_leader_replicas=False`), `unclean` its unclean leader election."""
+
+    def __init__(self, *, classic: bool = False, unclean: bool = False) -> None:
+        assert classic or not unclean  # the controller refuses the combination
+        self.classic = classic
+        self.unclean = unclean
         self.brokers: dict[int, MBroker] = {}
         self.parts: dict[TopicPartition, MPartition] = {}
         self.strategy: dict[str, str] = {}  # topic -> effective strategy
@@ -168,6 +185,8 @@ class Model:
         excluded: frozenset[int] = EMPTY,
         recovered: bool = False,
     ) -> bool:
+        if self.classic:
+            return self.classic_change(p, new_isr, recovered=recovered)
         old = p.isr
         elr = p.elr - excluded
         lkelr = p.lkelr | (p.elr & excluded)
@@ -188,8 +207,32 @@ class Model:
                 if leader != NO_LEADER:  # case B: from the ELR to the ISR, then rule 1
                     isr = frozenset({leader})
                     new_elr, new_lkelr = rule1(isr)
+        return self.apply(p, leader, isr, new_elr, new_lkelr, recovered=recovered)
+
+    def classic_change(self, p: MPartition, new_isr: frozenset[int], *, recovered: bool) -> bool:
+        """Kafka's classic rules: no ELR or LastKnownELR; an ISR that would become empty
+        keeps its members (the last one stays, inactive, and the partition has no leader);
+        a valid leader stays, else the first active ISR member in assignment order."""
+        isr = new_isr or p.isr
+        if p.leader in isr and self.active(p.leader):
+            leader = p.leader
+        else:
+            leader = next((r for r in p.replicas if r in isr and self.active(r)), NO_LEADER)
+        return self.apply(p, leader, isr, EMPTY, EMPTY, recovered=recovered)
+
+    def apply(
+        self,
+        p: MPartition,
+        leader: int,
+        isr: frozenset[int],
+        elr: frozenset[int],
+        lkelr: frozenset[int],
+        *,
+        recovered: bool,
+    ) -> bool:
+        """Write the change (if anything changes), bumping the epochs as a record does."""
         recovering = p.recovering and not recovered
-        if (leader, isr, new_elr, new_lkelr, recovering) == (
+        if (leader, isr, elr, lkelr, recovering) == (
             p.leader,
             p.isr,
             p.elr,
@@ -200,13 +243,7 @@ class Model:
         if leader != p.leader:
             p.le += 1
         p.pe += 1
-        p.leader, p.isr, p.elr, p.lkelr, p.recovering = (
-            leader,
-            isr,
-            new_elr,
-            new_lkelr,
-            recovering,
-        )
+        p.leader, p.isr, p.elr, p.lkelr, p.recovering = leader, isr, elr, lkelr, recovering
         self.note_isr(p)
         return True
 
@@ -231,11 +268,26 @@ class Model:
     def fence_changes(self, b: int) -> int:
         return sum(self.change(p, p.isr - {b}) for p in self.hosted_by(b) if b in p.isr)
 
+    def elects_on_unfence(self, p: MPartition, b: int) -> bool:
+        """Rule 4: an unfenced broker is elected where it is in the ELR of a leaderless
+        partition (classic rules: in its ISR, where the last member stays)."""
+        return p.leader == NO_LEADER and b in (p.isr if self.classic else p.elr)
+
+    def strategy_of(self, p: MPartition) -> str | None:
+        """The recovery strategy that applies to `p`: the topic's (KIP-966), the classic
+        unclean election, or none (classic rules without it)."""
+        if self.classic:
+            return CLASSIC_UNCLEAN_ELECTION if self.unclean else None
+        return self.strategy[p.topic]
+
     # Rule 7's triggers.
     def trigger(self, p: MPartition) -> bool:
+        strategy = self.strategy_of(p)
+        if strategy == CLASSIC_UNCLEAN_ELECTION:
+            # Kafka's unclean leader election: no leader and no live ISR member.
+            return p.leader == NO_LEADER and not any(self.active(r) for r in p.isr)
         if p.leader != NO_LEADER or p.isr:
             return False
-        strategy = self.strategy[p.topic]
         if strategy == "balanced":
             return not p.elr
         if strategy == "proactive":
@@ -243,7 +295,10 @@ class Model:
         return False
 
     def candidates(self, p: MPartition) -> frozenset[int]:
-        strategy = self.strategy[p.topic]
+        """Whose log a recovery of `p` asks for (the classic election asks nobody)."""
+        strategy = self.strategy_of(p)
+        if strategy is None or strategy == CLASSIC_UNCLEAN_ELECTION:
+            return EMPTY
         if strategy == "balanced":
             return p.lkelr
         return frozenset(p.replicas)
@@ -286,14 +341,21 @@ def placement_ok(image: ClusterImage, assignments: list[list[int]], rf: int) -> 
 
 
 class ControllerMachine(RuleBasedStateMachine):
+    # The controller's settings; the classic-mode machines (test_properties_classic.py)
+    # override them, and the model follows.
+    CONFIG = CONFIG
+
     def __init__(self) -> None:
         super().__init__()
-        self.rules = Rules(CONFIG, POLICIES)
+        self.step_rules = Rules(self.CONFIG, POLICIES)
         # A fresh controller: dirty=None, so its first step looks at every partition.
         self.state = ControllerState(ClusterImage())
         self.log: list[MetadataRecord] = []
         self.now = 0
-        self.model = Model()
+        self.model = Model(
+            classic=not self.CONFIG.eligible_leader_replicas,
+            unclean=self.CONFIG.unclean_leader_election,
+        )
         self.snapshots: list[tuple[int, bytes]] = []
         self.incarnations = itertools.count(1)
         self.last: StepResult | None = None  # the last successful step, checked by evaluate
@@ -340,7 +402,7 @@ class ControllerMachine(RuleBasedStateMachine):
         state = self.state
         before = image_to_records(self.image), self.image.end_offset, self.tracker
         try:
-            result = step(state, event, self.now, self.rules)
+            result = step(state, event, self.now, self.step_rules)
         except MetactlError as e:
             assert expected == e.code, f"expected {expected}, got {e!r}"
             assert self.state is state
@@ -508,7 +570,7 @@ class ControllerMachine(RuleBasedStateMachine):
         else:
             m.brokers[b].fenced = False
             for p in m.hosted_by(b):
-                if p.leader == NO_LEADER and b in p.elr:
+                if m.elects_on_unfence(p, b):
                     m.change(p, p.isr)
         self.after_action()
 
@@ -627,9 +689,9 @@ class ControllerMachine(RuleBasedStateMachine):
         if explicit is not None:
             assert response.assignments == explicit
         else:
-            assert len(response.assignments) == (partitions or CONFIG.default_partitions)
+            assert len(response.assignments) == (partitions or self.CONFIG.default_partitions)
             placement_ok(self.image, response.assignments, rf)
-        m.strategy[name] = strategy or CONFIG.unclean_recovery_strategy
+        m.strategy[name] = strategy or self.CONFIG.unclean_recovery_strategy
         for i, a in enumerate(response.assignments):
             isr = frozenset(r for r in a if m.active(r))
             leader = next(r for r in a if m.active(r))
@@ -949,10 +1011,13 @@ class ControllerMachine(RuleBasedStateMachine):
             decided[tp] = audit.chosen
         for tp, pr in m.pending.items():
             p = m.parts[tp]
-            strategy = m.strategy[p.topic]
+            strategy = m.strategy_of(p)
             valid = m.valid_answers(tp)
             due: int | None = None
-            if strategy == "balanced":
+            if strategy == CLASSIC_UNCLEAN_ELECTION:
+                # At once, without inspection: the first active replica in assignment order.
+                due = next((r for r in p.replicas if m.active(r)), None)
+            elif strategy == "balanced":
                 members = p.lkelr
                 if members and members <= set(valid):
                     best = model_best(p, [valid[b] for b in members])
@@ -974,7 +1039,9 @@ class ControllerMachine(RuleBasedStateMachine):
                 if isinstance(r, UncleanRecoveryRecord) and (r.topic, r.partition) == tp
             )
             p = m.parts[tp]
-            assert audit.strategy == m.strategy[p.topic]
+            assert audit.strategy == m.strategy_of(p)
+            if audit.strategy == CLASSIC_UNCLEAN_ELECTION:
+                assert (audit.trigger, audit.candidates) == ("no_live_isr_member", [])
             assert audit.offline_since_ms == m.pending[tp].since
             cands = m.candidates(p)
             assert {c.broker_id for c in audit.candidates} == set(m.valid_answers(tp)) & cands
@@ -985,14 +1052,14 @@ class ControllerMachine(RuleBasedStateMachine):
         for tp, pr in m.pending.items():
             tracked = self.tracker.pending[tp]
             assert tracked.since_ms == pr.since
-            if m.strategy[tp[0]] == "proactive":
+            if m.strategy_of(m.parts[tp]) == "proactive":
                 assert tracked.deadline_ms == pr.window_start + WINDOW
             else:
                 assert tracked.deadline_ms is None
         deadlines = [
             pr.window_start + WINDOW
             for tp, pr in m.pending.items()
-            if m.strategy[tp[0]] == "proactive"
+            if m.strategy_of(m.parts[tp]) == "proactive"
         ]
         assert result.next_deadline_ms == (min(deadlines) if deadlines else None)
         # Inspections: only to active candidates not yet answered, once per incarnation.
@@ -1064,7 +1131,10 @@ class ControllerMachine(RuleBasedStateMachine):
 
     @invariant()
     def partition_invariants(self) -> None:
+        """The invariants common to both modes, and KIP-966's own unless the machine runs
+        the classic rules (whose machines check theirs instead)."""
         image = self.image
+        kip966 = not self.model.classic
         for tp, p in image.partitions.items():
             assert not p.isr & p.elr
             assert not p.isr & p.last_known_elr
@@ -1074,14 +1144,15 @@ class ControllerMachine(RuleBasedStateMachine):
             if p.leader != NO_LEADER:
                 assert p.leader in p.isr and image.is_active(p.leader)
             assert (tp in image.offline) == (p.leader == NO_LEADER)
-            # Unclean Exclusion (see the module docstring for the premise).
-            tainted = self.model.tainted[tp]
-            assert not tainted & (p.isr | p.elr), (tp, tainted)
-            # MinISR Recovery Quorum.
-            if self.model.reached_min[tp] and not p.isr and not p.elr:
-                assert len(p.last_known_elr) >= p.min_isr, (tp, view_of(p))
+            if kip966:
+                # Unclean Exclusion (see the module docstring for the premise).
+                tainted = self.model.tainted[tp]
+                assert not tainted & (p.isr | p.elr), (tp, tainted)
+                # MinISR Recovery Quorum.
+                if self.model.reached_min[tp] and not p.isr and not p.elr:
+                    assert len(p.last_known_elr) >= p.min_isr, (tp, view_of(p))
         for broker in image.brokers.values():
-            if not broker.active:
+            if kip966 and not broker.active:
                 assert not any(broker.broker_id in p.isr for p in image.partitions.values())
         for bid, index in image.replicas_by_broker.items():
             assert set(index) == {tp for tp, p in image.partitions.items() if bid in p.replicas}
@@ -1093,6 +1164,7 @@ class ControllerMachine(RuleBasedStateMachine):
         # `remove_from_isrs` plans once per partition shape and restamps; it must give
         # exactly what `build_change` gives partition by partition, for every broker.
         image = self.image
+        elr = self.CONFIG.eligible_leader_replicas
         for bid in image.brokers:
             expected = [
                 build_change(
@@ -1101,11 +1173,12 @@ class ControllerMachine(RuleBasedStateMachine):
                     reason=ChangeReason.FENCE,
                     target_isr=p.isr - {bid},
                     broker=bid,
+                    elr_enabled=elr,
                 )
                 for p in image.partitions_of(bid)
                 if bid in p.isr
             ]
-            bulk = remove_from_isrs(image, bid, reason=ChangeReason.FENCE)
+            bulk = remove_from_isrs(image, bid, reason=ChangeReason.FENCE, elr_enabled=elr)
             assert bulk == [c for c in expected if c is not None]
 
     @invariant()
