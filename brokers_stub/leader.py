@@ -45,6 +45,10 @@ class LeaderState:
     pending_partition_epoch: int | None = None
     pending_isr: frozenset[int] = frozenset()
     pending_until_ms: int = 0  # stop waiting for it then (the answer was never committed?)
+    # The ISR of the AlterPartition in flight: it counts in the high watermark from the
+    # moment it is sent (Kafka's maximal ISR), as the controller may commit it before
+    # the answer arrives.
+    in_flight_isr: frozenset[int] = frozenset()
     # A refused or failed AlterPartition: retry once the partition changes, or later.
     refused_at_partition_epoch: int | None = None
     retry_at_ms: int = 0
@@ -81,10 +85,11 @@ class IsrUpdater:
             await asyncio.wait(set(self._in_flight))  # never cancels them
 
     def maybe_alter(
-        self, image: ClusterImage, tp: TopicPartition, st: LeaderState, now: int
+        self, image: ClusterImage, tp: TopicPartition, st: LeaderState, now: int, join_floor: int
     ) -> None:
         """Send an AlterPartition if the ISR should change (or the partition still awaits
-        the end of its recovery) and none is in flight or waiting to be seen."""
+        the end of its recovery) and none is in flight or waiting to be seen. A follower
+        joins only once its log reaches `join_floor` (`replication.join_floor`)."""
         epoch = self.broker_epoch()
         if epoch is None or st.alter_in_flight or self.controller is None:
             return
@@ -109,6 +114,7 @@ class IsrUpdater:
             active_epochs=_active_epochs(image),
             now_ms=now,
             lag_max_ms=self.config.replica_lag_time_max_ms,
+            join_floor=join_floor,
         )
         recovering = p.recovery_state is LeaderRecoveryState.RECOVERING
         if target is None and not recovering:
@@ -132,6 +138,7 @@ class IsrUpdater:
             recovered=True,  # the simulated log needs no recovery work
         )
         st.alter_in_flight = True
+        st.in_flight_isr = frozenset(isr)
         task = self._spawn(self._alter_partition(st, req, sorted(p.isr)), f"alter-{tp[0]}-{tp[1]}")
         self._in_flight.add(task)
         task.add_done_callback(self._in_flight.discard)
@@ -147,6 +154,11 @@ class IsrUpdater:
             if not isinstance(resp, wire.PartitionState):
                 raise InvalidRequestError(f"unexpected {type(resp).__name__}")
         except NetworkError as exc:
+            # The outcome is unknown: the controller may have committed it. Keep counting
+            # the proposed ISR until the image moves past the epoch we proposed against.
+            st.pending_partition_epoch = req.partition_epoch + 1
+            st.pending_isr = frozenset(new_isr)
+            st.pending_until_ms = self.clock_ms() + PENDING_MAX_MS
             st.retry_at_ms = self.clock_ms() + ALTER_RETRY_MS // 2
             self.log.warning("AlterPartition failed; will retry", partition=name, error=str(exc))
         except MetactlError as exc:
@@ -173,6 +185,7 @@ class IsrUpdater:
             )
         finally:
             st.alter_in_flight = False
+            st.in_flight_isr = frozenset()
 
 
 def _active_epochs(image: ClusterImage) -> dict[int, int]:

@@ -39,6 +39,7 @@ from brokers_stub.replication import (
     FollowerFetchState,
     divergence,
     follower_truncation,
+    join_floor,
     next_high_watermark,
     record_fetch,
 )
@@ -344,7 +345,11 @@ class ReplicaManager:
             isr=p.isr,
             min_isr=p.min_isr,
             follower_offsets={b: f.fetch_offset for b, f in st.followers.items()},
-            pending_isr=st.pending_isr if st.pending_partition_epoch is not None else (),
+            pending_isr=(
+                st.in_flight_isr | st.pending_isr
+                if st.pending_partition_epoch is not None
+                else st.in_flight_isr
+            ),
         )
         if not log.advance_high_watermark(hw):
             return False
@@ -354,7 +359,9 @@ class ReplicaManager:
     def _maybe_alter_isr(self, tp: TopicPartition, now: int) -> None:
         image, st = self.image, self.leaders.get(tp)
         if image is not None and st is not None and not self._stopped:
-            self.isr_updater.maybe_alter(image, tp, st, now)
+            log = self.logs[tp]
+            floor = join_floor(log.high_watermark, log.leader_epochs, st.leader_epoch)
+            self.isr_updater.maybe_alter(image, tp, st, now, floor)
 
     # --- leader: serving followers ------------------------------------------------------
 

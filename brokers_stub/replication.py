@@ -136,6 +136,17 @@ def next_high_watermark(
     return max(current_hw, low)
 
 
+def join_floor(high_watermark: int, history: Sequence[EpochEntry], leader_epoch: int) -> int:
+    """The offset a follower's log must reach before it may join the ISR: the leader's
+    high watermark and the start of the leader's current epoch (Kafka's
+    Partition.isFollowerInSync). Being caught up at its last fetch is not enough: a
+    follower cut off right after that fetch would join while missing records acknowledged
+    since, and a clean election could then lose them silently (found by
+    `metactl simulate faults`)."""
+    start = next((s for e, s in history if e == leader_epoch), 0)
+    return max(high_watermark, start)
+
+
 def isr_change(
     *,
     leader_id: int,
@@ -145,15 +156,17 @@ def isr_change(
     active_epochs: Mapping[int, int],
     now_ms: int,
     lag_max_ms: int,
+    join_floor: int,
 ) -> frozenset[int] | None:
     """Leader side: the ISR to propose, or None when it should stay as it is.
 
     Shrink: a follower in the ISR that has not been caught up for `lag_max_ms`, or that
     is no longer an active broker. Expand: a replica outside the ISR whose latest fetch,
     at its current broker epoch (`active_epochs` maps each unfenced, not-shutting-down
-    broker to its epoch), showed it caught up, and which has been caught up within
-    `lag_max_ms` (so that the next check does not shrink it straight away). The leader
-    always stays in. Applying the result and asking again gives None.
+    broker to its epoch), showed it caught up, which has been caught up within
+    `lag_max_ms` (so that the next check does not shrink it straight away), and whose
+    fetch offset reaches `join_floor` (see `join_floor`). The leader always stays in.
+    Applying the result and asking again gives None.
     """
 
     def in_sync(st: FollowerFetchState | None) -> bool:
@@ -181,6 +194,8 @@ def isr_change(
             or not in_sync(st)  # else the next check would shrink it again
             or st.broker_epoch is None
             or active_epochs.get(r) != st.broker_epoch
+            or st.fetch_offset is None
+            or st.fetch_offset < join_floor
         ):
             continue
         new.add(r)

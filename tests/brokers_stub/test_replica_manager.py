@@ -7,6 +7,7 @@ AlterPartition goes to a recording fake. Time is an explicit virtual clock.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -53,10 +54,15 @@ class FakeController:
     def __init__(self) -> None:
         self.requests: list[AlterPartition] = []
         self.outcomes: list[MetactlError | None] = []
+        self.gate: asyncio.Event | None = None  # when set: answer only once it opens
+        self.received = asyncio.Event()
 
     async def request(self, body: Message, timeout_s: float) -> Message:
         assert isinstance(body, AlterPartition)
         self.requests.append(body)
+        self.received.set()
+        if self.gate is not None:
+            await self.gate.wait()
         outcome = self.outcomes.pop(0) if self.outcomes else None
         if outcome is not None:
             raise outcome
@@ -311,6 +317,33 @@ async def test_isr_expands_once_a_follower_caught_up(tmp_path: Path) -> None:
     fetch(leader, f3)
     await leader.isr_updater.settled()
     assert len(ctl.requests) == 1  # nothing left to change
+
+
+async def test_an_isr_addition_in_flight_holds_the_high_watermark(tmp_path: Path) -> None:
+    # Kafka's maximal ISR: the controller may commit the addition before its answer
+    # arrives, so the proposed member must hold everything the HW covers from the moment
+    # the request leaves. Otherwise the new member could be elected cleanly while missing
+    # records acknowledged with the old ISR.
+    clock, ctl, leader, image = alter_setup(tmp_path, isr=[1, 2])
+    f2, f3 = manager(tmp_path, 2, clock), manager(tmp_path, 3, clock)
+    for m in (leader, f2, f3):
+        m.on_metadata(image, None, True)
+    ctl.gate = asyncio.Event()
+    await produce(leader, 10)
+    fetch(leader, f3)
+    clock.now += 100
+    await produce(leader, 10)
+    fetch(leader, f2)
+    fetch(leader, f3)  # caught up, at 10
+    await ctl.received.wait()  # the AlterPartition adding 3 is in flight
+    assert [m.broker_id for m in ctl.requests[0].isr] == [1, 2, 3]
+    fetch(leader, f2)  # 2 holds all 20: with ISR {1, 2} alone the HW would be 20
+    assert leader.logs[TP].high_watermark == 10  # 3 is at 10
+    ctl.gate.set()
+    await leader.isr_updater.settled()
+    fetch(leader, f3)  # now holds 20
+    fetch(leader, f2)
+    assert leader.logs[TP].high_watermark == 20
 
 
 async def test_isr_shrinks_a_follower_that_stopped_fetching(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from brokers_stub.replication import (
     divergence,
     follower_truncation,
     isr_change,
+    join_floor,
     next_high_watermark,
     record_fetch,
 )
@@ -218,19 +219,29 @@ ACTIVE = {1: 100, 2: 200, 3: 300}
 
 
 def follower(
-    *, epoch: int = 0, fetch_ms: int | None = None, caught_up_ms: int | None = None, ok: bool
+    *,
+    epoch: int = 0,
+    fetch_ms: int | None = None,
+    caught_up_ms: int | None = None,
+    ok: bool,
+    offset: int = 0,
 ) -> FollowerFetchState:
     return FollowerFetchState(
         broker_epoch=epoch,
-        fetch_offset=0 if fetch_ms is not None else None,
+        fetch_offset=offset if fetch_ms is not None else None,
         last_fetch_ms=fetch_ms,
         last_caught_up_ms=caught_up_ms,
         caught_up=ok,
     )
 
 
-def change(isr: set[int], followers: dict[int, FollowerFetchState], now: int = 10_000,
-           active: dict[int, int] | None = None) -> frozenset[int] | None:  # fmt: skip
+def change(
+    isr: set[int],
+    followers: dict[int, FollowerFetchState],
+    now: int = 10_000,
+    active: dict[int, int] | None = None,
+    floor: int = 0,
+) -> frozenset[int] | None:
     return isr_change(
         leader_id=1,
         isr=frozenset(isr),
@@ -239,7 +250,25 @@ def change(isr: set[int], followers: dict[int, FollowerFetchState], now: int = 1
         active_epochs=ACTIVE if active is None else active,
         now_ms=now,
         lag_max_ms=LAG,
+        join_floor=floor,
     )
+
+
+def test_a_caught_up_follower_joins_only_once_it_reaches_the_high_watermark() -> None:
+    # Caught up at its last fetch (offset 40), but the HW has since moved to 50 with
+    # records the current ISR acknowledged: joining now would let a clean election lose
+    # them. Found by `metactl simulate faults` (ELR balanced, seed 1, schedule 32).
+    f = {3: follower(epoch=300, fetch_ms=9900, caught_up_ms=9900, ok=True, offset=40)}
+    assert change({1, 2}, f, floor=50) is None
+    assert change({1, 2}, f, floor=40) == {1, 2, 3}
+
+
+def test_the_join_floor_is_the_hw_and_the_start_of_the_leaders_epoch() -> None:
+    history = [(0, 0), (3, 70), (5, 120)]
+    assert join_floor(100, history, 5) == 120  # the epoch started after the HW
+    assert join_floor(130, history, 5) == 130
+    assert join_floor(10, history, 3) == 70
+    assert join_floor(10, history, 9) == 10  # an epoch not in the history: the HW
 
 
 def test_a_caught_up_follower_joins_the_isr() -> None:
@@ -306,7 +335,7 @@ def test_isr_change_is_stable(
     isr: set[int], followers: dict[int, FollowerFetchState], active: dict[int, int]
 ) -> None:
     """Asking again with the proposed ISR changes nothing: no shrink/expand flapping."""
-    first = change(isr, followers, active=active)
+    first = change(isr, followers, active=active, floor=50)
     settled = frozenset(isr) if first is None else first
     assert 1 in settled
-    assert change(set(settled), followers, active=active) is None
+    assert change(set(settled), followers, active=active, floor=50) is None
