@@ -1,7 +1,17 @@
-"""`metactl simulate history`: a long random history through the real controller core.
+"""`metactl simulate history` and `metactl simulate faults`.
 
-See `simulation.history` for what happens. The output is an ordinary data directory: every
-``metactl log`` and ``metactl audit`` command reads it.
+`history`: a long random history through the real controller core (see
+`simulation.history`); its output is an ordinary data directory that every ``metactl log``
+and ``metactl audit`` command reads.
+
+`faults`: seeded fault schedules against the controller core and the brokers' replication
+logic, with an oracle of acknowledged records (see `simulation.faults` and
+docs/safety.md). Exit 0 iff no acknowledged record was lost silently and no invariant
+broke, else 3; with ``--expect-silent-loss``, 0 iff some record was lost silently, else
+3. 2: bad options or replay file; 1: a file could not be read or written (as
+``metactl chaos run``).
+
+This module parses arguments and prints; the simulators decide everything.
 """
 
 from __future__ import annotations
@@ -41,6 +51,130 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     history.add_argument("--start", help="virtual start time (ISO 8601, default 2026-01-01Z)")
     history.add_argument("--quiet", action="store_true", help="no progress lines")
     history.set_defaults(func=_history)
+    _register_faults(commands)
+
+
+def _register_faults(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    faults = commands.add_parser(
+        "faults",
+        help="seeded crashes, page-cache loss and network faults; count lost acknowledged data",
+        description="Run seeded fault schedules (lossy and plain kills, controlled "
+        "shutdowns, network partitions, message loss, delay and reordering) against the "
+        "real controller step and the brokers' replication logic in virtual time, and "
+        "classify every acks=all record as present, lost and reported (an unclean "
+        "recovery after it was acknowledged), or lost silently. Exit 0 iff nothing was "
+        "lost silently and no invariant broke.",
+    )
+    faults.add_argument("--schedules", type=int, default=200)
+    faults.add_argument("--seed", type=int, default=0)
+    faults.add_argument(
+        "--strategy",
+        choices=("balanced", "proactive", "manual"),
+        default="balanced",
+        help="unclean recovery strategy (KIP-966 mode)",
+    )
+    faults.add_argument(
+        "--eligible-leader-replicas",
+        choices=("enabled", "disabled"),
+        default="enabled",
+        help="disabled: Kafka's classic, pre-KIP-966 rules",
+    )
+    faults.add_argument(
+        "--unclean-leader-election",
+        action="store_true",
+        help="classic mode only: elect any live replica when no ISR member is live",
+    )
+    faults.add_argument(
+        "--lossy-kills",
+        type=int,
+        default=2,
+        metavar="K",
+        help="lossy kills (SIGKILL with the page cache lost) per schedule (default 2)",
+    )
+    faults.add_argument("--json", action="store_true", help="print one JSON object")
+    faults.add_argument(
+        "--expect-silent-loss",
+        action="store_true",
+        help="exit 0 iff some acknowledged record was lost silently",
+    )
+    faults.add_argument(
+        "--replay", type=Path, metavar="FILE", help="run the one schedule of a replay file"
+    )
+    faults.add_argument(
+        "--save-dir",
+        type=Path,
+        default=Path("metactl-faults"),
+        help="where shrunk failing schedules are written (default ./metactl-faults)",
+    )
+    faults.add_argument(
+        "--shrink-max", type=int, default=3, help="failing schedules to shrink and save"
+    )
+    # Test-only mutants that must make the oracle fail (docs/safety.md).
+    faults.add_argument(
+        "--mutant",
+        action="append",
+        choices=("lie-clean-shutdown", "hw-ignores-min-isr", "isr-join-ignores-hw"),
+        default=[],
+        help=argparse.SUPPRESS,
+    )
+    faults.set_defaults(func=_faults)
+
+
+def _faults(args: argparse.Namespace) -> int:
+    import json
+
+    import msgspec
+
+    from metactl.errors import MetactlError
+    from simulation.faults import Mode, replay, run_faults
+    from simulation.faults_schedule import load_replay
+
+    try:
+        if args.replay is not None:
+            doc = load_replay(args.replay)
+            summary = replay(doc.schedule, doc.mode)
+        else:
+            if args.schedules < 1 or args.lossy_kills < 0:
+                raise ValueError("--schedules must be positive and --lossy-kills not negative")
+            elr = args.eligible_leader_replicas == "enabled"
+            if elr and args.unclean_leader_election:
+                raise ValueError(
+                    "--unclean-leader-election is a classic-mode setting: "
+                    "use it with --eligible-leader-replicas disabled"
+                )
+            mode = Mode(
+                strategy=args.strategy,
+                eligible_leader_replicas=elr,
+                unclean_leader_election=args.unclean_leader_election,
+                lie_clean_shutdown="lie-clean-shutdown" in args.mutant,
+                hw_ignores_min_isr="hw-ignores-min-isr" in args.mutant,
+                isr_join_ignores_hw="isr-join-ignores-hw" in args.mutant,
+            )
+            progress = None if args.json else (lambda line: print(line, file=sys.stderr))
+            summary = run_faults(
+                schedules=args.schedules,
+                seed=args.seed,
+                mode=mode,
+                lossy_kills=args.lossy_kills,
+                save_dir=args.save_dir,
+                shrink_max=args.shrink_max,
+                progress=progress,
+            )
+    except (MetactlError, ValueError, msgspec.ValidationError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(summary.to_json(), sort_keys=True))
+    else:
+        for line in summary.lines():
+            print(line)
+    silent = summary.lost_silent > 0
+    if args.expect_silent_loss:
+        return 0 if silent else 3
+    return 3 if silent or summary.invariant_violations else 0
 
 
 def _history(args: argparse.Namespace) -> int:

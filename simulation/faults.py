@@ -1,0 +1,225 @@
+"""``metactl simulate faults``: seeded fault schedules against the real controller step
+and the real replication logic, with an oracle of every acknowledged record.
+
+`run_faults` generates `schedules` schedules from one seed (`faults_schedule.generate`),
+runs each in a `faults_sim.FaultSim` and sums what they found into a `FaultsSummary`:
+acknowledged records, and of those the ones lost and reported (an unclean recovery, or a
+classic unclean election, committed after the acknowledgement) and the ones lost
+silently (no such report: a broken durability guarantee), the partition-seconds spent
+without a leader, the unclean recoveries, and any violation of the audit's invariants.
+A failing schedule is shrunk (`shrink`: drop one fault at a time while it still fails,
+then try a quiet network) and written as a replay file for ``--replay``. The scenario
+format of ``metactl scenario run`` cannot express data-plane facts (appends, flushes,
+acknowledgements, page-cache loss), so failures are replay JSON, not scenario YAML.
+
+This module owns the runs, the shrinking and the summary. It must not model the cluster
+(`faults_sim`) nor define the schedule format (`faults_schedule`), and it never reads the
+clock except to report how fast the runs went.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from simulation.faults_schedule import (
+    Mode,
+    Schedule,
+    dump_replay,
+    generate,
+    schedule_seed,
+)
+from simulation.faults_sim import FaultSim, Outcome
+
+__all__ = [
+    "FaultsSummary",
+    "Mode",
+    "Outcome",
+    "Schedule",
+    "generate",
+    "run_faults",
+    "run_schedule",
+    "shrink",
+]
+
+
+MAX_LISTED = 20  # failing schedules listed in a summary (all are counted)
+
+
+def run_schedule(schedule: Schedule, mode: Mode) -> Outcome:
+    return FaultSim(schedule, mode).run()
+
+
+class Failure(msgspec.Struct, kw_only=True):
+    index: int
+    seed: int
+    lost_silent: int
+    violations: list[str]
+    examples: list[str]
+    faults_before: int
+    faults_after: int | None = None  # after shrinking
+    file: str | None = None
+
+
+class FaultsSummary(msgspec.Struct, kw_only=True):
+    mode: str
+    seed: int
+    schedules: int = 0
+    acknowledged: int = 0
+    present: int = 0
+    lost_reported: int = 0
+    lost_silent: int = 0
+    unreadable: int = 0
+    unavailable_partition_seconds: float = 0.0
+    unclean_recoveries: int = 0
+    operator_elections: int = 0
+    invariant_violations: int = 0
+    failing_schedules: int = 0
+    failures: list[Failure] = []
+    elapsed_s: float = 0.0
+
+    def add(self, out: Outcome) -> None:
+        self.schedules += 1
+        self.acknowledged += out.acknowledged
+        self.present += out.present
+        self.lost_reported += out.lost_reported
+        self.lost_silent += out.lost_silent
+        self.unreadable += out.unreadable
+        self.unavailable_partition_seconds += out.unavailable_partition_ms / 1000
+        self.unclean_recoveries += out.unclean_recoveries
+        self.operator_elections += out.operator_elections
+        self.invariant_violations += len(out.violations)
+        self.failing_schedules += out.failed
+
+    @property
+    def schedules_per_s(self) -> float:
+        return self.schedules / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = msgspec.to_builtins(self)
+        doc["unavailable_partition_seconds"] = round(self.unavailable_partition_seconds, 3)
+        doc["elapsed_s"] = round(self.elapsed_s, 3)
+        doc["schedules_per_s"] = round(self.schedules_per_s, 1)
+        return doc
+
+    def lines(self) -> list[str]:
+        out = [
+            f"mode: {self.mode}",
+            f"schedules: {self.schedules} (seed {self.seed}), "
+            f"{self.schedules_per_s:.1f} schedules/s",
+            f"acknowledged: {self.acknowledged} records",
+            f"  present: {self.present}",
+            f"  lost, reported: {self.lost_reported}",
+            f"  lost silently: {self.lost_silent}",
+        ]
+        if self.unreadable:
+            out.append(f"  unreadable (no leader at the end): {self.unreadable}")
+        out += [
+            f"unavailable partition-seconds: {self.unavailable_partition_seconds:.1f}",
+            f"unclean recoveries: {self.unclean_recoveries}"
+            f" (operator elections: {self.operator_elections})",
+            f"invariant violations: {self.invariant_violations}",
+        ]
+        for f in self.failures:
+            what = f"schedule {f.index} (seed {f.seed}): {f.lost_silent} lost silently"
+            if f.violations:
+                what += f", {len(f.violations)} invariant violations"
+            if f.faults_after is not None:
+                what += f"; shrunk from {f.faults_before} to {f.faults_after} faults"
+            if f.file:
+                what += f"; replay: metactl simulate faults --replay {f.file}"
+            out.append(what)
+            out.extend(f"    {e}" for e in (f.examples + f.violations)[:3])
+        return out
+
+
+def shrink(
+    schedule: Schedule, mode: Mode, fails: Callable[[Outcome], bool] | None = None
+) -> Schedule:
+    """A smaller schedule that still fails: drop faults one at a time (restarting after
+    every success, simple delta debugging), then try a lossless, fast network."""
+    check = fails or (lambda out: out.failed)
+    current = schedule
+    progress = True
+    while progress:
+        progress = False
+        for i in range(len(current.faults)):
+            faults = current.faults[:i] + current.faults[i + 1 :]
+            candidate = msgspec.structs.replace(current, faults=faults)
+            if check(run_schedule(candidate, mode)):
+                current, progress = candidate, True
+                break
+    for quieter in (
+        msgspec.structs.replace(current, drop=0.0),
+        msgspec.structs.replace(current, drop=0.0, max_delay_ms=5),
+    ):
+        if quieter != current and check(run_schedule(quieter, mode)):
+            current = quieter
+    return current
+
+
+def run_faults(
+    *,
+    schedules: int,
+    seed: int,
+    mode: Mode,
+    lossy_kills: int = 2,
+    save_dir: Path | None = None,
+    shrink_max: int = 3,
+    progress: Callable[[str], None] | None = None,
+) -> FaultsSummary:
+    """Run `schedules` seeded schedules; shrink and save (to `save_dir`) up to
+    `shrink_max` failing ones; list the first `MAX_LISTED`."""
+    summary = FaultsSummary(mode=mode.label, seed=seed)
+    started = time.perf_counter()  # only to report schedules/s
+    for i in range(schedules):
+        sched = generate(schedule_seed(seed, i), lossy_kills)
+        out = run_schedule(sched, mode)
+        summary.add(out)
+        if out.failed and len(summary.failures) < MAX_LISTED:
+            fail = Failure(
+                index=i,
+                seed=sched.seed,
+                lost_silent=out.lost_silent,
+                violations=out.violations[:5],
+                examples=out.silent_examples[:3],
+                faults_before=len(sched.faults),
+            )
+            if save_dir is not None and len(summary.failures) < shrink_max:
+                small = shrink(sched, mode)
+                fail.faults_after = len(small.faults)
+                save_dir.mkdir(parents=True, exist_ok=True)
+                path = save_dir / f"faults-seed{seed}-schedule{i}.json"
+                found = msgspec.to_builtins(run_schedule(small, mode))
+                dump_replay(path, mode, small, found)
+                fail.file = str(path)
+            summary.failures.append(fail)
+        if progress is not None and (i + 1) % 500 == 0:
+            progress(f"{i + 1}/{schedules} schedules, {summary.lost_silent} lost silently")
+    summary.elapsed_s = time.perf_counter() - started
+    return summary
+
+
+def replay(schedule: Schedule, mode: Mode) -> FaultsSummary:
+    """One schedule from a replay file, summarised like a run of one."""
+    summary = FaultsSummary(mode=mode.label, seed=schedule.seed)
+    started = time.perf_counter()
+    out = run_schedule(schedule, mode)
+    summary.add(out)
+    if out.failed:
+        summary.failures.append(
+            Failure(
+                index=0,
+                seed=schedule.seed,
+                lost_silent=out.lost_silent,
+                violations=out.violations[:5],
+                examples=out.silent_examples[:3],
+                faults_before=len(schedule.faults),
+            )
+        )
+    summary.elapsed_s = time.perf_counter() - started
+    return summary

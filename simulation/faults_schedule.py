@@ -1,0 +1,193 @@
+"""The fault schedules of ``metactl simulate faults``: what one seeded run is made of.
+
+A `Schedule` is everything one run needs besides the controller's `Mode`: the cluster
+shape, each broker's flush interval, the background network (drop rate, delay bound and
+so reordering) and the list of `Fault`s: lossy kills (SIGKILL with the page cache lost),
+plain kills (SIGKILL, page cache kept), controlled shutdowns, and network partitions (a
+broker cut off from the controller, from the other brokers, or from everyone, or one
+broker-to-broker link cut). `generate` derives a schedule from a seed alone, so every
+mode (classic or ELR, any strategy) runs the very same schedules for a given seed.
+
+Schedules are msgspec Structs, so a failing one is written as JSON and replayed with
+``metactl simulate faults --replay FILE`` (`dump_replay`, `load_replay`).
+
+This module owns the schedule format and its generation. It must not run anything: the
+cluster lives in `simulation.faults_sim`, the runs and the report in `simulation.faults`.
+Everything random comes from `random.Random` seeded with a string, never from the clock
+or from hash order.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import msgspec
+
+FaultKind = Literal["lossy_kill", "kill", "shutdown", "isolate", "cut"]
+IsolateScope = Literal["controller", "brokers", "all"]
+
+REPLAY_FORMAT: Final = "metactl-faults-schedule"
+
+
+class Fault(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One injected fault. `for_ms`: how long the broker stays down (kills, shutdowns:
+    counted from when it stops) or the partition lasts (isolate, cut)."""
+
+    at_ms: int
+    kind: FaultKind
+    broker: int
+    for_ms: int
+    scope: IsolateScope | None = None  # isolate: from whom
+    peer: int | None = None  # cut: the broker at the other end of the link
+
+
+class Schedule(msgspec.Struct, frozen=True, kw_only=True):
+    seed: int  # seeds the network and the producers of the run
+    brokers: int
+    partitions: int
+    faults: list[Fault]
+    flush_ms: list[int]  # per broker (index 0 is broker 1): the OS/log flush interval
+    drop: float = 0.0  # probability that a message is lost
+    max_delay_ms: int = 20  # each message takes 1..max_delay_ms (so messages reorder)
+    replication_factor: int = 3
+    min_isr: int = 2
+    fault_window_ms: int = 30_000  # faults happen before this; then everything heals
+    heal_ms: int = 20_000  # after the window: restart everything, let it settle
+    settle_ms: int = 5_000  # after the operator's elections, before the check
+
+
+class Mode(msgspec.Struct, frozen=True, kw_only=True):
+    """The controller's configuration for a run, and the test-only mutants."""
+
+    strategy: str = "balanced"
+    eligible_leader_replicas: bool = True
+    unclean_leader_election: bool = False
+    # Mutant (a): a broker restarting after a kill presents its previous broker epoch as
+    # if it had shut down cleanly, which defeats Unclean Exclusion (section 5.1.2).
+    lie_clean_shutdown: bool = False
+    # Mutant (b): leaders advance the high watermark with min.insync.replicas taken as 1.
+    hw_ignores_min_isr: bool = False
+    # Mutant (c): a follower joins the ISR on being caught up at its last fetch, without
+    # its log reaching the leader's high watermark (`replication.join_floor`). This was
+    # the broker stub's rule until this simulator found the loss it allows.
+    isr_join_ignores_hw: bool = False
+
+    @property
+    def label(self) -> str:
+        if not self.eligible_leader_replicas:
+            unclean = "on" if self.unclean_leader_election else "off"
+            name = f"classic, unclean election {unclean}"
+        else:
+            name = f"ELR, {self.strategy}"
+        mutants = [
+            m
+            for m, on in (
+                ("lie-clean-shutdown", self.lie_clean_shutdown),
+                ("hw-ignores-min-isr", self.hw_ignores_min_isr),
+                ("isr-join-ignores-hw", self.isr_join_ignores_hw),
+            )
+            if on
+        ]
+        return name + (f" [mutant: {', '.join(mutants)}]" if mutants else "")
+
+
+def schedule_seed(seed: int, index: int) -> int:
+    """The seed of schedule `index` of a run seeded with `seed` (stable across versions
+    of Python: string seeds are hashed with SHA-512, not `hash`)."""
+    return random.Random(f"metactl-faults:{seed}:{index}").getrandbits(48)
+
+
+def generate(seed: int, lossy_kills: int = 2) -> Schedule:
+    """A random schedule: 3-4 brokers, 1-2 partitions (RF 3, MinISR 2), `lossy_kills`
+    lossy kills and 2-5 other faults in a 30 s window.
+
+    Half of the lossy kills are aimed at a broker other than one already partitioned
+    away, while the partition lasts: that is how an ISR shrinks to its last member and
+    then loses it (the Last Replica Standing problem). Half of the rest follow the
+    previous lossy kill within 2 s (correlated failures, as in a power outage).
+    """
+    rnd = random.Random(f"metactl-faults-schedule:{seed}")
+    brokers = rnd.choice((3, 3, 4))
+    partitions = rnd.choice((1, 2))
+    window = 30_000
+    start = 2_000
+    faults: list[Fault] = []
+    for _ in range(rnd.randint(2, 5)):
+        at = rnd.randrange(start, window)
+        b = rnd.randint(1, brokers)
+        roll = rnd.random()
+        if roll < 0.45:
+            scope: IsolateScope = rnd.choice(("controller", "brokers", "brokers", "all"))
+            faults.append(
+                Fault(
+                    at_ms=at,
+                    kind="isolate",
+                    broker=b,
+                    scope=scope,
+                    for_ms=rnd.randint(3_000, 15_000),
+                )
+            )
+        elif roll < 0.65:
+            peer = rnd.choice([x for x in range(1, brokers + 1) if x != b])
+            faults.append(
+                Fault(at_ms=at, kind="cut", broker=b, peer=peer, for_ms=rnd.randint(3_000, 15_000))
+            )
+        elif roll < 0.85:
+            faults.append(
+                Fault(at_ms=at, kind="shutdown", broker=b, for_ms=rnd.randint(1_000, 10_000))
+            )
+        else:
+            faults.append(Fault(at_ms=at, kind="kill", broker=b, for_ms=rnd.randint(1_000, 10_000)))
+    previous: Fault | None = None
+    for _ in range(lossy_kills):
+        partitioned = [f for f in faults if f.kind in ("isolate", "cut")]
+        roll = rnd.random()
+        if partitioned and roll < 0.5:
+            anchor = rnd.choice(partitioned)
+            at = anchor.at_ms + rnd.randint(3_000, max(3_000, anchor.for_ms))
+            b = rnd.choice([x for x in range(1, brokers + 1) if x != anchor.broker])
+        elif previous is not None and roll < 0.75:
+            at = previous.at_ms + rnd.randint(0, 2_000)
+            b = rnd.randint(1, brokers)
+        else:
+            at = rnd.randrange(start, window)
+            b = rnd.randint(1, brokers)
+        down = rnd.randint(1_000, 15_000)
+        previous = Fault(at_ms=min(at, window - 1), kind="lossy_kill", broker=b, for_ms=down)
+        faults.append(previous)
+    faults.sort(key=lambda f: (f.at_ms, f.broker, f.kind))
+    return Schedule(
+        seed=seed,
+        brokers=brokers,
+        partitions=partitions,
+        faults=faults,
+        flush_ms=[rnd.randint(1_000, 10_000) for _ in range(brokers)],
+        drop=rnd.choice((0.0, 0.0, 0.01, 0.05)),
+        max_delay_ms=rnd.choice((5, 20, 100)),
+        fault_window_ms=window,
+    )
+
+
+# --- replay files -----------------------------------------------------------------------
+
+
+class ReplayFile(msgspec.Struct, kw_only=True):
+    format: str
+    version: int
+    mode: Mode
+    schedule: Schedule
+    found: dict[str, Any] = {}  # what the run that wrote the file found (informative)
+
+
+def dump_replay(path: Path, mode: Mode, schedule: Schedule, found: dict[str, Any]) -> None:
+    doc = ReplayFile(format=REPLAY_FORMAT, version=1, mode=mode, schedule=schedule, found=found)
+    path.write_bytes(msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n")
+
+
+def load_replay(path: Path) -> ReplayFile:
+    doc = msgspec.json.decode(path.read_bytes(), type=ReplayFile)
+    if doc.format != REPLAY_FORMAT or doc.version != 1:
+        raise ValueError(f"{path}: not a version 1 {REPLAY_FORMAT} file")
+    return doc

@@ -1,0 +1,458 @@
+"""The controller side of ``metactl simulate faults``, the faults, and the verdict.
+
+`FaultSim` extends the data plane of `simulation.faults_cluster.Cluster` and runs one
+`Schedule` in virtual time, one event at a time from a heap (no asyncio, no clock):
+
+* the controller is the real event step, `controller.core.step.step`, run as the driver
+  runs it: broker requests (RegisterBroker with or without the previous epoch,
+  BrokerHeartbeat, AlterPartition, ControlledShutdown, ReplicaLogInfo answers to the
+  inspections a step returns), a FenceBroker when a session expires
+  (`controller.runtime.sessions.BrokerSessions`, as the service does) and a Tick at every
+  deadline a step asks for. Every committed batch goes through the audit's invariant
+  checker (`audit.rules.LogChecker`), and every UncleanRecoveryRecord (or election of a
+  kind that carries none) is noted as a potential-data-loss report;
+* broker processes: each log has a flushed prefix and a page-cache tail; a broker
+  flushes every `flush_ms`; a lossy kill keeps only the flushed prefix, a plain kill
+  keeps everything, a controlled shutdown flushes and writes the clean-shutdown epoch
+  that the next registration presents (mutant a presents it after every kill);
+* the schedule's faults, then healing: at the end of the fault window every cut heals,
+  messages stop being lost and every broker restarts; after `heal_ms` the operator
+  elects the best log of any partition still without a leader (always needed with the
+  manual strategy); after `settle_ms` `_outcome` classifies each acknowledged record
+  against the final leader's log: present, lost and reported, or lost silently.
+
+It must not change controller rules (it only calls `step`) nor the broker stub's
+modules, nor read the clock or iterate a set or dict in hash order where order matters.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+from collections.abc import Callable
+from typing import Any, Final
+
+import msgspec
+
+from audit.rules import LogChecker
+from brokers_stub.replica_log import ReplicaLog, epoch_at
+from controller.core.config import ControllerConfig
+from controller.core.recovery.policy import RecoveryPolicy
+from controller.core.recovery.registry import load_policies
+from controller.core.step import ControllerState, Event, Rules, StepResult, Tick, step
+from controller.runtime.sessions import BrokerSessions
+from metactl.errors import MetactlError
+from metadata_image.image import ClusterImage, TopicPartition
+from metadata_log.records import (
+    NO_LEADER,
+    MetadataRecord,
+    PartitionChangeRecord,
+    UncleanRecoveryRecord,
+)
+from protocol.messages import (
+    BrokerHeartbeatRequest,
+    ControlledShutdown,
+    ControlledShutdownResponse,
+    CreateTopic,
+    ElectLeader,
+    FenceBroker,
+    RegisterBroker,
+    RegisterBrokerResponse,
+    ReplicaLogInfo,
+    UnfenceBroker,
+)
+from simulation.faults_cluster import (
+    CONTROLLER,
+    PRODUCE_MS,
+    PRODUCER,
+    RETRY_MS,
+    SESSION_CHECK_MS,
+    SHUTDOWN_TIMEOUT_MS,
+    TICK_MS,
+    TOPIC,
+    Cluster,
+    _Broker,
+)
+from simulation.faults_schedule import Fault, Mode, Schedule
+
+# Elections that come with their own UncleanRecoveryRecord, or are clean.
+_KNOWN_ELECTIONS: Final = frozenset({"isr", "elr", "preferred", "unclean_recovery", "manual"})
+# Rules of the audit that encode KIP-966 itself: classic mode breaks them by design.
+CLASSIC_EXEMPT_RULES: Final = frozenset({"unclean_replica_in_isr", "unclean_replica_in_elr"})
+
+
+@functools.cache
+def _policies() -> dict[str, RecoveryPolicy]:
+    """The recovery policies, looked up once per process (entry points read files)."""
+    return load_policies()
+
+
+class Outcome(msgspec.Struct, kw_only=True):
+    """What one schedule produced."""
+
+    acknowledged: int = 0
+    present: int = 0
+    lost_reported: int = 0
+    lost_silent: int = 0
+    unreadable: int = 0  # acknowledged records of partitions without a leader at the end
+    unavailable_partition_ms: int = 0
+    unclean_recoveries: int = 0
+    operator_elections: int = 0
+    refused_requests: int = 0
+    violations: list[str] = []
+    silent_examples: list[str] = []
+
+    @property
+    def failed(self) -> bool:
+        return self.lost_silent > 0 or bool(self.violations)
+
+
+class FaultSim(Cluster):
+    """One schedule, run: the controller side, the faults, and the verdict."""
+
+    def __init__(self, schedule: Schedule, mode: Mode) -> None:
+        super().__init__(schedule, mode)
+        self.config = ControllerConfig(
+            unclean_recovery_strategy=mode.strategy,
+            default_min_insync_replicas=schedule.min_isr,
+            default_replication_factor=schedule.replication_factor,
+            eligible_leader_replicas=mode.eligible_leader_replicas,
+            unclean_leader_election=mode.unclean_leader_election,
+        )
+        self.rules = Rules(self.config, _policies())
+        self.core = ControllerState(ClusterImage())
+        self.sessions = BrokerSessions(self.config.broker_session_timeout_ms)
+        self.checker = LogChecker("faults")
+        self.deadlines: set[int] = set()
+        self.reports: dict[TopicPartition, list[int]] = {tp: [] for tp in self.tps}
+        self.out = Outcome()
+        self.unavail_since = 0
+
+    def run(self) -> Outcome:
+        self._setup()
+        s = self.s
+        for f in s.faults:
+            self.at(f.at_ms, self._fault, f)
+        heal = s.fault_window_ms
+        self.at(heal, self._heal)
+        self.at(heal + s.heal_ms, self._operator)
+        end = heal + s.heal_ms + s.settle_ms
+        queue = self.queue
+        while queue and queue[0][0] <= end:
+            when, _, fn, arg = heapq.heappop(queue)
+            self.now = when
+            self.seq += 1
+            fn(arg)
+        self.now = end
+        self._account()
+        return self._outcome()
+
+    # --- the controller --------------------------------------------------------------------
+
+    def _step(self, event: Event) -> Any:
+        """One controller event step; returns the response, or the coded refusal."""
+        try:
+            result = step(self.core, event, self.now, self.rules)
+        except MetactlError as exc:
+            self.out.refused_requests += 1
+            return exc
+        self._commit(result)
+        return result.response
+
+    def _commit(self, result: StepResult) -> None:
+        records = result.records
+        if records:
+            self._account()
+            self.checker.feed(self.core.image.end_offset, self.now, records)
+            self._note_reports(records)
+        self.core = result.state
+        deadline = result.next_deadline_ms
+        if deadline is not None and deadline not in self.deadlines:
+            self.deadlines.add(deadline)
+            self.at(deadline, self._deadline, deadline)
+        if records:
+            image = self.core.image
+            for b in self.brokers:
+                self.send(CONTROLLER, b, self._on_image, (b, image))
+        for insp in result.inspections:
+            self.send(CONTROLLER, insp.broker_id, self._on_inspection, insp)
+
+    def _note_reports(self, records: list[MetadataRecord]) -> None:
+        """Potential-data-loss events: UncleanRecoveryRecords, and elections of a kind
+        that carries none (Kafka's classic unclean leader election)."""
+        recovered: TopicPartition | None = None
+        for r in records:
+            if isinstance(r, UncleanRecoveryRecord):
+                recovered = (r.topic, r.partition)
+                self.out.unclean_recoveries += 1
+                if r.potential_data_loss:  # one that claims no loss excuses none
+                    self.reports[recovered].append(self.seq)
+            elif isinstance(r, PartitionChangeRecord):
+                tp = (r.topic, r.partition)
+                kind = r.election
+                if kind is not None and str(kind) not in _KNOWN_ELECTIONS and recovered != tp:
+                    self.reports[tp].append(self.seq)
+                    self.out.unclean_recoveries += 1
+                recovered = None
+
+    def _account(self) -> None:
+        offline = len(self.core.image.offline)
+        self.out.unavailable_partition_ms += offline * (self.now - self.unavail_since)
+        self.unavail_since = self.now
+
+    def _deadline(self, deadline: int) -> None:
+        self.deadlines.discard(deadline)
+        self._step(Tick())
+
+    def _session_check(self, _: None) -> None:
+        self.at(self.now + SESSION_CHECK_MS, self._session_check)
+        image = self.core.image
+        live = [b for b in sorted(image.brokers) if not image.brokers[b].fenced]
+        for b in self.sessions.expired(live, self.now):
+            self._step(FenceBroker(broker_id=b, reason="session_timeout"))
+
+    def _ctl_request(self, msg: tuple[int, Event, Callable[[Any], None] | None]) -> None:
+        src, event, reply = msg
+        response = self._step(event)
+        if isinstance(event, BrokerHeartbeatRequest) and not isinstance(response, MetactlError):
+            self.sessions.touch(event.broker_id, self.now)
+            self.send(CONTROLLER, src, self._on_image, (src, self.core.image))
+        if reply is not None:
+            self.send(CONTROLLER, src, reply, response)
+
+    # --- set-up, faults, healing, the operator --------------------------------------------
+
+    def _setup(self) -> None:
+        s = self.s
+        for bid, b in self.brokers.items():
+            self._step(RegisterBroker(broker_id=bid, incarnation_id=f"b{bid}-0"))
+            epoch = self.core.image.brokers[bid].epoch
+            self._step(UnfenceBroker(broker_id=bid, broker_epoch=epoch))
+            self.sessions.touch(bid, 0)
+            b.up, b.epoch, b.last_epoch = True, epoch, epoch
+        self._step(
+            CreateTopic(
+                name=TOPIC,
+                partitions=s.partitions,
+                replication_factor=s.replication_factor,
+                min_isr=s.min_isr,
+            )
+        )
+        image = self.core.image
+        for tp in self.tps:
+            for r in image.partitions[tp].replicas:
+                self.brokers[r].logs[tp] = ReplicaLog(topic=tp[0], partition=tp[1])
+        self.producer_view = image
+        for b in self.brokers.values():
+            self._on_image((b.id, image))
+            self._start_timers(b)
+        for tp in self.tps:
+            self.at(self.rnd.randrange(PRODUCE_MS), self._produce_tick, tp)
+        self.at(SESSION_CHECK_MS, self._session_check)
+
+    def _start_timers(self, b: _Broker) -> None:
+        inc = b.inc
+        self.at(self.now + self.rnd.randrange(TICK_MS), self._broker_tick, (b.id, inc))
+        self.at(self.now + self.rnd.randrange(1, 2_000), self._heartbeat, (b.id, inc))
+        flush = self.s.flush_ms[b.id - 1]
+        self.at(self.now + self.rnd.randrange(1, flush), self._flush, (b.id, inc))
+
+    def _fault(self, f: Fault) -> None:
+        b = self.brokers[f.broker]
+        if f.kind in ("isolate", "cut"):
+            pairs = self._pairs(f)
+            self._cut(pairs, 1)
+            self.at(self.now + f.for_ms, lambda _: self._cut(pairs, -1))
+            return
+        if not b.up:
+            return
+        if f.kind == "shutdown":
+            if b.epoch is not None and b.stopping is None:
+                b.stopping = self.now
+                self._shutdown_attempt((b.id, b.inc, f.for_ms))
+            return
+        lossy = f.kind == "lossy_kill"
+        self._stop(b, lossy=lossy, clean=False)
+        self.at(self.now + f.for_ms, self._restart, (b.id, b.inc))
+
+    def _pairs(self, f: Fault) -> list[tuple[int, int]]:
+        if f.kind == "cut":
+            assert f.peer is not None
+            return [(f.broker, f.peer)]
+        others = [x for x in self.brokers if x != f.broker]
+        if f.scope == "controller":
+            return [(f.broker, CONTROLLER)]
+        if f.scope == "brokers":
+            return [(f.broker, x) for x in others]
+        return [(f.broker, x) for x in [CONTROLLER, PRODUCER, *others]]
+
+    def _heal(self, _: None) -> None:
+        self.cuts.clear()
+        self.healed = True
+        self.drop = 0.0
+        self.producing = False
+        for b in self.brokers.values():
+            if not b.up:
+                self._restart((b.id, b.inc))
+
+    def _operator(self, _: None) -> None:
+        """Elect the best log (by last leader epoch, then LEO, as GetReplicaLogInfo shows
+        it) of every partition still without a leader, as an operator would."""
+        image = self.core.image
+        for tp in self.tps:
+            p = image.partitions[tp]
+            if p.leader != NO_LEADER:
+                continue
+            live = [r for r in p.replicas if image.is_active(r)]
+            if not live:
+                continue
+            best = max(
+                live,
+                key=lambda r: (
+                    self.brokers[r].logs[tp].last_leader_epoch,
+                    self.brokers[r].logs[tp].log_end_offset,
+                    -p.replicas.index(r),
+                ),
+            )
+            request = ElectLeader(
+                topic=tp[0], partition=tp[1], election_type="unclean", replica=best
+            )
+            if not isinstance(self._step(request), MetactlError):
+                self.out.operator_elections += 1
+
+    # --- broker processes ----------------------------------------------------------------
+
+    def _stop(self, b: _Broker, *, lossy: bool, clean: bool) -> None:
+        for log in b.logs.values():
+            if clean or not lossy:
+                log.flushed_offset = log.log_end_offset  # flushed, or the OS will
+            else:
+                log.lose_unflushed()
+        b.clean_file = b.epoch if clean else None
+        b.up = False
+        b.inc += 1
+        b.epoch, b.view, b.stopping = None, None, None
+        b.leaders.clear()
+        b.fetching.clear()
+        b.active_epochs = {}
+
+    def _restart(self, key: tuple[int, int]) -> None:
+        b = self.brokers[key[0]]
+        if b.up or b.inc != key[1]:
+            return
+        b.up = True
+        b.inc += 1
+        previous = b.clean_file
+        if self.mode.lie_clean_shutdown:
+            previous = b.last_epoch  # mutant (a): every restart claims a clean shutdown
+        b.clean_file = None
+        self._register((b.id, b.inc, previous))
+        self._start_timers(b)
+
+    def _register(self, arg: tuple[int, int, int | None]) -> None:
+        b = self._alive(arg[:2])
+        if b is None or b.epoch is not None:
+            return
+        incarnation = f"b{b.id}-{b.inc}"
+        req = RegisterBroker(broker_id=b.id, incarnation_id=incarnation, previous_epoch=arg[2])
+        self.to_controller(b, req, lambda resp: self._registered(b, resp))
+        self.at(self.now + RETRY_MS, self._register, arg)
+
+    def _registered(self, b: _Broker, resp: Any) -> None:
+        if isinstance(resp, RegisterBrokerResponse) and b.epoch is None:
+            b.epoch = b.last_epoch = resp.broker_epoch
+            self._roles(b)
+
+    def _shutdown_attempt(self, arg: tuple[int, int, int]) -> None:
+        b = self._alive(arg[:2])
+        if b is None or b.stopping is None or b.epoch is None:
+            return
+        if self.now - b.stopping >= SHUTDOWN_TIMEOUT_MS:
+            self._finish_shutdown(b, arg[2])
+            return
+        req = ControlledShutdown(broker_id=b.id, broker_epoch=b.epoch)
+        down_ms = arg[2]
+
+        def answer(resp: Any) -> None:
+            if isinstance(resp, ControlledShutdownResponse) and resp.can_stop and b.up:
+                self._finish_shutdown(b, down_ms)
+
+        self.to_controller(b, req, answer)
+        self.at(self.now + RETRY_MS, self._shutdown_attempt, arg)
+
+    def _finish_shutdown(self, b: _Broker, down_ms: int) -> None:
+        if b.stopping is None:
+            return
+        self._stop(b, lossy=False, clean=True)
+        self.at(self.now + down_ms, self._restart, (b.id, b.inc))
+
+    def _heartbeat(self, key: tuple[int, int]) -> None:
+        b = self._alive(key)
+        if b is None:
+            return
+        self.at(self.now + self.config.broker_heartbeat_interval_ms, self._heartbeat, key)
+        if b.epoch is not None:
+            offset = b.view.end_offset if b.view is not None else 0
+            req = BrokerHeartbeatRequest(
+                broker_id=b.id, broker_epoch=b.epoch, metadata_offset=offset
+            )
+            self.to_controller(b, req)
+
+    def _flush(self, key: tuple[int, int]) -> None:
+        b = self._alive(key)
+        if b is None:
+            return
+        self.at(self.now + self.s.flush_ms[b.id - 1], self._flush, key)
+        for log in b.logs.values():
+            log.flushed_offset = log.log_end_offset
+
+    def _on_inspection(self, insp: Any) -> None:
+        b = self.brokers[insp.broker_id]
+        if b.epoch is None or b.epoch != insp.broker_epoch:
+            return
+        log = b.logs.get((insp.topic, insp.partition))
+        answer = ReplicaLogInfo(
+            broker_id=b.id,
+            broker_epoch=b.epoch,
+            topic=insp.topic,
+            partition=insp.partition,
+            last_leader_epoch=log.last_leader_epoch if log is not None else -1,
+            log_end_offset=log.log_end_offset if log is not None else 0,
+        )
+        self.to_controller(b, answer)
+
+    # --- the verdict -------------------------------------------------------------------------
+
+    def _outcome(self) -> Outcome:
+        out = self.out
+        image = self.core.image
+        for tp, start, end, epoch, seq in self.acked:
+            n = end - start
+            out.acknowledged += n
+            p = image.partitions[tp]
+            if p.leader == NO_LEADER:
+                out.unreadable += n
+                continue
+            log = self.brokers[p.leader].logs[tp]
+            reported = any(r > seq for r in self.reports[tp])
+            for offset in range(start, end):
+                if offset < log.log_end_offset and epoch_at(log.leader_epochs, offset) == epoch:
+                    out.present += 1
+                elif reported:
+                    out.lost_reported += 1
+                else:
+                    out.lost_silent += 1
+                    if len(out.silent_examples) < 5:
+                        out.silent_examples.append(
+                            f"{tp[0]}-{tp[1]} offset {offset} epoch {epoch}: final leader "
+                            f"{p.leader} (epoch {p.leader_epoch}) has "
+                            f"{log.log_end_offset} records, epochs {log.leader_epochs}"
+                        )
+        exempt = CLASSIC_EXEMPT_RULES if not self.mode.eligible_leader_replicas else frozenset()
+        for checker in self.checker.finish():
+            for v in checker.out:
+                if v.rule not in exempt:
+                    out.violations.append(
+                        f"{v.rule} at offset {v.offset} ({v.topic}-{v.partition}): {v.detail}"
+                    )
+        return out
