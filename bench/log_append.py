@@ -35,7 +35,8 @@ from metadata_log.records import (
     encode_batch,
     encode_record,
 )
-from metadata_log.sqlite_store import FOLLOWER_POLL_INTERVAL, LOG_FILE_NAME, SqliteLogStore
+from metadata_log.sqlite_format import FOLLOWER_POLL_INTERVAL, LOG_FILE_NAME
+from metadata_log.sqlite_store import SqliteLogStore
 
 
 def make_record(i: int) -> MetadataRecord:

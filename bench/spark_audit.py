@@ -58,7 +58,8 @@ from metadata_log.records import (
     UnfenceBrokerRecord,
     decode_batch,
 )
-from metadata_log.sqlite_store import LOG_FILE_NAME, SqliteLogStore
+from metadata_log.sqlite_format import LOG_FILE_NAME
+from metadata_log.sqlite_store import SqliteLogStore
 from simulation.history import simulate_history
 from simulation.history_config import DAY_MS, HistoryConfig
 

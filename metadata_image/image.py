@@ -155,13 +155,9 @@ class ClusterImage(msgspec.Struct, frozen=True, kw_only=True):
 
     def partitions_of(self, broker_id: int) -> Iterator[PartitionState]:
         """Partitions that have a replica on the broker."""
-        index = self.replicas_by_broker.get(broker_id)
-        if index is None:
-            return
         partitions = self.partitions
-        for topic in sorted(index.topics.keys()):
-            for i in index.topics[topic]:
-                yield partitions[(topic, i)]
+        for tp in self.replicas_by_broker.get(broker_id, EMPTY_INDEX):
+            yield partitions[tp]
 
     def offline_partitions(self) -> Iterator[PartitionState]:
         for tp in self.offline:

@@ -78,7 +78,6 @@ from metadata_log.sqlite_format import (
     FETCH_BATCHES_SQL,
     FOLLOWER_POLL_INTERVAL,
     INSERT_BATCH_SQL,
-    LOG_FILE_NAME,
     MAGIC,
     RECOVERABLE_WRITE_ERRORS,
     SCAN_BATCHES_SQL,
@@ -94,15 +93,7 @@ from metadata_log.sqlite_format import (
 )
 from metadata_log.store import LogStore
 
-__all__ = [
-    "FOLLOWER_POLL_INTERVAL",
-    "LOG_FILE_NAME",
-    "MAGIC",
-    "SCHEMA_VERSION",
-    "TAIL_CHECK_BATCHES",
-    "SqliteLogStore",
-    "resolve_log_path",
-]
+__all__ = ["SqliteLogStore"]
 
 log = structlog.get_logger("metadata_log")
 

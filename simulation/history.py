@@ -39,7 +39,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from metadata_log.sqlite_store import SqliteLogStore, resolve_log_path
+from metadata_log.sqlite_format import resolve_log_path
+from metadata_log.sqlite_store import SqliteLogStore
 from simulation.history_config import DAY_MS, HistoryConfig, SimulationReport
 from simulation.history_sim import _Sim
 

@@ -285,7 +285,7 @@ class Controller:
             if c.records:
                 for listener in self.commit_listeners:
                     listener(offset, c.records, c.delta, c.now_ms)
-                _log_committed(offset, c.records, self.log_every_record)
+                _log_committed(offset, c.records, c.delta, self.log_every_record)
                 offset += len(c.records)
             if c.future is not None and not c.future.done():
                 c.future.set_result(c.response)
@@ -303,9 +303,15 @@ class Controller:
                 c.future.set_exception(error)
 
 
-def _log_committed(base: int, records: Sequence[MetadataRecord], every_record: bool) -> None:
+def _log_committed(
+    base: int, records: Sequence[MetadataRecord], delta: MetadataDelta, every_record: bool
+) -> None:
     """An unclean recovery always logs a WARNING; other records only when asked for, since
-    formatting one line per record would dominate bulk changes (a 100k-partition topic)."""
+    formatting one line per record would dominate bulk changes (a 100k-partition topic).
+    The delta says whether there is a recovery at all, so a bulk change without one is
+    not scanned."""
+    if not every_record and not delta.unclean_recoveries:
+        return
     for i, r in enumerate(records):
         if not (every_record or isinstance(r, UncleanRecoveryRecord)):
             continue

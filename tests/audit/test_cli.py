@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 import ops.cli
-from metadata_log.sqlite_store import LOG_FILE_NAME
+from metadata_log.sqlite_format import LOG_FILE_NAME
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,8 @@ from metadata_log.records import (
     record_type,
     to_builtins,
 )
-from metadata_log.sqlite_store import LOG_FILE_NAME, SqliteLogStore
+from metadata_log.sqlite_format import LOG_FILE_NAME
+from metadata_log.sqlite_store import SqliteLogStore
 from ops.cli import main
 from tests.metadata_log.log_fixtures import REPO, LineReader, change
 

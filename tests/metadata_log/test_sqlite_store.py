@@ -19,7 +19,8 @@ from metactl.errors import (
 )
 from metadata_log.batch_format import batch_crc
 from metadata_log.records import MetadataRecord, NoOpRecord, TopicRecord, encode_batch
-from metadata_log.sqlite_store import LOG_FILE_NAME, SqliteLogStore, resolve_log_path
+from metadata_log.sqlite_format import LOG_FILE_NAME, resolve_log_path
+from metadata_log.sqlite_store import SqliteLogStore
 from tests.metadata_log.log_fixtures import change, records
 
 MARKER = "corrupt-me-please"
