@@ -16,7 +16,7 @@ and owns the tasks it spawns.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,18 +40,44 @@ class LeaderState:
 
     leader_epoch: int
     followers: dict[int, FollowerFetchState] = field(default_factory=dict)
-    alter_in_flight: bool = False
-    # An accepted AlterPartition whose record the image has not reached yet.
+    # The ISR of the AlterPartition in flight (None: none is): it counts in the high
+    # watermark from the moment it is sent (Kafka's maximal ISR), as the controller may
+    # commit it before the answer arrives.
+    in_flight_isr: frozenset[int] | None = None
+    # An accepted (or possibly committed) AlterPartition whose record the image has not
+    # reached yet: its partition epoch and ISR, until `pending_until_ms` (stop waiting
+    # then: the answer was never committed?).
     pending_partition_epoch: int | None = None
     pending_isr: frozenset[int] = frozenset()
-    pending_until_ms: int = 0  # stop waiting for it then (the answer was never committed?)
-    # The ISR of the AlterPartition in flight: it counts in the high watermark from the
-    # moment it is sent (Kafka's maximal ISR), as the controller may commit it before
-    # the answer arrives.
-    in_flight_isr: frozenset[int] = frozenset()
+    pending_until_ms: int = 0
     # A refused or failed AlterPartition: retry once the partition changes, or later.
     refused_at_partition_epoch: int | None = None
     retry_at_ms: int = 0
+
+    @property
+    def alter_in_flight(self) -> bool:
+        return self.in_flight_isr is not None
+
+    @property
+    def accepted_isr(self) -> frozenset[int] | None:
+        """The ISR of an accepted change the image has not shown yet, if any."""
+        return self.pending_isr if self.pending_partition_epoch is not None else None
+
+    @property
+    def proposed_isr(self) -> frozenset[int]:
+        """The ISRs proposed but not yet in the image: they count in the high watermark."""
+        accepted = self.accepted_isr
+        in_flight = self.in_flight_isr or frozenset()
+        return in_flight if accepted is None else in_flight | accepted
+
+    def await_change(self, partition_epoch: int, isr: Iterable[int], now_ms: int) -> None:
+        """An AlterPartition to `isr` is (or may be) committed at `partition_epoch`."""
+        self.pending_partition_epoch = partition_epoch
+        self.pending_isr = frozenset(isr)
+        self.pending_until_ms = now_ms + PENDING_MAX_MS
+
+    def clear_pending(self) -> None:
+        self.pending_partition_epoch, self.pending_isr = None, frozenset()
 
 
 class IsrUpdater:
@@ -99,7 +125,7 @@ class IsrUpdater:
         if st.pending_partition_epoch is not None:
             if p.partition_epoch < st.pending_partition_epoch and now < st.pending_until_ms:
                 return  # the accepted change is not in our image yet
-            st.pending_partition_epoch, st.pending_isr = None, frozenset()
+            st.clear_pending()
         if st.refused_at_partition_epoch is not None:
             if p.partition_epoch == st.refused_at_partition_epoch and now < st.retry_at_ms:
                 return
@@ -137,7 +163,6 @@ class IsrUpdater:
             leader_epoch=p.leader_epoch,
             recovered=True,  # the simulated log needs no recovery work
         )
-        st.alter_in_flight = True
         st.in_flight_isr = frozenset(isr)
         task = self._spawn(self._alter_partition(st, req, sorted(p.isr)), f"alter-{tp[0]}-{tp[1]}")
         self._in_flight.add(task)
@@ -156,9 +181,7 @@ class IsrUpdater:
         except NetworkError as exc:
             # The outcome is unknown: the controller may have committed it. Keep counting
             # the proposed ISR until the image moves past the epoch we proposed against.
-            st.pending_partition_epoch = req.partition_epoch + 1
-            st.pending_isr = frozenset(new_isr)
-            st.pending_until_ms = self.clock_ms() + PENDING_MAX_MS
+            st.await_change(req.partition_epoch + 1, new_isr, self.clock_ms())
             st.retry_at_ms = self.clock_ms() + ALTER_RETRY_MS // 2
             self.log.warning("AlterPartition failed; will retry", partition=name, error=str(exc))
         except MetactlError as exc:
@@ -171,9 +194,7 @@ class IsrUpdater:
                 "AlterPartition refused", partition=name, code=exc.code, error=exc.message
             )
         else:
-            st.pending_partition_epoch = resp.partition_epoch
-            st.pending_isr = frozenset(resp.isr)
-            st.pending_until_ms = self.clock_ms() + PENDING_MAX_MS
+            st.await_change(resp.partition_epoch, resp.isr, self.clock_ms())
             self.log.info(
                 "AlterPartition accepted",
                 partition=name,
@@ -184,8 +205,7 @@ class IsrUpdater:
                 recovering=resp.recovering,
             )
         finally:
-            st.alter_in_flight = False
-            st.in_flight_isr = frozenset()
+            st.in_flight_isr = None
 
 
 def _active_epochs(image: ClusterImage) -> dict[int, int]:

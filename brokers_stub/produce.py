@@ -207,8 +207,7 @@ class DataPlane:
         check_produce(req, max_batch_records=m.config.max_batch_records)
         p, st, log = self._led(req.topic, req.partition)
         if req.acks == ACKS_ALL:
-            pending = st.pending_isr if st.pending_partition_epoch is not None else None
-            size = known_isr_size(p.isr, pending)
+            size = known_isr_size(p.isr, st.accepted_isr)
             if size < p.min_isr:
                 raise NotEnoughReplicasError(
                     f"{log.name}: the ISR has {size} member(s), min.insync.replicas is {p.min_isr}"
@@ -247,11 +246,9 @@ class DataPlane:
     def high_watermark_advanced(self, tp: TopicPartition, hw: int, leader_epoch: int) -> None:
         self.waiters.complete(tp, hw, leader_epoch)
 
-    def partition_changed(self, p: PartitionState | None, st: LeaderState | None) -> None:
+    def partition_changed(self, p: PartitionState, st: LeaderState | None) -> None:
         """The metadata moved for a partition of ours: `st` is its leader state if this
         broker (still) leads it. Fail what can no longer commit as asked."""
-        if p is None:
-            return
         tp = p.tp
         if st is None:
             self.waiters.fail(

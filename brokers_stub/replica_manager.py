@@ -314,18 +314,15 @@ class ReplicaManager:
 
     async def _tick_loop(self) -> None:
         period = self.config.replica_tick_ms / 1000
-        last = self.clock_ms()
         while True:
             await asyncio.sleep(period)  # a timer: ISR checks (lagging followers)
-            now = self.clock_ms()
             try:
-                self.tick(now, now - last)
+                self.tick(self.clock_ms())
             except Exception:
                 self.log.exception("replica tick failed")
-            last = now
 
-    def tick(self, now: int, elapsed_ms: int) -> None:
-        """Advance high watermarks, check the ISRs (`elapsed_ms` since the last tick)."""
+    def tick(self, now: int) -> None:
+        """Advance high watermarks, check the ISRs."""
         image = self.image
         if image is None:
             return
@@ -345,11 +342,7 @@ class ReplicaManager:
             isr=p.isr,
             min_isr=p.min_isr,
             follower_offsets={b: f.fetch_offset for b, f in st.followers.items()},
-            pending_isr=(
-                st.in_flight_isr | st.pending_isr
-                if st.pending_partition_epoch is not None
-                else st.in_flight_isr
-            ),
+            pending_isr=st.proposed_isr,
         )
         if not log.advance_high_watermark(hw):
             return False
@@ -383,7 +376,7 @@ class ReplicaManager:
                 f"broker {req.follower_id} is not a follower of {req.topic}-{req.partition}"
             )
         log = self.logs[tp]
-        history = [(e, s) for e, s in log.leader_epochs]
+        history = list(log.leader_epochs)
         truncate_to = divergence(
             log.leader_epochs, log.log_end_offset, req.last_fetched_epoch, req.fetch_offset
         )

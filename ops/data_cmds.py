@@ -45,6 +45,8 @@ from metactl.errors import (
     NotLeaderOrFollowerError,
     UnknownTopicOrPartitionError,
 )
+from ops.client import call
+from ops.cluster_cmds import DEFAULT_CONTROLLER, _fail
 from protocol.client import RetryPolicy, RpcClient
 from protocol.messages import (
     ACKS_ALL,
@@ -59,7 +61,6 @@ from protocol.messages import (
     ReadLogResponse,
 )
 
-DEFAULT_CONTROLLER = "127.0.0.1:9093"
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
 # A leader moves within a session timeout (9 s by default): retry for about that long.
 DATA_RETRY = RetryPolicy(attempts=12, base_s=0.05, cap_s=1.0)
@@ -140,9 +141,9 @@ class Leaders:
         self.endpoints: dict[int, str] = {}
 
     async def refresh(self) -> None:
-        async with RpcClient(self.controller, connect_timeout=5.0) as client:
-            req = DescribeClusterRequest(topic=self.topic)
-            r = await client.request(req, 10.0, retry=self.retry)
+        r = await call(
+            self.controller, DescribeClusterRequest(topic=self.topic), 10.0, retry=self.retry
+        )
         if not isinstance(r, DescribeClusterResponse):
             raise InvalidRequestError(f"unexpected {type(r).__name__} from the controller")
         self.partitions = {p.partition: p for p in r.partitions if p.topic == self.topic}
@@ -495,11 +496,6 @@ def cmd_consume(args: argparse.Namespace) -> int:
                 f"Digest: {digest(rs)}{extra}"
             )
     return EXIT_INCOMPLETE if failed or any(missing.values()) else EXIT_OK
-
-
-def _fail(exc: BaseException) -> int:
-    print(f"error: {exc}", file=sys.stderr)
-    return EXIT_ERROR
 
 
 def _usage(message: str) -> int:

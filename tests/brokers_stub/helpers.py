@@ -1,12 +1,16 @@
-"""Builders shared by the stub broker's tests: cluster images, configs, polling."""
+"""Builders shared by the stub broker's tests: cluster images, configs, polling, and a
+`Broker` running in the test's event loop against the fake controller."""
 
 from __future__ import annotations
 
 import asyncio
+import io
+import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from brokers_stub.broker import Broker
 from brokers_stub.config import BrokerConfig
 from metadata_image.image import ClusterImage
 from metadata_image.replay import replay
@@ -19,6 +23,7 @@ from metadata_log.records import (
     RegisterBrokerRecord,
     TopicRecord,
 )
+from tests.brokers_stub.fake_controller import FakeController
 
 TOPIC = "orders"
 
@@ -113,3 +118,43 @@ async def eventually(
             return
         await asyncio.sleep(0.01)  # polling interval of an observable condition
     raise AssertionError(f"timed out waiting for {what}")
+
+
+READY = re.compile(r"^READY broker=(\d+) epoch=(\d+) endpoint=(127\.0\.0\.1:\d+)$")
+
+
+class Running:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.stdout = io.StringIO()
+        self.broker = Broker(config, stdout=self.stdout)
+        self.task = asyncio.create_task(self.broker.run(install_signals=False))
+
+    def ready(self) -> re.Match[str] | None:
+        return READY.match(self.stdout.getvalue().strip())
+
+    async def await_ready(self) -> re.Match[str]:
+        await eventually(lambda: self.ready() is not None or self.task.done(), what="READY")
+        m = self.ready()
+        assert m is not None, f"no READY line; stdout={self.stdout.getvalue()!r}"
+        return m
+
+    async def stop(self) -> int:
+        self.broker.request_shutdown()
+        async with asyncio.timeout(30):
+            return await self.task
+
+
+def broker_config(controller: FakeController, data_dir: Path, **kw: object) -> BrokerConfig:
+    args: dict[str, object] = {
+        "broker_id": 1,
+        "controller": controller.address,
+        "data_dir": data_dir,
+        "heartbeat_interval_ms": 30,
+        "metadata_max_wait_ms": 50,
+        "fetch_interval_ms": 20,
+        "replica_tick_ms": 20,
+        "flush_interval_ms": 50,
+        "session_timeout_ms": 2000,
+    }
+    args.update(kw)
+    return BrokerConfig(**args)  # type: ignore[arg-type]

@@ -8,10 +8,7 @@ SIGTERM does.
 from __future__ import annotations
 
 import asyncio
-import io
 import json
-import re
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Literal
 
@@ -36,54 +33,7 @@ from protocol.messages import (
     RegisterBroker,
 )
 from tests.brokers_stub.fake_controller import FakeController
-from tests.brokers_stub.helpers import TOPIC, eventually
-
-READY = re.compile(r"^READY broker=(\d+) epoch=(\d+) endpoint=(127\.0\.0\.1:\d+)$")
-
-
-@pytest.fixture
-async def controller() -> AsyncIterator[FakeController]:
-    c = FakeController()
-    await c.start()
-    yield c
-    await c.stop()
-
-
-class Running:
-    def __init__(self, config: BrokerConfig) -> None:
-        self.stdout = io.StringIO()
-        self.broker = Broker(config, stdout=self.stdout)
-        self.task = asyncio.create_task(self.broker.run(install_signals=False))
-
-    def ready(self) -> re.Match[str] | None:
-        return READY.match(self.stdout.getvalue().strip())
-
-    async def await_ready(self) -> re.Match[str]:
-        await eventually(lambda: self.ready() is not None or self.task.done(), what="READY")
-        m = self.ready()
-        assert m is not None, f"no READY line; stdout={self.stdout.getvalue()!r}"
-        return m
-
-    async def stop(self) -> int:
-        self.broker.request_shutdown()
-        async with asyncio.timeout(30):
-            return await self.task
-
-
-def broker_config(controller: FakeController, data_dir: Path, **kw: object) -> BrokerConfig:
-    args: dict[str, object] = {
-        "broker_id": 1,
-        "controller": controller.address,
-        "data_dir": data_dir,
-        "heartbeat_interval_ms": 30,
-        "metadata_max_wait_ms": 50,
-        "fetch_interval_ms": 20,
-        "replica_tick_ms": 20,
-        "flush_interval_ms": 50,
-        "session_timeout_ms": 2000,
-    }
-    args.update(kw)
-    return BrokerConfig(**args)  # type: ignore[arg-type]
+from tests.brokers_stub.helpers import TOPIC, Running, broker_config, eventually
 
 
 def heartbeats(c: FakeController) -> list[BrokerHeartbeatRequest]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -35,18 +34,9 @@ from protocol.messages import (
 )
 from protocol.transport import read_frame
 from tests.brokers_stub.fake_controller import FakeController
-from tests.brokers_stub.helpers import TOPIC, eventually
-from tests.brokers_stub.test_broker import Running, broker_config
+from tests.brokers_stub.helpers import TOPIC, Running, broker_config, eventually
 
 TP = (TOPIC, 0)
-
-
-@pytest.fixture
-async def controller() -> AsyncIterator[FakeController]:
-    c = FakeController()
-    await c.start()
-    yield c
-    await c.stop()
 
 
 async def leader_of_two(controller: FakeController, tmp_path: Path, min_isr: int = 2) -> Running:

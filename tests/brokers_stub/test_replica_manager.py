@@ -128,7 +128,7 @@ async def test_leader_appends_its_epoch_produces_and_persists(tmp_path: Path) ->
     image = cluster(EPOCHS, replicas=[1, 2, 3], leader=1, isr=[1], leader_epoch=4)
     leader.on_metadata(image, None, True)
     assert leader.logs[TP].leader_epochs == [(4, 0)]
-    leader.tick(clock.now, 1500)
+    leader.tick(clock.now)
     assert leader.logs[TP].log_end_offset == 0  # the log grows only through Produce
     first = await produce(leader, 15)
     assert (first.base_offset, first.count, first.leader_epoch) == (0, 15, 4)
@@ -190,7 +190,7 @@ async def test_hw_stops_when_the_isr_shrinks_below_min_isr(tmp_path: Path) -> No
     image = change(image, isr=[1])  # 2 left the ISR: below min ISR
     leader.on_metadata(image, None, True)
     await produce(leader, 10)  # acks=1 is still accepted
-    leader.tick(clock.now, 100)
+    leader.tick(clock.now)
     assert leader.logs[TP].log_end_offset == 20
     assert leader.logs[TP].high_watermark == 10  # frozen
 
@@ -295,13 +295,13 @@ async def test_isr_expands_once_a_follower_caught_up(tmp_path: Path) -> None:
     leader.on_metadata(image, None, True)
     f3.on_metadata(image, None, True)
     await produce(leader, 10)
-    leader.tick(clock.now, 100)
+    leader.tick(clock.now)
     fetch(leader, f3)  # from 0, leader at 10: behind
     await leader.isr_updater.settled()  # any AlterPartition decided on has been sent
     assert ctl.requests == []
     clock.now += 100
     await produce(leader, 10)
-    leader.tick(clock.now, 100)
+    leader.tick(clock.now)
     fetch(leader, f3)  # holds the 10 we had at its previous fetch: caught up
     await leader.isr_updater.settled()
     assert len(ctl.requests) == 1
@@ -354,7 +354,7 @@ async def test_isr_shrinks_a_follower_that_stopped_fetching(tmp_path: Path) -> N
     for _ in range(40):  # 4 s: 2 keeps fetching, 3 is silent
         clock.now += 100
         await produce(leader, 10)
-        leader.tick(clock.now, 100)
+        leader.tick(clock.now)
         fetch(leader, f2)
     await eventually(lambda: len(ctl.requests) == 1, what="an AlterPartition")
     assert [m.broker_id for m in ctl.requests[0].isr] == [1, 2]
@@ -365,10 +365,10 @@ async def test_refused_alter_partition_waits_for_new_metadata(tmp_path: Path) ->
     ctl.outcomes = [InvalidUpdateVersionError("stale")]
     leader.on_metadata(image, None, True)
     clock.now += 3001  # neither 2 nor 3 has been caught up for the lag time
-    leader.tick(clock.now, 0)
+    leader.tick(clock.now)
     await leader.isr_updater.settled()
     assert len(ctl.requests) == 1 and not leader.leaders[TP].alter_in_flight
-    leader.tick(clock.now, 0)
+    leader.tick(clock.now)
     await leader.isr_updater.settled()
     assert len(ctl.requests) == 1  # same partition epoch: wait
     image = change(image, isr=[1, 2, 3])  # something else changed it (epoch 0 -> 1)
