@@ -31,6 +31,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--unclean-recovery-strategy", default="balanced")
     p.add_argument("--unclean-recovery-window-ms", type=int, default=1000)
     p.add_argument("--default-min-isr", type=int, default=1)
+    add_rule_mode_arguments(p)
+    p.add_argument("--max-frame-bytes", type=int, default=DEFAULT_MAX_FRAME_BYTES)
+    p.add_argument("--log-level", default="INFO")
+
+
+def add_rule_mode_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags that choose KIP-966 or the classic rules; shared by `controller serve`,
+    `chaos run` and `simulate faults` (read them back with `rule_mode`)."""
     p.add_argument(
         "--eligible-leader-replicas",
         choices=["enabled", "disabled"],
@@ -43,8 +51,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="classic rules only: elect any live replica when no ISR member is live "
         "(a potential data-loss event)",
     )
-    p.add_argument("--max-frame-bytes", type=int, default=DEFAULT_MAX_FRAME_BYTES)
-    p.add_argument("--log-level", default="INFO")
+
+
+def rule_mode(args: Any) -> dict[str, bool]:
+    """The `ControllerConfig` fields `add_rule_mode_arguments` sets."""
+    return {
+        "eligible_leader_replicas": args.eligible_leader_replicas == "enabled",
+        "unclean_leader_election": args.unclean_leader_election,
+    }
 
 
 def config_from(args: Any) -> ControllerConfig:
@@ -54,8 +68,7 @@ def config_from(args: Any) -> ControllerConfig:
         broker_session_timeout_ms=args.session_timeout_ms,
         broker_heartbeat_interval_ms=args.heartbeat_interval_ms,
         default_min_insync_replicas=args.default_min_isr,
-        eligible_leader_replicas=getattr(args, "eligible_leader_replicas", "enabled") == "enabled",
-        unclean_leader_election=getattr(args, "unclean_leader_election", False),
+        **rule_mode(args),
     )
 
 
