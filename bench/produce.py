@@ -18,10 +18,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import IO
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ops.client import call
+from ops.cluster_cmds import _await_active, _await_ready, _shutdown, _start
 from ops.data_cmds import produce
 from protocol.messages import (
     CreateTopic,
@@ -29,30 +31,6 @@ from protocol.messages import (
     DescribeClusterRequest,
     DescribeClusterResponse,
 )
-
-
-def start(cmd: list[str], log: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=log.open("w"), text=True, start_new_session=True
-    )
-
-
-def ready(proc: subprocess.Popen[str]) -> str:
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("READY"):
-            return line
-    raise RuntimeError(f"process exited before it was ready: {proc.wait()}")
-
-
-async def wait_for_brokers(address: str, n: int) -> None:
-    """Brokers unfence once they have caught up with the metadata log."""
-    while True:
-        r = await call(address, DescribeClusterRequest())
-        assert isinstance(r, DescribeClusterResponse)
-        if sum(1 for b in r.brokers if not b.fenced and not b.controlled_shutdown) >= n:
-            return
-        await asyncio.sleep(0.1)  # polling observable state
 
 
 async def wait_for_leaders(address: str, topic: str, partitions: int) -> None:
@@ -67,22 +45,22 @@ async def wait_for_leaders(address: str, topic: str, partitions: int) -> None:
 
 async def bench(args: argparse.Namespace, root: Path) -> None:
     py = sys.executable
-    procs: list[subprocess.Popen[str]] = []
+    procs: list[tuple[str, subprocess.Popen[str], IO[str]]] = []
     try:
-        ctl = start(
+        ctl, log = _start(
             [py, "-m", "controller", "--data-dir", str(root / "ctl"), "--listen", "127.0.0.1:0",
              "--log-level", "WARNING"],
             root / "ctl.log",
         )  # fmt: skip
-        procs.append(ctl)
-        address = ready(ctl).split("listen=")[1].split()[0]
+        procs.append(("controller", ctl, log))
+        address = _await_ready(ctl, "controller").split("listen=")[1].split()[0]
         for i in (1, 2, 3):
             cmd = [py, "-m", "brokers_stub", "--id", str(i), "--controller", address,
                    "--data-dir", str(root / f"b{i}"), "--log-level", "warning"]  # fmt: skip
-            procs.append(start(cmd, root / f"b{i}.log"))
-        for p in procs[1:]:
-            ready(p)
-        await wait_for_brokers(address, 3)
+            procs.append((f"broker {i}", *_start(cmd, root / f"b{i}.log")))
+        for name, p, _ in procs[1:]:
+            _await_ready(p, name)
+        await _await_active(address, 3)
         spec = CreateTopic(
             name="bench", partitions=args.partitions, replication_factor=3, min_isr=2
         )
@@ -104,10 +82,7 @@ async def bench(args: argparse.Namespace, root: Path) -> None:
             )
         print(f"acks=all / acks=1 throughput ratio: {rates['acks=all'] / rates['acks=1']:.2f}")
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=30)
+        _shutdown(procs)  # brokers first, then the controller
 
 
 def main() -> None:

@@ -5,8 +5,8 @@ One run: start a controller and N brokers (`chaos_procs`), create a topic, produ
 acks=all from in-process producers (the client code of `metactl produce`: `Leaders`,
 `Connections`, `leader_request`, `AckedLog`; a batch counts only once its line is
 fsynced in the acked log), inject a seeded fault plan (`chaos_plan`), heal, read every
-partition through ReadLog from its leader, fetch the metadata log and the controller's
-metrics, and classify every acknowledged record (`chaos_check`).
+partition through ReadLog from its leader and fetch the metadata log (`chaos_read`),
+scrape the controller's metrics, and classify every acknowledged record (`chaos_check`).
 
 A sampler asks DescribeCluster every `SAMPLE_S`: its answer's committed metadata end
 offset becomes the `bound` of every batch acknowledged before the request left (the
@@ -40,14 +40,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from metactl.errors import InvalidRequestError, MetactlError
+from controller.core.config import ControllerConfig
+from metactl.errors import InvalidConfigurationError, InvalidRequestError, MetactlError
 from metadata_log.records import NO_LEADER
-from ops.chaos_check import (
-    counter_sum,
-)
+from ops.chaos_check import TOPIC, counter_sum
 from ops.chaos_plan import Step, random_plan
 from ops.chaos_procs import Proc, Processes, Timing
-from ops.data_cmds import AckedLog, Connections, Leaders, consume, leader_request, ranges
+from ops.chaos_read import POLL_S, fetch_metadata, read_logs
+from ops.cluster_cmds import _await_active
+from ops.data_cmds import AckedLog, Connections, Leaders, leader_request
 from protocol.client import RetryPolicy, request_once
 from protocol.messages import (
     ACKS_ALL,
@@ -57,21 +58,14 @@ from protocol.messages import (
     DescribeClusterRequest,
     DescribeClusterResponse,
     ElectLeader,
-    FetchedRecord,
-    FetchMetadataRequest,
-    FetchMetadataResponse,
     Message,
     ProduceRequest,
     ProduceResponse,
-    ReadLogResponse,
 )
 
 SAMPLE_S = 0.2
-POLL_S = 0.1
 PRODUCE_RETRY = RetryPolicy(attempts=4, base_s=0.05, cap_s=0.5)
-READ_RETRY = RetryPolicy(attempts=20, base_s=0.05, cap_s=0.5)
 METRIC = "metactl_potential_data_loss_events"
-TOPIC = "chaos"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,7 +76,7 @@ class ChaosConfig:
     rf: int = 3
     min_isr: int = 2
     strategy: str = "balanced"
-    elr: bool = True
+    eligible_leader_replicas: bool = True
     unclean_leader_election: bool = False
     lossy_kills: int = 4
     duration_s: float = 60.0
@@ -112,17 +106,22 @@ class ChaosConfig:
             raise bad(f"--duration must be >= 0, got {self.duration_s}")
         if self.producers < 1 or self.batch < 1:
             raise bad("--producers and --batch must be >= 1")
-        if self.unclean_leader_election and self.elr:
-            raise bad(
-                "--unclean-leader-election needs --eligible-leader-replicas disabled "
-                "(with KIP-966 the unclean recovery strategies replace it)"
+        try:  # the controller's own check of the rule mode
+            ControllerConfig(
+                eligible_leader_replicas=self.eligible_leader_replicas,
+                unclean_leader_election=self.unclean_leader_election,
             )
+        except InvalidConfigurationError as exc:
+            raise InvalidConfigurationError(
+                f"{exc.message} (--unclean-leader-election needs "
+                "--eligible-leader-replicas disabled)"
+            ) from None
         if self.operator_elect and self.strategy != "manual":
             raise bad("--operator-elect only applies to --strategy manual")
 
     @property
     def mode(self) -> str:
-        if self.elr:
+        if self.eligible_leader_replicas:
             return "kip-966"
         return "classic+unclean-election" if self.unclean_leader_election else "classic"
 
@@ -151,7 +150,7 @@ class ChaosRun:
             metrics=f"127.0.0.1:{free_port()}",
             brokers=cfg.brokers,
             strategy=cfg.strategy,
-            elr=cfg.elr,
+            elr=cfg.eligible_leader_replicas,
             unclean_leader_election=cfg.unclean_leader_election,
             timing=cfg.timing,
         )
@@ -236,19 +235,13 @@ class ChaosRun:
         await p.start_controller()
         await asyncio.gather(*(p.start_broker(b) for b in p.broker))
         cfg = self.cfg
-        active = await self.wait_for(
-            lambda r: sum(1 for b in r.brokers if not b.fenced) >= cfg.brokers,
-            "every broker active",
-            60.0,
-        )
-        if active is None:
-            raise InvalidRequestError("the brokers did not all become active within 60 s")
+        await _await_active(p.address, cfg.brokers)
         spec = CreateTopic(
             name=TOPIC,
             partitions=cfg.partitions,
             replication_factor=cfg.rf,
             min_isr=cfg.min_isr,
-            recovery_strategy=cfg.strategy if cfg.elr else None,
+            recovery_strategy=cfg.strategy if cfg.eligible_leader_replicas else None,
         )
         r = await self.request(CreateTopicsRequest(topics=[spec]), 10.0)
         assert isinstance(r, CreateTopicsResponse)
@@ -417,7 +410,7 @@ class ChaosRun:
         await asyncio.sleep(max(0.0, start + cfg.duration_s - time.monotonic()))  # duration
         self.fault_phase_s = time.monotonic() - start
 
-    # --- heal and read ------------------------------------------------------------------------
+    # --- heal ------------------------------------------------------------------------
 
     async def heal(self) -> None:
         while self._restores:
@@ -471,45 +464,6 @@ class ChaosRun:
             20.0,
         )
 
-    async def read_logs(self) -> tuple[dict[int, list[tuple[int, int, int]]], dict[int, str]]:
-        committed: dict[int, list[tuple[int, int, int]]] = {}
-        errors: dict[int, str] = {}
-        for _ in range(50):
-            try:
-                results = await consume(
-                    controller=self.procs.address, topic=TOPIC, partition=None, retry=READ_RETRY
-                )
-            except (MetactlError, OSError, TimeoutError) as exc:
-                errors = {-1: str(exc)}
-                await asyncio.sleep(POLL_S)
-                continue
-            committed, errors, settling = {}, {}, False
-            for st, res in results:
-                if isinstance(res, ReadLogResponse):
-                    committed[st.partition] = ranges(res.leader_epochs, res.high_watermark)
-                    settling |= res.high_watermark < res.log_end_offset
-                else:
-                    errors[st.partition] = res.code
-            if not settling:
-                break
-            await asyncio.sleep(POLL_S)  # a leader's HW still catching up with its LEO
-        return committed, errors
-
-    async def fetch_metadata(self) -> tuple[list[FetchedRecord], int | None]:
-        out: list[FetchedRecord] = []
-        offset = 0
-        snapshot_at: int | None = None
-        while True:
-            r = await self.request(FetchMetadataRequest(from_offset=offset, max_wait_ms=0), 10.0)
-            assert isinstance(r, FetchMetadataResponse)
-            if r.snapshot is not None:  # the log's head was compacted away
-                snapshot_at = offset = r.snapshot.offset
-                continue
-            out.extend(r.records)
-            if not r.records or r.records[-1].offset + 1 >= r.end_offset:
-                return out, snapshot_at
-            offset = r.records[-1].offset + 1
-
     # --- the whole run --------------------------------------------------------------------------
 
     async def execute(self) -> None:
@@ -531,8 +485,8 @@ class ChaosRun:
             self.say("healing")
             await self.heal()
             self.phase = "checking"
-            committed, errors = await self.read_logs()
-            records, snapshot_at = await self.fetch_metadata()
+            committed, errors = await read_logs(self.procs.address)
+            records, snapshot_at = await fetch_metadata(self.procs.address)
             final = await self.scrape()
             self.results = {
                 "committed": committed,

@@ -40,6 +40,7 @@ from metadata_log.records import (
 from ops.data_cmds import Range
 from protocol.messages import FetchedRecord
 
+TOPIC = "chaos"  # the one topic a chaos run creates and produces to
 SILENT_EXAMPLES = 20
 
 

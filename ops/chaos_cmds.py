@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from controller.runtime.serve import add_rule_mode_arguments, rule_mode
 from metactl.errors import InvalidRequestError, MetactlError
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_SILENT_LOSS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -46,8 +47,7 @@ def register(sub: Any) -> None:
     r.add_argument("--rf", type=int, default=3, help="replication factor (3)")
     r.add_argument("--min-isr", type=int, default=2)
     r.add_argument("--strategy", choices=["balanced", "proactive", "manual"], default="balanced")
-    r.add_argument("--eligible-leader-replicas", choices=["enabled", "disabled"], default="enabled")
-    r.add_argument("--unclean-leader-election", action="store_true")
+    add_rule_mode_arguments(r)
     r.add_argument(
         "--lossy-kills", type=int, default=4, help="at most K lossy kills (random plans; 4)"
     )
@@ -111,8 +111,7 @@ def cmd_chaos_run(args: argparse.Namespace) -> int:
             rf=args.rf,
             min_isr=args.min_isr,
             strategy=args.strategy,
-            elr=args.eligible_leader_replicas == "enabled",
-            unclean_leader_election=args.unclean_leader_election,
+            **rule_mode(args),
             lossy_kills=args.lossy_kills,
             duration_s=args.duration,
             seed=args.seed,

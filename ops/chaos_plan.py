@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +55,6 @@ class Step:
         if self.op == "kill":
             return "kill_lossy" if self.lossy else "kill"
         return self.op
-
-    def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v not in (None, False, 0.0)}
 
 
 def _outage(brokers: list[int], gap_s: float) -> list[Step]:

@@ -50,7 +50,6 @@ class Proc:
     popen: subprocess.Popen[str] | None = None
     log_file: IO[str] | None = None
     state: str = "down"  # down | starting | up | paused
-    ready_line: str = ""
 
     @property
     def pid(self) -> int | None:
@@ -139,9 +138,7 @@ class Processes:
         self.pids.append(proc.popen.pid)
         proc.state = "starting"
         try:
-            proc.ready_line = await asyncio.to_thread(
-                _await_ready, proc.popen, proc.name, READY_TIMEOUT_S
-            )
+            await asyncio.to_thread(_await_ready, proc.popen, proc.name, READY_TIMEOUT_S)
         except BaseException:
             # Not ready (or cancelled): do not leave it half-started.
             proc.signal(signal.SIGKILL)

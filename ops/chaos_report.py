@@ -15,19 +15,23 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from ops.chaos_check import Ack, Verdict, classify, leaderless_seconds, recoveries_of
+from ops.chaos_check import (
+    TOPIC,
+    Ack,
+    Recovery,
+    Verdict,
+    classify,
+    leaderless_seconds,
+    recoveries_of,
+)
 
 if TYPE_CHECKING:
     from ops.chaos import ChaosRun
 
-TOPIC = "chaos"  # the same as ops.chaos.TOPIC
 
-
-def verdict(run: ChaosRun) -> Verdict | None:
-    if not run.results:
-        return None
+def verdict(run: ChaosRun, recoveries: list[Recovery]) -> Verdict:
     acks = [Ack(*a, bound=b) for a, b in zip(run.acks, run.bounds, strict=True)]
-    return classify(acks, run.results["committed"], recoveries_of(run.results["records"], TOPIC))
+    return classify(acks, run.results["committed"], recoveries)
 
 
 def build_report(run: ChaosRun) -> dict[str, Any]:
@@ -73,11 +77,11 @@ def build_report(run: ChaosRun) -> dict[str, Any]:
         "metric_scrape_failures": run.metric_scrape_failures,
         "verdict": "interrupted" if run.interrupted else "incomplete",
     }
-    v = verdict(run)
-    if v is None:
+    if not run.results:
         return doc
     res = run.results
     recs = recoveries_of(res["records"], TOPIC)
+    v = verdict(run, recs)
     start_ms = next(
         (f.timestamp_ms for f in res["records"] if getattr(f.record, "topic", None) == TOPIC),
         None,
