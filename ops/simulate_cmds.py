@@ -21,6 +21,8 @@ import asyncio
 import sys
 from pathlib import Path
 
+from controller.runtime.serve import add_rule_mode_arguments, rule_mode
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
@@ -73,17 +75,7 @@ def _register_faults(commands: argparse._SubParsersAction[argparse.ArgumentParse
         default="balanced",
         help="unclean recovery strategy (KIP-966 mode)",
     )
-    faults.add_argument(
-        "--eligible-leader-replicas",
-        choices=("enabled", "disabled"),
-        default="enabled",
-        help="disabled: Kafka's classic, pre-KIP-966 rules",
-    )
-    faults.add_argument(
-        "--unclean-leader-election",
-        action="store_true",
-        help="classic mode only: elect any live replica when no ISR member is live",
-    )
+    add_rule_mode_arguments(faults)
     faults.add_argument(
         "--lossy-kills",
         type=int,
@@ -125,6 +117,7 @@ def _faults(args: argparse.Namespace) -> int:
 
     import msgspec
 
+    from controller.core.config import ControllerConfig
     from metactl.errors import MetactlError
     from simulation.faults import Mode, replay, run_faults
     from simulation.faults_schedule import load_replay
@@ -136,16 +129,12 @@ def _faults(args: argparse.Namespace) -> int:
         else:
             if args.schedules < 1 or args.lossy_kills < 0:
                 raise ValueError("--schedules must be positive and --lossy-kills not negative")
-            elr = args.eligible_leader_replicas == "enabled"
-            if elr and args.unclean_leader_election:
-                raise ValueError(
-                    "--unclean-leader-election is a classic-mode setting: "
-                    "use it with --eligible-leader-replicas disabled"
-                )
+            rules = rule_mode(args)
+            # The config refuses a bad combination (InvalidConfigurationError) before a run.
+            ControllerConfig(unclean_recovery_strategy=args.strategy, **rules)
             mode = Mode(
                 strategy=args.strategy,
-                eligible_leader_replicas=elr,
-                unclean_leader_election=args.unclean_leader_election,
+                **rules,
                 lie_clean_shutdown="lie-clean-shutdown" in args.mutant,
                 hw_ignores_min_isr="hw-ignores-min-isr" in args.mutant,
                 isr_join_ignores_hw="isr-join-ignores-hw" in args.mutant,

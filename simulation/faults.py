@@ -36,11 +36,13 @@ from simulation.faults_schedule import (
 from simulation.faults_sim import FaultSim, Outcome
 
 __all__ = [
+    "Failure",
     "FaultsSummary",
     "Mode",
     "Outcome",
     "Schedule",
     "generate",
+    "replay",
     "run_faults",
     "run_schedule",
     "shrink",
@@ -63,6 +65,17 @@ class Failure(msgspec.Struct, kw_only=True):
     faults_before: int
     faults_after: int | None = None  # after shrinking
     file: str | None = None
+
+    @classmethod
+    def of(cls, index: int, schedule: Schedule, out: Outcome) -> Failure:
+        return cls(
+            index=index,
+            seed=schedule.seed,
+            lost_silent=out.lost_silent,
+            violations=out.violations[:5],
+            examples=out.silent_examples[:3],
+            faults_before=len(schedule.faults),
+        )
 
 
 class FaultsSummary(msgspec.Struct, kw_only=True):
@@ -181,14 +194,7 @@ def run_faults(
         out = run_schedule(sched, mode)
         summary.add(out)
         if out.failed and len(summary.failures) < MAX_LISTED:
-            fail = Failure(
-                index=i,
-                seed=sched.seed,
-                lost_silent=out.lost_silent,
-                violations=out.violations[:5],
-                examples=out.silent_examples[:3],
-                faults_before=len(sched.faults),
-            )
+            fail = Failure.of(i, sched, out)
             if save_dir is not None and len(summary.failures) < shrink_max:
                 small = shrink(sched, mode)
                 fail.faults_after = len(small.faults)
@@ -211,15 +217,6 @@ def replay(schedule: Schedule, mode: Mode) -> FaultsSummary:
     out = run_schedule(schedule, mode)
     summary.add(out)
     if out.failed:
-        summary.failures.append(
-            Failure(
-                index=0,
-                seed=schedule.seed,
-                lost_silent=out.lost_silent,
-                violations=out.violations[:5],
-                examples=out.silent_examples[:3],
-                faults_before=len(schedule.faults),
-            )
-        )
+        summary.failures.append(Failure.of(0, schedule, out))
     summary.elapsed_s = time.perf_counter() - started
     return summary

@@ -135,8 +135,7 @@ class Cluster:
         self.queue: list[tuple[int, int, Callable[[Any], None], Any]] = []
         self.order = itertools.count()
         self.cuts: dict[tuple[int, int], int] = {}
-        self.healed = False
-        self.producing = True
+        self.healed = False  # the fault window is over: no cuts, no loss, no producing
         self.drop = schedule.drop
         self.tps: list[TopicPartition] = [(TOPIC, i) for i in range(schedule.partitions)]
         self.brokers = {b: _Broker(b) for b in range(1, schedule.brokers + 1)}
@@ -270,7 +269,7 @@ class Cluster:
                 self.acked.append((tp, start, end, st.epoch, self.seq))
 
     def _produce_tick(self, tp: TopicPartition) -> None:
-        if not self.producing:
+        if self.healed:
             return
         self.at(self.now + PRODUCE_MS, self._produce_tick, tp)
         leader = self.producer_view.partitions[tp].leader

@@ -258,12 +258,12 @@ class FaultSim(Cluster):
         self.at(self.now + self.rnd.randrange(1, flush), self._flush, (b.id, inc))
 
     def _fault(self, f: Fault) -> None:
-        b = self.brokers[f.broker]
         if f.kind in ("isolate", "cut"):
             pairs = self._pairs(f)
             self._cut(pairs, 1)
             self.at(self.now + f.for_ms, lambda _: self._cut(pairs, -1))
             return
+        b = self.brokers[f.broker]
         if not b.up:
             return
         if f.kind == "shutdown":
@@ -290,7 +290,6 @@ class FaultSim(Cluster):
         self.cuts.clear()
         self.healed = True
         self.drop = 0.0
-        self.producing = False
         for b in self.brokers.values():
             if not b.up:
                 self._restart((b.id, b.inc))
@@ -427,32 +426,33 @@ class FaultSim(Cluster):
         out = self.out
         image = self.core.image
         for tp, start, end, epoch, seq in self.acked:
-            n = end - start
-            out.acknowledged += n
+            out.acknowledged += end - start
             p = image.partitions[tp]
             if p.leader == NO_LEADER:
-                out.unreadable += n
+                out.unreadable += end - start
                 continue
             log = self.brokers[p.leader].logs[tp]
-            reported = any(r > seq for r in self.reports[tp])
-            for offset in range(start, end):
-                if offset < log.log_end_offset and epoch_at(log.leader_epochs, offset) == epoch:
-                    out.present += 1
-                elif reported:
-                    out.lost_reported += 1
-                else:
-                    out.lost_silent += 1
-                    if len(out.silent_examples) < 5:
-                        out.silent_examples.append(
-                            f"{tp[0]}-{tp[1]} offset {offset} epoch {epoch}: final leader "
-                            f"{p.leader} (epoch {p.leader_epoch}) has "
-                            f"{log.log_end_offset} records, epochs {log.leader_epochs}"
-                        )
+            missing = [
+                offset
+                for offset in range(start, end)
+                if offset >= log.log_end_offset or epoch_at(log.leader_epochs, offset) != epoch
+            ]
+            out.present += end - start - len(missing)
+            if any(r > seq for r in self.reports[tp]):
+                out.lost_reported += len(missing)
+                continue
+            out.lost_silent += len(missing)
+            for offset in missing[: 5 - len(out.silent_examples)]:
+                out.silent_examples.append(
+                    f"{tp[0]}-{tp[1]} offset {offset} epoch {epoch}: final leader "
+                    f"{p.leader} (epoch {p.leader_epoch}) has "
+                    f"{log.log_end_offset} records, epochs {log.leader_epochs}"
+                )
         exempt = CLASSIC_EXEMPT_RULES if not self.mode.eligible_leader_replicas else frozenset()
-        for checker in self.checker.finish():
-            for v in checker.out:
-                if v.rule not in exempt:
-                    out.violations.append(
-                        f"{v.rule} at offset {v.offset} ({v.topic}-{v.partition}): {v.detail}"
-                    )
+        out.violations += [
+            f"{v.rule} at offset {v.offset} ({v.topic}-{v.partition}): {v.detail}"
+            for checker in self.checker.finish()
+            for v in checker.out
+            if v.rule not in exempt
+        ]
         return out
