@@ -53,7 +53,8 @@ from protocol.messages import (
     RegisterBrokerResponse,
     ReplicaFetchRequest,
 )
-from protocol.server import FrameServer
+from protocol.server import FrameServer, Peer
+from protocol.tls import CONTROLLER
 
 EXIT_OK: Final = 0
 EXIT_STARTUP_FAILED: Final = 1
@@ -79,9 +80,9 @@ class Broker:
         # Heartbeat now rather than at the next interval (the metadata just caught up).
         self._heartbeat_now = asyncio.Event()
         self._was_caught_up = False
-        self.controller_hb = RpcClient(config.controller, max_frame_bytes=config.max_frame_bytes)
-        self.controller_md = RpcClient(config.controller, max_frame_bytes=config.max_frame_bytes)
-        self.controller_ap = RpcClient(config.controller, max_frame_bytes=config.max_frame_bytes)
+        self.controller_hb = self._controller_client()
+        self.controller_md = self._controller_client()
+        self.controller_ap = self._controller_client()
         self.replicas = ReplicaManager(
             config, self.log, broker_epoch=lambda: self.epoch, controller=self.controller_ap
         )
@@ -94,13 +95,28 @@ class Broker:
         )
         self.metadata.listeners.append(self.replicas.on_metadata)
         self.metadata.listeners.append(self._on_metadata)
-        self.server = FrameServer(self.handle, log=self.log, max_frame_bytes=config.max_frame_bytes)
+        self.server = FrameServer(
+            self.handle,
+            log=self.log,
+            max_frame_bytes=config.max_frame_bytes,
+            ssl=config.server_ssl,
+            limits=config.limits,
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self._metrics_stop: object | None = None
 
+    def _controller_client(self) -> RpcClient:
+        c = self.config
+        return RpcClient(
+            c.controller,
+            max_frame_bytes=c.max_frame_bytes,
+            ssl=c.client_ssl,
+            expect_principal=CONTROLLER if c.tls is not None else None,
+        )
+
     # --- requests from the network ------------------------------------------------------
 
-    async def handle(self, body: Message) -> Message:
+    async def handle(self, body: Message, peer: Peer) -> Message:
         match body:
             case GetReplicaLogInfoRequest():
                 return self.replica_log_info(body)

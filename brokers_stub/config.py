@@ -5,10 +5,14 @@ Data only: defaults and simple validation. Nothing here reads files or opens soc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ssl
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from protocol.codec import DEFAULT_MAX_FRAME_BYTES
+from protocol.server import ServerLimits
+from protocol.tls import TlsIdentity
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,6 +37,10 @@ class BrokerConfig:
     request_timeout_ms: int = 5000
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     metrics: str | None = None  # HOST:PORT for a Prometheus endpoint
+    # Mutual TLS on every connection (None: plaintext, --insecure): this broker's identity
+    # (`broker-<id>`) for its listener and for its clients.
+    tls: TlsIdentity | None = None
+    limits: ServerLimits = field(default_factory=ServerLimits)
 
     def __post_init__(self) -> None:
         if self.broker_id < 0:
@@ -54,3 +62,11 @@ class BrokerConfig:
             raise ValueError(f"--flush-messages must be > 0, got {self.flush_messages}")
         if self.metadata_max_wait_ms < 0:
             raise ValueError("metadata_max_wait_ms must be >= 0")
+
+    @cached_property
+    def server_ssl(self) -> ssl.SSLContext | None:
+        return self.tls.server_context() if self.tls is not None else None
+
+    @cached_property
+    def client_ssl(self) -> ssl.SSLContext | None:
+        return self.tls.client_context() if self.tls is not None else None

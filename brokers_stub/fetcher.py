@@ -20,6 +20,7 @@ from metactl.errors import MetactlError, NetworkError
 from metadata_image.image import TopicPartition
 from protocol.client import RpcClient
 from protocol.messages import ReplicaFetchRequest, ReplicaFetchResponse
+from protocol.tls import broker_principal
 
 if TYPE_CHECKING:
     from brokers_stub.replica_manager import ReplicaManager
@@ -35,6 +36,8 @@ class Fetcher:
             self._endpoint,
             connect_timeout=manager.config.request_timeout_ms / 1000,
             max_frame_bytes=manager.config.max_frame_bytes,
+            ssl=manager.config.client_ssl,
+            expect_principal=broker_principal(leader_id) if manager.config.tls else None,
         )
         self.failures = 0
         self.task = asyncio.ensure_future(self._run())

@@ -246,6 +246,48 @@ class NetworkError(MetactlError):
     retriable = True
 
 
+# --- security and quotas (Kafka names) ---------------------------------------------------
+
+
+class SslAuthenticationError(MetactlError):
+    """The TLS handshake failed, or the peer's certificate does not name the expected
+    principal. Kafka raises SslAuthenticationException on the client side without a wire
+    code; this code is metactl's. Not retriable: retrying cannot fix a certificate."""
+
+    code = "SSL_AUTHENTICATION_FAILED"
+
+
+class ClusterAuthorizationFailedError(MetactlError):
+    """The authenticated principal may not perform this cluster operation (Kafka 31)."""
+
+    code = "CLUSTER_AUTHORIZATION_FAILED"
+
+
+class TopicAuthorizationFailedError(MetactlError):
+    """The authenticated principal may not perform this operation on a topic (Kafka 29)."""
+
+    code = "TOPIC_AUTHORIZATION_FAILED"
+
+
+class ThrottlingQuotaExceededError(MetactlError):
+    """The principal's controller mutation quota is used up (Kafka 89, KIP-599). The
+    message carries the time to wait; `retry_after_ms` holds it when raised locally."""
+
+    code = "THROTTLING_QUOTA_EXCEEDED"
+    retriable = True
+
+    def __init__(self, message: str = "", retry_after_ms: int = 0) -> None:
+        super().__init__(message)
+        self.retry_after_ms = retry_after_ms
+
+
+class PolicyViolationError(MetactlError):
+    """The request breaks a configured policy, e.g. the partitions-per-request cap
+    (Kafka 44)."""
+
+    code = "POLICY_VIOLATION"
+
+
 ERRORS_BY_CODE: dict[str, type[MetactlError]] = {}
 
 

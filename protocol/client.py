@@ -8,6 +8,11 @@ is out of step), so the next request reconnects: the peer may be SIGKILLed and r
 on the same address. Transport failures surface as `NetworkError` (retriable); a peer's
 `ErrorResponse` surfaces as the coded error it names and keeps the connection.
 
+With an `ssl` context (protocol/tls.py) the connection is mutual TLS; `expect_principal`
+names the principal the server's certificate must carry (e.g. `broker-3` when the
+controller inspects broker 3), and anything else fails with SslAuthenticationError, as does
+a failed handshake. Neither is retriable: retrying cannot fix a certificate.
+
 A `RetryPolicy` retries errors whose `retriable` is true with capped exponential backoff
 and full jitter, and raises any other error at once. The default policy makes one attempt.
 """
@@ -17,12 +22,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random as _random
+import ssl as _ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from metactl.errors import InvalidRequestError, MetactlError, NetworkError, error_for_code
+from metactl.errors import (
+    InvalidRequestError,
+    MetactlError,
+    NetworkError,
+    SslAuthenticationError,
+    error_for_code,
+)
 from protocol.codec import DEFAULT_MAX_FRAME_BYTES, decode_frame, encode_frame, parse_address
 from protocol.messages import ErrorResponse, Message
+from protocol.tls import principal_of
 from protocol.transport import read_frame
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -64,11 +77,15 @@ class RpcClient:
         connect_timeout: float = 5.0,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         retry: RetryPolicy = NO_RETRY,
+        ssl: _ssl.SSLContext | None = None,
+        expect_principal: str | None = None,
     ) -> None:
         self._address = address
         self.connect_timeout = connect_timeout
         self.max_frame_bytes = max_frame_bytes
         self.retry = retry
+        self.ssl = ssl
+        self.expect_principal = expect_principal
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._connected_to: str | None = None
@@ -83,9 +100,10 @@ class RpcClient:
         *,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         retry: RetryPolicy = NO_RETRY,
+        ssl: _ssl.SSLContext | None = None,
     ) -> RpcClient:
         """A client to HOST:PORT, connected now (so an unreachable peer fails here)."""
-        client = cls(f"{host}:{port}", max_frame_bytes=max_frame_bytes, retry=retry)
+        client = cls(f"{host}:{port}", max_frame_bytes=max_frame_bytes, retry=retry, ssl=ssl)
         await client.connect()
         return client
 
@@ -101,6 +119,9 @@ class RpcClient:
         """Connect now unless connected; raises NetworkError if the peer is unreachable."""
         try:
             await self._connection()
+        except _ssl.SSLError as exc:
+            self._drop()
+            raise SslAuthenticationError(f"{self.address}: TLS handshake failed: {exc}") from None
         except (OSError, TimeoutError) as exc:
             self._drop()
             raise NetworkError(f"{self.address}: {type(exc).__name__}: {exc}") from None
@@ -141,6 +162,9 @@ class RpcClient:
                     writer.write(encode_frame(cid, body))
                     await writer.drain()
                     frame = decode_frame(await read_frame(reader, self.max_frame_bytes))
+            except _ssl.SSLError as exc:
+                self._drop()
+                raise SslAuthenticationError(f"{self.address}: TLS failed: {exc}") from None
             except (OSError, EOFError, TimeoutError, InvalidRequestError) as exc:
                 self._drop()
                 raise NetworkError(f"{self.address}: {type(exc).__name__}: {exc}") from None
@@ -165,8 +189,18 @@ class RpcClient:
         if self._reader is None or self._writer is None:
             host, port = parse_address(address)
             async with asyncio.timeout(self.connect_timeout):
-                self._reader, self._writer = await asyncio.open_connection(host, port)
+                self._reader, self._writer = await asyncio.open_connection(
+                    host, port, ssl=self.ssl, server_hostname=host if self.ssl else None
+                )
             self._connected_to = address
+            if self.ssl is not None and self.expect_principal is not None:
+                got = principal_of(self._writer.get_extra_info("peercert"))
+                if got != self.expect_principal:
+                    self._drop()
+                    raise SslAuthenticationError(
+                        f"{address}: the server's certificate names {got!r}, "
+                        f"not {self.expect_principal!r}"
+                    )
         return self._reader, self._writer
 
     def _drop(self) -> None:
@@ -194,7 +228,15 @@ async def request_once(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     *,
     retry: RetryPolicy = NO_RETRY,
+    ssl: _ssl.SSLContext | None = None,
+    expect_principal: str | None = None,
 ) -> Message:
     """One request (with `retry`'s retries) over a client opened and closed for it."""
-    async with RpcClient(address, connect_timeout=min(5.0, timeout_s), retry=retry) as client:
+    async with RpcClient(
+        address,
+        connect_timeout=min(5.0, timeout_s),
+        retry=retry,
+        ssl=ssl,
+        expect_principal=expect_principal,
+    ) as client:
         return await client.request(body, timeout_s)

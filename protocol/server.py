@@ -13,15 +13,36 @@ answered in order. It never crashes on bad input or a failing handler:
 - an oversized frame: MESSAGE_TOO_LARGE, then the connection is closed (the stream
   cannot be resynchronised); a truncated frame (EOF mid-frame) closes it, logged.
 
-This module owns sockets for incoming requests. What to answer is the handler's business.
+Every connection is bounded (`ServerLimits`, each a flag of the processes that serve):
+
+- at most `max_connections` open, and `max_connections_per_peer` per principal (under TLS)
+  or per address (without): one over is closed at once, counted, and logged at most
+  once a second;
+- `idle_timeout_s` without a request closes a connection; once a frame's first byte has
+  arrived, the whole frame must arrive within `frame_deadline_s` (slowloris);
+- requests in flight per connection: one. The loop reads the next frame only after
+  answering the previous one, as Kafka's broker mutes a channel until its response is
+  sent, so a pipelining client fills its own socket buffer, not the server's memory;
+- accept() failures (e.g. out of file descriptors) are logged at most once a second with
+  a count, never as a traceback per attempt.
+
+With an `ssl` context (protocol/tls.py) every connection is mutual TLS and the handler
+learns the peer's principal from its certificate; without one the principal is None.
+
+This module owns sockets for incoming requests. What to answer, and whether a principal
+may ask it, is the handler's business.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
+import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
 
 import structlog
 
@@ -31,16 +52,92 @@ from metactl.errors import (
     MetactlError,
     UnsupportedVersionError,
 )
-from protocol.codec import DEFAULT_MAX_FRAME_BYTES, decode_frame, encode_frame, parse_address
+from protocol.codec import (
+    DEFAULT_MAX_FRAME_BYTES,
+    HEADER_BYTES,
+    decode_frame,
+    encode_frame,
+    frame_length,
+    parse_address,
+)
 from protocol.messages import ErrorResponse, Message, error_response
-from protocol.transport import read_frame
+from protocol.tls import principal_of
 
-Handler = Callable[[Message], Awaitable[Message]]
+
+@dataclass(frozen=True)
+class Peer:
+    """Who sent a request: the remote address, and the principal its verified certificate
+    names (None without TLS)."""
+
+    address: str
+    principal: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The principal, or the address when there is none (for limits and logs)."""
+        return self.principal if self.principal is not None else self.address.rsplit(":", 1)[0]
+
+
+Handler = Callable[[Message, Peer], Awaitable[Message]]
 
 
 class Logger(Protocol):
+    def info(self, event: str, **kw: Any) -> Any: ...
     def warning(self, event: str, **kw: Any) -> Any: ...
     def exception(self, event: str, **kw: Any) -> Any: ...
+
+
+DEFAULT_MAX_CONNECTIONS: Final = 1000
+DEFAULT_MAX_CONNECTIONS_PER_PEER: Final = 200
+DEFAULT_IDLE_TIMEOUT_S: Final = 600.0  # Kafka's connections.max.idle.ms
+DEFAULT_FRAME_DEADLINE_S: Final = 30.0
+DEFAULT_HANDSHAKE_TIMEOUT_S: Final = 10.0
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_connections_per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    frame_deadline_s: float = DEFAULT_FRAME_DEADLINE_S
+    handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        if min(self.max_connections, self.max_connections_per_peer) < 1 or (
+            min(self.idle_timeout_s, self.frame_deadline_s, self.handshake_timeout_s) <= 0
+        ):
+            raise ValueError(f"invalid server limits {self}")
+
+
+@dataclass
+class ServerStats:
+    """Counters a metrics module reads (the server itself exports nothing)."""
+
+    open_connections: int = 0
+    accepted_total: int = 0
+    # reason -> count: "max_connections", "max_connections_per_peer", "no_principal",
+    # "idle_timeout", "frame_deadline", "oversized_frame", "truncated_frame", "accept_error"
+    closed_total: Counter[str] = field(default_factory=Counter)
+    bad_frames_total: int = 0
+
+
+class _RateLimitedLog:
+    """At most one line a second per event, with the count of those suppressed."""
+
+    def __init__(self, log: Logger, period_s: float = 1.0) -> None:
+        self.log = log
+        self.period_s = period_s
+        self._last: dict[str, float] = {}
+        self._suppressed: Counter[str] = Counter()
+
+    def warning(self, event: str, **kw: Any) -> None:
+        now = time.monotonic()
+        if now - self._last.get(event, -1e9) < self.period_s:
+            self._suppressed[event] += 1
+            return
+        self._last[event] = now
+        count = self._suppressed.pop(event, 0) + 1
+        self.log.warning(event, count=count, **kw)
 
 
 class FrameServer:
@@ -50,21 +147,60 @@ class FrameServer:
         *,
         log: Logger | None = None,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        ssl: ssl.SSLContext | None = None,
+        limits: ServerLimits | None = None,
     ) -> None:
         self.handler = handler
         self.log: Logger = log if log is not None else structlog.get_logger("metactl.protocol")
         self.max_frame_bytes = max_frame_bytes
+        self.ssl = ssl
+        self.limits = limits if limits is not None else ServerLimits()
+        self.stats = ServerStats()
         self.address = ""
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
+        self._per_peer: Counter[str] = Counter()
+        self._throttled = _RateLimitedLog(self.log)
 
     async def start(self, listen: str) -> str:
         """Bind and start accepting; return the real HOST:PORT (port 0 picks one)."""
         host, port = parse_address(listen)
-        self._server = await asyncio.start_server(self.serve_connection, host, port)
+        self._install_accept_error_handler()
+        self._server = await asyncio.start_server(
+            self.serve_connection,
+            host,
+            port,
+            ssl=self.ssl,
+            ssl_handshake_timeout=self.limits.handshake_timeout_s if self.ssl else None,
+        )
         sock = self._server.sockets[0].getsockname()
         self.address = f"{sock[0]}:{sock[1]}"
         return self.address
+
+    def _install_accept_error_handler(self) -> None:
+        """asyncio reports a failed accept() (EMFILE, ENFILE, ENOBUFS, ENOMEM) to the loop's
+        exception handler, whose default logs a traceback per attempt; it then pauses
+        accepting for a second. Log those at most once a second, with a count; pass
+        everything else on."""
+        loop = asyncio.get_running_loop()
+        previous = loop.get_exception_handler()
+        if getattr(previous, "_metactl_accept_errors", False):
+            return
+
+        def handle(lp: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+            message = str(context.get("message", ""))
+            if message.startswith("socket.accept() out of system resource"):
+                self.stats.closed_total["accept_error"] += 1
+                exc = context.get("exception")
+                self._throttled.warning("accept failed; pausing accepts", error=repr(exc))
+                return
+            if previous is not None:
+                previous(lp, context)
+            else:
+                lp.default_exception_handler(context)
+
+        handle._metactl_accept_errors = True  # type: ignore[attr-defined]
+        loop.set_exception_handler(handle)
 
     def close(self) -> None:
         """Stop accepting new connections (open ones keep serving until `stop`)."""
@@ -81,13 +217,35 @@ class FrameServer:
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
 
+    def _admit(self, peer: Peer) -> str | None:
+        """None if the connection may stay, else the limit it breaks."""
+        if self.ssl is not None and peer.principal is None:
+            return "no_principal"
+        if self.stats.open_connections >= self.limits.max_connections:
+            return "max_connections"
+        if self._per_peer[peer.name] >= self.limits.max_connections_per_peer:
+            return "max_connections_per_peer"
+        return None
+
     async def serve_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         task = asyncio.current_task()
+        address = _format_address(writer.get_extra_info("peername"))
+        peer = Peer(address, principal_of(writer.get_extra_info("peercert")))
+        refused = self._admit(peer)
+        if refused is not None:
+            self.stats.closed_total[refused] += 1
+            self._throttled.warning(f"connection refused: {refused}", peer=peer.name)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            return
         if task is not None:
             self._connections.add(task)
-        peer = str(writer.get_extra_info("peername"))
+        self.stats.accepted_total += 1
+        self.stats.open_connections += 1
+        self._per_peer[peer.name] += 1
         try:
             await self._serve_frames(reader, writer, peer)
         except (ConnectionError, OSError):
@@ -95,50 +253,93 @@ class FrameServer:
         except asyncio.CancelledError:
             pass  # the server is stopping
         except Exception:  # never let one connection take the listener down
-            self.log.exception("connection failed", peer=peer)
+            self.log.exception("connection failed", peer=peer.name)
         finally:
+            self.stats.open_connections -= 1
+            self._per_peer[peer.name] -= 1
+            if self._per_peer[peer.name] <= 0:
+                del self._per_peer[peer.name]
             if task is not None:
                 self._connections.discard(task)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
+    async def _read_frame(self, reader: asyncio.StreamReader, peer: Peer) -> bytes | None:
+        """The next frame's payload, or None once the connection should close: EOF, idle
+        timeout, frame deadline, or a truncated frame. FrameTooLargeError propagates."""
+        limits = self.limits
+        try:
+            try:
+                async with asyncio.timeout(limits.idle_timeout_s):
+                    first = await reader.readexactly(1)
+            except TimeoutError:
+                self.stats.closed_total["idle_timeout"] += 1
+                self.log.info("idle connection closed", peer=peer.name)
+                return None
+            try:
+                async with asyncio.timeout(limits.frame_deadline_s):
+                    header = first + await reader.readexactly(HEADER_BYTES - 1)
+                    length = frame_length(header, self.max_frame_bytes)
+                    return await reader.readexactly(length)
+            except TimeoutError:
+                self.stats.closed_total["frame_deadline"] += 1
+                self._throttled.warning("frame deadline exceeded; closing", peer=peer.name)
+                return None
+        except asyncio.IncompleteReadError as exc:
+            if exc.partial:
+                self.stats.closed_total["truncated_frame"] += 1
+                self.log.info("truncated frame; closing", peer=peer.name)
+            return None
+        except ssl.SSLError as exc:
+            self.log.info("TLS error; closing", peer=peer.name, error=str(exc))
+            return None
+
     async def _serve_frames(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: Peer
     ) -> None:
         while True:
             try:
-                payload = await read_frame(reader, self.max_frame_bytes)
-            except asyncio.IncompleteReadError as exc:
-                if exc.partial:
-                    self.log.warning(
-                        "truncated frame; closing", peer=peer, received=len(exc.partial)
-                    )
-                return
+                payload = await self._read_frame(reader, peer)
             except FrameTooLargeError as exc:
-                self.log.warning("oversized frame; closing", peer=peer, error=exc.message)
+                self.stats.closed_total["oversized_frame"] += 1
+                self.log.warning("oversized frame; closing", peer=peer.name, error=exc.message)
                 await _send(writer, 0, error_response(exc))
+                return
+            if payload is None:
                 return
             try:
                 frame = decode_frame(payload)
             except UnsupportedVersionError as exc:
-                self.log.warning("unsupported message version", peer=peer, error=exc.message)
+                self.stats.bad_frames_total += 1
+                self._throttled.warning(
+                    "unsupported message version", peer=peer.name, error=exc.message
+                )
                 await _send(writer, exc.correlation_id, error_response(exc))
                 continue
             except InvalidRequestError as exc:
-                self.log.warning("undecodable frame", peer=peer, error=exc.message)
+                self.stats.bad_frames_total += 1
+                self._throttled.warning("undecodable frame", peer=peer.name, error=exc.message)
                 await _send(writer, 0, error_response(exc))
                 continue
             await _send(writer, frame.correlation_id, await self._answer(frame.body, peer))
 
-    async def _answer(self, body: Message, peer: str) -> Message:
+    async def _answer(self, body: Message, peer: Peer) -> Message:
         try:
-            return await self.handler(body)
+            return await self.handler(body, peer)
         except MetactlError as exc:
             return error_response(exc)
         except Exception as exc:
-            self.log.exception("request handler failed", peer=peer, request=type(body).__name__)
+            self.log.exception(
+                "request handler failed", peer=peer.name, request=type(body).__name__
+            )
             return ErrorResponse(code=MetactlError.code, message=type(exc).__name__)
+
+
+def _format_address(peername: Any) -> str:
+    if isinstance(peername, tuple) and len(peername) >= 2:
+        return f"{peername[0]}:{peername[1]}"
+    return str(peername)
 
 
 async def _send(writer: asyncio.StreamWriter, correlation_id: int, body: Message) -> None:

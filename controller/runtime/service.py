@@ -60,7 +60,8 @@ from protocol.messages import (
     ReplicaLogInfo,
     ReplicaRef,
 )
-from protocol.server import FrameServer
+from protocol.server import FrameServer, Peer, ServerLimits
+from protocol.tls import TlsIdentity, broker_principal
 
 log = structlog.get_logger("metactl.controller.service")
 
@@ -79,12 +80,20 @@ class ControllerService:
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         clock: Clock | None = None,
         metrics: str | None = None,
+        tls: TlsIdentity | None = None,
+        limits: ServerLimits | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.metrics_listen = metrics  # HOST:PORT for /metrics; None: not served
         self.listen = listen
         self.config = config or ControllerConfig()
         self.max_frame_bytes = max_frame_bytes
+        # Mutual TLS (None: plaintext, `--insecure`): the controller's identity for its
+        # listener and for the GetReplicaLogInfo calls it makes to brokers.
+        self.tls = tls
+        self.server_ssl = tls.server_context() if tls is not None else None
+        self.client_ssl = tls.client_context() if tls is not None else None
+        self.limits = limits if limits is not None else ServerLimits()
         self.clock: Clock = clock or SystemClock()
         self.sessions = BrokerSessions(self.config.broker_session_timeout_ms)
         self.store: SqliteLogStore | None = None
@@ -112,7 +121,15 @@ class ControllerService:
                 self.metrics.registry, self.metrics_listen
             )
             self.metrics_address = self.metrics_server.address
-        self.server = FrameServer(self._dispatch, log=log, max_frame_bytes=self.max_frame_bytes)
+        if self.tls is None:
+            log.warning("TLS is off (--insecure): any client can act as any broker or as an admin")
+        self.server = FrameServer(
+            self._dispatch,
+            log=log,
+            max_frame_bytes=self.max_frame_bytes,
+            ssl=self.server_ssl,
+            limits=self.limits,
+        )
         self.address = await self.server.start(self.listen)
         self._spawn(self._session_loop(), "sessions")
         log.info(
@@ -146,7 +163,7 @@ class ControllerService:
 
     # --- connections --------------------------------------------------------------------
 
-    async def _dispatch(self, body: Message) -> Message:
+    async def _dispatch(self, body: Message, peer: Peer) -> Message:
         ctl = self.controller
         match body:
             case BrokerHeartbeatRequest():
@@ -288,7 +305,11 @@ class ControllerService:
         )
         try:
             async with RpcClient(
-                b.endpoint, max_frame_bytes=self.max_frame_bytes, retry=INSPECTION_RETRY
+                b.endpoint,
+                max_frame_bytes=self.max_frame_bytes,
+                retry=INSPECTION_RETRY,
+                ssl=self.client_ssl,
+                expect_principal=broker_principal(insp.broker_id) if self.tls else None,
             ) as client:
                 resp = await client.request(request, timeout_s=10, still_wanted=still_wanted)
             if not isinstance(resp, GetReplicaLogInfoResponse):

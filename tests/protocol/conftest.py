@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from protocol.messages import Message
-from protocol.server import FrameServer
+from protocol.server import FrameServer, Peer
 
 
 class Scripted:
@@ -18,10 +18,12 @@ class Scripted:
     def __init__(self) -> None:
         self.script: list[Message | BaseException] = []
         self.requests: list[Message] = []
+        self.peers: list[Peer] = []
         self.default: Callable[[Message], Awaitable[Message]] | None = None
 
-    async def __call__(self, body: Message) -> Message:
+    async def __call__(self, body: Message, peer: Peer) -> Message:
         self.requests.append(body)
+        self.peers.append(peer)
         if self.script:
             outcome = self.script.pop(0)
             if isinstance(outcome, BaseException):
