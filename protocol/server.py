@@ -15,9 +15,12 @@ answered in order. It never crashes on bad input or a failing handler:
 
 Every connection is bounded (`ServerLimits`, each a flag of the processes that serve):
 
-- at most `max_connections` open, and `max_connections_per_peer` per principal (under TLS)
-  or per address (without): one over is closed at once, counted, and logged at most
-  once a second;
+- at most `max_connections` open (lowered to fit the file-descriptor limit), and
+  `max_connections_per_peer` per principal (under TLS) or per address (without, and
+  during a TLS handshake): one over is closed at once, counted, and logged at most once
+  a second. TLS starts only after a connection is admitted, and a handshake must finish
+  within `handshake_timeout_s`, so connections that never authenticate cannot hold
+  descriptors for long;
 - `idle_timeout_s` without a request closes a connection; once a frame's first byte has
   arrived, the whole frame must arrive within `frame_deadline_s` (slowloris);
 - requests in flight per connection: one. The loop reads the next frame only after
@@ -37,6 +40,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import resource
 import ssl
 import time
 from collections import Counter
@@ -92,6 +97,8 @@ DEFAULT_MAX_CONNECTIONS_PER_PEER: Final = 200
 DEFAULT_IDLE_TIMEOUT_S: Final = 600.0  # Kafka's connections.max.idle.ms
 DEFAULT_FRAME_DEADLINE_S: Final = 30.0
 DEFAULT_HANDSHAKE_TIMEOUT_S: Final = 10.0
+CLOSE_WAIT_S: Final = 1.0
+FD_RESERVE: Final = 64  # descriptors kept for the log, outgoing clients and listeners
 
 
 @dataclass(frozen=True)
@@ -115,8 +122,9 @@ class ServerStats:
 
     open_connections: int = 0
     accepted_total: int = 0
-    # reason -> count: "max_connections", "max_connections_per_peer", "no_principal",
-    # "idle_timeout", "frame_deadline", "oversized_frame", "truncated_frame", "accept_error"
+    # reason -> count: "max_connections", "max_connections_per_peer", "handshake_failed",
+    # "handshake_timeout", "no_principal", "idle_timeout", "frame_deadline",
+    # "oversized_frame", "truncated_frame", "accept_error"
     closed_total: Counter[str] = field(default_factory=Counter)
     bad_frames_total: int = 0
 
@@ -166,16 +174,37 @@ class FrameServer:
         """Bind and start accepting; return the real HOST:PORT (port 0 picks one)."""
         host, port = parse_address(listen)
         self._install_accept_error_handler()
-        self._server = await asyncio.start_server(
-            self.serve_connection,
-            host,
-            port,
-            ssl=self.ssl,
-            ssl_handshake_timeout=self.limits.handshake_timeout_s if self.ssl else None,
-        )
+        self._clamp_to_descriptor_limit()
+        # TLS is started per connection (`_handshake`), after admission, so a connection
+        # that never completes its handshake still counts against the limits.
+        self._server = await asyncio.start_server(self.serve_connection, host, port)
         sock = self._server.sockets[0].getsockname()
         self.address = f"{sock[0]}:{sock[1]}"
         return self.address
+
+    def _clamp_to_descriptor_limit(self) -> None:
+        """Keep `max_connections` below the process's file-descriptor limit, with room for
+        the log, clients and listeners, so a flood meets the server's own cap (closed and
+        counted) rather than EMFILE at accept()."""
+        try:
+            soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        except (OSError, ValueError):  # pragma: no cover - every POSIX has it
+            return
+        if soft == resource.RLIM_INFINITY:
+            return
+        room = max(1, soft - FD_RESERVE)
+        if self.limits.max_connections > room:
+            self.log.warning(
+                "max connections lowered to fit the file-descriptor limit",
+                configured=self.limits.max_connections,
+                effective=room,
+                nofile=soft,
+            )
+            self.limits = dataclasses.replace(
+                self.limits,
+                max_connections=room,
+                max_connections_per_peer=min(room, self.limits.max_connections_per_peer),
+            )
 
     def _install_accept_error_handler(self) -> None:
         """asyncio reports a failed accept() (EMFILE, ENFILE, ENOBUFS, ENOMEM) to the loop's
@@ -217,36 +246,64 @@ class FrameServer:
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
 
-    def _admit(self, peer: Peer) -> str | None:
-        """None if the connection may stay, else the limit it breaks."""
-        if self.ssl is not None and peer.principal is None:
-            return "no_principal"
+    def _refuse(self, key: str) -> str | None:
+        """None if one more connection counted under `key` fits, else the limit it breaks."""
         if self.stats.open_connections >= self.limits.max_connections:
             return "max_connections"
-        if self._per_peer[peer.name] >= self.limits.max_connections_per_peer:
+        if self._per_peer[key] >= self.limits.max_connections_per_peer:
             return "max_connections_per_peer"
         return None
+
+    async def _handshake(self, writer: asyncio.StreamWriter, peer: Peer) -> Peer | None:
+        """Mutual TLS on an admitted connection, within the handshake timeout; the peer
+        with its principal, or None (failure, timeout, or a certificate naming nobody)."""
+        assert self.ssl is not None
+        try:
+            async with asyncio.timeout(self.limits.handshake_timeout_s):
+                await writer.start_tls(self.ssl)
+        except (TimeoutError, OSError) as exc:  # ssl.SSLError is an OSError
+            reason = "handshake_timeout" if isinstance(exc, TimeoutError) else "handshake_failed"
+            self.stats.closed_total[reason] += 1
+            self._throttled.warning(f"TLS {reason.replace('_', ' ')}", peer=peer.name)
+            return None
+        principal = principal_of(writer.get_extra_info("peercert"))
+        if principal is None:
+            self.stats.closed_total["no_principal"] += 1
+            self._throttled.warning("TLS certificate names no principal", peer=peer.name)
+            return None
+        return Peer(peer.address, principal)
 
     async def serve_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         task = asyncio.current_task()
-        address = _format_address(writer.get_extra_info("peername"))
-        peer = Peer(address, principal_of(writer.get_extra_info("peercert")))
-        refused = self._admit(peer)
+        peer = Peer(_format_address(writer.get_extra_info("peername")))
+        key = peer.name  # the address until a certificate names a principal
+        refused = self._refuse(key)
         if refused is not None:
             self.stats.closed_total[refused] += 1
-            self._throttled.warning(f"connection refused: {refused}", peer=peer.name)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            self._throttled.warning(f"connection refused: {refused}", peer=key)
+            await _close(writer)
             return
         if task is not None:
             self._connections.add(task)
         self.stats.accepted_total += 1
         self.stats.open_connections += 1
-        self._per_peer[peer.name] += 1
+        self._per_peer[key] += 1
         try:
+            if self.ssl is not None:
+                authenticated = await self._handshake(writer, peer)
+                if authenticated is None:
+                    return
+                peer = authenticated
+                self._per_peer[key] -= 1
+                refused = self._refuse(peer.name)
+                key = peer.name
+                self._per_peer[key] += 1
+                if refused == "max_connections_per_peer":
+                    self.stats.closed_total[refused] += 1
+                    self._throttled.warning(f"connection refused: {refused}", peer=key)
+                    return
             await self._serve_frames(reader, writer, peer)
         except (ConnectionError, OSError):
             pass  # the peer went away mid-answer
@@ -256,14 +313,12 @@ class FrameServer:
             self.log.exception("connection failed", peer=peer.name)
         finally:
             self.stats.open_connections -= 1
-            self._per_peer[peer.name] -= 1
-            if self._per_peer[peer.name] <= 0:
-                del self._per_peer[peer.name]
+            self._per_peer[key] -= 1
+            if self._per_peer[key] <= 0:
+                del self._per_peer[key]
             if task is not None:
                 self._connections.discard(task)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            await _close(writer)
 
     async def _read_frame(self, reader: asyncio.StreamReader, peer: Peer) -> bytes | None:
         """The next frame's payload, or None once the connection should close: EOF, idle
@@ -340,6 +395,17 @@ def _format_address(peername: Any) -> str:
     if isinstance(peername, tuple) and len(peername) >= 2:
         return f"{peername[0]}:{peername[1]}"
     return str(peername)
+
+
+async def _close(writer: asyncio.StreamWriter) -> None:
+    """Close and wait a little, swallowing a cancellation too: a connection task must not
+    end cancelled, since Python 3.11's stream callback then logs a traceback for it. The
+    wait is bounded because after a failed `start_tls` the stream's protocol never hears
+    that the transport closed, so `wait_closed` would wait forever."""
+    writer.close()
+    with contextlib.suppress(Exception, asyncio.CancelledError):
+        async with asyncio.timeout(CLOSE_WAIT_S):
+            await writer.wait_closed()
 
 
 async def _send(writer: asyncio.StreamWriter, correlation_id: int, body: Message) -> None:
