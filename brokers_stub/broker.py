@@ -22,6 +22,7 @@ import signal
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Coroutine
 from typing import Any, Final, TextIO
 
@@ -32,11 +33,13 @@ from brokers_stub.replica_manager import ReplicaManager
 from brokers_stub.storage import take_clean_shutdown_epoch, write_clean_shutdown
 from metactl.errors import (
     BrokerIdNotRegisteredError,
+    ClusterAuthorizationFailedError,
     DuplicateBrokerRegistrationError,
     InvalidRequestError,
     MetactlError,
     NetworkError,
     StaleBrokerEpochError,
+    TopicAuthorizationFailedError,
 )
 from metadata_image.delta import MetadataDelta
 from metadata_image.image import ClusterImage
@@ -54,7 +57,7 @@ from protocol.messages import (
     ReplicaFetchRequest,
 )
 from protocol.server import FrameServer, Peer
-from protocol.tls import CONTROLLER
+from protocol.tls import ADMIN, CONTROLLER, VIEWER, broker_id_of
 
 EXIT_OK: Final = 0
 EXIT_STARTUP_FAILED: Final = 1
@@ -104,6 +107,11 @@ class Broker:
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._metrics_stop: object | None = None
+        # Authorization refusals, (principal, operation) -> count, for /metrics; a WARNING
+        # at most once per principal per period: principal -> (its last line, held since).
+        self.authorization_failures: Counter[tuple[str, str]] = Counter()
+        self.refusal_log_period_s = 1.0
+        self._refusal_lines: dict[str, tuple[float, int]] = {}
 
     def _controller_client(self) -> RpcClient:
         c = self.config
@@ -117,6 +125,8 @@ class Broker:
     # --- requests from the network ------------------------------------------------------
 
     async def handle(self, body: Message, peer: Peer) -> Message:
+        if self.config.tls is not None:  # without TLS (--insecure) there is no principal
+            self._authorize(body, peer)
         match body:
             case GetReplicaLogInfoRequest():
                 return self.replica_log_info(body)
@@ -127,6 +137,52 @@ class Broker:
             case ReadLogRequest():
                 return self.replicas.data.read_log(body)
         raise InvalidRequestError(f"a broker does not handle {type(body).__name__}")
+
+    def _authorize(self, body: Message, peer: Peer) -> None:
+        """Who may ask a broker what (docs/protocol.md, "Authorization"): GetReplicaLogInfo
+        only the controller; ReplicaFetch only the follower it names; Produce `admin`;
+        ReadLog `admin` or `viewer`; nothing else. Topic operations are refused with
+        TOPIC_AUTHORIZATION_FAILED, the others with CLUSTER_AUTHORIZATION_FAILED."""
+        principal = peer.principal
+        on_topic = isinstance(body, ProduceRequest | ReadLogRequest)
+        match body:
+            case GetReplicaLogInfoRequest():
+                operation, allowed = "get_replica_log_info", principal == CONTROLLER
+            case ReplicaFetchRequest():
+                operation, allowed = "replica_fetch", broker_id_of(principal) == body.follower_id
+            case ProduceRequest():
+                operation, allowed = "produce", principal == ADMIN
+            case ReadLogRequest():
+                operation, allowed = "read_log", principal in (ADMIN, VIEWER)
+            case _:
+                operation, allowed = "unsupported", False
+        if allowed:
+            return
+        who = "no principal" if principal is None else f"principal {principal!r}"
+        error = (TopicAuthorizationFailedError if on_topic else ClusterAuthorizationFailedError)(
+            f"{who} may not {operation} on broker {self.config.broker_id}"
+        )
+        self._refused(principal if principal is not None else "-", operation, error)
+        raise error
+
+    def _refused(self, principal: str, operation: str, error: MetactlError) -> None:
+        """Count a refusal; log it unless this principal had a line within the period
+        (the next line's `count` includes the refusals held back)."""
+        self.authorization_failures[(principal, operation)] += 1
+        now = time.monotonic()
+        last = self._refusal_lines.get(principal)
+        if last is not None and now - last[0] < self.refusal_log_period_s:
+            self._refusal_lines[principal] = (last[0], last[1] + 1)
+            return
+        self._refusal_lines[principal] = (now, 0)
+        self.log.warning(
+            "authorization failed",
+            principal=principal,
+            operation=operation,
+            code=error.code,
+            error=error.message,
+            count=1 + (last[1] if last is not None else 0),
+        )
 
     def replica_log_info(self, req: GetReplicaLogInfoRequest) -> GetReplicaLogInfoResponse:
         if req.broker_id != self.config.broker_id:

@@ -1,0 +1,138 @@
+"""Who may send the controller which request: `authorize(principal, request) -> operation`.
+
+A principal is the common name of a peer's verified certificate (protocol/tls.py):
+`controller`, `admin`, `viewer` or `broker-<id>`; any other name is unknown and may do
+nothing. The rules (docs/protocol.md, "Authorization"):
+
+| request | operation | who may send it |
+| --- | --- | --- |
+| BrokerRegistration | register_broker | `broker-<broker_id>` |
+| BrokerHeartbeat | heartbeat | `broker-<broker_id>` |
+| BrokerHeartbeat with want_shutdown | controlled_shutdown | `broker-<broker_id>` |
+| AlterPartition | alter_partition | `broker-<leader>` |
+| FetchMetadata | fetch_metadata | any known principal |
+| DescribeCluster | describe_cluster | any known principal |
+| CreateTopics | create_topics | `admin` |
+| ElectLeaders | elect_preferred, elect_unclean | `admin` |
+| anything else | unsupported | nobody |
+
+A refusal is TOPIC_AUTHORIZATION_FAILED for creating topics and
+CLUSTER_AUTHORIZATION_FAILED for everything else, as Kafka names them. Deny by default:
+a request type without a rule here is refused, so a request the service learns to
+dispatch stays closed until someone writes its rule. A None principal (no certificate)
+is unknown: the runtime calls `authorize` only when TLS is on; without TLS (`--insecure`)
+authorization is off altogether.
+
+This module decides and raises; it must not log, count, read the image or the clock, or
+do any IO (the runtime does those: controller/runtime/service.py `_dispatch`). The
+brokers' own rules (GetReplicaLogInfo, ReplicaFetch, Produce, ReadLog) live in
+brokers_stub/broker.py, which may not import the controller.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from metactl.errors import ClusterAuthorizationFailedError, TopicAuthorizationFailedError
+from protocol.messages import (
+    AlterPartition,
+    BrokerHeartbeatRequest,
+    CreateTopicsRequest,
+    DescribeClusterRequest,
+    ElectLeader,
+    FetchMetadataRequest,
+    Message,
+    RegisterBroker,
+)
+from protocol.tls import ADMIN, CONTROLLER, VIEWER, broker_id_of
+
+# Every operation name `operation_of` can return: the `operation` label of
+# metactl_authorization_failures_total takes only these values.
+OPERATIONS: Final = (
+    "register_broker",
+    "heartbeat",
+    "controlled_shutdown",
+    "alter_partition",
+    "fetch_metadata",
+    "describe_cluster",
+    "create_topics",
+    "elect_preferred",
+    "elect_unclean",
+    "unsupported",
+)
+
+# What `authorize` raises, for an `except` clause.
+AUTHORIZATION_ERRORS: Final = (ClusterAuthorizationFailedError, TopicAuthorizationFailedError)
+
+
+def operation_of(request: Message) -> str:
+    """The operation a request asks for (one of OPERATIONS), whoever sends it."""
+    match request:
+        case RegisterBroker():
+            return "register_broker"
+        case BrokerHeartbeatRequest(want_shutdown=True):
+            return "controlled_shutdown"
+        case BrokerHeartbeatRequest():
+            return "heartbeat"
+        case AlterPartition():
+            return "alter_partition"
+        case FetchMetadataRequest():
+            return "fetch_metadata"
+        case DescribeClusterRequest():
+            return "describe_cluster"
+        case CreateTopicsRequest():
+            return "create_topics"
+        case ElectLeader(election_type="preferred"):
+            return "elect_preferred"
+        case ElectLeader():
+            return "elect_unclean"
+    return "unsupported"
+
+
+def is_known(principal: str | None) -> bool:
+    """Whether the principal is one the cluster issues: controller, admin, viewer or a
+    broker-<id> with a valid id."""
+    return principal in (CONTROLLER, ADMIN, VIEWER) or broker_id_of(principal) is not None
+
+
+def authorize(principal: str | None, request: Message) -> str:
+    """The operation `request` performs, if `principal` may perform it; otherwise raise
+    TopicAuthorizationFailedError (creating topics) or ClusterAuthorizationFailedError
+    (everything else), naming the principal and the operation."""
+    operation = operation_of(request)
+    who = "no principal" if principal is None else f"principal {principal!r}"
+    match request:
+        case RegisterBroker() | BrokerHeartbeatRequest():
+            _require_broker(principal, request.broker_id, operation, who)
+        case AlterPartition():
+            _require_broker(principal, request.leader, operation, who)
+        case FetchMetadataRequest() | DescribeClusterRequest():
+            if not is_known(principal):
+                raise ClusterAuthorizationFailedError(f"{who} is unknown: may not {operation}")
+        case CreateTopicsRequest():
+            if principal != ADMIN:
+                raise TopicAuthorizationFailedError(f"{who} may not {operation}: needs {ADMIN!r}")
+        case ElectLeader():
+            if principal != ADMIN:
+                raise ClusterAuthorizationFailedError(
+                    f"{who} may not {operation} ({request.topic}-{request.partition}): "
+                    f"needs {ADMIN!r}"
+                )
+        case _:
+            raise ClusterAuthorizationFailedError(
+                f"{who} may not send {type(request).__name__} to the controller"
+            )
+    return operation
+
+
+def _require_broker(principal: str | None, broker_id: int, operation: str, who: str) -> None:
+    """A broker speaks only for its own id."""
+    own = broker_id_of(principal)
+    if own is None:
+        raise ClusterAuthorizationFailedError(
+            f"{who} may not {operation}: only broker-{broker_id} may"
+        )
+    if own != broker_id:
+        raise ClusterAuthorizationFailedError(
+            f"{who} may {operation} only for broker {own}, not for {broker_id}"
+        )
