@@ -49,14 +49,15 @@ async def bench(args: argparse.Namespace, root: Path) -> None:
     try:
         ctl, log = _start(
             [py, "-m", "controller", "--data-dir", str(root / "ctl"), "--listen", "127.0.0.1:0",
-             "--log-level", "WARNING"],
+             "--log-level", "WARNING", "--insecure"],
             root / "ctl.log",
         )  # fmt: skip
         procs.append(("controller", ctl, log))
         address = _await_ready(ctl, "controller").split("listen=")[1].split()[0]
         for i in (1, 2, 3):
             cmd = [py, "-m", "brokers_stub", "--id", str(i), "--controller", address,
-                   "--data-dir", str(root / f"b{i}"), "--log-level", "warning"]  # fmt: skip
+                   "--data-dir", str(root / f"b{i}"), "--log-level", "warning",
+                   "--insecure"]  # fmt: skip
             procs.append((f"broker {i}", *_start(cmd, root / f"b{i}.log")))
         for name, p, _ in procs[1:]:
             _await_ready(p, name)

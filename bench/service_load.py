@@ -1,14 +1,21 @@
 """Controller service benchmarks over real TCP, with a bare asyncio echo server as baseline.
 
-1. Heartbeats per second from 1,000 broker sessions held by this one load process (many
-   connections, one request in flight on each), against a controller process.
-2. Commit-to-apply latency: 20 tailing metadata clients long-poll FetchMetadata; for each
-   committed change (a CreateTopics), the time from sending it until each tailer has it,
-   and from its acknowledgement until each tailer has it. p50 and p99.
+1. Heartbeats per second from `--sessions` broker sessions (default 1,000) held by this
+   one load process, each on its own connection with one request in flight, as a broker
+   holds its session. Measured twice in the same run, against a controller with mutual
+   TLS (each session presents its own `broker-<id>` certificate, as authorization
+   requires) and against one started with `--insecure`; prints both and the ratio, with
+   the goals (mTLS >= 0.7x plaintext, and >= 10,000/s). The load process shares the
+   machine and pays for its own TLS too, so it also prints the controller process's CPU
+   time per heartbeat in each mode (from /proc): the server's own cost of mTLS.
+2. Commit-to-apply latency on the mTLS controller: 20 tailing metadata clients (as
+   `viewer`) long-poll FetchMetadata; for each committed change (a CreateTopics by
+   `admin`), the time from sending it until each tailer has it, and from its
+   acknowledgement until each tailer has it. p50 and p99.
 Both are compared with the same client pattern against a bare asyncio echo server
-(a frame in, the same frame out) measured in the same run.
+(a frame in, the same frame out, plaintext) measured in the same run.
 
-Run: python bench/service_load.py [--sessions 1000] [--connections 50] [--seconds 5]
+Run: python bench/service_load.py [--sessions 1000] [--seconds 5] [--rounds 1]
 Prints figures; asserts nothing.
 """
 
@@ -16,7 +23,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
+import os
+import ssl
 import statistics
 import subprocess
 import sys
@@ -26,6 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ops.certs import default_names, init_certs
 from protocol.client import RpcClient
 from protocol.codec import encode_frame
 from protocol.messages import (
@@ -37,6 +46,7 @@ from protocol.messages import (
     RegisterBroker,
     RegisterBrokerResponse,
 )
+from protocol.tls import ADMIN, CONTROLLER, VIEWER, TlsIdentity, broker_principal
 from protocol.transport import read_frame
 
 ECHO = """
@@ -56,6 +66,7 @@ async def main():
     await s.serve_forever()
 asyncio.run(main())
 """
+FIRST_BROKER = 1000
 
 
 def start(cmd: list[str]) -> tuple[subprocess.Popen[str], str]:
@@ -69,9 +80,42 @@ def start(cmd: list[str]) -> tuple[subprocess.Popen[str], str]:
             return proc, line.split("listen=")[1].split()[0]
 
 
-async def connect(address: str) -> RpcClient:
-    host, port = address.rsplit(":", 1)
-    return await RpcClient.open(host, int(port))
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        print(f"pid {proc.pid} did not stop within 20 s of SIGTERM; killed", file=sys.stderr)
+        proc.kill()
+        proc.wait()
+
+
+class Tls:
+    """Client contexts by principal from one certificate directory (None: plaintext)."""
+
+    def __init__(self, certs: Path | None) -> None:
+        self.certs = certs
+
+    def context(self, principal: str) -> ssl.SSLContext | None:
+        if self.certs is None:
+            return None
+        return TlsIdentity.from_dir(self.certs, principal).client_context()
+
+    def client(self, address: str, principal: str) -> RpcClient:
+        return RpcClient(
+            address,
+            ssl=self.context(principal),
+            expect_principal=CONTROLLER if self.certs is not None else None,
+        )
 
 
 class RawConnection:
@@ -89,24 +133,40 @@ async def connect_raw(address: str) -> RawConnection:
     return RawConnection(*await asyncio.open_connection(host, int(port)))
 
 
-async def heartbeat_rate(
-    address: str, sessions: list[tuple[int, int]], connections: int, seconds: float, echo: bool
-) -> float:
-    conns: list[RpcClient | RawConnection] = [
-        await (connect_raw(address) if echo else connect(address)) for _ in range(connections)
-    ]
-    count = 0
-    stop = time.perf_counter() + seconds
+Session = tuple[RpcClient | RawConnection, int, int]  # connection, broker id, epoch
 
-    async def worker(i: int, conn: RpcClient | RawConnection) -> None:
+
+async def open_sessions(address: str, n: int, tls: Tls) -> list[Session]:
+    """`n` brokers, each registered over its own connection as itself (20 at a time)."""
+    out: list[Session] = []
+    ids = iter(range(FIRST_BROKER, FIRST_BROKER + n))
+
+    async def opener() -> None:
+        for b in ids:
+            client = tls.client(address, broker_principal(b))
+            r = await client.request(RegisterBroker(broker_id=b, incarnation_id=f"i{b}"))
+            assert isinstance(r, RegisterBrokerResponse)
+            out.append((client, b, r.broker_epoch))
+
+    await asyncio.gather(*(opener() for _ in range(20)))
+    return out
+
+
+async def heartbeat_rate(
+    sessions: list[Session], seconds: float, server_pid: int | None = None
+) -> tuple[float, float]:
+    """Heartbeats per second, and the server's CPU seconds per heartbeat (0: unknown)."""
+    count = 0
+    stop_at = time.perf_counter() + seconds
+
+    async def worker(session: Session) -> None:
         nonlocal count
-        mine = sessions[i::connections]
+        conn, broker_id, epoch = session
+        req = BrokerHeartbeatRequest(
+            broker_id=broker_id, broker_epoch=epoch, metadata_offset=epoch + 1
+        )
         k = 0
-        while time.perf_counter() < stop:
-            broker_id, epoch = mine[k % len(mine)]
-            req = BrokerHeartbeatRequest(
-                broker_id=broker_id, broker_epoch=epoch, metadata_offset=epoch + 1
-            )
+        while time.perf_counter() < stop_at:
             if isinstance(conn, RawConnection):  # the echo server returns our own frame
                 conn.writer.write(encode_frame(k, req))
                 await conn.writer.drain()
@@ -116,43 +176,46 @@ async def heartbeat_rate(
             count += 1
             k += 1
 
+    cpu = cpu_seconds(server_pid) if server_pid is not None else 0.0
     started = time.perf_counter()
-    await asyncio.gather(*(worker(i, c) for i, c in enumerate(conns)))
-    elapsed = time.perf_counter() - started
-    for c in conns:
-        await c.close()
-    return count / elapsed
+    await asyncio.gather(*(worker(s) for s in sessions))
+    rate = count / (time.perf_counter() - started)
+    cpu = cpu_seconds(server_pid) - cpu if server_pid is not None else 0.0
+    return rate, cpu / max(1, count)
 
 
-async def register(address: str, n: int) -> list[tuple[int, int]]:
-    conns = [await connect(address) for _ in range(20)]
-    out: list[tuple[int, int]] = []
+async def controller_heartbeats(
+    address: str, pid: int, n: int, seconds: float, tls: Tls
+) -> tuple[float, float]:
+    sessions = await open_sessions(address, n, tls)
+    try:
+        return await heartbeat_rate(sessions, seconds, pid)
+    finally:
+        for conn, _, _ in sessions:
+            await conn.close()
 
-    async def reg(i: int, conn: RpcClient) -> None:
-        for b in range(i, n, len(conns)):
-            r = await conn.request(RegisterBroker(broker_id=1000 + b, incarnation_id=f"i{b}"))
-            assert isinstance(r, RegisterBrokerResponse)
-            out.append((1000 + b, r.broker_epoch))
 
-    await asyncio.gather(*(reg(i, c) for i, c in enumerate(conns)))
-    for c in conns:
-        await c.close()
-    return out
+async def echo_heartbeats(address: str, n: int, seconds: float) -> float:
+    conns = [await connect_raw(address) for _ in range(n)]
+    sessions: list[Session] = [(c, FIRST_BROKER + i, 1) for i, c in enumerate(conns)]
+    try:
+        return (await heartbeat_rate(sessions, seconds))[0]
+    finally:
+        for c in conns:
+            await c.close()
 
 
 async def apply_latency(
-    address: str, tailers: int, changes: int
+    address: str, tailers: int, changes: int, tls: Tls
 ) -> tuple[list[float], list[float]]:
-    conns = [await connect(address) for _ in range(tailers)]
-    admin = await connect(address)
-    start_offset = 0
+    conns = [tls.client(address, VIEWER) for _ in range(tailers)]
+    admin = tls.client(address, ADMIN)
     r = await admin.request(FetchMetadataRequest(from_offset=0, max_records=1, max_wait_ms=0))
     assert isinstance(r, FetchMetadataResponse)
     start_offset = r.end_offset
     sent: dict[str, float] = {}
     acked: dict[str, float] = {}
     seen: list[tuple[str, float]] = []
-    done = asyncio.Event()
 
     async def tail(conn: RpcClient) -> None:
         offset = start_offset
@@ -179,7 +242,6 @@ async def apply_latency(
         acked[name] = time.perf_counter()
         await asyncio.sleep(0.01)  # pacing between changes, not synchronisation
     await asyncio.gather(*tasks)
-    done.set()
     for c in [*conns, admin]:
         await c.close()
     from_send = [(t - sent[n]) * 1000 for n, t in seen]
@@ -204,37 +266,74 @@ async def echo_latency(address: str, n: int) -> list[float]:
     return out
 
 
+def controller_cmd(data_dir: Path, security: list[str], sessions: int) -> list[str]:
+    return [sys.executable, "-m", "controller", "--data-dir", str(data_dir),
+            "--listen", "127.0.0.1:0", "--session-timeout-ms", "600000",
+            "--log-level", "WARNING", "--max-connections", str(sessions + 100),
+            "--max-connections-per-peer", str(sessions + 100), *security]  # fmt: skip
+
+
+def _list(xs: list[float]) -> str:
+    return " ".join(f"{x:,.0f}" for x in xs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sessions", type=int, default=1000)
-    ap.add_argument("--connections", type=int, default=50)
+    ap.add_argument("--sessions", type=int, default=1000, help="brokers, one connection each")
     ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--rounds", type=int, default=1, help="plaintext/mTLS pairs, alternating")
     ap.add_argument("--tailers", type=int, default=20)
     ap.add_argument("--changes", type=int, default=200)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="metactl-bench-") as d:
-        ctl, address = start(
-            [sys.executable, "-m", "controller", "--data-dir", d, "--listen", "127.0.0.1:0",
-             "--session-timeout-ms", "600000", "--log-level", "WARNING"]
-        )  # fmt: skip
+        root = Path(d)
+        certs = root / "certs"
+        ids = range(FIRST_BROKER, FIRST_BROKER + args.sessions)
+        init_certs(certs, default_names(ids))
+        modes = {
+            "plaintext": (["--insecure"], Tls(None)),
+            "mTLS": (["--tls-dir", str(certs)], Tls(certs)),
+        }
+        rates: dict[str, list[float]] = {m: [] for m in modes}
+        cpu: dict[str, list[float]] = {m: [] for m in modes}
+        latency: tuple[list[float], list[float]] = ([], [])
+        for r in range(args.rounds):
+            for mode, (flags, tls) in modes.items():
+                proc, address = start(controller_cmd(root / f"{mode}-{r}", flags, args.sessions))
+                try:
+                    run = controller_heartbeats(address, proc.pid, args.sessions, args.seconds, tls)
+                    rate, cpu_each = asyncio.run(run)
+                    rates[mode].append(rate)
+                    cpu[mode].append(cpu_each)
+                    if mode == "mTLS" and r == args.rounds - 1:
+                        # The sessions stay active (long session timeout): topics can be made.
+                        latency = asyncio.run(
+                            apply_latency(address, args.tailers, args.changes, tls)
+                        )
+                finally:
+                    stop(proc)
         echo, echo_address = start([sys.executable, "-c", ECHO])
         try:
-            sessions = asyncio.run(register(address, args.sessions))
-            hb = asyncio.run(
-                heartbeat_rate(address, sessions, args.connections, args.seconds, echo=False)
-            )
-            eb = asyncio.run(
-                heartbeat_rate(echo_address, sessions, args.connections, args.seconds, echo=True)
-            )
+            eb = asyncio.run(echo_heartbeats(echo_address, args.sessions, args.seconds))
+            plain, mtls = (statistics.median(rates[m]) for m in ("plaintext", "mTLS"))
             print(
-                f"heartbeats: {args.sessions} sessions over {args.connections} connections, "
-                f"{args.seconds:.0f} s"
+                f"heartbeats: {args.sessions} broker sessions, one connection each, "
+                f"{args.seconds:.0f} s x {args.rounds} round(s) (median)"
             )
-            print(f"  controller  {hb:10,.0f} /s   (goal ≥ 10,000/s)")
-            print(f"  echo server {eb:10,.0f} /s   ratio controller/echo {hb / eb:.2f}")
-            from_send, from_ack = asyncio.run(apply_latency(address, args.tailers, args.changes))
+            print(f"  controller, plaintext  {plain:10,.0f} /s")
+            print(f"  controller, mTLS       {mtls:10,.0f} /s   (goal ≥ 10,000/s)")
+            print(f"  ratio mTLS/plaintext   {mtls / plain:10.2f}      (goal ≥ 0.7)")
+            print(f"  echo server            {eb:10,.0f} /s   ratio mTLS/echo {mtls / eb:.2f}")
+            plain_cpu, mtls_cpu = (statistics.median(cpu[m]) * 1e6 for m in modes)
+            if plain_cpu > 0:
+                print(
+                    f"  controller CPU per heartbeat: plaintext {plain_cpu:.0f} µs, "
+                    f"mTLS {mtls_cpu:.0f} µs (ratio plaintext/mTLS {plain_cpu / mtls_cpu:.2f})"
+                )
+            print(f"  rounds: plaintext {_list(rates['plaintext'])}, mTLS {_list(rates['mTLS'])}")
+            from_send, from_ack = latency
             echo_rtt = asyncio.run(echo_latency(echo_address, 500))
-            print(f"commit-to-apply on {args.tailers} tailers, {args.changes} changes:")
+            print(f"commit-to-apply (mTLS) on {args.tailers} tailers, {args.changes} changes:")
             rows = [
                 ("send -> applied", from_send, "   (goal p99 ≤ 50 ms)"),
                 ("ack  -> applied", from_ack, ""),
@@ -245,10 +344,7 @@ def main() -> None:
             ratio = pct(from_send, 99) / pct(echo_rtt, 99)
             print(f"  ratio p99 send->applied / echo round trip: {ratio:.1f}")
         finally:
-            for p in (ctl, echo):
-                p.terminate()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    p.wait(20)
+            stop(echo)
 
 
 if __name__ == "__main__":

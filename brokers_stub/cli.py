@@ -2,19 +2,27 @@
 `python -m brokers_stub`, and the function both call to run the process.
 
 Owns argument names, their defaults and the mapping to `BrokerConfig`; the process
-itself lives in `broker.py`.
+itself lives in `broker.py`. The security and connection-limit flags are the shared ones
+of `protocol.flags`: mutual TLS as `broker-<id>` unless `--insecure`, with certificates
+from `--tls-dir`, `$METACTL_TLS_DIR` or `<data-dir>/certs`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import sys
 from pathlib import Path
 
+import structlog
+
 from brokers_stub.config import BrokerConfig
+from metactl.errors import MetactlError
 from metactl.logs import configure
+from protocol.flags import add_limit_arguments, add_tls_arguments, server_limits, tls_identity
+from protocol.tls import broker_principal
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,10 +82,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
+    add_tls_arguments(parser)
+    add_limit_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> BrokerConfig:
-    return BrokerConfig(
+    """The broker's configuration; InvalidConfigurationError for bad security or limit
+    flags (its TLS files are loaded here, so a bad one fails before anything starts),
+    ValueError for the rest."""
+    config = BrokerConfig(
         broker_id=args.broker_id,
         controller=args.controller,
         data_dir=args.data_dir,
@@ -92,7 +105,14 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         replica_lag_time_max_ms=args.replica_lag_time_max_ms,
         fetch_interval_ms=args.fetch_interval_ms,
         metrics=args.metrics,
+        limits=server_limits(args),
     )
+    tls = tls_identity(
+        args, broker_principal(config.broker_id), fallbacks=[config.data_dir / "certs"]
+    )
+    config = dataclasses.replace(config, tls=tls)
+    _ = config.server_ssl, config.client_ssl  # load the TLS files now
+    return config
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,9 +120,14 @@ def run(args: argparse.Namespace) -> int:
     configure(json=True, level=getattr(logging, str(args.log_level).upper()))
     try:
         config = config_from_args(args)
-    except ValueError as exc:
+    except (ValueError, MetactlError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if config.tls is None:
+        structlog.get_logger("metactl.broker").warning(
+            "TLS is off (--insecure): anyone may act as the controller or as another broker",
+            broker=config.broker_id,
+        )
     from brokers_stub.broker import Broker
 
     return asyncio.run(Broker(config).run())

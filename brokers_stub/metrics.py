@@ -1,7 +1,10 @@
 """An optional Prometheus endpoint (`--metrics HOST:PORT`) showing the broker's state.
 
-A collector reads the live state at scrape time (from the exporter's thread: it only
-copies, never mutates). Owns the metric names; decides nothing.
+Served by prometheus_client's own HTTP server (`protocol.metrics_http`): over mutual TLS
+with the broker's identity when it has one (a scraper needs a certificate of the cluster
+CA), plain HTTP with `--insecure`. A collector reads the live state at scrape time (from
+the exporter's threads: it only copies, never mutates). Owns the metric names; decides
+nothing.
 """
 
 from __future__ import annotations
@@ -9,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from protocol.codec import parse_address
+from protocol.metrics_http import start_metrics_endpoint
 
 if TYPE_CHECKING:
     from brokers_stub.broker import Broker
@@ -56,6 +59,14 @@ class BrokerCollector(Collector):
         )
         lag_s.add_metric(labels, lag_seconds)
         yield lag_s
+        refused = CounterMetricFamily(
+            "metactl_authorization_failures",
+            "Requests this broker refused by authorization, by principal and operation",
+            labels=["principal", "operation"],
+        )
+        for (principal, operation), n in list(b.authorization_failures.items()):
+            refused.add_metric([principal, operation], n)
+        yield refused
         names = ["broker", "topic", "partition"]
         leo = GaugeMetricFamily("metactl_broker_replica_log_end_offset", "LEO", labels=names)
         hw = GaugeMetricFamily("metactl_broker_replica_high_watermark", "HW", labels=names)
@@ -80,16 +91,9 @@ class BrokerCollector(Collector):
 
 
 def start_metrics(broker: Broker, address: str) -> tuple[Callable[[], None], str]:
-    """Serve /metrics on `address`; return the function that stops it, and the real
-    HOST:PORT (port 0 picks one)."""
-    host, port = parse_address(address)
+    """Serve /metrics on `address` (mutual TLS with the broker's identity, if any); return
+    the function that stops it, and the real HOST:PORT (port 0 picks one)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BrokerCollector(broker))
-    server, _thread = start_http_server(port, addr=host, registry=registry)
-
-    def stop() -> None:
-        server.shutdown()
-        server.server_close()
-
-    bound = server.server_address
-    return stop, f"{host}:{bound[1]}"
+    endpoint = start_metrics_endpoint(registry, address, broker.config.tls)
+    return endpoint.stop, endpoint.address

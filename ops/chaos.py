@@ -48,7 +48,8 @@ from ops.chaos_plan import Step, random_plan
 from ops.chaos_procs import Proc, Processes, Timing
 from ops.chaos_read import POLL_S, fetch_metadata, read_logs
 from ops.cluster_cmds import _await_active
-from ops.data_cmds import AckedLog, Connections, Leaders, leader_request
+from ops.data_client import Connections, Leaders, leader_request
+from ops.data_cmds import AckedLog
 from protocol.client import RetryPolicy, request_once
 from protocol.messages import (
     ACKS_ALL,

@@ -12,6 +12,10 @@ broker applies that flag when it loads its replicas at start (it drops every rep
 data above its last fsynced offset), so a "lossy" kill is SIGKILL + a restart with the
 flag, and a plain kill (the OS kept the page cache) is SIGKILL + a restart without it.
 
+The processes run with `--insecure` (plaintext, no principals): the chaos runner's
+clients, its /metrics scrapes and its faults are about replication and recovery, not
+authentication (`metactl cluster up` and tests/e2e run with mutual TLS).
+
 This module owns process lifecycles only: it must not decide which fault comes when
 (`chaos_plan`) or talk the metadata protocol (`chaos`).
 """
@@ -111,6 +115,7 @@ class Processes:
             "--unclean-recovery-strategy", self.strategy,
             "--unclean-recovery-window-ms", str(t.recovery_window_ms),
             "--eligible-leader-replicas", "enabled" if self.elr else "disabled",
+            "--insecure",
         ]  # fmt: skip
         if self.unclean_leader_election:
             cmd.append("--unclean-leader-election")
@@ -125,6 +130,7 @@ class Processes:
             "--session-timeout-ms", str(t.session_ms),
             "--flush-interval-ms", str(t.flush_ms),
             "--replica-lag-time-max-ms", str(t.replica_lag_ms),
+            "--insecure",
         ]  # fmt: skip
         if lose_unflushed:
             cmd.append("--lose-unflushed")

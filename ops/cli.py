@@ -24,7 +24,9 @@ COMMAND_MODULES = (
     "ops.scenario_cmds",
     "ops.controller_cmds",
     "ops.broker_cmds",
+    "ops.describe_cmds",  # describe, brokers
     "ops.cluster_cmds",
+    "ops.certs_cmds",
     "ops.audit_cmds",
     "ops.simulate_cmds",
     "ops.data_cmds",

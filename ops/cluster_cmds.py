@@ -1,14 +1,19 @@
-"""Operator commands: describe, brokers, topics create, elect, and `cluster up`.
+"""Operator commands: topics create, elect, and `cluster up` (describe and brokers, which
+page through the answer, are in ops/describe_cmds.py).
 
-Reading commands work against a running controller (`--controller HOST:PORT`) or offline
-on a data directory (`--data-dir D`); changes always go through the controller.
+Changes always go through the controller. Online commands use mutual TLS unless
+`--insecure` (`ops.client.security_from`): as `admin` by default, `--principal viewer`
+to read only.
+
+`cluster up` makes the cluster's certificates in DATA_DIR/certs (`ops.certs.init_certs`,
+kept across runs) and runs the controller and brokers with mutual TLS; `--insecure`
+runs everything in plaintext. It prints how to point the CLI at the cluster.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -17,13 +22,11 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-import msgspec
-
-from controller.runtime.describe import describe_image
 from metactl.errors import MetactlError
 from metadata_image.image import parse_tp
-from metadata_log.records import NO_LEADER
-from ops.client import call, offline_image
+from ops.certs import default_names, init_certs
+from ops.client import INSECURE, Security, call, security_from
+from protocol.flags import ENV_TLS_DIR, add_tls_arguments
 from protocol.messages import (
     CreateTopic,
     CreateTopicsRequest,
@@ -33,22 +36,12 @@ from protocol.messages import (
     ElectLeader,
     PartitionState,
 )
+from protocol.tls import ADMIN, CA_CERT, VIEWER, TlsIdentity, cert_path, key_path
 
 DEFAULT_CONTROLLER = "127.0.0.1:9093"
 
 
 def register(sub: Any) -> None:
-    d = sub.add_parser("describe", help="partitions, like kafka-topics --describe")
-    _source_args(d)
-    d.add_argument("--topic", default=None)
-    d.add_argument("--json", action="store_true")
-    d.set_defaults(func=cmd_describe)
-
-    b = sub.add_parser("brokers", help="registered brokers and their state")
-    _source_args(b)
-    b.add_argument("--json", action="store_true")
-    b.set_defaults(func=cmd_brokers)
-
     t = sub.add_parser("topics", help="topic administration")
     tsub = t.add_subparsers(dest="topics_command", metavar="SUBCOMMAND")
     c = tsub.add_parser("create", help="create a topic")
@@ -59,6 +52,7 @@ def register(sub: Any) -> None:
     c.add_argument("--replica-assignment", default=None, help="e.g. 1:2:3,2:3:1")
     c.add_argument("--min-isr", type=int, default=None)
     c.add_argument("--unclean-recovery-strategy", default=None)
+    add_tls_arguments(c, client=True)
     c.set_defaults(func=cmd_topics_create)
 
     e = sub.add_parser("elect", help="elect a leader (preferred, or unclean with --replica)")
@@ -66,6 +60,7 @@ def register(sub: Any) -> None:
     e.add_argument("--partition", required=True, help="TOPIC-N")
     e.add_argument("--type", choices=["preferred", "unclean"], required=True)
     e.add_argument("--replica", type=int, default=None)
+    add_tls_arguments(e, client=True)
     e.set_defaults(func=cmd_elect)
 
     up = sub.add_parser("cluster", help="local clusters")
@@ -79,97 +74,19 @@ def register(sub: Any) -> None:
     u.add_argument("--partitions", type=int, default=6)
     u.add_argument("--min-isr", type=int, default=2)
     u.add_argument("--unclean-recovery-strategy", default="balanced")
+    u.add_argument(
+        "--insecure",
+        action="store_true",
+        help="run everything without TLS (default: mutual TLS, certificates made in "
+        "DATA_DIR/certs)",
+    )
     u.add_argument("--exit-after-ready", action="store_true", help=argparse.SUPPRESS)
     u.set_defaults(func=cmd_cluster_up)
-
-
-def _source_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--controller", default=None, help=f"HOST:PORT (default {DEFAULT_CONTROLLER})")
-    g.add_argument("--data-dir", type=Path, default=None, help="read a data directory offline")
 
 
 def _fail(exc: BaseException) -> int:
     print(f"error: {exc}", file=sys.stderr)
     return 1
-
-
-def _ids(xs: list[int]) -> str:
-    return ",".join(map(str, xs))
-
-
-def _describe(args: argparse.Namespace) -> DescribeClusterResponse:
-    if args.data_dir is not None:
-        return asyncio.run(_offline_describe(args.data_dir, getattr(args, "topic", None)))
-    r = asyncio.run(
-        call(
-            args.controller or DEFAULT_CONTROLLER,
-            DescribeClusterRequest(topic=getattr(args, "topic", None)),
-        )
-    )
-    assert isinstance(r, DescribeClusterResponse)
-    return r
-
-
-async def _offline_describe(data_dir: Path, topic: str | None) -> DescribeClusterResponse:
-    image, end = await offline_image(data_dir)
-    return describe_image(image, topic=topic, end_offset=end, committed_offset=end)
-
-
-def _full(obj: msgspec.Struct) -> dict[str, Any]:
-    """Every field, defaults included (the wire form omits them), without tag or version."""
-    return {f: msgspec.to_builtins(getattr(obj, f)) for f in obj.__struct_fields__ if f != "v"}
-
-
-def recovery_state(p: PartitionState) -> str:
-    if p.recovery_pending is not None:
-        return f"recovery_pending(awaiting {_ids(p.recovery_pending) or 'operator'})"
-    if p.recovering:
-        return "recovering"
-    return "offline" if p.leader == NO_LEADER else "ok"
-
-
-def cmd_describe(args: argparse.Namespace) -> int:
-    try:
-        r = _describe(args)
-    except (MetactlError, OSError, TimeoutError) as exc:
-        return _fail(exc)
-    if args.json:
-        print(
-            json.dumps(
-                {"partitions": [_full(p) for p in r.partitions], "end_offset": r.committed_offset}
-            )
-        )
-        return 0
-    for p in r.partitions:
-        leader = "none" if p.leader == NO_LEADER else str(p.leader)
-        print(
-            f"Topic: {p.topic}\tPartition: {p.partition}\tLeader: {leader}\t"
-            f"LeaderEpoch: {p.leader_epoch}\tReplicas: {_ids(p.replicas)}\tIsr: {_ids(p.isr)}\t"
-            f"Elr: {_ids(p.elr)}\tLastKnownElr: {_ids(p.last_known_elr)}\t"
-            f"MinIsr: {p.min_isr}\tRecovery: {recovery_state(p)}"
-        )
-    return 0
-
-
-def cmd_brokers(args: argparse.Namespace) -> int:
-    try:
-        r = _describe(args)
-    except (MetactlError, OSError, TimeoutError) as exc:
-        return _fail(exc)
-    if args.json:
-        print(json.dumps({"brokers": [_full(b) for b in r.brokers]}))
-        return 0
-    head = ("ID", "EPOCH", "FENCED", "SHUTDOWN", "HEARTBEAT", "LAST REG")
-    print("{:>4} {:>8} {:>7} {:>9} {:>10} {:>9}  ENDPOINT".format(*head))
-    for b in r.brokers:
-        age = "-" if b.last_heartbeat_age_ms is None else f"{b.last_heartbeat_age_ms / 1000:.1f}s"
-        clean = "clean" if b.last_registration_clean else "UNCLEAN"
-        print(
-            f"{b.broker_id:>4} {b.epoch:>8} {b.fenced!s:>7} {b.controlled_shutdown!s:>9} "
-            f"{age:>10} {clean:>9}  {b.endpoint}"
-        )
-    return 0
 
 
 def cmd_topics_create(args: argparse.Namespace) -> int:
@@ -187,7 +104,10 @@ def cmd_topics_create(args: argparse.Namespace) -> int:
         recovery_strategy=args.unclean_recovery_strategy,
     )
     try:
-        r = asyncio.run(call(args.controller, CreateTopicsRequest(topics=[spec])))
+        security = security_from(args)
+        r = asyncio.run(
+            call(args.controller, CreateTopicsRequest(topics=[spec]), security=security)
+        )
     except (MetactlError, OSError, TimeoutError) as exc:
         return _fail(exc)
     assert isinstance(r, CreateTopicsResponse)
@@ -202,12 +122,14 @@ def cmd_topics_create(args: argparse.Namespace) -> int:
 def cmd_elect(args: argparse.Namespace) -> int:
     try:
         topic, part = parse_tp(args.partition)
+        security = security_from(args)
         r = asyncio.run(
             call(
                 args.controller,
                 ElectLeader(
                     topic=topic, partition=part, election_type=args.type, replica=args.replica
                 ),
+                security=security,
             )
         )
     except (MetactlError, OSError, TimeoutError, ValueError) as exc:
@@ -249,10 +171,21 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
     py = sys.executable
     procs: list[tuple[str, subprocess.Popen[str], IO[str]]] = []
     try:
+        certs = data / "certs"
+        if args.insecure:
+            flags, security = ["--insecure"], INSECURE
+        else:
+            created = init_certs(certs, default_names(range(1, args.brokers + 1)))
+            if created:
+                print(f"certificates: created {', '.join(created)} in {certs}", flush=True)
+            flags, security = (
+                ["--tls-dir", str(certs)],
+                Security(TlsIdentity.from_dir(certs, ADMIN)),
+            )
         ctl, f = _start(
             [py, "-m", "controller", "--data-dir", str(data / "controller"),
              "--listen", args.listen, "--metrics", args.metrics,
-             "--unclean-recovery-strategy", args.unclean_recovery_strategy],
+             "--unclean-recovery-strategy", args.unclean_recovery_strategy, *flags],
             data / "logs" / "controller.log",
         )  # fmt: skip
         procs.append(("controller", ctl, f))
@@ -262,46 +195,41 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
         for i in range(1, args.brokers + 1):
             b, f = _start(
                 [py, "-m", "brokers_stub", "--id", str(i), "--controller", address,
-                 "--data-dir", str(data / f"broker-{i}")],
+                 "--data-dir", str(data / f"broker-{i}"), *flags],
                 data / "logs" / f"broker-{i}.log",
             )  # fmt: skip
             procs.append((f"broker {i}", b, f))
         for name, p, _ in procs[1:]:
             _await_ready(p, name)
-        asyncio.run(_await_active(address, args.brokers))
+        asyncio.run(_await_active(address, args.brokers, security=security))
         spec = CreateTopic(
             name=args.topic,
             partitions=args.partitions,
             replication_factor=min(3, args.brokers),
             min_isr=args.min_isr,
         )
-        r = asyncio.run(call(address, CreateTopicsRequest(topics=[spec])))
+        r = asyncio.run(call(address, CreateTopicsRequest(topics=[spec]), security=security))
         assert isinstance(r, CreateTopicsResponse)
         res = r.results[0]
-        created = "created" if not res.error_code else f"kept ({res.error_code})"
-        me = "metactl"
-        print(
-            f"metactl cluster up: controller {address}, {args.brokers} brokers, "
-            f"topic {args.topic} {created}\n"
-            f"  data:     {data}  (logs in {data / 'logs'})\n"
-            f"  metrics:  http://{metrics}/metrics\n"
-            f"  try:      {me} describe --controller {address}\n"
-            f"            {me} brokers --controller {address}\n"
-            f"            {me} log tail --data-dir {data / 'controller'}\n"
-            f"            kill -9 <a broker pid> and watch describe: fence, ELR, recovery\n"
-            f"  pids:     " + ", ".join(f"{n}={p.pid}" for n, p, _ in procs) + "\n"
-            "Ctrl-C stops everything cleanly.",
-            flush=True,
-        )
-        if args.exit_after_ready:
-            return 0
+        created_topic = "created" if not res.error_code else f"kept ({res.error_code})"
         stop = {"now": False}
 
         def _stop(signum: int, frame: object) -> None:
             stop["now"] = True
 
+        # Before the banner: whoever reads "Ctrl-C stops" may press it at once.
         signal.signal(signal.SIGINT, _stop)
         signal.signal(signal.SIGTERM, _stop)
+        pids = ", ".join(f"{n}={p.pid}" for n, p, _ in procs)
+        print(
+            f"metactl cluster up: controller {address}, {args.brokers} brokers, "
+            f"topic {args.topic} {created_topic}\n"
+            + _how_to(data, address, metrics, None if args.insecure else certs)
+            + f"  pids:     {pids}\nCtrl-C stops everything cleanly.",
+            flush=True,
+        )
+        if args.exit_after_ready:
+            return 0
         while not stop["now"]:
             signal.pause()
         return 0
@@ -311,11 +239,45 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
         _shutdown(procs)
 
 
-async def _await_active(address: str, brokers: int, timeout_s: float = 60) -> None:
+def _how_to(data: Path, address: str, metrics: str, certs: Path | None) -> str:
+    """What `cluster up` prints after its first line: where things are, what to run."""
+    me = "metactl"
+    if certs is None:
+        sec = "--insecure"
+        lines = [
+            f"  data:     {data}  (logs in {data / 'logs'})",
+            "  security: none (--insecure): anyone may act as any broker or as an admin",
+            f"  metrics:  http://{metrics}/metrics",
+        ]
+    else:
+        sec = f"--tls-dir {certs}"
+        ca, cert, key = certs / CA_CERT, cert_path(certs, VIEWER), key_path(certs, VIEWER)
+        lines = [
+            f"  data:     {data}  (logs in {data / 'logs'})",
+            f"  security: mutual TLS; certificates in {certs} (the CLI acts as admin;",
+            "            --principal viewer reads only). Instead of --tls-dir on every",
+            f"            command: export {ENV_TLS_DIR}={certs}",
+            f"  metrics:  https://{metrics}/metrics  (a client certificate of the CA)",
+            f"            curl --cacert {ca} --cert {cert} --key {key} https://{metrics}/metrics",
+        ]
+    lines += [
+        f"  try:      {me} describe --controller {address} {sec}",
+        f"            {me} brokers --controller {address} {sec} --principal viewer"
+        if certs is not None
+        else f"            {me} brokers --controller {address} {sec}",
+        f"            {me} log tail --data-dir {data / 'controller'}",
+        "            kill -9 <a broker pid> and watch describe: fence, ELR, recovery",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+async def _await_active(
+    address: str, brokers: int, timeout_s: float = 60, *, security: Security = INSECURE
+) -> None:
     """Brokers unfence once they have caught up with the log; wait for all of them."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        r = await call(address, DescribeClusterRequest())
+        r = await call(address, DescribeClusterRequest(), security=security)
         assert isinstance(r, DescribeClusterResponse)
         if sum(1 for b in r.brokers if not b.fenced and not b.controlled_shutdown) >= brokers:
             return

@@ -17,6 +17,10 @@ record acknowledged at (o, e) survives iff the log holds offset o in epoch e). E
 status: 0, 3 when a partition could not be read or an acknowledged record is missing, 1
 and 2 as above.
 
+Both use mutual TLS unless `--insecure` (`ops.client.security_from`): the controller
+must prove it is `controller`, and each leader `broker-<id>`, the id DescribeCluster
+names.
+
 This module owns the client side only: what to send, retry and record. What a broker
 answers is `brokers_stub.produce`'s business.
 """
@@ -25,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -41,19 +44,16 @@ from typing import IO, Any
 from metactl.errors import (
     InvalidRequestError,
     MetactlError,
-    NetworkError,
-    NotLeaderOrFollowerError,
     UnknownTopicOrPartitionError,
 )
-from ops.client import call
+from ops.client import INSECURE, Security, security_from
 from ops.cluster_cmds import DEFAULT_CONTROLLER, _fail
-from protocol.client import RetryPolicy, RpcClient
+from ops.data_client import Connections, Leaders, leader_request
+from protocol.client import RetryPolicy
+from protocol.flags import add_tls_arguments
 from protocol.messages import (
     ACKS_ALL,
     ACKS_LEADER,
-    DescribeClusterRequest,
-    DescribeClusterResponse,
-    Message,
     PartitionState,
     ProduceRequest,
     ProduceResponse,
@@ -125,86 +125,7 @@ def _controller_arg(p: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT",
         help=f"the controller service (default {DEFAULT_CONTROLLER})",
     )
-
-
-# --- metadata ---------------------------------------------------------------------------
-
-
-class Leaders:
-    """Where each partition of one topic is led, as the controller last said."""
-
-    def __init__(self, controller: str, topic: str, retry: RetryPolicy) -> None:
-        self.controller = controller
-        self.topic = topic
-        self.retry = retry
-        self.partitions: dict[int, PartitionState] = {}
-        self.endpoints: dict[int, str] = {}
-
-    async def refresh(self) -> None:
-        r = await call(
-            self.controller, DescribeClusterRequest(topic=self.topic), 10.0, retry=self.retry
-        )
-        if not isinstance(r, DescribeClusterResponse):
-            raise InvalidRequestError(f"unexpected {type(r).__name__} from the controller")
-        self.partitions = {p.partition: p for p in r.partitions if p.topic == self.topic}
-        self.endpoints = {b.broker_id: b.endpoint for b in r.brokers if not b.fenced}
-        if not self.partitions:
-            raise UnknownTopicOrPartitionError(f"topic {self.topic!r} does not exist")
-
-    def leader(self, partition: int) -> tuple[int, str]:
-        """(leader id, endpoint); NotLeaderOrFollowerError (retriable) if it has none."""
-        p = self.partitions.get(partition)
-        if p is None:
-            raise UnknownTopicOrPartitionError(f"no partition {self.topic}-{partition}")
-        endpoint = self.endpoints.get(p.leader, "")
-        if p.leader < 0 or not endpoint:
-            raise NotLeaderOrFollowerError(f"{self.topic}-{partition} has no reachable leader")
-        return p.leader, endpoint
-
-
-class Connections:
-    """One connection per broker endpoint (a connection carries one request at a time)."""
-
-    def __init__(self) -> None:
-        self._clients: dict[str, RpcClient] = {}
-
-    def to(self, endpoint: str) -> RpcClient:
-        client = self._clients.get(endpoint)
-        if client is None:
-            client = self._clients[endpoint] = RpcClient(endpoint, connect_timeout=5.0)
-        return client
-
-    async def close(self) -> None:
-        for client in self._clients.values():
-            await client.close()
-        self._clients.clear()
-
-
-async def leader_request(
-    leaders: Leaders,
-    conns: Connections,
-    partition: int,
-    body: Message,
-    *,
-    timeout_s: float,
-    retry: RetryPolicy,
-) -> Message:
-    """Send `body` to the partition's leader; on NOT_LEADER_OR_FOLLOWER or a broken
-    connection refresh the metadata, and retry every retriable error with backoff."""
-    attempt = 0
-    while True:
-        try:
-            _, endpoint = leaders.leader(partition)
-            return await conns.to(endpoint).request(body, timeout_s)
-        except MetactlError as exc:
-            if not retry.should_retry(exc, attempt):
-                raise
-            await retry.sleep(retry.backoff(attempt))
-            attempt += 1
-            if isinstance(exc, NotLeaderOrFollowerError | NetworkError):
-                # The controller may be moving too: the next attempt says.
-                with contextlib.suppress(MetactlError):
-                    await leaders.refresh()
+    add_tls_arguments(p, client=True)
 
 
 # --- produce ----------------------------------------------------------------------------
@@ -279,8 +200,9 @@ async def produce(
     in_flight: int = 1,
     timeout_ms: int | None = None,
     retry: RetryPolicy = DATA_RETRY,
+    security: Security = INSECURE,
 ) -> ProduceSummary:
-    leaders = Leaders(controller, topic, retry)
+    leaders = Leaders(controller, topic, retry, security)
     await leaders.refresh()
     targets = [partition] if partition is not None else sorted(leaders.partitions)
     for t in targets:
@@ -295,7 +217,7 @@ async def produce(
 
     async def worker() -> None:
         nonlocal next_batch
-        conns = Connections()
+        conns = Connections(security)
         try:
             while next_batch < len(sizes):
                 i, next_batch = next_batch, next_batch + 1
@@ -342,6 +264,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
         return _usage("--timeout-ms must be >= 0")
     acks = ACKS_ALL if args.acks in ("all", "-1") else ACKS_LEADER
     try:
+        security = security_from(args)
         summary = asyncio.run(
             produce(
                 controller=args.controller,
@@ -355,6 +278,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
                 in_flight=args.in_flight,
                 timeout_ms=args.timeout_ms,
                 retry=dataclasses.replace(DATA_RETRY, attempts=args.retries + 1),
+                security=security,
             )
         )
     except (MetactlError, OSError) as exc:
@@ -422,12 +346,17 @@ def read_acked_log(path: Path, topic: str) -> list[dict[str, Any]]:
 
 
 async def consume(
-    *, controller: str, topic: str, partition: int | None, retry: RetryPolicy = DATA_RETRY
+    *,
+    controller: str,
+    topic: str,
+    partition: int | None,
+    retry: RetryPolicy = DATA_RETRY,
+    security: Security = INSECURE,
 ) -> list[tuple[PartitionState, ReadLogResponse | MetactlError]]:
-    leaders = Leaders(controller, topic, retry)
+    leaders = Leaders(controller, topic, retry, security)
     await leaders.refresh()
     targets = [partition] if partition is not None else sorted(leaders.partitions)
-    conns = Connections()
+    conns = Connections(security)
     out: list[tuple[PartitionState, ReadLogResponse | MetactlError]] = []
     try:
         for t in targets:
@@ -450,8 +379,14 @@ async def consume(
 def cmd_consume(args: argparse.Namespace) -> int:
     try:
         acked = read_acked_log(args.check_acked, args.topic) if args.check_acked else None
+        security = security_from(args)
         results = asyncio.run(
-            consume(controller=args.controller, topic=args.topic, partition=args.partition)
+            consume(
+                controller=args.controller,
+                topic=args.topic,
+                partition=args.partition,
+                security=security,
+            )
         )
     except (MetactlError, OSError) as exc:
         return _fail(exc)

@@ -3,6 +3,11 @@
 Processes are started with `python -m controller` / `python -m brokers_stub`, report
 readiness on stdout, and are stopped with real signals. Waiting is always on observable
 state (a committed record, a state in DescribeCluster) with generous timeouts.
+
+A cluster runs with mutual TLS by default: `root/certs` holds its CA and certificates
+(`ops.certs.init_certs`, a broker's added when it first starts), the processes get
+`--tls-dir`, and the test's own requests act as `admin`. `Cluster(root, tls=False)`
+passes `--insecure` instead. `cli_flags` are the flags a `metactl` client command needs.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from pathlib import Path
 
 from metactl.errors import NetworkError
 from metadata_log.records import MetadataRecord
-from protocol.client import request_once
+from ops.certs import default_names, init_certs
+from ops.client import INSECURE, Security, call
+from protocol.client import NO_RETRY
 from protocol.messages import (
     DescribeClusterRequest,
     DescribeClusterResponse,
@@ -28,6 +35,7 @@ from protocol.messages import (
     FetchMetadataResponse,
     Message,
 )
+from protocol.tls import ADMIN, TlsIdentity, broker_principal
 
 HEARTBEAT_MS = 200
 SESSION_MS = 1500
@@ -89,13 +97,30 @@ class Process:
 
 
 class Cluster:
-    def __init__(self, root: Path, strategy: str = "balanced") -> None:
+    def __init__(self, root: Path, strategy: str = "balanced", *, tls: bool = True) -> None:
         self.root = root
         self.strategy = strategy
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.controller: Process | None = None
         self.brokers: dict[int, Process] = {}
+        self.certs = root / "certs"
+        self.security = INSECURE
+        if tls:
+            init_certs(self.certs, default_names([]))
+            self.security = Security(TlsIdentity.from_dir(self.certs, ADMIN))
+
+    @property
+    def cli_flags(self) -> list[str]:
+        """What a `metactl` client command needs to reach this cluster as `admin`."""
+        return ["--tls-dir", str(self.certs)] if self.security.identity else ["--insecure"]
+
+    def _security_flags(self, broker_id: int | None = None) -> list[str]:
+        if self.security.identity is None:
+            return ["--insecure"]
+        if broker_id is not None:
+            init_certs(self.certs, [broker_principal(broker_id)])
+        return ["--tls-dir", str(self.certs)]
 
     def start_controller(self) -> None:
         self.controller = Process(
@@ -103,7 +128,7 @@ class Cluster:
             [sys.executable, "-m", "controller", "--data-dir", str(self.root / "controller"),
              "--listen", self.address, "--heartbeat-interval-ms", str(HEARTBEAT_MS),
              "--session-timeout-ms", str(SESSION_MS),
-             "--unclean-recovery-strategy", self.strategy],
+             "--unclean-recovery-strategy", self.strategy, *self._security_flags()],
             self.root / "logs" / "controller.log",
         )  # fmt: skip
         self.controller.await_ready()
@@ -114,7 +139,7 @@ class Cluster:
             [sys.executable, "-m", "brokers_stub", "--id", str(broker_id),
              "--controller", self.address, "--data-dir", str(self.root / f"broker-{broker_id}"),
              "--heartbeat-interval-ms", str(HEARTBEAT_MS), "--flush-interval-ms", "200",
-             *extra],
+             *self._security_flags(broker_id), *extra],
             self.root / "logs" / f"broker-{broker_id}.log",
         )  # fmt: skip
         p.await_ready()
@@ -146,7 +171,7 @@ class Cluster:
     # --- observing ---
 
     async def request(self, body: Message) -> Message:
-        return await request_once(self.address, body, timeout_s=10)
+        return await call(self.address, body, 10, retry=NO_RETRY, security=self.security)
 
     async def describe(self) -> DescribeClusterResponse:
         r = await self.request(DescribeClusterRequest())

@@ -12,6 +12,7 @@ import json
 import shutil
 import signal
 import socket
+import ssl
 import string
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
 from prometheus_client import CollectorRegistry
 
 from controller.core.config import ControllerConfig
@@ -55,6 +57,7 @@ from protocol.messages import (
     UnfenceBroker,
     error_response,
 )
+from protocol.tls import CA_CERT, VIEWER, cert_path, key_path
 from protocol.transport import read_frame
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,6 +67,15 @@ GRAFANA = REPO / "grafana"
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
     """One sample's value, or None when the series does not exist."""
     return registry.get_sample_value(name, labels)
+
+
+def scrape_context(certs: Path, principal: str) -> ssl.SSLContext:
+    """A scraper's TLS context, as Prometheus's tls_config builds it: the cluster CA, the
+    principal's certificate and key, host names checked (the certificates name 127.0.0.1
+    and localhost)."""
+    ctx = ssl.create_default_context(cafile=str(certs / CA_CERT))
+    ctx.load_cert_chain(str(cert_path(certs, principal)), str(key_path(certs, principal)))
+    return ctx
 
 
 def free_port() -> int:
@@ -191,8 +203,11 @@ def render_prometheus_config(
     brokers: Sequence[str] = (),
     scrape_interval: str = "1s",
     evaluation_interval: str = "1s",
+    certs: Path | None = None,
 ) -> str:
-    """grafana/prometheus.yml.tmpl with its ${...} placeholders filled (as envsubst would)."""
+    """grafana/prometheus.yml.tmpl with its ${...} placeholders filled (as envsubst would).
+    With `certs` (a `metactl certs init` directory) every job scrapes over mutual TLS as
+    `viewer`, as grafana/README.md shows."""
     template = string.Template((GRAFANA / "prometheus.yml.tmpl").read_text(encoding="utf-8"))
     text = template.safe_substitute(
         SCRAPE_INTERVAL=scrape_interval,
@@ -203,7 +218,17 @@ def render_prometheus_config(
     )
     config = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
     assert "$" not in "\n".join(config), "a placeholder of the template was not filled"
-    return text
+    if certs is None:
+        return text
+    doc = yaml.safe_load(text)
+    for job in doc["scrape_configs"]:
+        job["scheme"] = "https"
+        job["tls_config"] = {
+            "ca_file": str(certs / CA_CERT),
+            "cert_file": str(cert_path(certs, VIEWER)),
+            "key_file": str(key_path(certs, VIEWER)),
+        }
+    return str(yaml.safe_dump(doc, sort_keys=False))
 
 
 class PrometheusServer:

@@ -3,7 +3,8 @@ service every second and evaluates grafana/alerts.yml; a power outage followed b
 registrations drives a balanced unclean recovery through the wire protocol (the
 controller asks the brokers' own TCP listeners for their logs), and the
 MetactlPotentialDataLoss alert fires for the right topic and strategy. Every query of the
-dashboard is then run against the same Prometheus."""
+dashboard is then run against the same Prometheus. The real-process variant runs the
+whole cluster with mutual TLS, and Prometheus scrapes it with the viewer's certificate."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ import pytest
 from controller.core.config import ControllerConfig
 from controller.runtime.service import ControllerService
 from metadata_log.records import UncleanRecoveryRecord
+from ops.certs import default_names, init_certs
+from ops.client import Security
 from protocol.client import RpcClient
 from protocol.codec import parse_address
 from protocol.messages import (
@@ -31,6 +34,7 @@ from protocol.messages import (
     DescribeClusterResponse,
     PartitionState,
 )
+from protocol.tls import ADMIN, TlsIdentity
 from tests.observability.kit import (
     GRAFANA,
     NO_PROMETHEUS,
@@ -208,8 +212,8 @@ HEARTBEAT_MS = "200"
 SESSION_MS = "1500"
 
 
-async def describe(controller: str) -> DescribeClusterResponse:
-    conn = await RpcClient.open(*parse_address(controller))
+async def describe(controller: str, security: Security) -> DescribeClusterResponse:
+    conn = security.controller_client(controller)
     try:
         r = await conn.request(DescribeClusterRequest())
     finally:
@@ -219,11 +223,14 @@ async def describe(controller: str) -> DescribeClusterResponse:
 
 
 async def wait_for_state(
-    controller: str, what: str, check: Callable[[DescribeClusterResponse], bool]
+    controller: str,
+    security: Security,
+    what: str,
+    check: Callable[[DescribeClusterResponse], bool],
 ) -> DescribeClusterResponse:
     deadline = time.monotonic() + TIMEOUT_S
     while True:
-        state = await describe(controller)
+        state = await describe(controller, security)
         if check(state):
             return state
         if time.monotonic() > deadline:
@@ -249,14 +256,19 @@ def orders(state: DescribeClusterResponse) -> PartitionState:
 async def test_real_processes_power_outage_fires_the_alert(tmp_path: Path) -> None:
     """The same story with nothing in-process: `python -m controller --metrics` and three
     `python -m brokers_stub` processes (SIGKILLed, then restarted without their
-    clean-shutdown file), all scraped by Prometheus."""
+    clean-shutdown file), all with mutual TLS and scraped by Prometheus over HTTPS with
+    the viewer's certificate."""
     logs = tmp_path / "logs"
+    certs = tmp_path / "certs"
+    init_certs(certs, default_names([1, 2, 3]))
+    tls = ["--tls-dir", str(certs)]
+    admin = Security(TlsIdentity.from_dir(certs, ADMIN))
     listen = f"127.0.0.1:{free_port()}"
     controller = Proc(
         "controller",
         ["-m", "controller", "--data-dir", str(tmp_path / "controller"), "--listen", listen,
          "--metrics", "127.0.0.1:0", "--heartbeat-interval-ms", HEARTBEAT_MS,
-         "--session-timeout-ms", SESSION_MS, "--unclean-recovery-strategy", "balanced"],
+         "--session-timeout-ms", SESSION_MS, "--unclean-recovery-strategy", "balanced", *tls],
         logs / "controller.log",
     )  # fmt: skip
     brokers: dict[int, Proc] = {}
@@ -268,7 +280,7 @@ async def test_real_processes_power_outage_fires_the_alert(tmp_path: Path) -> No
             f"broker-{b}",
             ["-m", "brokers_stub", "--id", str(b), "--controller", listen,
              "--data-dir", str(tmp_path / f"broker-{b}"), "--heartbeat-interval-ms", HEARTBEAT_MS,
-             "--flush-interval-ms", "200", "--metrics", broker_metrics[b]],
+             "--flush-interval-ms", "200", "--metrics", broker_metrics[b], *tls],
             logs / f"broker-{b}.log",
         )  # fmt: skip
         brokers[b] = p
@@ -282,16 +294,17 @@ async def test_real_processes_power_outage_fires_the_alert(tmp_path: Path) -> No
         prom = await asyncio.to_thread(
             PrometheusServer.start,
             tmp_path / "prometheus",
-            render_prometheus_config(metrics, brokers=list(broker_metrics.values())),
+            render_prometheus_config(metrics, brokers=list(broker_metrics.values()), certs=certs),
         )
         for b in (1, 2, 3):
             await asyncio.wait_for(asyncio.to_thread(start_broker, b), TIMEOUT_S)
         await wait_for_state(
             listen,
+            admin,
             "3 active brokers",
             lambda s: len(s.brokers) == 3 and not any(b.fenced for b in s.brokers),
         )
-        conn = await RpcClient.open(*parse_address(listen))
+        conn = admin.controller_client(listen)
         try:
             r = await conn.request(
                 CreateTopicsRequest(
@@ -301,7 +314,7 @@ async def test_real_processes_power_outage_fires_the_alert(tmp_path: Path) -> No
         finally:
             await conn.close()
         assert isinstance(r, CreateTopicsResponse) and r.results[0].error_code is None
-        await wait_for_state(listen, "full ISR", lambda s: orders(s).isr == [1, 2, 3])
+        await wait_for_state(listen, admin, "full ISR", lambda s: orders(s).isr == [1, 2, 3])
         series = 'metactl_potential_data_loss_events_total{topic="orders", strategy="balanced"}'
         assert (
             await eventually("the data-loss series at 0", lambda: instant_value(prom, series)) == 0
@@ -315,13 +328,15 @@ async def test_real_processes_power_outage_fires_the_alert(tmp_path: Path) -> No
         # Power outage: SIGKILL each broker, fenced one by one (ELR [2, 3]).
         for b in (1, 2, 3):
             assert await asyncio.to_thread(brokers.pop(b).stop, signal.SIGKILL) == -signal.SIGKILL
-            await wait_for_state(listen, f"broker {b} fenced", fenced(b))
-        assert orders(await describe(listen)).elr == [2, 3]
+            await wait_for_state(listen, admin, f"broker {b} fenced", fenced(b))
+        assert orders(await describe(listen, admin)).elr == [2, 3]
         # They restart without a clean-shutdown file: unclean registrations, LastKnownELR
         # [2, 3], and a balanced recovery once both have answered GetReplicaLogInfo.
         for b in (1, 2, 3):
             await asyncio.wait_for(asyncio.to_thread(start_broker, b), TIMEOUT_S)
-        await wait_for_state(listen, "a recovered leader", lambda s: orders(s).leader in (2, 3))
+        await wait_for_state(
+            listen, admin, "a recovered leader", lambda s: orders(s).leader in (2, 3)
+        )
 
         alerts = await eventually(
             "MetactlPotentialDataLoss firing", lambda: firing(prom, "MetactlPotentialDataLoss")

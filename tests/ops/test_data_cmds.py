@@ -1,5 +1,6 @@
 """`metactl produce` and `metactl consume`: the pure helpers, bad input, and one run end
-to end on a real controller and three real broker processes."""
+to end on a real controller and three real broker processes, all over mutual TLS (the
+CLI as `admin`, and as `viewer`, who may read but not produce)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def test_bad_input_is_a_named_error_without_traceback(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     log = str(tmp_path / "acked.jsonl")
-    base = ["produce", "--controller", "127.0.0.1:1", "--topic", "t", "--acked-log", log]
+    base = ["produce", "--controller", "127.0.0.1:1", "--insecure", "--topic", "t",
+            "--acked-log", log]  # fmt: skip
     assert main([*base, "--count", "0"]) == 2
     assert "error: INVALID_REQUEST: --count must be >= 1" in capsys.readouterr().err
     assert main([*base, "--count", "5", "--rate", "0"]) == 2
@@ -76,13 +78,15 @@ def test_produce_then_consume_on_a_real_cluster(
     cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     addr = cluster.address
+    tls = cluster.cli_flags
+    assert tls[0] == "--tls-dir"  # the cluster runs with mutual TLS
     asyncio.run(
         cluster.wait_until(
             lambda s: len(s.brokers) == 3 and not any(b.fenced for b in s.brokers), "3 brokers"
         )
     )
     create = ["topics", "create", "--controller", addr, "--topic", "t", "--partitions", "2",
-              "--replication-factor", "3", "--min-isr", "2"]  # fmt: skip
+              "--replication-factor", "3", "--min-isr", "2", *tls]  # fmt: skip
     assert main(create) == 0
     asyncio.run(cluster.wait_until(_ready, "t led with a full ISR"))
     capsys.readouterr()
@@ -91,7 +95,7 @@ def test_produce_then_consume_on_a_real_cluster(
     status = main(
         ["produce", "--bootstrap-controller", addr, "--topic", "t", "--acks", "all",
          "--count", "400", "--batch", "40", "--in-flight", "2", "--rate", "100000",
-         "--acked-log", str(acked)]
+         "--acked-log", str(acked), *tls]
     )  # fmt: skip
     out = capsys.readouterr().out
     assert status == 0, out
@@ -104,7 +108,7 @@ def test_produce_then_consume_on_a_real_cluster(
 
     status = main(
         ["consume", "--controller", addr, "--topic", "t", "--from-beginning", "--json",
-         "--check-acked", str(acked)]
+         "--check-acked", str(acked), *tls]
     )  # fmt: skip
     doc = json.loads(capsys.readouterr().out)
     assert status == 0
@@ -113,14 +117,24 @@ def test_produce_then_consume_on_a_real_cluster(
         assert part["high_watermark"] == 200
         assert part["ranges"] == [[0, 200, epoch]]
         assert part["missing_acked"] == 0
-    assert main(["consume", "--controller", addr, "--topic", "t", "--from-beginning"]) == 0
+    viewer = [*tls, "--principal", "viewer"]
+    assert main(["consume", "--controller", addr, "--topic", "t", "--from-beginning", *viewer]) == 0
     text = capsys.readouterr().out.splitlines()
     assert len(text) == 2 and all("HighWatermark: 200" in line for line in text)
+    # The viewer may read but not produce: refused by the leader, nothing acknowledged.
+    status = main(
+        ["produce", "--controller", addr, "--topic", "t", "--partition", "0", "--count", "1",
+         "--acked-log", str(acked), "--retries", "0", "--json", *viewer]
+    )  # fmt: skip
+    assert status == 3
+    assert json.loads(capsys.readouterr().out)["refused_batches"] == {
+        "TOPIC_AUTHORIZATION_FAILED": 1
+    }
 
     # A refused batch is counted by its error and never reaches the acked log: exit 3.
     status = main(
         ["produce", "--controller", addr, "--topic", "t", "--partition", "1", "--count", "20000",
-         "--batch", "20000", "--acked-log", str(acked), "--json"]
+         "--batch", "20000", "--acked-log", str(acked), "--json", *tls]
     )  # fmt: skip
     assert status == 3
     assert json.loads(capsys.readouterr().out) == {
@@ -131,5 +145,5 @@ def test_produce_then_consume_on_a_real_cluster(
     }
     assert len(acked.read_text().splitlines()) == 10
 
-    assert main(["consume", "--controller", addr, "--topic", "nope"]) == 1
+    assert main(["consume", "--controller", addr, "--topic", "nope", *tls]) == 1
     assert capsys.readouterr().err.startswith("error: UNKNOWN_TOPIC_OR_PARTITION")

@@ -1,0 +1,93 @@
+"""`metactl certs init --data-dir D [--brokers 1,2,3]`: a cluster's CA and certificates.
+
+Writes D/certs (layout in protocol/tls.py) through `ops.certs.init_certs`: the CA, and a
+certificate for `controller`, `admin`, `viewer` and `broker-<id>` for each id. Existing
+files are kept, so running it again keeps the CA (and every certificate it signed) and
+only adds what is missing, e.g. a new broker. Prints what it made and what it kept, and
+how the processes and the CLI find the directory.
+
+Exit status: 0 done; 1 the directory could not be written or holds an unusable CA; 2 bad
+flags. Errors are named (`error: CODE: ...`), never a traceback. This module only parses
+and prints: the certificates themselves are `ops.certs`'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from metactl.errors import InvalidConfigurationError, MetactlError
+from ops.certs import default_names, init_certs
+from protocol.flags import ENV_TLS_DIR
+from protocol.tls import CA_CERT, MAX_BROKER_ID
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+DEFAULT_BROKERS = "1,2,3"
+
+
+def register(sub: Any) -> None:
+    c = sub.add_parser("certs", help="the cluster's certificate authority and certificates")
+    csub = c.add_subparsers(dest="certs_command", metavar="SUBCOMMAND")
+    i = csub.add_parser(
+        "init",
+        help="create (or complete) DATA_DIR/certs: a CA, controller, admin, viewer, brokers",
+        description="Create the cluster CA in DATA_DIR/certs if absent and a certificate "
+        "for controller, admin, viewer and broker-<id> for each --brokers id that has none. "
+        "Existing files are kept: re-running keeps the CA and adds new names.",
+    )
+    i.add_argument("--data-dir", type=Path, required=True, help="the certificates go in D/certs")
+    i.add_argument(
+        "--brokers",
+        default=DEFAULT_BROKERS,
+        metavar="IDS",
+        help=f"broker ids, comma-separated (default {DEFAULT_BROKERS})",
+    )
+    i.set_defaults(func=cmd_init)
+
+
+def parse_broker_ids(text: str) -> list[int]:
+    """'1,2,3' -> [1, 2, 3]; InvalidConfigurationError for anything else."""
+    ids: list[int] = []
+    for raw in text.split(","):
+        part = raw.strip()
+        if not part.isdigit() or int(part) > MAX_BROKER_ID:
+            raise InvalidConfigurationError(
+                f"--brokers takes broker ids 0..{MAX_BROKER_ID} separated by commas, "
+                f"e.g. 1,2,3; got {text!r}"
+            )
+        if int(part) not in ids:
+            ids.append(int(part))
+    return ids
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    try:
+        ids = parse_broker_ids(args.brokers)
+    except MetactlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    certs = (args.data_dir / "certs").resolve()
+    names = default_names(ids)
+    had_ca = (certs / CA_CERT).exists()
+    try:
+        created = init_certs(certs, names)
+    except MetactlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as exc:
+        err = InvalidConfigurationError(f"cannot write certificates in {certs}: {exc}")
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    kept = [n for n in names if n not in created]
+    print(f"certificates in {certs}")
+    print(f"  CA:       {CA_CERT} ({'kept' if had_ca else 'created'})")
+    print(f"  created:  {', '.join(created) or 'nothing'}")
+    if kept:
+        print(f"  kept:     {', '.join(kept)}")
+    print(
+        f"  use:      --tls-dir {certs} on the controller, the brokers and the CLI, or\n"
+        f"            export {ENV_TLS_DIR}={certs}"
+    )
+    return EXIT_OK

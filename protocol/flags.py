@@ -1,0 +1,173 @@
+"""The security and connection-limit flags every metactl process shares, and their readers.
+
+One definition for the controller (`metactl controller serve`, `python -m controller`),
+the brokers (`metactl broker run`, `python -m brokers_stub`) and the CLI's client
+commands (`describe`, `brokers`, `topics create`, `elect`, `produce`, `consume`):
+
+- `--tls-dir DIR`: the cluster's certificate directory (`metactl certs init` writes it;
+  layout in protocol/tls.py). `--insecure`: no TLS at all. The two exclude each other.
+- Secure by default: without `--insecure` a process looks for its certificates in
+  `--tls-dir`, else `$METACTL_TLS_DIR`, else in the fallback directories its command
+  names (`<data-dir>/certs` for a process with a data directory, `./data/certs`, where
+  `make run` puts them, for the CLI), and fails with INVALID_CONFIG saying what to do
+  when it finds none. A fallback counts only if it holds `ca.pem`; an explicit
+  directory is always used, and a missing file in it is named.
+- Client commands choose the principal they act as with `--principal` (`admin` by
+  default; `viewer` is read-only).
+- `--max-connections`, `--max-connections-per-peer`, `--idle-timeout-ms`,
+  `--frame-deadline-ms`, `--handshake-timeout-ms`: a listener's `ServerLimits`, with its
+  defaults.
+
+This module parses flags and loads nothing but certificate paths: it opens no socket and
+decides nothing about what a principal may do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from metactl.errors import InvalidConfigurationError
+from protocol.server import (
+    DEFAULT_FRAME_DEADLINE_S,
+    DEFAULT_HANDSHAKE_TIMEOUT_S,
+    DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_CONNECTIONS_PER_PEER,
+    ServerLimits,
+)
+from protocol.tls import ADMIN, CA_CERT, TlsIdentity
+
+ENV_TLS_DIR: Final = "METACTL_TLS_DIR"
+# Where `make run` (`metactl cluster up --data-dir ./data`) writes the certificates: the
+# CLI's last resort, so that `metactl describe` works next to a `make run`.
+CLI_FALLBACK_TLS_DIR: Final = Path("data") / "certs"
+
+
+def add_tls_arguments(p: argparse.ArgumentParser, *, client: bool = False) -> None:
+    """`--tls-dir` / `--insecure` (and, for a client, `--principal`)."""
+    g = p.add_argument_group(
+        "security",
+        "mutual TLS is on by default; certificates come from --tls-dir, else "
+        f"${ENV_TLS_DIR}, else "
+        + ("./data/certs (where `make run` puts them)" if client else "<data-dir>/certs"),
+    )
+    x = g.add_mutually_exclusive_group()
+    x.add_argument(
+        "--tls-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the cluster's certificate directory (`metactl certs init --data-dir D` writes "
+        "D/certs)",
+    )
+    x.add_argument(
+        "--insecure",
+        action="store_true",
+        help="no TLS: plaintext, and no principal (anyone may act as anyone)",
+    )
+    if client:
+        g.add_argument(
+            "--principal",
+            default=ADMIN,
+            metavar="NAME",
+            help=f"act as this certificate's principal (default {ADMIN}; viewer is read-only)",
+        )
+
+
+def tls_identity(
+    args: Any,
+    name: str,
+    *,
+    fallbacks: Sequence[Path] = (),
+    environ: Mapping[str, str] | None = None,
+) -> TlsIdentity | None:
+    """The identity `name` from the flags of `add_tls_arguments`, or None with
+    `--insecure`. InvalidConfigurationError names what to do when there is none."""
+    if getattr(args, "insecure", False):
+        return None
+    env = os.environ if environ is None else environ
+    explicit: Path | None = getattr(args, "tls_dir", None)
+    if explicit is None and env.get(ENV_TLS_DIR):
+        explicit = Path(env[ENV_TLS_DIR])
+    if explicit is not None:
+        if not explicit.is_dir():
+            raise InvalidConfigurationError(
+                f"TLS directory {explicit} does not exist (create it with "
+                f"`metactl certs init --data-dir D`, which writes D/certs, or pass --insecure)"
+            )
+        return TlsIdentity.from_dir(explicit, name)
+    for candidate in fallbacks:
+        if (candidate / CA_CERT).is_file():
+            return TlsIdentity.from_dir(candidate, name)
+    looked = ", ".join(str(c) for c in fallbacks)
+    raise InvalidConfigurationError(
+        f"TLS is on by default and no certificates were found (no --tls-dir, no "
+        f"${ENV_TLS_DIR}" + (f", nothing in {looked}" if looked else "") + "): create them "
+        "with `metactl certs init --data-dir D` and pass --tls-dir D/certs, or pass "
+        "--insecure to run without TLS"
+    )
+
+
+def add_limit_arguments(p: argparse.ArgumentParser) -> None:
+    """A listener's connection limits (`ServerLimits`), defaults shown in --help."""
+    g = p.add_argument_group("connection limits")
+    g.add_argument(
+        "--max-connections",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        metavar="N",
+        help="open connections in all; more are closed at once (default %(default)s)",
+    )
+    g.add_argument(
+        "--max-connections-per-peer",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS_PER_PEER,
+        metavar="N",
+        help="open connections per principal (per address without TLS) (default %(default)s)",
+    )
+    g.add_argument(
+        "--idle-timeout-ms",
+        type=int,
+        default=int(DEFAULT_IDLE_TIMEOUT_S * 1000),
+        metavar="MS",
+        help="close a connection without a request for this long (default %(default)s)",
+    )
+    g.add_argument(
+        "--frame-deadline-ms",
+        type=int,
+        default=int(DEFAULT_FRAME_DEADLINE_S * 1000),
+        metavar="MS",
+        help="a frame, once begun, must arrive whole within this (default %(default)s)",
+    )
+    g.add_argument(
+        "--handshake-timeout-ms",
+        type=int,
+        default=int(DEFAULT_HANDSHAKE_TIMEOUT_S * 1000),
+        metavar="MS",
+        help="a TLS handshake must finish within this (default %(default)s)",
+    )
+
+
+def server_limits(args: Any) -> ServerLimits:
+    """The `ServerLimits` of `add_limit_arguments`' flags; INVALID_CONFIG if one is < 1."""
+    values = {
+        "--max-connections": args.max_connections,
+        "--max-connections-per-peer": args.max_connections_per_peer,
+        "--idle-timeout-ms": args.idle_timeout_ms,
+        "--frame-deadline-ms": args.frame_deadline_ms,
+        "--handshake-timeout-ms": args.handshake_timeout_ms,
+    }
+    for flag, value in values.items():
+        if value < 1:
+            raise InvalidConfigurationError(f"{flag} must be >= 1, got {value}")
+    return ServerLimits(
+        max_connections=args.max_connections,
+        max_connections_per_peer=args.max_connections_per_peer,
+        idle_timeout_s=args.idle_timeout_ms / 1000,
+        frame_deadline_s=args.frame_deadline_ms / 1000,
+        handshake_timeout_s=args.handshake_timeout_ms / 1000,
+    )
