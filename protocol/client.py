@@ -14,7 +14,8 @@ controller inspects broker 3), and anything else fails with SslAuthenticationErr
 a failed handshake. Neither is retriable: retrying cannot fix a certificate.
 
 A `RetryPolicy` retries errors whose `retriable` is true with capped exponential backoff
-and full jitter, and raises any other error at once. The default policy makes one attempt.
+and full jitter (a throttled request waits at least the throttle time its error names),
+and raises any other error at once. The default policy makes one attempt.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from metactl.errors import (
     MetactlError,
     NetworkError,
     SslAuthenticationError,
+    ThrottlingQuotaExceededError,
     error_for_code,
 )
 from protocol.codec import DEFAULT_MAX_FRAME_BYTES, decode_frame, encode_frame, parse_address
@@ -147,7 +149,10 @@ class RpcClient:
             except MetactlError as exc:
                 if not policy.should_retry(exc, attempt):
                     raise
-                await policy.sleep(policy.backoff(attempt))
+                delay = policy.backoff(attempt)
+                if isinstance(exc, ThrottlingQuotaExceededError):  # KIP-599: wait it out
+                    delay = max(delay, exc.retry_after_ms / 1000)
+                await policy.sleep(delay)
                 if still_wanted is not None and not still_wanted():
                     raise
                 attempt += 1
@@ -179,7 +184,10 @@ class RpcClient:
                 )
         if isinstance(frame.body, ErrorResponse):
             err = frame.body
-            raise error_for_code(err.code, err.message, err.retriable)
+            error = error_for_code(err.code, err.message, err.retriable)
+            if isinstance(error, ThrottlingQuotaExceededError):
+                error.retry_after_ms = err.throttle_time_ms
+            raise error
         return frame.body
 
     async def _connection(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

@@ -20,7 +20,7 @@ from typing import ClassVar, Literal
 
 import msgspec
 
-from metactl.errors import MetactlError
+from metactl.errors import MetactlError, ThrottlingQuotaExceededError
 from metadata_log.records import MetadataRecord
 
 
@@ -151,8 +151,32 @@ class ElectLeader(_Msg, tag="ElectLeaders", frozen=True):
     replica: int | None = None  # required for unclean
 
 
+class DescribeCursor(msgspec.Struct, frozen=True, kw_only=True):
+    """A place in DescribeCluster's partition order (topic name, then partition index):
+    the first partition a page holds (KIP-966 DescribeTopicPartitions' Cursor)."""
+
+    topic: str
+    partition: int
+
+
 class DescribeClusterRequest(_Msg, tag="DescribeCluster", frozen=True):
+    """v1: every broker and every partition (of `topic`, if set) in one answer, refused
+    with MESSAGE_TOO_LARGE when that does not fit a frame; an unknown topic answers no
+    partitions. v2: one page (docs/protocol.md, Paging): up to `partition_limit`
+    partitions from `cursor` on and `broker_limit` brokers from id `broker_cursor` on,
+    within `max_bytes`; an unknown topic is UNKNOWN_TOPIC_OR_PARTITION, a negative
+    limit, cursor or `max_bytes` INVALID_REQUEST (checked by the service, as the core
+    checks its requests). The v2 fields are ignored at v1."""
+
+    VERSIONS: ClassVar[frozenset[int]] = frozenset({1, 2})
     topic: str | None = None
+    cursor: DescribeCursor | None = None  # None: from the first partition
+    # None: the controller's page size; 0: no partitions (e.g. `metactl brokers`).
+    partition_limit: int | None = None
+    broker_cursor: int | None = None  # the first broker id to return; None: the lowest
+    broker_limit: int | None = None  # as partition_limit
+    # The largest frame payload the sender accepts; the controller also keeps to its own.
+    max_bytes: int | None = None
 
 
 class BrokerDescription(msgspec.Struct, frozen=True, kw_only=True):
@@ -167,10 +191,16 @@ class BrokerDescription(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class DescribeClusterResponse(_Msg, tag="DescribeClusterResponse", frozen=True):
+    """Answered at the request's version, from one committed image."""
+
+    VERSIONS: ClassVar[frozenset[int]] = frozenset({1, 2})
     brokers: list[BrokerDescription]
     partitions: list[PartitionState]
     end_offset: int
     committed_offset: int
+    # v2: where the next page starts; None: nothing more (always None at v1).
+    next_cursor: DescribeCursor | None = None
+    next_broker_cursor: int | None = None
 
 
 # --- controller -> broker ---------------------------------------------------------------
@@ -275,10 +305,16 @@ class ErrorResponse(_Msg, tag="Error", frozen=True):
     code: str
     message: str = ""
     retriable: bool = False
+    # THROTTLING_QUOTA_EXCEEDED: how long to wait before retrying (Kafka's throttle_time_ms).
+    # Omitted when 0; an older receiver ignores it, so no new version.
+    throttle_time_ms: int = 0
 
 
 def error_response(exc: MetactlError) -> ErrorResponse:
-    return ErrorResponse(code=exc.code, message=exc.message, retriable=exc.retriable)
+    throttle = exc.retry_after_ms if isinstance(exc, ThrottlingQuotaExceededError) else 0
+    return ErrorResponse(
+        code=exc.code, message=exc.message, retriable=exc.retriable, throttle_time_ms=throttle
+    )
 
 
 # --- inside the controller only -----------------------------------------------------------

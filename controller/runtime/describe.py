@@ -1,14 +1,56 @@
-"""Turning an image into the wire's describe shapes (used online by the service and
-offline by the CLI). Pure: no IO, and nothing here decides anything."""
+"""Turning an image into the wire's describe shapes, one page at a time (used online by
+the service and offline by the CLI).
+
+Owns the describe order and its paging: partitions by (topic name, partition index),
+brokers by id, a page bounded by an item count and by the encoded size of its frame, and
+the cursor where the next page starts (KIP-966 DescribeTopicPartitions). One topic is
+read through its partition count, never by scanning the other topics' partitions.
+
+Pure: no IO, no clock, and nothing here decides anything. The only state is a
+one-entry cache of the sorted topic names and broker ids of the last image described.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import bisect
+import itertools
+from collections.abc import Callable, Iterator, Mapping
+from typing import Final, Generic, TypeVar
 
+import msgspec
+
+from metactl.errors import (
+    FrameTooLargeError,
+    InvalidRequestError,
+    UnknownTopicOrPartitionError,
+)
 from metadata_image.image import BrokerState, ClusterImage, TopicPartition
 from metadata_image.image import PartitionState as ImagePartition
 from metadata_log.records import LeaderRecoveryState
-from protocol.messages import BrokerDescription, DescribeClusterResponse, PartitionState
+from protocol.codec import Frame
+from protocol.messages import (
+    BrokerDescription,
+    DescribeClusterRequest,
+    DescribeClusterResponse,
+    DescribeCursor,
+    PartitionState,
+)
+
+# Items per page, and the most a request may ask for: Kafka's DescribeTopicPartitions
+# default and cap (ResponsePartitionLimit, max.request.partition.size.limit).
+PAGE_ITEMS: Final = 2000
+# The largest correlation id msgpack encodes (9 bytes): a page is sized for any frame.
+_MAX_CORRELATION_ID: Final = 2**64 - 1
+# Growth of a list's msgpack header from empty (1 byte) to array32 (5 bytes).
+_LIST_HEADER_GROWTH: Final = 4
+# A topic name's length in the first estimate of a page's envelope (Kafka's longest); a
+# longer cursor is still measured exactly before the page is answered.
+_TOPIC_NAME_CHARS: Final = 249
+
+_encoder: Final = msgspec.msgpack.Encoder()
+
+RecoveryPending = Callable[[TopicPartition], list[int] | None]
+HeartbeatAge = Callable[[int], int | None]
 
 
 def partition_state(p: ImagePartition, recovery_pending: list[int] | None = None) -> PartitionState:
@@ -41,25 +83,233 @@ def broker_description(b: BrokerState, last_heartbeat_age_ms: int | None) -> Bro
     )
 
 
-def describe_image(
+# --- the order ------------------------------------------------------------------------
+
+K = TypeVar("K")
+Sortable = TypeVar("Sortable", str, int)
+W = TypeVar("W")
+
+
+class _SortedKeys(Generic[Sortable]):
+    """The sorted keys of the last map asked about. Image maps are immutable and replaced
+    on change, so identity is the cache key; holding the map keeps its id from being
+    reused. Paging a large cluster sorts its topic names once per change, not per page."""
+
+    def __init__(self) -> None:
+        self._map: Mapping[Sortable, object] | None = None
+        self._keys: list[Sortable] = []
+
+    def __call__(self, m: Mapping[Sortable, object]) -> list[Sortable]:
+        if m is not self._map:
+            self._keys = sorted(m.keys())
+            self._map = m
+        return self._keys
+
+
+_topic_names = _SortedKeys[str]()
+_broker_ids = _SortedKeys[int]()
+
+
+def iter_partitions(
+    image: ClusterImage, topic: str | None = None, start: TopicPartition | None = None
+) -> Iterator[ImagePartition]:
+    """The image's partitions in describe order from `start` on (inclusive; it need not
+    exist), of `topic` only if set. A topic's partitions are 0..count-1, so one topic
+    costs its own partitions only."""
+    if topic is not None:
+        if start is not None and start[0] > topic:
+            return
+        names: Iterator[str] = iter([topic] if topic in image.topics else [])
+    else:
+        ordered: list[str] = _topic_names(image.topics)
+        first = 0 if start is None else bisect.bisect_left(ordered, start[0])
+        names = itertools.islice(ordered, first, None)
+    partitions = image.partitions
+    for name in names:
+        first_partition = start[1] if start is not None and start[0] == name else 0
+        for i in range(first_partition, image.topics[name].partitions):
+            p = partitions.get((name, i))
+            if p is not None:
+                yield p
+
+
+def iter_brokers(image: ClusterImage, start: int | None = None) -> Iterator[BrokerState]:
+    """Registered brokers by id, from id `start` on (inclusive)."""
+    ordered: list[int] = _broker_ids(image.brokers)
+    first = 0 if start is None else bisect.bisect_left(ordered, start)
+    for broker_id in itertools.islice(ordered, first, None):
+        yield image.brokers[broker_id]
+
+
+# --- pages ----------------------------------------------------------------------------
+
+
+def describe_page(
     image: ClusterImage,
+    request: DescribeClusterRequest,
     *,
-    topic: str | None = None,
+    max_bytes: int,
     end_offset: int,
     committed_offset: int,
-    recovery_pending: Callable[[TopicPartition], list[int] | None] = lambda tp: None,
-    heartbeat_age_ms: Callable[[int], int | None] = lambda broker_id: None,
+    recovery_pending: RecoveryPending = lambda tp: None,
+    heartbeat_age_ms: HeartbeatAge = lambda broker_id: None,
 ) -> DescribeClusterResponse:
-    return DescribeClusterResponse(
-        brokers=[
-            broker_description(b, heartbeat_age_ms(b.broker_id))
-            for b in sorted(image.brokers.values(), key=lambda b: b.broker_id)
-        ],
-        partitions=[
-            partition_state(image.partitions[tp], recovery_pending(tp))
-            for tp in sorted(image.partitions.keys())
-            if topic is None or tp[0] == topic
-        ],
-        end_offset=end_offset,
-        committed_offset=committed_offset,
+    """The answer to `request` from `image`, in a frame payload of at most `max_bytes`.
+
+    v1: everything in one answer, or FrameTooLargeError when it does not fit. v2: one
+    page, with the cursors where the next page starts, and at least one item whenever
+    any is left (else FrameTooLargeError: one item is over the limit on its own).
+    """
+    topic = request.topic
+    partition_limit: int | None = None  # None: no limit (v1)
+    broker_limit: int | None = None
+    start: TopicPartition | None = None
+    if request.v >= 2:
+        _check_ranges(request, max_bytes)
+        partition_limit = _limit(request.partition_limit)
+        broker_limit = _limit(request.broker_limit)
+        if topic is not None and topic not in image.topics:
+            raise UnknownTopicOrPartitionError(f"unknown topic {topic}")
+        cursor = request.cursor
+        if cursor is not None:
+            if topic is not None and cursor.topic != topic:
+                raise InvalidRequestError(
+                    f"the cursor names topic {cursor.topic!r}, the request {topic!r}"
+                )
+            start = (cursor.topic, cursor.partition)
+
+    def envelope(
+        partition_key: TopicPartition | None, broker_key: int | None
+    ) -> DescribeClusterResponse:
+        cursor = None
+        if partition_key is not None:
+            cursor = DescribeCursor(topic=partition_key[0], partition=partition_key[1])
+        return DescribeClusterResponse(
+            v=request.v,
+            brokers=[],
+            partitions=[],
+            end_offset=end_offset,
+            committed_offset=committed_offset,
+            next_cursor=cursor,
+            next_broker_cursor=broker_key,
+        )
+
+    def overhead(r: DescribeClusterResponse) -> int:
+        return len(_encoder.encode(Frame(_MAX_CORRELATION_ID, r))) + 2 * _LIST_HEADER_GROWTH
+
+    # Items are measured one by one against what a generous envelope leaves; the real
+    # envelope (its cursors) is measured at the end, and items go back to the next page
+    # while the whole does not fit.
+    budget = _Budget(max_bytes - overhead(envelope(("t" * _TOPIC_NAME_CHARS, 2**31), -(2**63))))
+    brokers = _Section[int, BrokerDescription]()
+    if broker_limit != 0:
+        brokers.fill(
+            (
+                (b.broker_id, broker_description(b, heartbeat_age_ms(b.broker_id)))
+                for b in iter_brokers(image, None if request.v < 2 else request.broker_cursor)
+            ),
+            broker_limit,
+            budget,
+        )
+    partitions = _Section[TopicPartition, PartitionState]()
+    if partition_limit != 0:
+        partitions.fill(
+            (
+                (p.tp, partition_state(p, recovery_pending(p.tp)))
+                for p in iter_partitions(image, topic, start)
+            ),
+            partition_limit,
+            budget,
+        )
+
+    def fits() -> bool:
+        size = overhead(envelope(partitions.next_key, brokers.next_key))
+        return size + budget.used <= max_bytes
+
+    while not fits():
+        if not (partitions.give_back(budget) or brokers.give_back(budget)):
+            raise FrameTooLargeError(f"no answer fits the {max_bytes}-byte frame limit")
+    if partitions.next_key is not None or brokers.next_key is not None:
+        if request.v < 2:
+            total = len(image.partitions) if topic is None else _partition_count(image, topic)
+            raise FrameTooLargeError(
+                f"the whole answer ({len(image.brokers)} brokers, {total} partitions) "
+                f"exceeds the {max_bytes}-byte frame limit: DescribeCluster v2 pages it "
+                "(metactl describe does)"
+            )
+        if not partitions.items and not brokers.items:
+            raise FrameTooLargeError(
+                f"the next item of the answer exceeds the {max_bytes}-byte frame limit on its own"
+            )
+    return msgspec.structs.replace(
+        envelope(partitions.next_key, brokers.next_key),
+        brokers=brokers.items,
+        partitions=partitions.items,
     )
+
+
+def _check_ranges(request: DescribeClusterRequest, max_bytes: int) -> None:
+    """INVALID_REQUEST, naming the field, for a negative limit, cursor or byte limit."""
+    fields = {
+        "partition_limit": request.partition_limit,
+        "broker_limit": request.broker_limit,
+        "cursor.partition": None if request.cursor is None else request.cursor.partition,
+        "max_bytes": request.max_bytes,
+    }
+    for name, value in fields.items():
+        if value is not None and value < (1 if name == "max_bytes" else 0):
+            raise InvalidRequestError(f"DescribeCluster {name} must not be {value}")
+    if max_bytes < 1:
+        raise InvalidRequestError(f"no answer fits {max_bytes} bytes")
+
+
+def _partition_count(image: ClusterImage, topic: str) -> int:
+    t = image.topics.get(topic)
+    return 0 if t is None else t.partitions
+
+
+def _limit(asked: int | None) -> int:
+    return PAGE_ITEMS if asked is None else min(asked, PAGE_ITEMS)
+
+
+class _Budget:
+    """The bytes a page's items may take, and how many they take so far."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+
+class _Section(Generic[K, W]):
+    """One list of a page: its items, their encoded sizes and keys, and the key of the
+    first item left for the next page (None: none is left)."""
+
+    def __init__(self) -> None:
+        self.items: list[W] = []
+        self.sizes: list[int] = []
+        self.keys: list[K] = []
+        self.next_key: K | None = None
+
+    def fill(self, source: Iterator[tuple[K, W]], limit: int | None, budget: _Budget) -> None:
+        """Take items while `limit` (None: any number) and the budget allow."""
+        for key, item in source:
+            if limit is not None and len(self.items) >= limit:
+                self.next_key = key
+                return
+            size = len(_encoder.encode(item))
+            if budget.used + size > budget.limit:
+                self.next_key = key
+                return
+            budget.used += size
+            self.items.append(item)
+            self.sizes.append(size)
+            self.keys.append(key)
+
+    def give_back(self, budget: _Budget) -> bool:
+        """Leave the last item to the next page; False if there is none."""
+        if not self.items:
+            return False
+        self.items.pop()
+        self.next_key = self.keys.pop()
+        budget.used -= self.sizes.pop()
+        return True

@@ -94,12 +94,12 @@ def test_malformed_payloads_are_invalid_request(raw: bytes) -> None:
 
 
 def test_an_unsupported_version_is_refused_with_the_frames_correlation_id() -> None:
-    raw = msgspec.msgpack.encode([9, {"type": "DescribeCluster", "v": 2}])
+    raw = msgspec.msgpack.encode([9, {"type": "DescribeCluster", "v": 3}])
     with pytest.raises(UnsupportedVersionError) as e:
         decode_frame(raw)
     assert e.value.code == "UNSUPPORTED_VERSION"
     assert e.value.correlation_id == 9
-    assert "DescribeClusterRequest version 2" in e.value.message
+    assert "DescribeClusterRequest version 3" in e.value.message
 
 
 def test_the_version_is_read_on_arrival() -> None:
