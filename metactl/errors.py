@@ -96,6 +96,19 @@ class InvalidRequestError(MetactlError):
     code = "INVALID_REQUEST"
 
 
+class InvalidTopicError(InvalidRequestError):
+    """Kafka's INVALID_TOPIC_EXCEPTION: a topic name that is not 1-249 characters of
+    [a-zA-Z0-9._-], or is `.` or `..`."""
+
+    code = "INVALID_TOPIC_EXCEPTION"
+
+
+class InvalidPartitionsError(InvalidRequestError):
+    """Kafka's INVALID_PARTITIONS: a partition count outside 1 .. 2^31-1."""
+
+    code = "INVALID_PARTITIONS"
+
+
 class UnsupportedVersionError(MetactlError):
     """A message arrived at a version (`v`) its receiver does not support."""
 

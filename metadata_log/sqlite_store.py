@@ -29,8 +29,10 @@ offset; another process sees a commit only once SQLite has made it durable.
 Crash safety: a commit is atomic (SQLite's WAL), so a crash leaves whole batches only.
 Opening checks the header (magic, schema version) and the CRCs, record counts and offset
 continuity of the last `TAIL_CHECK_BATCHES` batches, without decoding them (reads decode
-and check every batch they touch); `verify()` checks everything. Nothing is ever
-truncated or repaired silently: damage raises `CorruptLogError` naming file and offset.
+and check every batch they touch); `verify()` checks everything, and so does opening with
+`verify_all=True` (`metactl controller serve --verify-log full`), logging its progress.
+Nothing is ever truncated or repaired silently: damage raises `CorruptLogError` naming file
+and offset, and the caller reports it (the store does not log it too: one line per damage).
 
 Disk full (SQLITE_FULL) or a busy database during a commit: the transaction is rolled
 back, the group's appends fail with `StorageError`, and the store keeps working. Any other
@@ -53,7 +55,7 @@ import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import aiosqlite
 import structlog
@@ -96,6 +98,9 @@ from metadata_log.store import LogStore
 __all__ = ["SqliteLogStore"]
 
 log = structlog.get_logger("metadata_log")
+
+VERIFY_PROGRESS_S: Final = 1.0
+"""`open(verify_all=True)` logs its progress at most this often."""
 
 
 def _lock_writer(path: Path) -> int:
@@ -211,11 +216,15 @@ class SqliteLogStore(LogStore):
         create: bool = True,
         read_only: bool = False,
         verify_tail: bool = True,
+        verify_all: bool = False,
     ) -> SqliteLogStore:
         """Open (or create) the log in a data directory or file.
 
         `read_only` opens a follower that never writes and sees other processes' commits.
         `verify_tail=False` skips the tail check (for `verify`, which checks everything).
+        `verify_all=True` runs `verify()` before returning (every batch's CRC and records,
+        every snapshot, SQLite's quick_check), logging progress about once a second; on
+        damage the store is closed again and `CorruptLogError` raised.
         """
         path = resolve_log_path(data_dir_or_file)
         location = str(path)
@@ -259,14 +268,18 @@ class SqliteLogStore(LogStore):
                         await conn.close()
             if lock_fd is not None:
                 os.close(lock_fd)
-            if isinstance(exc, CorruptLogError):
-                log.warning("metadata log is corrupt", path=location, error=str(exc))
             if isinstance(exc, sqlite3.Error):
                 raise wrap_sqlite_error(exc, location, opening=True) from exc
             raise
         if read_only:
             rows = list(await reader.execute_fetchall("PRAGMA data_version"))
             store._data_version = int(rows[0][0])
+        if verify_all:
+            try:
+                await _verify_all(store)
+            except BaseException:
+                await store.close()
+                raise
         return store
 
     # --- primitives ----------------------------------------------------------------------
@@ -457,6 +470,43 @@ class SqliteLogStore(LogStore):
                 rows = list(await writer.execute_fetchall("PRAGMA page_count"))
                 limit = int(rows[0][0]) + extra_pages
             await writer.execute_fetchall(f"PRAGMA max_page_count = {int(limit)}")
+
+
+async def _verify_all(store: SqliteLogStore) -> None:
+    """`store.verify()`, with a progress line about every `VERIFY_PROGRESS_S` seconds and
+    one when it is done."""
+    started = last = time.monotonic()
+    log.info(
+        "verifying the whole metadata log",
+        path=store.location,
+        start_offset=store.start_offset,
+        end_offset=store.end_offset,
+    )
+
+    def progress(offset: int, end: int) -> None:
+        nonlocal last
+        now = time.monotonic()
+        if now - last >= VERIFY_PROGRESS_S:
+            last = now
+            done = offset - store.start_offset
+            total = max(1, end - store.start_offset)
+            log.info(
+                "verifying the metadata log",
+                path=store.location,
+                offset=offset,
+                end_offset=end,
+                percent=round(100 * done / total, 1),
+            )
+
+    report = await store.verify(progress)
+    log.info(
+        "metadata log verified",
+        path=store.location,
+        batches=report.batches,
+        records=report.records,
+        snapshots=len(report.snapshot_offsets),
+        seconds=round(time.monotonic() - started, 3),
+    )
 
 
 async def _check_tail(conn: aiosqlite.Connection, location: str, start: int, end: int) -> None:

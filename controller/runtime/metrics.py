@@ -1,13 +1,17 @@
-"""Prometheus metrics of the controller and the tiny asyncio server that exposes them.
+"""Prometheus metrics of the controller and the server that exposes them.
 
 Owns the metric names, types and meanings (the contract with `grafana/`: the dashboard,
 the alert rules and their tests), the per-service `CollectorRegistry` and the `/metrics`
-HTTP endpoint.
+HTTP endpoint (prometheus_client's own server, mutual TLS when the controller has an
+identity: `protocol.metrics_http`). Scrapes run in that server's threads, so collectors
+only read.
 
 * Counters come from *committed* records only (`Controller.commit_listeners`), so nothing
   un-durable is ever counted: every UncleanRecoveryRecord is a potential data-loss event,
   every PartitionChangeRecord with an `election` is an election of that kind, every
-  unclean RegisterBrokerRecord an unclean registration.
+  unclean RegisterBrokerRecord an unclean registration. The one exception counts what was
+  *not* committed: `metactl_log_append_failures_total`, the store's `append_failures`
+  read at scrape time (a full disk: fences and everything else cannot commit).
 * Gauges are read from the committed image at scrape time by a custom collector. The
   per-partition health counts (under MinISR, ELR, LastKnownELR, recovering) are kept in
   sets updated from committed partition records, so a scrape costs O(brokers), never
@@ -29,8 +33,7 @@ from typing import Final
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.exposition import generate_latest
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from controller.core.recovery.tracker import strategy_for
@@ -44,7 +47,8 @@ from metadata_log.records import (
     LeaderRecoveryState,
     MetadataRecord,
 )
-from protocol.codec import parse_address
+from protocol.metrics_http import MetricsEndpoint, start_metrics_endpoint
+from protocol.tls import TlsIdentity
 
 log = structlog.get_logger("metactl.controller.metrics")
 
@@ -73,9 +77,6 @@ LATENCY_BUCKETS: Final = (
     5.0,
     10.0,
 )
-
-# The classic text format: every Prometheus version parses it, and our names are ASCII.
-CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def broker_state(fenced: bool, in_controlled_shutdown: bool) -> str:
@@ -202,6 +203,16 @@ class ControllerMetrics:
             "metactl_events",
             "Controller events handled, by event type.",
             ["event"],
+            registry=r,
+        )
+        # Requests refused by controller/core/authz.py before anything was submitted. The
+        # labels are bounded: principals are the CA's certificates, operations
+        # authz.OPERATIONS.
+        self.authorization_failures = Counter(
+            "metactl_authorization_failures",
+            "Requests refused by authorization (nothing submitted), by the certificate's "
+            "principal and the operation asked for.",
+            ["principal", "operation"],
             registry=r,
         )
         self.commit_latency = Histogram(
@@ -388,110 +399,39 @@ class _StateCollector(Collector):
             "Offset of the newest durably committed record (-1: empty log).",
             ctl.store.end_offset - 1,
         )
+        # Read from the store at scrape time: it counts every append whose commit failed.
+        failures = CounterMetricFamily(
+            PREFIX + "log_append_failures",
+            "Metadata log appends that failed (disk full, I/O error, or writes stopped after "
+            "a fatal error): nothing in them was committed or acknowledged.",
+        )
+        if with_samples:
+            failures.add_metric([], ctl.store.append_failures)
+        yield failures
 
 
 # --- the /metrics endpoint ------------------------------------------------------------------
 
-MAX_REQUEST_HEAD_BYTES: Final = 16 * 1024
-REQUEST_TIMEOUT_S: Final = 10.0
-
-_REASONS: Final = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    500: "Internal Server Error",
-}
-
 
 class MetricsServer:
-    """A minimal HTTP/1.1 server on the event loop: GET (or HEAD) /metrics, nothing else.
+    """`/metrics` on HOST:PORT through prometheus_client's own HTTP server
+    (`protocol.metrics_http`), in threads of its own; mutual TLS with the controller's
+    identity when it has one (a scraper needs a certificate of the cluster CA), plain HTTP
+    without. Scrapes run in those threads: the collectors above only read (the committed
+    image is immutable; set sizes and counters are read whole)."""
 
-    One request per connection (`Connection: close`). Bad input gets a 4xx or a closed
-    connection, never an exception out of the handler.
-    """
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
-        self.server: asyncio.Server | None = None
-        self.address = ""
-        self._writers: set[asyncio.StreamWriter] = set()
+    def __init__(self, endpoint: MetricsEndpoint) -> None:
+        self.endpoint = endpoint
+        self.address = endpoint.address
 
     @classmethod
-    async def start(cls, registry: CollectorRegistry, listen: str) -> MetricsServer:
+    async def start(
+        cls, registry: CollectorRegistry, listen: str, tls: TlsIdentity | None = None
+    ) -> MetricsServer:
         """Listen on HOST:PORT (port 0: any free port; `address` tells which)."""
-        s = cls(registry)
-        host, port = parse_address(listen)
-        s.server = await asyncio.start_server(s._handle, host, port, limit=MAX_REQUEST_HEAD_BYTES)
-        sock = s.server.sockets[0].getsockname()
-        s.address = f"{sock[0]}:{sock[1]}"
-        log.info("metrics serving", listen=s.address)
-        return s
+        endpoint = start_metrics_endpoint(registry, listen, tls)
+        log.info("metrics serving", listen=endpoint.address, tls=endpoint.tls)
+        return cls(endpoint)
 
     async def close(self) -> None:
-        if self.server is None:
-            return
-        self.server.close()
-        for w in list(self._writers):
-            w.close()
-        with contextlib.suppress(Exception):
-            await self.server.wait_closed()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._writers.add(writer)
-        try:
-            try:
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT_S)
-            except asyncio.LimitOverrunError:
-                await self._respond(writer, 400, b"request head too large\n")
-                return
-            except (asyncio.IncompleteReadError, TimeoutError, ValueError):
-                return  # closed early, too slow or not HTTP at all: just hang up
-            status, body, content_type = self._route(head)
-            await self._respond(writer, status, body, content_type, head_only=head[:5] == b"HEAD ")
-        except (ConnectionError, OSError):
-            pass
-        except Exception as exc:  # a bug here must never take the controller down
-            log.error("metrics request failed", error=repr(exc))
-        finally:
-            self._writers.discard(writer)
-            writer.close()
-
-    def _route(self, head: bytes) -> tuple[int, bytes, str]:
-        line = head.split(b"\r\n", 1)[0]
-        parts = line.split(b" ")
-        if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
-            return 400, b"bad request\n", "text/plain; charset=utf-8"
-        method, target = parts[0], parts[1]
-        path = target.split(b"?", 1)[0]
-        if path != b"/metrics":
-            return 404, b"not found; try /metrics\n", "text/plain; charset=utf-8"
-        if method not in (b"GET", b"HEAD"):
-            return 405, b"method not allowed\n", "text/plain; charset=utf-8"
-        try:
-            return 200, generate_latest(self.registry), CONTENT_TYPE
-        except Exception as exc:
-            log.error("metrics collection failed", error=repr(exc))
-            return 500, b"collection failed\n", "text/plain; charset=utf-8"
-
-    @staticmethod
-    async def _respond(
-        writer: asyncio.StreamWriter,
-        status: int,
-        body: bytes,
-        content_type: str = "text/plain; charset=utf-8",
-        *,
-        head_only: bool = False,
-    ) -> None:
-        headers = [
-            f"HTTP/1.1 {status} {_REASONS[status]}",
-            f"Content-Type: {content_type}",
-            f"Content-Length: {len(body)}",
-            "Connection: close",
-        ]
-        if status == 405:
-            headers.append("Allow: GET, HEAD")
-        writer.write(("\r\n".join(headers) + "\r\n\r\n").encode("ascii"))
-        if not head_only:
-            writer.write(body)
-        await writer.drain()
+        await asyncio.to_thread(self.endpoint.stop)

@@ -1,7 +1,10 @@
 """Process entry for the controller service: arguments, JSON logs, signals.
 
 `python -m controller` and `metactl controller serve` both land here. SIGTERM or SIGINT
-stops the service cleanly: in-flight commits finish and the log is closed.
+stops the service cleanly: in-flight commits finish and the log is closed. Mutual TLS is
+on unless `--insecure` (certificates from `--tls-dir`, `$METACTL_TLS_DIR` or
+`<data-dir>/certs`; the shared flags of `protocol.flags`), for the listener, the calls to
+brokers and `/metrics`.
 """
 
 from __future__ import annotations
@@ -16,14 +19,29 @@ from typing import Any
 
 from controller.core.config import ControllerConfig
 from controller.runtime.process import configure_process, freeze_heap
+from controller.runtime.quota import (
+    DEFAULT_BURST_WINDOW_S,
+    DEFAULT_MAX_PARTITIONS_PER_REQUEST,
+    DEFAULT_MUTATION_RATE,
+    MutationLimits,
+)
 from controller.runtime.service import ControllerService
 from metactl.errors import MetactlError
 from metactl.logs import configure
 from protocol.codec import DEFAULT_MAX_FRAME_BYTES
+from protocol.flags import add_limit_arguments, add_tls_arguments, server_limits, tls_identity
+from protocol.tls import CONTROLLER
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", type=Path, required=True)
+    p.add_argument(
+        "--verify-log",
+        choices=["tail", "full"],
+        default="tail",
+        help="before serving, check the CRCs of the log's last 64 batches (tail; replay "
+        "checks what it reads) or of every batch and snapshot, logging progress (full)",
+    )
     p.add_argument("--listen", default="127.0.0.1:9093", help="HOST:PORT (port 0: any free port)")
     p.add_argument("--metrics", default=None, help="HOST:PORT for /metrics")
     p.add_argument("--heartbeat-interval-ms", type=int, default=2000)
@@ -33,7 +51,51 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--default-min-isr", type=int, default=1)
     add_rule_mode_arguments(p)
     p.add_argument("--max-frame-bytes", type=int, default=DEFAULT_MAX_FRAME_BYTES)
+    add_mutation_arguments(p)
     p.add_argument("--log-level", default="INFO")
+    add_tls_arguments(p)
+    add_limit_arguments(p)
+
+
+def add_mutation_arguments(p: argparse.ArgumentParser) -> None:
+    """KIP-599's controller mutation quota and the partitions-per-request cap
+    (controller/runtime/quota.py says why the defaults are what they are)."""
+    p.add_argument(
+        "--controller-mutation-rate",
+        type=int,
+        default=DEFAULT_MUTATION_RATE,
+        metavar="PARTITIONS_PER_S",
+        help="partitions each principal (or, without TLS, each client host) may create or "
+        "elect per second; over it, THROTTLING_QUOTA_EXCEEDED with a retry-after "
+        f"(default {DEFAULT_MUTATION_RATE}; 0: no quota)",
+    )
+    p.add_argument(
+        "--controller-mutation-burst-window-s",
+        type=int,
+        default=DEFAULT_BURST_WINDOW_S,
+        metavar="SECONDS",
+        help="the quota's bucket holds rate x this many partitions "
+        f"(default {DEFAULT_BURST_WINDOW_S})",
+    )
+    p.add_argument(
+        "--max-partitions-per-request",
+        type=int,
+        default=DEFAULT_MAX_PARTITIONS_PER_REQUEST,
+        metavar="N",
+        help="a CreateTopics creating more partitions in all is refused with "
+        f"POLICY_VIOLATION (default {DEFAULT_MAX_PARTITIONS_PER_REQUEST:,})",
+    )
+
+
+def mutation_limits(args: Any) -> MutationLimits:
+    """What `add_mutation_arguments` sets; InvalidConfigurationError if out of range."""
+    return MutationLimits(
+        rate=getattr(args, "controller_mutation_rate", DEFAULT_MUTATION_RATE),
+        burst_window_s=getattr(args, "controller_mutation_burst_window_s", DEFAULT_BURST_WINDOW_S),
+        max_partitions_per_request=getattr(
+            args, "max_partitions_per_request", DEFAULT_MAX_PARTITIONS_PER_REQUEST
+        ),
+    )
 
 
 def add_rule_mode_arguments(p: argparse.ArgumentParser) -> None:
@@ -75,24 +137,28 @@ def config_from(args: Any) -> ControllerConfig:
 async def serve(args: Any) -> int:
     try:
         config = config_from(args)
+        service = ControllerService(
+            args.data_dir,
+            args.listen,
+            config=config,
+            max_frame_bytes=args.max_frame_bytes,
+            metrics=getattr(args, "metrics", None),
+            tls=tls_identity(args, CONTROLLER, fallbacks=[args.data_dir / "certs"]),
+            limits=server_limits(args),
+            mutation_limits=mutation_limits(args),
+            verify_log=getattr(args, "verify_log", "tail"),
+        )
     except MetactlError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    service = ControllerService(
-        args.data_dir,
-        args.listen,
-        config=config,
-        max_frame_bytes=args.max_frame_bytes,
-        metrics=getattr(args, "metrics", None),
-    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await service.start()
-    except MetactlError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        await service.start()  # on failure it closes what it opened, so the process exits
+    except (MetactlError, OSError) as exc:  # e.g. CORRUPT_MESSAGE (file, offset); port in use
+        print(f"error: {exc}", file=sys.stderr, flush=True)
         return 1
     freeze_heap()  # the loaded image is long-lived
     metrics = service.metrics_address

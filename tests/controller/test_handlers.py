@@ -30,6 +30,7 @@ from metactl.errors import (
     InvalidReplicaAssignmentError,
     InvalidReplicationFactorError,
     InvalidRequestError,
+    InvalidTopicError,
     InvalidUpdateVersionError,
     MetactlError,
     NotLeaderOrFollowerError,
@@ -752,10 +753,12 @@ class TestCreateTopic:
         assert c.p("t", 0).replicas == (3, 2, 1)
 
     def test_records_topic_and_partitions_with_effective_min_isr(self) -> None:
-        c = Cluster()
+        # A requested min ISR above the RF is refused (see test_min_isr_is_at_most_the_rf);
+        # the configured default is clamped per partition.
+        c = Cluster(ControllerConfig(default_min_insync_replicas=3))
         c.start(1, 2)
         base = c.image.end_offset
-        r = c.create("orders", assignments=[[1, 2], [2]], min_isr=3, recovery_strategy="proactive")
+        r = c.create("orders", assignments=[[1, 2], [2]], recovery_strategy="proactive")
         assert r.topic_id == str(
             uuid.uuid5(uuid.UUID("5f1b2a3c-0966-4e6d-8a11-6d657461637c"), f"orders@{base}")
         )
@@ -829,13 +832,18 @@ class TestCreateTopic:
         e = self.make(c, replication_factor=1, min_isr=0)
         assert isinstance(e, InvalidConfigurationError) and e.code == "INVALID_CONFIG"
 
-    @pytest.mark.parametrize("name", ["", ".", "..", "a b", "-a", "a-", "a--b", "x" * 250, "é"])
+    @pytest.mark.parametrize(
+        "name", ["", ".", "..", "a b", "abc\n", "x" * 250, "é", "a/b", "a\x00", "ab:c"]
+    )
     def test_invalid_topic_names(self, name: str) -> None:
         c = Cluster()
         c.start(1)
-        assert isinstance(self.make(c, name=name, replication_factor=1), InvalidRequestError)
+        e = self.make(c, name=name, replication_factor=1)
+        assert isinstance(e, InvalidTopicError) and e.code == "INVALID_TOPIC_EXCEPTION"
 
-    @pytest.mark.parametrize("name", ["a", "orders-0", "A.b_c-9-x", "x" * 249, "..."])
+    @pytest.mark.parametrize(
+        "name", ["a", "orders-0", "A.b_c-9-x", "x" * 249, "...", "-a", "a-", "a--b", "_"]
+    )
     def test_valid_topic_names(self, name: str) -> None:
         c = Cluster()
         c.start(1)

@@ -655,7 +655,7 @@ class ControllerMachine(RuleBasedStateMachine):
         n_active = sum(1 for b in m.brokers.values() if b.active)
         expected: str | None = None
         if name == "bad name":
-            expected = "INVALID_REQUEST"
+            expected = "INVALID_TOPIC_EXCEPTION"
         elif name in m.strategy:
             expected = "TOPIC_ALREADY_EXISTS"
         elif strategy is not None and strategy not in KNOWN_STRATEGIES:
@@ -677,10 +677,15 @@ class ControllerMachine(RuleBasedStateMachine):
                     ):
                         expected = "INVALID_REPLICA_ASSIGNMENT"
                         break
+                else:
+                    if min_isr > min(len(a) for a in explicit):
+                        expected = "INVALID_CONFIG"  # a requested min ISR is at most the RF
         elif partitions is not None and partitions < 1:
-            expected = "INVALID_REQUEST"
+            expected = "INVALID_PARTITIONS"
         elif rf < 1 or rf > n_active:
             expected = "INVALID_REPLICATION_FACTOR"
+        elif min_isr > rf:
+            expected = "INVALID_CONFIG"
         result = self.attempt(request, expected)
         if result is None:
             return

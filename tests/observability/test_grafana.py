@@ -159,6 +159,7 @@ def test_alert_rules_have_the_required_alerts() -> None:
         "MetactlBrokersFenced",
         "MetactlControllerDown",
         "MetactlMetadataLagHigh",
+        "MetactlMetadataLogWriteFailing",
     }
     loss = rules["MetactlPotentialDataLoss"]
     assert loss["expr"] == "increase(metactl_potential_data_loss_events_total[5m]) > 0"
@@ -166,6 +167,9 @@ def test_alert_rules_have_the_required_alerts() -> None:
     assert "{{ $labels.topic }}" in loss["annotations"]["summary"]
     assert "{{ $labels.strategy }}" in loss["annotations"]["summary"]
     assert rules["MetactlControllerDown"]["expr"] == 'up{job="metactl-controller"} == 0'
+    writes = rules["MetactlMetadataLogWriteFailing"]
+    assert writes["expr"] == "increase(metactl_log_append_failures_total[1m]) > 0"
+    assert writes["labels"]["severity"] == "critical"
     for name, rule in rules.items():
         assert re.fullmatch(r"(?:[A-Z][a-z]+)+", name), name
         assert rule["labels"]["severity"] in {"critical", "warning"}
@@ -190,7 +194,7 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_promtool_check_rules() -> None:
     r = promtool("check", "rules", "alerts.yml")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS: 8 rules found" in r.stdout
+    assert "SUCCESS: 9 rules found" in r.stdout
 
 
 @needs_promtool

@@ -1,0 +1,122 @@
+"""`metactl controller serve` on a corrupted log: a real subprocess, a real SQLite file
+whose early batch is damaged. Start-up fails at once with one line naming the file and
+the offset, and the process exits 1 (it used to print the line and hang, not listening:
+the store it had opened kept aiosqlite's non-daemon threads alive). `--verify-log full`
+also finds damage that the default tail check and replay never read (behind a snapshot).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from controller.core.config import ControllerConfig
+from controller.runtime.clock import VirtualClock
+from controller.runtime.driver import Controller
+from metadata_log.sqlite_format import LOG_FILE_NAME
+from metadata_log.sqlite_store import SqliteLogStore
+from protocol.messages import RegisterBroker
+from tests.metadata_log.test_verify_open import corrupt_payload
+
+REPO = Path(__file__).resolve().parents[2]
+# Bounds a hung child (a failure), not the speed of a healthy one.
+EXIT_BOUND_S = 60
+
+
+def metactl() -> list[str]:
+    script = Path(sys.executable).with_name("metactl")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "ops.cli"]
+
+
+async def write_log(data_dir: Path, *, brokers: int, snapshot_at: int | None = None) -> None:
+    """One batch per broker registration (the real controller writes them); with
+    `snapshot_at`, a snapshot once that many brokers are registered."""
+    store = await SqliteLogStore.open(data_dir)
+    ctl = await Controller.open(store, config=ControllerConfig(), clock=VirtualClock())
+    try:
+        for b in range(brokers):
+            await ctl.submit(RegisterBroker(broker_id=b, incarnation_id=f"broker-{b}"))
+            if snapshot_at is not None and b + 1 == snapshot_at:
+                assert await ctl.write_snapshot() == snapshot_at
+    finally:
+        await ctl.close()
+        await store.close()
+
+
+def serve(data_dir: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*metactl(), "controller", "serve", "--data-dir", str(data_dir), "--listen",
+         "127.0.0.1:0", "--insecure", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )  # fmt: skip
+
+
+def failed_start(proc: subprocess.Popen[str], path: Path, offset: int) -> list[str]:
+    """Await the exit; assert status 1, no READY, no traceback, and exactly one line
+    naming the file and the offset. Returns the stderr lines."""
+    try:
+        out, err = proc.communicate(timeout=EXIT_BOUND_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError("controller serve did not exit on a corrupted log") from None
+    assert proc.returncode == 1, (out, err)
+    assert "READY" not in out
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    naming = [line for line in lines if f"at offset {offset}" in line]
+    assert naming == [f"error: CORRUPT_MESSAGE: batch CRC mismatch ({path} at offset {offset})"]
+    return lines
+
+
+@pytest.mark.parametrize("verify", [[], ["--verify-log", "tail"], ["--verify-log", "full"]])
+def test_an_early_corrupt_batch_fails_start_up_and_the_process_exits(
+    tmp_path: Path, verify: list[str]
+) -> None:
+    asyncio.run(write_log(tmp_path, brokers=100))
+    path = tmp_path / LOG_FILE_NAME
+    corrupt_payload(path, 3)  # 97 batches before the end: outside the 64-batch tail check
+    lines = failed_start(serve(tmp_path, *verify), path, 3)
+    if verify[-1:] == ["full"]:
+        assert any('"verifying the whole metadata log"' in line for line in lines)
+
+
+def test_damage_behind_a_snapshot_is_found_only_by_verify_log_full(tmp_path: Path) -> None:
+    asyncio.run(write_log(tmp_path, brokers=110, snapshot_at=100))
+    path = tmp_path / LOG_FILE_NAME
+    corrupt_payload(path, 3)
+
+    # Default: the tail (offsets 46..109) is intact and replay starts at the snapshot.
+    proc = serve(tmp_path)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("READY controller listen=")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=EXIT_BOUND_S) == 0
+        proc.communicate()
+
+    failed_start(serve(tmp_path, "--verify-log", "full"), path, 3)
+
+
+def test_a_healthy_log_with_verify_log_full_serves(tmp_path: Path) -> None:
+    asyncio.run(write_log(tmp_path, brokers=10, snapshot_at=5))
+    proc = serve(tmp_path, "--verify-log", "full")
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("READY controller listen=")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=EXIT_BOUND_S) == 0
+        _, err = proc.communicate()
+    verified = [line for line in err.splitlines() if '"metadata log verified"' in line]
+    assert len(verified) == 1
+    assert '"records": 10' in verified[0] and '"snapshots": 1' in verified[0]
