@@ -11,7 +11,7 @@ Derived values (documented so that nobody has to guess):
   event caused the change.
 * ``reason``: a PartitionChange's reason or a FenceBroker's; for a
   BrokerRegistrationChange, ``controlled_shutdown`` when it starts one, else ``fenced`` /
-  ``unfenced`` when it changes the fenced flag.
+  ``unfenced`` when it changes the fenced flag; an AbortTransaction's reason.
 * ``strategy``: an UncleanRecovery's strategy, or a Topic's per-topic strategy.
 * ``timestamp``: the batch timestamp (ms) as a UTC timestamp; ``offline_since`` likewise
   from ``offline_since_ms``.
@@ -87,7 +87,7 @@ FIELD_SOURCES: Final[dict[str, dict[str, str]]] = {
     "isr": dict.fromkeys(_PARTITION_STATE, "isr"),
     "elr": dict.fromkeys(_PARTITION_STATE, "elr"),
     "last_known_elr": dict.fromkeys(_PARTITION_STATE, "last_known_elr"),
-    "reason": {"PartitionChange": "reason", "FenceBroker": "reason"},
+    "reason": {"PartitionChange": "reason", "FenceBroker": "reason", "AbortTransaction": "reason"},
     "election_kind": {"PartitionChange": "election"},
     "strategy": {"UncleanRecovery": "strategy", "Topic": "recovery_strategy"},
     "chosen": {"UncleanRecovery": "chosen"},
@@ -112,6 +112,11 @@ RECORD_TYPE_NAMES: Final = (
     "UncleanRecovery",
     "ClearElr",
     "NoOp",
+    # Transaction markers (KIP-868). The audits read every record as stored, those of
+    # aborted or unfinished transactions included: select these to find them.
+    "BeginTransaction",
+    "EndTransaction",
+    "AbortTransaction",
 )
 
 

@@ -1,10 +1,13 @@
 """The broker's metadata image: tail the controller's committed log into a ClusterImage.
 
 Long-polls FetchMetadata from the controller, rebuilds the image from a snapshot when
-the controller answers with one, replays records with `metadata_image.replay.apply`,
-writes the applied offset to `metadata_offset` (page cache) and reports every new image
-with its `MetadataDelta` to its listeners, saying whether it is caught up with the
-committed end offset the controller last reported. A start always fetches from offset 0.
+the controller answers with one, replays records with `metadata_image.transactions`
+(records of a transaction are held until its end marker and applied together; an
+aborted one never is), writes the applied offset to `metadata_offset` (page cache) and
+reports every new image with its `MetadataDelta` to its listeners, saying whether it is
+caught up with the committed end offset the controller last reported. Fetches continue
+after the records held, so the image can stay behind the fetch position while a large
+transaction streams in. A start always fetches from offset 0.
 
 This module owns the image and the fetch loop. It must not act on the image (the
 replica manager does) and never writes metadata: it only follows.
@@ -30,7 +33,8 @@ from metactl.errors import (
 )
 from metadata_image.delta import MetadataDelta
 from metadata_image.image import ClusterImage
-from metadata_image.replay import apply, image_from_records
+from metadata_image.replay import image_from_records
+from metadata_image.transactions import LogReplay, apply_log
 from protocol.client import RpcClient
 from protocol.messages import FetchMetadataRequest, FetchMetadataResponse
 
@@ -40,29 +44,31 @@ ImageListener = Callable[[ClusterImage, MetadataDelta | None, bool], None]
 
 
 def apply_fetch(
-    image: ClusterImage, resp: FetchMetadataResponse
-) -> tuple[ClusterImage, MetadataDelta | None]:
-    """The image after one fetch response, and what changed (pure).
+    state: LogReplay, resp: FetchMetadataResponse
+) -> tuple[LogReplay, MetadataDelta | None]:
+    """Where the follower stands after one fetch response, and what took effect (pure).
 
     A snapshot replaces the image (the delta is then None: everything may have changed);
-    records below the image's end are skipped (a resend), a record beyond it means
-    something was missed and raises `MetadataGapError`.
+    records below the fetch position are skipped (a resend), a record beyond it means
+    something was missed and raises `MetadataGapError`. Records of an open transaction
+    are held in the state; the delta names what took effect.
     """
     replaced = resp.snapshot is not None
     if resp.snapshot is not None:
-        image = image_from_records(resp.snapshot.records, resp.snapshot.offset)
-    fresh = [r for r in resp.records if r.offset >= image.end_offset]
-    if fresh and fresh[0].offset != image.end_offset:
+        state = LogReplay(image_from_records(resp.snapshot.records, resp.snapshot.offset))
+    position = state.next_offset
+    fresh = [r for r in resp.records if r.offset >= position]
+    if fresh and fresh[0].offset != position:
         raise MetadataGapError(
-            f"fetched records start at {fresh[0].offset}, the image ends at {image.end_offset}"
+            f"fetched records start at {fresh[0].offset}, the follower is at {position}"
         )
     for prev, nxt in itertools.pairwise(fresh):
         if nxt.offset != prev.offset + 1:
             raise MetadataGapError(f"fetched records jump from {prev.offset} to {nxt.offset}")
     if not fresh:
-        return image, None if replaced else MetadataDelta()
-    image, delta = apply(image, [r.record for r in fresh])
-    return image, None if replaced else delta
+        return state, None if replaced else MetadataDelta()
+    state, delta = apply_log(state, [r.record for r in fresh])
+    return state, None if replaced else delta
 
 
 class MetadataFollower:
@@ -80,13 +86,18 @@ class MetadataFollower:
         self.log = log
         self.max_wait_ms = max_wait_ms
         self.request_timeout_ms = request_timeout_ms
-        self.image = ClusterImage()
+        self.state = LogReplay()  # the image, and a transaction being held
         self.controller_end_offset: int | None = None
         # When the broker first saw committed records it had not applied (None: caught up).
         self.lagging_since: float | None = None
         self.listeners: list[ImageListener] = []
         self.updated = asyncio.Event()  # set after every applied response (for observers)
         self._replaced = True  # the next listener call reports a whole new image
+
+    @property
+    def image(self) -> ClusterImage:
+        """The applied image: at a transaction boundary, never part of a transaction."""
+        return self.state.image
 
     @property
     def applied_offset(self) -> int:
@@ -112,7 +123,7 @@ class MetadataFollower:
             try:
                 resp = await self.client.request(
                     FetchMetadataRequest(
-                        from_offset=self.image.end_offset, max_wait_ms=self.max_wait_ms
+                        from_offset=self.state.next_offset, max_wait_ms=self.max_wait_ms
                     ),
                     timeout_s=(self.max_wait_ms + self.request_timeout_ms) / 1000,
                 )
@@ -144,14 +155,14 @@ class MetadataFollower:
                 await asyncio.sleep(min(0.05 * 2 ** min(failures, 6), 2.0))  # retry backoff
 
     def _reset(self) -> None:
-        self.image = ClusterImage()
+        self.state = LogReplay()
         self._replaced = True
         self.controller_end_offset = None
         self.lagging_since = None
 
     def _apply(self, resp: FetchMetadataResponse) -> None:
         before = self.image.end_offset
-        self.image, delta = apply_fetch(self.image, resp)
+        self.state, delta = apply_fetch(self.state, resp)
         if self._replaced:
             delta, self._replaced = None, False
         self.controller_end_offset = resp.end_offset

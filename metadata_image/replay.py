@@ -8,6 +8,12 @@ snapshot plus the log after it; the brokers and the audits replay with it too.
 `image_to_records` is the inverse used for snapshots: replaying its output onto an
 empty image gives an equal image.
 
+Transaction markers (Begin/End/AbortTransactionRecord) are no-ops here that only advance
+`end_offset`: this is the replay of records known to take effect (the controller's
+working image, whole transactions). Whoever reads the *committed log*, where a
+transaction may still be open or was aborted, replays through
+`metadata_image.transactions`, which holds a transaction back until its end marker.
+
 Replay trusts its input to be a log the controller wrote; it raises `ReplayError` on a
 record that contradicts the image (unknown partition, unknown broker) rather than
 guessing.
@@ -36,8 +42,11 @@ from metadata_image.image import (
 from metadata_log.records import (
     NO_LEADER,
     RECORD_TYPES,
+    AbortTransactionRecord,
+    BeginTransactionRecord,
     BrokerRegistrationChangeRecord,
     ClearElrRecord,
+    EndTransactionRecord,
     FenceBrokerRecord,
     MetadataRecord,
     NoOpRecord,
@@ -261,7 +270,11 @@ class _Builder:
             self.delta.unclean_recoveries.append(record)
 
     def _apply_noop(self, record: NoOpRecord) -> None:
-        """Audit records: the PartitionChangeRecord beside them carries the state."""
+        """Audit records: the PartitionChangeRecord beside them carries the state.
+
+        Transaction markers replay as no-ops here too: `replay` and `apply` are the
+        controller's working image, which holds everything it has decided. Readers of the
+        committed log honour the markers through `metadata_image.transactions`."""
 
     def _partition(self, r: PartitionRecord) -> TopicPartition:
         # One string object per topic name, however many partitions and records name it.
@@ -332,6 +345,9 @@ _APPLY: dict[type, Callable[[_Builder, Any], None]] = {
     ClearElrRecord: _Builder._apply_clear_elr,
     UncleanRecoveryRecord: _Builder._apply_unclean_recovery,
     NoOpRecord: _Builder._apply_noop,
+    BeginTransactionRecord: _Builder._apply_noop,
+    EndTransactionRecord: _Builder._apply_noop,
+    AbortTransactionRecord: _Builder._apply_noop,
 }
 
 

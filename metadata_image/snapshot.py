@@ -6,6 +6,11 @@ so that loading decodes and applies one batch at a time: a million-partition ima
 never sits in memory beside all of its decoded records. Version 1 snapshots (one list
 of records) still load.
 
+A snapshot holds an image at a transaction boundary (the controller snapshots its
+committed image, `metadata_image.transactions.LogReplay.image`), so loading one never
+starts inside a transaction: the log after it is replayed through
+`metadata_image.transactions`.
+
 Data and pure conversion only: no IO.
 """
 

@@ -10,6 +10,11 @@ carries only the fields that change. A missing ``v`` means version 1. Readers mu
 accept unknown *newer* fields by ignoring them (msgspec does), and the log refuses to
 open a file whose schema version it does not know.
 
+Transactions (after Kafka's KIP-868): BeginTransactionRecord, EndTransactionRecord and
+AbortTransactionRecord change no state themselves; they delimit a group of records that
+readers of the committed log apply all together at the end marker, or never (abort, or a
+log that ends before the end marker). `metadata_image.transactions` is that reader.
+
 This module holds data definitions and codecs only: no IO, no rules.
 """
 
@@ -165,6 +170,26 @@ class NoOpRecord(_Record, tag="NoOp", frozen=True):
     pass
 
 
+class BeginTransactionRecord(_Record, tag="BeginTransaction", frozen=True):
+    """The records up to the matching EndTransactionRecord take effect together (KIP-868).
+
+    A change too large for one stored batch is written as several batches between this
+    record and an EndTransactionRecord; readers apply none of it until the end marker.
+    """
+
+    name: str = ""  # what the transaction does, for people reading the log
+
+
+class EndTransactionRecord(_Record, tag="EndTransaction", frozen=True):
+    """The open transaction is complete: its records take effect, at this offset."""
+
+
+class AbortTransactionRecord(_Record, tag="AbortTransaction", frozen=True):
+    """The open transaction is abandoned: none of its records ever take effect."""
+
+    reason: str = ""
+
+
 MetadataRecord = (
     TopicRecord
     | PartitionRecord
@@ -176,6 +201,9 @@ MetadataRecord = (
     | UncleanRecoveryRecord
     | ClearElrRecord
     | NoOpRecord
+    | BeginTransactionRecord
+    | EndTransactionRecord
+    | AbortTransactionRecord
 )
 
 RECORD_TYPES: Final[dict[str, type[MetadataRecord]]] = {
@@ -191,8 +219,21 @@ RECORD_TYPES: Final[dict[str, type[MetadataRecord]]] = {
         UncleanRecoveryRecord,
         ClearElrRecord,
         NoOpRecord,
+        BeginTransactionRecord,
+        EndTransactionRecord,
+        AbortTransactionRecord,
     )
 }
+
+TRANSACTION_MARKERS: Final[frozenset[type[MetadataRecord]]] = frozenset(
+    (BeginTransactionRecord, EndTransactionRecord, AbortTransactionRecord)
+)
+"""The record types that delimit a transaction rather than change state."""
+
+MAX_BATCH_BYTES: Final = 64 * 1024 * 1024
+"""Largest encoded payload of one stored batch (`encode_batch` of one append).
+
+A change whose records encode larger is written as a transaction of several batches."""
 
 _encoder: Final = msgspec.msgpack.Encoder()
 _batch_decoder: Final = msgspec.msgpack.Decoder(list[MetadataRecord])

@@ -35,6 +35,12 @@ Model (after Kafka's record batches):
 * Offsets are assigned in the order `append` was *called* (the call enqueues before its
   first suspension point), so concurrent appenders get contiguous ranges in call order.
 * A cancelled `append` is not withdrawn: its batch may still be committed.
+* An append's payload is at most `records.MAX_BATCH_BYTES`; a larger one is refused with
+  `InvalidRequestError` before anything is queued. Writing a larger change is the
+  controller driver's job: it cuts the change into several appends inside a transaction
+  (`BeginTransactionRecord` ... `EndTransactionRecord`), because only it knows where a
+  change may be cut and what is durable after each append; the store stays ignorant of
+  what records mean.
 * Empty appends are refused with `InvalidRequestError` rather than returning an empty
   range: an empty batch would be a row with no offsets.
 * Write failures: a backend raises `StorageError` when the medium refuses a commit (disk
@@ -74,11 +80,10 @@ from metadata_log.batch_format import (
 )
 from metadata_log.group_commit import PendingAppend, fail_all, stored_batches
 from metadata_log.reads import LogReads
-from metadata_log.records import RECORD_TYPES, MetadataRecord, encode_batch
+from metadata_log.records import MAX_BATCH_BYTES, RECORD_TYPES, MetadataRecord, encode_batch
 
 __all__ = [
     "GROUP_COMMIT_BYTES",
-    "MAX_BATCH_BYTES",
     "LogStore",
     "VerifyReport",
 ]
@@ -86,9 +91,6 @@ __all__ = [
 T = TypeVar("T")
 
 log = structlog.get_logger("metadata_log")
-
-MAX_BATCH_BYTES: Final = 64 * 1024 * 1024
-"""Largest encoded payload a single append may produce."""
 
 GROUP_COMMIT_BYTES: Final = 16 * 1024 * 1024
 """A group commit takes pending appends up to this many payload bytes (at least one)."""
@@ -128,8 +130,14 @@ class LogStore(LogReads):
         """Append records as one batch; return their offsets once durable.
 
         `timestamp_ms` defaults to wall-clock time; callers in virtual time pass theirs.
+        An append that fails with `StorageError` (the medium refused its commit, or an
+        earlier fatal failure stopped writes) counts in `append_failures`.
         """
-        self._check_writable()
+        try:
+            self._check_writable()
+        except FatalStorageError:
+            self.append_failures += 1
+            raise
         batch = records if isinstance(records, list) else list(records)
         if not batch:
             raise InvalidRequestError("append needs at least one record")
@@ -150,7 +158,11 @@ class LogStore(LogReads):
         if self._writer_task is None or self._writer_task.done():
             self._writer_task = asyncio.create_task(self._run_writer(), name="log-writer")
         self._wakeup.set()
-        return await future
+        try:
+            return await future
+        except StorageError:
+            self.append_failures += 1
+            raise
 
     async def _run_writer(self) -> None:
         while True:
@@ -313,49 +325,45 @@ class LogStore(LogReads):
         start, end = self._start_offset, self._end_offset
         expected = start
         batches = payload_bytes = 0
-        try:
-            after: int | None = None
-            while expected < end:
-                chunk = await self._scan_batches(after, _VERIFY_CHUNK, expected)
-                chunk = [b for b in chunk if b.base_offset < end]
-                if not chunk:
-                    break
-                for stored in chunk:
-                    expected = check_continuity([stored], expected, self.location)
-                    check_batch(stored, self.location)
-                    payload_bytes += len(stored.payload)
-                batches += len(chunk)
-                after = chunk[-1].base_offset
-                if progress is not None:
-                    progress(expected, end)
-            if expected != end:
+        after: int | None = None
+        while expected < end:
+            chunk = await self._scan_batches(after, _VERIFY_CHUNK, expected)
+            chunk = [b for b in chunk if b.base_offset < end]
+            if not chunk:
+                break
+            for stored in chunk:
+                expected = check_continuity([stored], expected, self.location)
+                check_batch(stored, self.location)
+                payload_bytes += len(stored.payload)
+            batches += len(chunk)
+            after = chunk[-1].base_offset
+            if progress is not None:
+                progress(expected, end)
+        if expected != end:
+            raise CorruptLogError(
+                f"log ends at offset {expected} but its end offset is {end}",
+                path=self.location,
+                offset=expected,
+            )
+        offsets = await self._snapshot_offsets()
+        for snapshot_offset in offsets:
+            snapshot = await self._get_snapshot(snapshot_offset)
+            if snapshot is None:
+                continue
+            self._check_snapshot(snapshot)
+            if snapshot.offset > end:
                 raise CorruptLogError(
-                    f"log ends at offset {expected} but its end offset is {end}",
+                    f"snapshot lies past the end of the log ({end})",
                     path=self.location,
-                    offset=expected,
+                    offset=snapshot.offset,
                 )
-            offsets = await self._snapshot_offsets()
-            for snapshot_offset in offsets:
-                snapshot = await self._get_snapshot(snapshot_offset)
-                if snapshot is None:
-                    continue
-                self._check_snapshot(snapshot)
-                if snapshot.offset > end:
-                    raise CorruptLogError(
-                        f"snapshot lies past the end of the log ({end})",
-                        path=self.location,
-                        offset=snapshot.offset,
-                    )
-            if start > 0 and not any(o >= start for o in offsets):
-                raise CorruptLogError(
-                    "records before the log start were deleted but no snapshot covers them",
-                    path=self.location,
-                    offset=start,
-                )
-            await self._verify_storage()
-        except CorruptLogError as exc:
-            log.warning("metadata log is corrupt", location=self.location, error=str(exc))
-            raise
+        if start > 0 and not any(o >= start for o in offsets):
+            raise CorruptLogError(
+                "records before the log start were deleted but no snapshot covers them",
+                path=self.location,
+                offset=start,
+            )
+        await self._verify_storage()
         return VerifyReport(
             location=self.location,
             start_offset=start,

@@ -47,6 +47,8 @@ class LogStoreBase(ABC):
         self.commits = 0
         """Durable group commits done by this instance (one transaction and fsync each)."""
         self.last_commit_ns = 0
+        self.append_failures = 0
+        """Appends that failed with `StorageError` (disk full, I/O error, writes stopped)."""
         """`time.perf_counter_ns()` when the latest group commit became durable."""
         self._start_offset = start_offset
         self._end_offset = end_offset

@@ -1,7 +1,8 @@
 """Pure request handlers: `(image, request, now_ms, config) -> HandlerResult`.
 
 A handler reads the image, validates the request and returns the records that carry
-out the rules, plus the response to send once they are durable. It changes nothing:
+out the rules, plus the response to send once they are durable. Every field is first
+checked against the range Kafka gives it (`controller.core.validation`). It changes nothing:
 the driver appends the records and `replay` applies them. Errors are raised as coded
 `MetactlError`s before any record is produced, so a refused request leaves no trace.
 
@@ -11,13 +12,13 @@ Rules 1-6, 8 and 9 of the controller issue live here (rule 1 through
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Iterable
 from typing import Final
 
 import msgspec
 
+from controller.core import validation
 from controller.core.config import ControllerConfig
 from controller.core.partition_change import build_change, remove_from_isrs
 from metactl.errors import (
@@ -26,9 +27,7 @@ from metactl.errors import (
     ElectionNotNeededError,
     FencedLeaderEpochError,
     IneligibleReplicaError,
-    InvalidConfigurationError,
     InvalidReplicaAssignmentError,
-    InvalidReplicationFactorError,
     InvalidRequestError,
     InvalidUpdateVersionError,
     NotLeaderOrFollowerError,
@@ -71,14 +70,38 @@ from protocol.messages import (
     UnfenceBroker,
 )
 
-_TOPIC_NAME: Final = re.compile(r"^[A-Za-z0-9._]+(-[A-Za-z0-9._]+)*$")
 # Topic ids are derived (name and offset), not random, so that handlers stay pure.
 _TOPIC_ID_NAMESPACE: Final = uuid.UUID("5f1b2a3c-0966-4e6d-8a11-6d657461637c")
+
+
+class CreateTopicSlice(msgspec.Struct, frozen=True, gc=False):
+    """The rest of a topic created in slices: partitions [start, partitions) are still to be
+    written, inside the transaction the first slice opened (`create_topic`).
+
+    An event for `controller.core.step.step` that only the controller submits to itself,
+    never the wire. Everything a slice needs was decided and validated by the first one:
+    the topic id, the effective min ISR and the placement (`assignments` when explicit,
+    else striped over `brokers`). `placed` keeps the striped assignments written so far,
+    for the response of the last slice.
+    """
+
+    name: str
+    topic_id: str
+    partitions: int
+    min_isr: int
+    start: int
+    assignments: list[list[int]] | None = None
+    brokers: tuple[int, ...] = ()
+    replication_factor: int = 0
+    placed: tuple[list[list[int]], ...] = ()
 
 
 class HandlerResult(msgspec.Struct, frozen=True):
     records: list[MetadataRecord]
     response: ControllerResponse
+    # A topic created in slices: the slice to step next (the response is then a
+    # placeholder; the last slice's response is the request's).
+    follow_up: CreateTopicSlice | None = None
 
 
 class _Txn:
@@ -140,6 +163,7 @@ def _fence_changes(
 def fence_broker(
     image: ClusterImage, req: FenceBroker, now_ms: int, config: ControllerConfig
 ) -> HandlerResult:
+    validation.check_fence_broker(req)
     _require_broker(image, req.broker_id)
     b = image.brokers[req.broker_id]
     if b.fenced:
@@ -161,6 +185,7 @@ def register_broker(
     data it could have lost. Every other registration without a matching epoch is
     unclean and moves the broker's ELR memberships to the LastKnownELR.
     """
+    validation.check_register_broker(req)
     existing = image.broker(req.broker_id)
     txn = _Txn(image)
     if existing is not None:
@@ -228,6 +253,7 @@ def unfence_broker(
 ) -> HandlerResult:
     """Rule 4: unfence, then elect wherever the broker's ELR membership makes it possible
     (classic rules: its ISR membership, as the last ISR member stays in the ISR)."""
+    validation.check_broker_epoch(req)
     _require_broker(image, req.broker_id, req.broker_epoch)
     b = image.brokers[req.broker_id]
     if not b.fenced:
@@ -254,6 +280,7 @@ def controlled_shutdown(
 ) -> HandlerResult:
     """Rule 5: no longer eligible; leadership moves away and the ISRs shrink (rule 1 may
     keep the cleanly stopping replica in the ELR)."""
+    validation.check_broker_epoch(req)
     _require_broker(image, req.broker_id, req.broker_epoch)
     b = image.brokers[req.broker_id]
     txn = _Txn(image)
@@ -285,6 +312,7 @@ def heartbeat(
     The broker is unfenced when it is fenced, does not ask to stay fenced, and has applied
     the log past its own registration record (its epoch), so it knows its partitions.
     """
+    validation.check_heartbeat(req)
     b = image.broker(req.broker_id)
     if b is None:
         raise BrokerIdNotRegisteredError(f"broker {req.broker_id} is not registered")
@@ -318,6 +346,7 @@ def alter_partition(
     image: ClusterImage, req: AlterPartition, now_ms: int, config: ControllerConfig
 ) -> HandlerResult:
     """Rule 6, validated in the documented order, then rule 1."""
+    validation.check_alter_partition(req)
     p = _require_partition(image, req.topic, req.partition)
     _require_broker(image, req.leader, req.broker_epoch)
     if p.leader != req.leader:
@@ -391,6 +420,7 @@ def elect_preferred(
     image: ClusterImage, req: ElectLeader, now_ms: int, config: ControllerConfig
 ) -> HandlerResult:
     """Rule 8: move leadership to the first assigned replica if it is an active ISR member."""
+    validation.check_elect_leader(req)
     p = _require_partition(image, req.topic, req.partition)
     preferred = p.replicas[0]
     if p.leader == preferred:
@@ -407,9 +437,15 @@ def elect_preferred(
     return HandlerResult([change], partition_view(p, change))
 
 
-def _placement(image: ClusterImage, partitions: int, rf: int) -> list[list[int]]:
-    """Striped round-robin over active brokers; with racks, the broker list alternates
-    racks so that consecutive replicas land in different racks where possible."""
+def _striped(order: tuple[int, ...], start: int, end: int, rf: int) -> list[list[int]]:
+    """Partitions [start, end) of the striped round-robin placement over `order`."""
+    n = len(order)
+    return [[order[(p + j) % n] for j in range(rf)] for p in range(start, end)]
+
+
+def _broker_order(image: ClusterImage) -> tuple[int, ...]:
+    """The active brokers in placement order: with racks, the list alternates racks so
+    that consecutive replicas land in different racks where possible."""
     active = sorted(b.broker_id for b in image.brokers.values() if b.active)
     racks: dict[str, list[int]] = {}
     for bid in active:
@@ -420,8 +456,7 @@ def _placement(image: ClusterImage, partitions: int, rf: int) -> list[list[int]]
         for i in range(max(len(c) for c in columns)):
             ordered.extend(c[i] for c in columns if i < len(c))
         active = ordered
-    n = len(active)
-    return [[active[(p + j) % n] for j in range(rf)] for p in range(partitions)]
+    return tuple(active)
 
 
 def create_topic(
@@ -430,10 +465,17 @@ def create_topic(
     now_ms: int,
     config: ControllerConfig,
     known_strategies: frozenset[str] = frozenset(),
+    *,
+    slice_partitions: int | None = None,
 ) -> HandlerResult:
-    """Rule 9."""
-    if len(req.name) > 249 or not _TOPIC_NAME.match(req.name) or req.name in (".", ".."):
-        raise InvalidRequestError(f"invalid topic name {req.name!r}")
+    """Rule 9.
+
+    With `slice_partitions`, a topic of more partitions is created in slices of that many
+    (the step wraps them in one transaction): this call validates the whole request and
+    writes the TopicRecord and the first slice, and its result's `follow_up` is the rest
+    (`create_topic_slice`). Striped placement is then computed slice by slice.
+    """
+    validation.check_topic_name(req.name)
     if req.name in image.topics:
         raise TopicAlreadyExistsError(f"topic {req.name} already exists")
     if req.recovery_strategy is not None and req.recovery_strategy not in known_strategies:
@@ -442,14 +484,18 @@ def create_topic(
             f"known: {', '.join(sorted(known_strategies))}"
         )
     min_isr = req.min_isr if req.min_isr is not None else config.default_min_insync_replicas
-    if min_isr < 1:
-        raise InvalidConfigurationError(f"min.insync.replicas must be >= 1, got {min_isr}")
+    validation.check_min_isr(min_isr)
+    order: tuple[int, ...] = ()
+    rf = 0
+    explicit: list[list[int]] | None = None
     if req.assignments is not None:
-        assignments = [list(a) for a in req.assignments]
+        assignments = explicit = [list(a) for a in req.assignments]
+        partitions = len(assignments)
         if not assignments:
             raise InvalidReplicaAssignmentError("an explicit assignment needs a partition")
         if req.partitions is not None and req.partitions != len(assignments):
             raise InvalidRequestError("partitions does not match the explicit assignment")
+        validation.check_assignment_ids(assignments)
         for i, a in enumerate(assignments):
             if not a or len(set(a)) != len(a):
                 raise InvalidReplicaAssignmentError(
@@ -462,42 +508,73 @@ def create_topic(
                 raise InvalidReplicaAssignmentError(f"partition {i}: no active replica in {a}")
     else:
         partitions = req.partitions if req.partitions is not None else config.default_partitions
-        if partitions < 1:
-            raise InvalidRequestError(f"partitions must be >= 1, got {partitions}")
+        validation.check_partition_count(partitions)
         rf = (
             req.replication_factor
             if req.replication_factor is not None
             else config.default_replication_factor
         )
-        active = sum(1 for b in image.brokers.values() if b.active)
-        if rf < 1 or rf > active:
-            raise InvalidReplicationFactorError(
-                f"replication factor {rf} is not within 1..{active} (active brokers)"
-            )
-        assignments = _placement(image, partitions, rf)
+        validation.check_replication_factor(rf, sum(1 for b in image.brokers.values() if b.active))
+        order = _broker_order(image)
+        # The first slice: every striped assignment has the same length (for the checks).
+        assignments = _striped(order, 0, min(partitions, slice_partitions or partitions), rf)
+    validation.check_min_isr_fits(req.min_isr, assignments)
 
     topic_id = str(uuid.uuid5(_TOPIC_ID_NAMESPACE, f"{req.name}@{image.end_offset}"))
-    records: list[MetadataRecord] = [
-        TopicRecord(
-            name=req.name,
-            topic_id=topic_id,
-            partitions=len(assignments),
-            min_isr=min_isr,
-            recovery_strategy=req.recovery_strategy,
-        )
-    ]
+    plan = CreateTopicSlice(
+        name=req.name,
+        topic_id=topic_id,
+        partitions=partitions,
+        min_isr=min_isr,
+        start=0,
+        assignments=explicit,
+        brokers=order,
+        replication_factor=rf,
+    )
+    topic = TopicRecord(
+        name=req.name,
+        topic_id=topic_id,
+        partitions=plan.partitions,
+        min_isr=min_isr,
+        recovery_strategy=req.recovery_strategy,
+    )
+    first = create_topic_slice(image, plan, slice_partitions, placed=assignments)
+    return HandlerResult([topic, *first.records], first.response, first.follow_up)
+
+
+def create_topic_slice(
+    image: ClusterImage,
+    s: CreateTopicSlice,
+    slice_partitions: int | None = None,
+    *,
+    placed: list[list[int]] | None = None,
+) -> HandlerResult:
+    """The PartitionRecords of partitions [s.start, s.start + slice_partitions) of a topic
+    `create_topic` validated, and the next slice, if any partitions remain; the last slice
+    answers with the whole topic's placement. `placed` is this slice's striped placement
+    when the caller already computed it."""
+    end = s.partitions
+    if slice_partitions is not None:
+        end = min(end, s.start + slice_partitions)
+    if s.assignments is not None:
+        part = s.assignments[s.start : end]
+    elif placed is not None:
+        part = placed
+    else:
+        part = _striped(s.brokers, s.start, end, s.replication_factor)
+    records: list[MetadataRecord] = []
     live = image.active
     # Striped placement repeats a few assignments; work out each one's ISR once.
     shapes: dict[tuple[int, ...], tuple[list[int], int, int]] = {}
-    for i, a in enumerate(assignments):
+    for i, a in enumerate(part, s.start):
         key = tuple(a)
         shape = shapes.get(key)
         if shape is None:
             isr = [r for r in a if r in live]
-            shape = shapes[key] = (sorted(isr), isr[0], min(min_isr, len(a)))
+            shape = shapes[key] = (sorted(isr), isr[0], min(s.min_isr, len(a)))
         records.append(
             PartitionRecord(
-                topic=req.name,
+                topic=s.name,
                 partition=i,
                 replicas=a,
                 isr=shape[0],
@@ -505,6 +582,13 @@ def create_topic(
                 min_isr=shape[2],
             )
         )
+    done = s.placed if s.assignments is not None else (*s.placed, part)
+    if end < s.partitions:
+        rest = msgspec.structs.replace(s, start=end, placed=done)
+        return HandlerResult(records, Ack(), rest)
+    assignments = (
+        s.assignments if s.assignments is not None else [a for chunk in done for a in chunk]
+    )
     return HandlerResult(
-        records, CreateTopicResponse(name=req.name, topic_id=topic_id, assignments=assignments)
+        records, CreateTopicResponse(name=s.name, topic_id=s.topic_id, assignments=assignments)
     )

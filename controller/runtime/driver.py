@@ -4,13 +4,32 @@ The event task owns the controller state and handles one event at a time (a requ
 heartbeat, a log-inspection answer, or a Tick when the injected clock reaches the next
 recovery deadline): `controller.core.step.step` decides, replays and evaluates, so the
 next event sees the records at once (as Kafka's QuorumController does). The committer
-task appends everything queued so far in one durable batch. A response is released
-only after the records it depends on are committed, in event order: a response with no
-records of its own still waits for the commits queued before it.
+task appends everything queued so far, in as few durable batches as fit. A response is
+released only after the records it depends on are committed, in event order: a response
+with no records of its own still waits for the commits queued before it.
+
+Transactions (KIP-868; the core places the markers, see `controller.core.step`):
+
+* A change too large for one stored batch arrives wrapped in Begin/EndTransactionRecord;
+  the committer cuts it into several appends, one after the other
+  (`controller.runtime.committer`).
+  The driver, not the store, splits: it alone knows where a change may be cut (inside a
+  transaction only) and must know what is durable after each append to recover.
+* A topic created in slices: after each slice the event task yields to the event loop,
+  handles the events queued meanwhile, waits for the committer if it is more than a
+  slice behind, and steps the next slice. While the transaction is open, an event whose
+  step writes records is deferred (its result discarded; the step is pure) and stepped
+  again after the end marker, in arrival order; events that write nothing (most
+  heartbeats) are answered in between. `drain()` waits for the transaction.
+* `committed_image` advances only at transaction boundaries, and commit listeners hear
+  about a transaction once, at its end marker, with all of its records.
+* At start-up a log that ends inside a transaction (a crash between its batches) is
+  loaded without it (`metadata_image.transactions`), and the controller appends an
+  AbortTransactionRecord before anything else, as Kafka's new leader does.
 
 If an append fails, every event whose records were not committed fails with the store's
-error, and the image reverts to the last committed one. Nothing un-durable is ever
-acknowledged.
+error and the image reverts to the last committed one (the committer says what the log
+now holds). Nothing un-durable is ever acknowledged.
 
 This module holds the asyncio plumbing only; every decision is made by the pure core.
 """
@@ -21,8 +40,8 @@ import asyncio
 import gc
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Callable, Mapping
+from typing import Final
 
 import msgspec
 import structlog
@@ -31,46 +50,52 @@ from controller.core.config import ControllerConfig
 from controller.core.recovery.policy import RecoveryPolicy
 from controller.core.recovery.registry import load_policies
 from controller.core.recovery.tracker import Inspection, RecoveryTracker
-from controller.core.step import ControllerState, Event, Rules, StepResult, Tick, step
+from controller.core.step import (
+    CREATE_SLICE_PARTITIONS,
+    ControllerState,
+    Event,
+    Rules,
+    StepResult,
+    Tick,
+    step,
+)
 from controller.runtime.clock import Clock, SystemClock
+from controller.runtime.committer import (
+    Commit,
+    CommitListener,
+    Committer,
+    Failure,
+    abort_commit,
+)
+from controller.runtime.events import CLOSE, Queued, Slicing
 from metactl.errors import LogClosedError, LogError, MetactlError
-from metadata_image.delta import MetadataDelta
 from metadata_image.image import ClusterImage
-from metadata_image.replay import replay
 from metadata_image.snapshot import ImageSnapshot, from_snapshot, to_snapshot
-from metadata_log.records import MetadataRecord, UncleanRecoveryRecord, record_type
+from metadata_image.transactions import LogReplay, replay_log
+from metadata_log.records import (
+    MAX_BATCH_BYTES,
+    AbortTransactionRecord,
+    MetadataRecord,
+)
 from metadata_log.store import LogStore
 from protocol.messages import ControllerResponse
 
 log = structlog.get_logger("metactl.controller")
 
 REPLAY_CHUNK: Final = 10_000
+MAX_SLICES_AHEAD: Final = 1
+"""Slices of a sliced create stepped but not yet durable before the event task waits."""
 
 
-__all__ = ["CommitListener", "Controller", "Event", "Tick", "load_image"]
+__all__ = ["Controller", "Event", "Tick", "load_image", "load_log"]
 
 
-class _Commit:
-    __slots__ = ("delta", "future", "image_after", "now_ms", "records", "response")
-
-    def __init__(
-        self, result: StepResult, future: asyncio.Future[ControllerResponse] | None, now_ms: int
-    ) -> None:
-        self.records = result.records
-        self.response = result.response
-        self.image_after = result.state.image
-        self.delta = result.delta
-        self.future = future
-        self.now_ms = now_ms
-
-
-# listener(base_offset, records, delta, now_ms), once an event's records are durable.
-CommitListener = Callable[[int, Sequence[MetadataRecord], MetadataDelta, int], None]
 InspectionSink = Callable[[Inspection], None]
 
 
-async def load_image(store: LogStore) -> ClusterImage:
-    """The committed image: the newest snapshot plus every record after it."""
+async def load_log(store: LogStore) -> LogReplay:
+    """The committed log, replayed: the newest snapshot plus every record after it, with
+    an unfinished transaction at the end held back (`LogReplay.transaction`)."""
     # Decoding and replaying millions of records allocates objects that form no cycles;
     # the cyclic GC's repeated full passes over the growing heap would dominate.
     paused = gc.isenabled()
@@ -83,18 +108,23 @@ async def load_image(store: LogStore) -> ClusterImage:
                 f"the log starts at offset {store.start_offset} and there is no snapshot "
                 "to start from"
             )
+        state = LogReplay(image)
         chunk: list[MetadataRecord] = []
         async for entry in store.iter_entries(image.end_offset):
             chunk.append(entry.record)
             if len(chunk) >= REPLAY_CHUNK:
-                image = replay(image, chunk)
+                state = replay_log(state, chunk)
                 chunk = []
-        if chunk:
-            image = replay(image, chunk)
-        return image
+        return replay_log(state, chunk)
     finally:
         if paused:
             gc.enable()
+
+
+async def load_image(store: LogStore) -> ClusterImage:
+    """The committed image: the newest snapshot plus every record after it, without a
+    transaction the log ends inside or any aborted one."""
+    return (await load_log(store)).image
 
 
 class Controller:
@@ -106,26 +136,36 @@ class Controller:
         config: ControllerConfig,
         policies: Mapping[str, RecoveryPolicy] | None = None,
         clock: Clock | None = None,
+        max_batch_bytes: int = MAX_BATCH_BYTES,
+        create_slice_partitions: int | None = CREATE_SLICE_PARTITIONS,
     ) -> None:
         self.store = store
         self.config = config
         self.policies: Mapping[str, RecoveryPolicy] = (
             policies if policies is not None else load_policies()
         )
-        self.rules = Rules(config, self.policies)  # fails fast on an unknown strategy
+        # Fails fast on an unknown strategy.
+        self.rules = Rules(config, self.policies, max_batch_bytes, create_slice_partitions)
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.state = ControllerState(image)
-        self.committed_image = image
         self.next_deadline_ms: int | None = None
-        self.log_every_record = False  # services turn this on; bulk tools leave it off
         self.inspection_sinks: list[InspectionSink] = []
         self.commit_listeners: list[CommitListener] = []
         self.event_listeners: list[Callable[[str, float, float], None]] = []
         # Called as listener(seconds, record_count) after each successful durable append.
         self.append_listeners: list[Callable[[float, int], None]] = []
-        self._queue: asyncio.Queue[tuple[Event, asyncio.Future[ControllerResponse] | None, float]]
-        self._queue = asyncio.Queue()
-        self._commits: deque[_Commit] = deque()
+        self.committer = Committer(
+            store,
+            image,
+            max_batch_bytes=max_batch_bytes,
+            clock=self.clock,
+            commit_listeners=self.commit_listeners,
+            append_listeners=self.append_listeners,
+        )
+        self._queue: asyncio.Queue[Queued] = asyncio.Queue()
+        self._deferred: deque[Queued] = deque()
+        self._slicing: Slicing | None = None
+        self._commits: deque[Commit] = deque()
         self._commit_wakeup = asyncio.Event()
         self._closing = False
         self._run_task: asyncio.Task[None] | None = None
@@ -139,9 +179,38 @@ class Controller:
         config: ControllerConfig | None = None,
         policies: Mapping[str, RecoveryPolicy] | None = None,
         clock: Clock | None = None,
+        max_batch_bytes: int = MAX_BATCH_BYTES,
+        create_slice_partitions: int | None = CREATE_SLICE_PARTITIONS,
     ) -> Controller:
-        image = await load_image(store)
-        ctl = cls(store, image, config=config or ControllerConfig(), policies=policies, clock=clock)
+        state = await load_log(store)
+        txn = state.transaction
+        if txn is not None:
+            # The log ends inside a transaction (a crash between its batches): abort it
+            # before anything else is written, so that later records are not taken as
+            # part of it.
+            abort = AbortTransactionRecord(
+                reason=f"controller start: transaction {txn.name!r} begun at offset "
+                f"{txn.begin_offset} has no end marker"
+            )
+            now = clock.now_ms() if clock is not None else None
+            await store.append([abort], timestamp_ms=now)
+            state = replay_log(state, [abort])
+            log.warning(
+                "aborted an unfinished transaction",
+                name=txn.name,
+                begin_offset=txn.begin_offset,
+                records=txn.count,
+                abort_offset=state.image.end_offset - 1,
+            )
+        ctl = cls(
+            store,
+            state.image,
+            config=config or ControllerConfig(),
+            policies=policies,
+            clock=clock,
+            max_batch_bytes=max_batch_bytes,
+            create_slice_partitions=create_slice_partitions,
+        )
         ctl.start()
         return ctl
 
@@ -151,8 +220,29 @@ class Controller:
         return self.state.image
 
     @property
+    def committed_image(self) -> ClusterImage:
+        """The image of everything durable, at the last transaction boundary: what describe
+        and the metrics show."""
+        return self.committer.committed_image
+
+    @property
+    def log_every_record(self) -> bool:
+        """Log a line per committed record (services turn this on; bulk tools leave it off).
+        A transaction logs one summary line."""
+        return self.committer.log_every_record
+
+    @log_every_record.setter
+    def log_every_record(self, value: bool) -> None:
+        self.committer.log_every_record = value
+
+    @property
     def tracker(self) -> RecoveryTracker:
         return self.state.tracker
+
+    @property
+    def in_transaction(self) -> bool:
+        """A topic is being created in slices (its transaction is open)."""
+        return self._slicing is not None
 
     # --- public API ---------------------------------------------------------------------
 
@@ -162,36 +252,42 @@ class Controller:
 
     async def submit(self, request: Event) -> ControllerResponse:
         """Handle one request; returns once its records (and all before them) are durable."""
+        return await self._submit(request, barrier=False)
+
+    async def _submit(self, request: Event, *, barrier: bool) -> ControllerResponse:
         if self._closing:
             raise LogClosedError("the controller is shutting down")
         future: asyncio.Future[ControllerResponse] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait((request, future, time.perf_counter()))
+        self._queue.put_nowait(Queued(request, future, time.perf_counter(), barrier=barrier))
         return await future
 
     async def tick(self) -> None:
         await self.submit(Tick())
 
     async def drain(self) -> None:
-        """Wait until every event queued before this call is handled and committed.
+        """Wait until every event queued before this call is handled and committed, and
+        any open transaction has ended.
 
         Responses are released in event order, so a no-op event's response is exactly that.
         """
-        await self.submit(Tick())
+        await self._submit(Tick(), barrier=True)
 
     async def write_snapshot(self) -> int:
-        """Snapshot the committed image; returns its offset."""
+        """Snapshot the committed image (always at a transaction boundary); returns its
+        offset."""
         await self.drain()
         image = self.committed_image
         await self.store.write_snapshot(image.end_offset, to_snapshot(image))
         return image.end_offset
 
     async def close(self) -> None:
-        """Finish in-flight commits, then stop. The store stays open (its owner closes it)."""
+        """Finish in-flight commits, then stop. A transaction still being sliced is
+        aborted. The store stays open (its owner closes it)."""
         if self._closing:
             return
         self._closing = True
         if self._run_task is not None:
-            self._queue.put_nowait((Tick(), None, -1.0))
+            self._queue.put_nowait(CLOSE)
             await self._run_task
         if self._commit_task is not None:
             self._commit_wakeup.set()
@@ -201,15 +297,57 @@ class Controller:
 
     async def _run(self) -> None:
         while True:
-            event, future, enqueued = await self._next_event()
-            if enqueued < 0:
-                return
-            started = time.perf_counter()
-            self._process(event, future)
-            for listener in self.event_listeners:
-                listener(type(event).__name__, started - enqueued, time.perf_counter() - started)
+            if self._slicing is not None:
+                if not await self._between_slices():
+                    return
+            elif self._deferred:
+                self._handle(self._deferred.popleft())
+            else:
+                item = await self._next_event()
+                if item is CLOSE:
+                    return
+                self._handle(item)
 
-    async def _next_event(self) -> tuple[Event, asyncio.Future[ControllerResponse] | None, float]:
+    async def _between_slices(self) -> bool:
+        """Yield, answer what was queued meanwhile, then step the next slice, once the
+        committer is at most `MAX_SLICES_AHEAD` behind (answering what arrives while
+        waiting for it). False once the controller closes."""
+        await asyncio.sleep(0)  # connections queue requests; the committer writes
+        for _ in range(self._queue.qsize()):
+            if not self._answer(self._queue.get_nowait()):
+                return False
+        while self._slicing is not None and self.committer.unpublished > MAX_SLICES_AHEAD:
+            getter = asyncio.ensure_future(self._queue.get())
+            progress = asyncio.ensure_future(self.committer.progress.wait())
+            try:
+                done, _ = await asyncio.wait(
+                    (getter, progress), return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                getter.cancel()
+                progress.cancel()
+            if getter in done and not self._answer(getter.result()):
+                return False
+        if self._slicing is not None:  # a failed commit may have ended it meanwhile
+            self._step_slice(self._slicing)
+        return True
+
+    def _answer(self, item: Queued) -> bool:
+        """Handle an event that arrived during a sliced create; False if it is CLOSE (the
+        transaction is then aborted and what was deferred fails)."""
+        if item is not CLOSE:
+            self._handle(item)
+            return True
+        if self._slicing is not None:
+            self._abort_slicing("the controller is shutting down", None)
+        error = LogClosedError("the controller is shutting down")
+        for deferred in self._deferred:
+            if deferred.future is not None and not deferred.future.done():
+                deferred.future.set_exception(error)
+        self._deferred.clear()
+        return False
+
+    async def _next_event(self) -> Queued:
         """The next queued event, or a Tick once the clock reaches the next deadline.
 
         The timer waits on the injected clock, so virtual time fires timers as real time
@@ -228,25 +366,139 @@ class Controller:
             getter.cancel()
         if getter in done:
             return getter.result()
-        return Tick(), None, time.perf_counter()
+        return Queued(Tick(), None, time.perf_counter())
 
-    def _process(self, event: Event, future: asyncio.Future[ControllerResponse] | None) -> None:
+    def _handle(self, item: Queued) -> None:
+        slicing = self._slicing
+        if slicing is not None and item.barrier:
+            self._deferred.append(item)
+            return
+        event, future = item.event, item.future
         now = self.clock.now_ms()
+        started = time.perf_counter()
+        # While a transaction is open, an event sees the image before it.
+        state = self.state
+        if slicing is not None:
+            state = ControllerState(slicing.image_before, state.tracker, state.dirty)
         try:
-            result = step(self.state, event, now, self.rules)
+            result = step(state, event, now, self.rules)
         except MetactlError as exc:
             log.info(
                 "request refused", request=type(event).__name__, code=exc.code, error=exc.message
             )
-            if future is not None and not future.done():
-                future.set_exception(exc)
+            # A refusal may tell what the log holds: it waits for durability too.
+            if slicing is not None:
+                slicing.answer(future, exc)
+            else:
+                self.committer.when_durable(future, exc)
+            self._report(event, item.enqueued, started)
             return
+        if slicing is not None:
+            if result.records:
+                # It writes records while a transaction is open: step it again after the end.
+                self._deferred.append(item)
+                return
+            # It wrote nothing: keep its soft state, answer once the log before the
+            # transaction is durable (nothing of the transaction is in its answer).
+            self.state = ControllerState(self.state.image, result.state.tracker, self.state.dirty)
+            self._inspect(result)
+            slicing.answer(future, result.response)
+        elif result.follow_up is not None:
+            before = self.state.image
+            self._accept(result, now)
+            watermark: asyncio.Future[ControllerResponse]
+            watermark = asyncio.get_running_loop().create_future()
+            self.committer.when_durable(watermark, result.response)
+            self._slicing = Slicing(result.follow_up, future, before, watermark)
+            self._queue_commit(result, None, None, now)
+        else:
+            self._accept(result, now)
+            self._queue_commit(result, result.state.image, future, now, barrier=item.barrier)
+        self._report(event, item.enqueued, started)
+
+    def _step_slice(self, slicing: Slicing) -> None:
+        now = self.clock.now_ms()
+        started = time.perf_counter()
+        try:
+            result = step(self.state, slicing.follow_up, now, self.rules)
+        except MetactlError as exc:  # a slice was validated with the first: a bug
+            log.error("create slice failed; aborting its transaction", error=exc.message)
+            self._abort_slicing(f"slice failed: {exc.message}", exc)
+            return
+        self._accept(result, now)
+        if result.follow_up is not None:
+            slicing.follow_up = result.follow_up
+            self._queue_commit(result, None, None, now)
+        else:
+            self._slicing = None
+            self._queue_commit(result, result.state.image, slicing.future, now)
+            slicing.end_when_answered()
+        self._report(slicing.follow_up, started, started)
+
+    def _end_slicing(self) -> Slicing | None:
+        slicing, self._slicing = self._slicing, None
+        if slicing is not None:
+            slicing.end()
+        return slicing
+
+    def _accept(self, result: StepResult, now: int) -> None:
         self.state, self.next_deadline_ms = result.state, result.next_deadline_ms
-        self._commits.append(_Commit(result, future, now))
-        self._commit_wakeup.set()
+        self._inspect(result)
+
+    def _inspect(self, result: StepResult) -> None:
         for inspection in result.inspections:
             for sink in self.inspection_sinks:
                 sink(inspection)
+
+    def _queue_commit(
+        self,
+        result: StepResult,
+        image_after: ClusterImage | None,
+        future: asyncio.Future[ControllerResponse] | None,
+        now: int,
+        *,
+        barrier: bool = False,
+    ) -> None:
+        if not result.records and not barrier:
+            # It wrote nothing: it waits for the records before it to be durable, and for
+            # nothing else (not for the listeners of a transaction, say).
+            self.committer.when_durable(future, result.response)
+            return
+        c = Commit(
+            result.records,
+            result.response,
+            image_after=image_after,
+            delta=result.delta,
+            future=future,
+            now_ms=now,
+            size=result.encoded_bytes,
+            barrier=barrier,
+        )
+        self._enqueue(c)
+
+    def _enqueue(self, c: Commit) -> None:
+        self.committer.queued(c)
+        self._commits.append(c)
+        self._commit_wakeup.set()
+
+    def _report(self, event: Event, enqueued: float, started: float) -> None:
+        done = time.perf_counter()
+        for listener in self.event_listeners:
+            listener(type(event).__name__, started - enqueued, done - started)
+
+    def _abort_slicing(self, reason: str, error: MetactlError | None) -> None:
+        """Abandon the open transaction of a sliced create: its records so far are queued
+        or durable, an AbortTransactionRecord follows them, and the working image forgets
+        them (only events that wrote nothing ran meanwhile)."""
+        slicing = self._end_slicing()
+        assert slicing is not None
+        base = msgspec.structs.replace(slicing.image_before, end_offset=self.image.end_offset)
+        abort = abort_commit(base, reason, self.clock.now_ms())
+        assert abort.image_after is not None
+        self.state = ControllerState(abort.image_after, self.state.tracker, None)
+        self._enqueue(abort)
+        if slicing.future is not None and not slicing.future.done():
+            slicing.future.set_exception(error or LogClosedError(reason))
 
     # --- the committer ------------------------------------------------------------------
 
@@ -257,73 +509,25 @@ class Controller:
             while self._commits:
                 batch = list(self._commits)
                 self._commits.clear()
-                await self._commit(batch)
+                failure = await self.committer.commit(batch)
+                if failure is not None:
+                    self._revert(failure)
             if self._closing and self._run_task is not None and self._run_task.done():
                 return
 
-    async def _commit(self, batch: list[_Commit]) -> None:
-        records = [r for c in batch for r in c.records]
-        base = self.committed_image.end_offset
-        if records:
-            try:
-                started = time.perf_counter()
-                offsets = await self.store.append(records, timestamp_ms=batch[-1].now_ms)
-                elapsed = time.perf_counter() - started
-                if offsets.start != base:
-                    raise LogError(
-                        f"the log assigned offset {offsets.start} where the controller expected "
-                        f"{base}: another writer?"
-                    )
-            except Exception as exc:
-                self._fail_uncommitted(batch, exc)
-                return
-            for append_listener in self.append_listeners:
-                append_listener(elapsed, len(records))
-        self.committed_image = batch[-1].image_after
-        offset = base
-        for c in batch:
-            if c.records:
-                for listener in self.commit_listeners:
-                    listener(offset, c.records, c.delta, c.now_ms)
-                _log_committed(offset, c.records, c.delta, self.log_every_record)
-                offset += len(c.records)
-            if c.future is not None and not c.future.done():
-                c.future.set_result(c.response)
-
-    def _fail_uncommitted(self, batch: list[_Commit], exc: Exception) -> None:
-        error = exc if isinstance(exc, MetactlError) else LogError(f"append failed: {exc!r}")
-        log.error("commit failed; reverting to the committed image", error=str(error))
-        failed = batch + list(self._commits)
+    def _revert(self, failure: Failure) -> None:
+        """Every event not committed fails; the image reverts to the committed one (plus
+        room for the abort marker the log is owed, if any)."""
+        failed = failure.commits + list(self._commits)
         self._commits.clear()
+        slicing = self._end_slicing()
         # Soft state is rebuilt: pending recoveries start over, every leaderless
         # partition is looked at on the next event.
-        self.state = ControllerState(self.committed_image)
-        for c in failed:
-            if c.future is not None and not c.future.done():
-                c.future.set_exception(error)
-
-
-def _log_committed(
-    base: int, records: Sequence[MetadataRecord], delta: MetadataDelta, every_record: bool
-) -> None:
-    """An unclean recovery always logs a WARNING; other records only when asked for, since
-    formatting one line per record would dominate bulk changes (a 100k-partition topic).
-    The delta says whether there is a recovery at all, so a bulk change without one is
-    not scanned."""
-    if not every_record and not delta.unclean_recoveries:
-        return
-    for i, r in enumerate(records):
-        if not (every_record or isinstance(r, UncleanRecoveryRecord)):
-            continue
-        fields: dict[str, Any] = msgspec.to_builtins(r)
-        fields.pop("v", None)
-        fields.pop("type", None)
-        if isinstance(r, UncleanRecoveryRecord):
-            log.warning(
-                "unclean recovery: potential data loss",
-                offset=base + i,
-                record=record_type(r),
-                **fields,
-            )
-        else:
-            log.info("committed", offset=base + i, record=record_type(r), **fields)
+        self.state = ControllerState(failure.image)
+        futures = [c.future for c in failed]
+        futures += [future for c in failed for future, _ in c.followers]
+        if slicing is not None:
+            futures.append(slicing.future)
+        for future in futures:
+            if future is not None and not future.done():
+                future.set_exception(failure.error)

@@ -3,7 +3,12 @@
 Owns the network side of the controller: request dispatch behind the shared protocol server,
 broker sessions (fence on expiry, unfence once caught up), metadata fetches (long-poll
 over committed records only), and GetReplicaLogInfo calls to brokers during unclean
-recovery. Every decision is still made by the pure core through `Controller.submit`.
+recovery. Every decision is still made by the pure core through `Controller.submit`;
+under TLS, who may ask is decided first by `controller.core.authz` (refusals counted
+and logged here, rate-limited per principal). CreateTopics and ElectLeaders are then
+admitted by the partitions-per-request cap and the per-principal mutation quota
+(`controller.runtime.quota`) before anything is submitted; DescribeCluster is answered
+page by page (`controller.runtime.describe`).
 """
 
 from __future__ import annotations
@@ -12,22 +17,25 @@ import asyncio
 import contextlib
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 
+from controller.core.authz import AUTHORIZATION_ERRORS, authorize, operation_of
 from controller.core.config import ControllerConfig
 from controller.core.recovery.tracker import Inspection
 from controller.runtime.clock import Clock, SystemClock
-from controller.runtime.describe import describe_image, partition_state
+from controller.runtime.describe import describe_page, partition_state
 from controller.runtime.driver import Controller
 from controller.runtime.metrics import ControllerMetrics, MetricsServer
+from controller.runtime.quota import MutationLimits, MutationQuota, requested_partitions
 from controller.runtime.sessions import BrokerSessions
 from metactl.errors import (
     InvalidRequestError,
     MetactlError,
     OffsetOutOfRangeError,
     StaleBrokerEpochError,
+    ThrottlingQuotaExceededError,
 )
 from metadata_image.image import TopicPartition
 from metadata_image.snapshot import ImageSnapshot
@@ -82,8 +90,13 @@ class ControllerService:
         metrics: str | None = None,
         tls: TlsIdentity | None = None,
         limits: ServerLimits | None = None,
+        mutation_limits: MutationLimits | None = None,
+        verify_log: Literal["tail", "full"] = "tail",
     ) -> None:
         self.data_dir = data_dir
+        # What start() checks of the log before serving: the last batches' CRCs (what
+        # replay does not read again is then checked on first read), or every batch.
+        self.verify_log = verify_log
         self.metrics_listen = metrics  # HOST:PORT for /metrics; None: not served
         self.listen = listen
         self.config = config or ControllerConfig()
@@ -95,6 +108,10 @@ class ControllerService:
         self.client_ssl = tls.client_context() if tls is not None else None
         self.limits = limits if limits is not None else ServerLimits()
         self.clock: Clock = clock or SystemClock()
+        # KIP-599 controller mutation quota per principal, and the partitions-per-request
+        # cap (controller/runtime/quota.py), for CreateTopics and ElectLeaders.
+        self.mutation_limits = mutation_limits if mutation_limits is not None else MutationLimits()
+        self.quota = MutationQuota.of(self.mutation_limits, self.clock)
         self.sessions = BrokerSessions(self.config.broker_session_timeout_ms)
         self.store: SqliteLogStore | None = None
         self.ctl: Controller | None = None
@@ -104,6 +121,10 @@ class ControllerService:
         self.metrics_server: MetricsServer | None = None
         self.metrics_address = ""
         self._tasks: set[asyncio.Task[None]] = set()
+        # Authorization refusals are logged at most once per principal per period (the
+        # counter has every one): principal -> (ms of its last line, refusals held since).
+        self.refusal_log_period_ms = 1000
+        self._refusal_lines: dict[str, tuple[int, int]] = {}
 
     @property
     def controller(self) -> Controller:
@@ -111,14 +132,24 @@ class ControllerService:
         return self.ctl
 
     async def start(self) -> None:
-        self.store = await SqliteLogStore.open(self.data_dir)
+        """Open the log, replay it and listen. If any step fails, whatever was opened is
+        closed again before the error propagates: an open store holds non-daemon threads
+        (aiosqlite's), and a process that kept them could not exit."""
+        try:
+            await self._start()
+        except BaseException:
+            await self._release()
+            raise
+
+    async def _start(self) -> None:
+        self.store = await SqliteLogStore.open(self.data_dir, verify_all=self.verify_log == "full")
         self.ctl = await Controller.open(self.store, config=self.config, clock=self.clock)
         self.ctl.log_every_record = True
         self.ctl.inspection_sinks.append(self._on_inspection)
         self.metrics = ControllerMetrics.attach(self.ctl)
         if self.metrics_listen is not None:
             self.metrics_server = await MetricsServer.start(
-                self.metrics.registry, self.metrics_listen
+                self.metrics.registry, self.metrics_listen, tls=self.tls
             )
             self.metrics_address = self.metrics_server.address
         if self.tls is None:
@@ -141,6 +172,10 @@ class ControllerService:
 
     async def stop(self) -> None:
         """Stop accepting, finish in-flight commits, close the log cleanly."""
+        await self._release()
+        log.info("controller stopped")
+
+    async def _release(self) -> None:
         if self.server is not None:
             self.server.close()
         if self.metrics_server is not None:
@@ -154,7 +189,6 @@ class ControllerService:
             await self.ctl.close()
         if self.store is not None:
             await self.store.close()
-        log.info("controller stopped")
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coro, name=name)
@@ -164,6 +198,12 @@ class ControllerService:
     # --- connections --------------------------------------------------------------------
 
     async def _dispatch(self, body: Message, peer: Peer) -> Message:
+        if self.tls is not None:  # without TLS (`--insecure`) there is no principal to check
+            try:
+                authorize(peer.principal, body)  # before anything is submitted
+            except AUTHORIZATION_ERRORS as exc:
+                self._refused(peer, operation_of(body), exc)
+                raise
         ctl = self.controller
         match body:
             case BrokerHeartbeatRequest():
@@ -178,28 +218,35 @@ class ControllerService:
             case AlterPartition():
                 return await self._partition_request(body)
             case CreateTopicsRequest():
-                results = []
-                for spec in body.topics:
-                    try:
-                        r = await ctl.submit(spec)
-                        assert isinstance(r, CreateTopicResponse)
-                        results.append(
-                            CreateTopicResult(
-                                name=spec.name, topic_id=r.topic_id, assignments=r.assignments
-                            )
-                        )
-                    except MetactlError as exc:
-                        results.append(
-                            CreateTopicResult(
-                                name=spec.name, error_code=exc.code, message=exc.message
-                            )
-                        )
-                return CreateTopicsResponse(results=results)
+                return await self._create_topics(body, peer)
             case DescribeClusterRequest():
-                return self.describe(body.topic)
+                return self.describe(body)
             case ElectLeader():
-                return await self._partition_request(body)
+                return await self._elect(body, peer)
         raise InvalidRequestError(f"the controller does not handle {type(body).__name__}")
+
+    def _refused(self, peer: Peer, operation: str, exc: MetactlError) -> None:
+        """Count an authorization refusal, and log it unless this principal already had
+        a line within `refusal_log_period_ms` (an attacker cannot flood the log; the
+        next line's `count` includes the refusals held back)."""
+        principal = peer.principal if peer.principal is not None else "-"
+        assert self.metrics is not None
+        self.metrics.authorization_failures.labels(principal=principal, operation=operation).inc()
+        now = self.clock.now_ms()
+        last = self._refusal_lines.get(principal)
+        if last is not None and now - last[0] < self.refusal_log_period_ms:
+            self._refusal_lines[principal] = (last[0], last[1] + 1)
+            return
+        self._refusal_lines[principal] = (now, 0)
+        log.warning(
+            "authorization failed",
+            principal=principal,
+            operation=operation,
+            code=exc.code,
+            peer=peer.address,
+            error=exc.message,
+            count=1 + (last[1] if last is not None else 0),
+        )
 
     async def _partition_request(self, request: AlterPartition | ElectLeader) -> PartitionState:
         """Submit a request answered with one partition's committed state."""
@@ -208,8 +255,56 @@ class ControllerService:
         assert isinstance(v, PartitionView)
         return partition_state(ctl.committed_image.partitions[(v.topic, v.partition)])
 
-    def describe(self, topic: str | None = None) -> DescribeClusterResponse:
-        """Committed state only: nothing is shown before it is durable."""
+    async def _create_topics(self, body: CreateTopicsRequest, peer: Peer) -> CreateTopicsResponse:
+        """The partitions-per-request cap (POLICY_VIOLATION), then each topic under the
+        principal's mutation quota, in order, before anything is submitted. A refusal
+        before the first topic refuses the request (THROTTLING_QUOTA_EXCEEDED with a
+        throttle time); a later one refuses that topic and the rest (Kafka's strict
+        mode). A topic the core refuses is not charged."""
+        ctl = self.controller
+        counts = [requested_partitions(s, self.config.default_partitions) for s in body.topics]
+        self.mutation_limits.check_request(sum(counts))
+        results: list[CreateTopicResult] = []
+        for spec, partitions in zip(body.topics, counts, strict=True):
+            try:
+                self.quota.acquire(peer.name, partitions)
+            except ThrottlingQuotaExceededError as exc:
+                if not results:
+                    raise
+                results.append(
+                    CreateTopicResult(name=spec.name, error_code=exc.code, message=exc.message)
+                )
+                continue
+            try:
+                r = await ctl.submit(spec)
+            except MetactlError as exc:
+                self.quota.release(peer.name, partitions)
+                results.append(
+                    CreateTopicResult(name=spec.name, error_code=exc.code, message=exc.message)
+                )
+                continue
+            assert isinstance(r, CreateTopicResponse)
+            results.append(
+                CreateTopicResult(name=spec.name, topic_id=r.topic_id, assignments=r.assignments)
+            )
+        return CreateTopicsResponse(results=results)
+
+    async def _elect(self, body: ElectLeader, peer: Peer) -> PartitionState:
+        """One partition changed: one unit of the principal's mutation quota, given back
+        if the core refuses the election."""
+        self.quota.acquire(peer.name, 1)
+        try:
+            return await self._partition_request(body)
+        except MetactlError:
+            self.quota.release(peer.name, 1)
+            raise
+
+    def describe(self, request: DescribeClusterRequest | None = None) -> DescribeClusterResponse:
+        """One page (v2) or the whole answer (v1), from the committed image as it is now:
+        nothing is shown before it is durable, and a page never mixes two images (it is
+        built without awaiting). Pages are sized to the smaller of this service's frame
+        limit and the client's `max_bytes`."""
+        request = request if request is not None else DescribeClusterRequest()
         ctl = self.controller
         assert self.store is not None
         now = self.clock.now_ms()
@@ -223,9 +318,13 @@ class ControllerService:
             last = self.sessions.last_heartbeat_ms(broker_id)
             return None if last is None else now - last
 
-        return describe_image(
+        max_bytes = self.max_frame_bytes
+        if request.max_bytes is not None:
+            max_bytes = min(max_bytes, request.max_bytes)
+        return describe_page(
             ctl.committed_image,
-            topic=topic,
+            request,
+            max_bytes=max_bytes,
             end_offset=ctl.image.end_offset,
             committed_offset=self.store.end_offset,
             recovery_pending=pending,

@@ -1,0 +1,180 @@
+"""Transactions decided by the pure step: an event whose records do not fit in one batch
+is wrapped in begin/end markers (offsets, and so broker epochs, account for them), and a
+large topic is created in slices inside one transaction."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.core.handlers import CreateTopicSlice
+from controller.core.step import Rules, Tick, transaction_name
+from metadata_image.transactions import LogReplay, replay_log
+from metadata_log.records import (
+    BeginTransactionRecord,
+    EndTransactionRecord,
+    MetadataRecord,
+    PartitionRecord,
+    RegisterBrokerRecord,
+    TopicRecord,
+)
+from protocol.messages import (
+    Ack,
+    AlterPartition,
+    CreateTopic,
+    CreateTopicResponse,
+    FenceBroker,
+    RegisterBroker,
+    RegisterBrokerResponse,
+)
+from tests.controller.testkit import Cluster
+
+
+def _cluster(partitions: int = 60, min_isr: int = 2) -> Cluster:
+    c = Cluster()
+    c.start(1, 2, 3)
+    c.create("t", partitions=partitions, replication_factor=3, min_isr=min_isr)
+    return c
+
+
+def _limit(c: Cluster, **rules: int | None) -> None:
+    c.rules = Rules(c.config, c.policies, **rules)  # type: ignore[arg-type]
+
+
+def _markers(records: list[MetadataRecord]) -> list[str]:
+    return [
+        type(r).__name__
+        for r in records
+        if isinstance(r, BeginTransactionRecord | EndTransactionRecord)
+    ]
+
+
+def test_records_that_fit_in_a_batch_are_not_a_transaction() -> None:
+    c = _cluster()
+    result = c.submit(FenceBroker(broker_id=1))
+    assert _markers(result.records) == []
+    assert 0 < result.encoded_bytes <= c.rules.max_batch_bytes
+
+
+def test_a_fence_too_large_for_one_batch_is_one_transaction() -> None:
+    plain, wrapped = _cluster(), _cluster()
+    base = wrapped.image.end_offset
+    _limit(wrapped, max_batch_bytes=2000)
+    expected = plain.submit(FenceBroker(broker_id=1))
+    result = wrapped.submit(FenceBroker(broker_id=1))
+    assert result.encoded_bytes > 2000
+    begin, *inner, end = result.records
+    assert begin == BeginTransactionRecord(name="FenceBroker 1")
+    assert isinstance(end, EndTransactionRecord)
+    assert inner == expected.records and len(inner) > 30
+    image = result.state.image
+    assert image.end_offset == base + len(result.records) == expected.state.image.end_offset + 2
+    assert image.partitions == expected.state.image.partitions
+    assert image.brokers == expected.state.image.brokers
+    assert result.delta.partitions == expected.delta.partitions
+    assert result.delta.records_by_type["BeginTransaction"] == 1
+    assert result.delta.records_by_type["EndTransaction"] == 1
+    assert result.response == expected.response
+    # A reader of the log gets the same image.
+    assert replay_log(LogReplay(), wrapped.log).image.same_state(wrapped.image)
+
+
+def test_a_large_registration_is_decided_again_after_the_begin_marker() -> None:
+    """A registration's epoch is its record's offset: with the begin marker in front, the
+    epoch moves up by one, and it is still the offset of the record."""
+    plain, wrapped = _cluster(min_isr=3), _cluster(min_isr=3)
+    for c in (plain, wrapped):
+        c.fence(1)  # broker 1 joins the ELR of every partition (ISR below MinISR)
+    _limit(wrapped, max_batch_bytes=2000)
+    expected = plain.submit(RegisterBroker(broker_id=1, incarnation_id="again"))
+    base = wrapped.image.end_offset
+    result = wrapped.submit(RegisterBroker(broker_id=1, incarnation_id="again"))
+    assert _markers(result.records) == ["BeginTransactionRecord", "EndTransactionRecord"]
+    assert result.records[1:-1] != expected.records  # the epoch differs...
+    (offset,) = [
+        base + i for i, r in enumerate(result.records) if isinstance(r, RegisterBrokerRecord)
+    ]
+    assert isinstance(result.response, RegisterBrokerResponse)
+    assert isinstance(expected.response, RegisterBrokerResponse)
+    assert result.response.broker_epoch == offset == expected.response.broker_epoch + 1
+    assert wrapped.image.brokers[1].epoch == offset
+    assert wrapped.image.partitions == plain.image.partitions  # ...nothing else does
+    assert replay_log(LogReplay(), wrapped.log).image.same_state(wrapped.image)
+
+
+def _create_all(c: Cluster, request: CreateTopic) -> tuple[list[MetadataRecord], object, int]:
+    """Step a create and every slice it asks for; (records, last response, steps)."""
+    result = c.submit(request)
+    records, steps = list(result.records), 1
+    while result.follow_up is not None:
+        assert isinstance(result.response, Ack)  # a placeholder: the driver holds the future
+        result = c.submit(result.follow_up)
+        records.extend(result.records)
+        steps += 1
+    return records, result.response, steps
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        CreateTopic(name="big", partitions=20, replication_factor=2),
+        CreateTopic(name="big", assignments=[[1 + i % 3, 1 + (i + 1) % 3] for i in range(20)]),
+    ],
+    ids=["striped", "explicit"],
+)
+def test_a_large_topic_is_created_in_slices_inside_one_transaction(
+    request_: CreateTopic,
+) -> None:
+    whole, sliced = Cluster(), Cluster()
+    for c in (whole, sliced):
+        c.start(1, 2, 3)
+    _limit(sliced, create_slice_partitions=7)
+    expected = whole.submit(request_)
+    base = sliced.image.end_offset
+    records, response, steps = _create_all(sliced, request_)
+    assert steps == 3  # 7 + 7 + 6 partitions
+    assert isinstance(records[0], BeginTransactionRecord)
+    assert records[0].name == "CreateTopic big"
+    assert isinstance(records[-1], EndTransactionRecord)
+    assert records[1:-1] == expected.records
+    assert response == expected.response
+    assert isinstance(response, CreateTopicResponse) and len(response.assignments) == 20
+    assert sliced.image.end_offset == base + len(records)
+    assert sliced.image.partitions == expected.state.image.partitions
+    assert sliced.image.topics == expected.state.image.topics
+    # Until the end marker a reader of the log sees no topic at all.
+    held = replay_log(LogReplay(), sliced.log[:-1])
+    assert "big" not in held.image.topics and held.transaction is not None
+    assert replay_log(LogReplay(), sliced.log).image.same_state(sliced.image)
+
+
+def test_slices_are_never_wrapped_again() -> None:
+    c = Cluster()
+    c.start(1, 2, 3)
+    _limit(c, create_slice_partitions=7, max_batch_bytes=100)
+    records, response, steps = _create_all(
+        c, CreateTopic(name="big", partitions=20, replication_factor=3)
+    )
+    assert steps == 3 and isinstance(response, CreateTopicResponse)
+    assert _markers(records) == ["BeginTransactionRecord", "EndTransactionRecord"]
+
+
+def test_a_topic_within_one_slice_or_without_slicing_is_one_step() -> None:
+    for rules in ({"create_slice_partitions": 20}, {"create_slice_partitions": None}):
+        c = Cluster()
+        c.start(1, 2, 3)
+        _limit(c, **rules)
+        result = c.submit(CreateTopic(name="t", partitions=20, replication_factor=3))
+        assert result.follow_up is None and _markers(result.records) == []
+        assert isinstance(result.records[0], TopicRecord)
+        assert sum(isinstance(r, PartitionRecord) for r in result.records) == 20
+
+
+def test_transaction_names_say_what_the_event_names() -> None:
+    s = CreateTopicSlice(name="big", topic_id="x", partitions=2, min_isr=1, start=1)
+    assert transaction_name(s) == "CreateTopic big"
+    assert transaction_name(FenceBroker(broker_id=4)) == "FenceBroker 4"
+    alter = AlterPartition(
+        topic="t", partition=0, leader=1, broker_epoch=0, partition_epoch=0, isr=[]
+    )
+    assert transaction_name(alter) == "AlterPartition t"
+    assert transaction_name(Tick()) == "Tick"
