@@ -14,7 +14,6 @@ handshakes expire. The controller keeps serving throughout and logs no traceback
 from __future__ import annotations
 
 import asyncio
-import resource
 import signal
 import subprocess
 from pathlib import Path
@@ -28,10 +27,6 @@ from tests.service.test_serve_startup import EXIT_BOUND_S, REPO, metactl
 
 NOFILE = 256
 FLOOD = 600  # idle connections: well over the descriptor limit
-
-
-def _low_fd_limit() -> None:
-    resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
 
 
 async def _flood(address: str) -> list[asyncio.StreamWriter]:
@@ -70,14 +65,16 @@ def test_a_connection_flood_over_the_descriptor_limit_does_not_wedge_the_control
     certs = tmp_path / "certs"
     init_certs(certs, default_names([1]))
     proc = subprocess.Popen(
-        [*metactl(), "controller", "serve", "--data-dir", str(tmp_path / "data"),
+        # util-linux's prlimit lowers the child's descriptor limit (no preexec_fn,
+        # which is unsafe once threads run).
+        ["prlimit", f"--nofile={NOFILE}:{NOFILE}", "--",
+         *metactl(), "controller", "serve", "--data-dir", str(tmp_path / "data"),
          "--listen", "127.0.0.1:0", "--tls-dir", str(certs),
          "--handshake-timeout-ms", "300"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=REPO,
-        preexec_fn=_low_fd_limit,
     )  # fmt: skip
     try:
         assert proc.stdout is not None
