@@ -10,12 +10,14 @@ cross-check of the Spark jobs' answers.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from audit.logread import cluster_name, iter_batches, log_info
 from audit.rules import LogChecker, Violation
+from audit.transactions import committed
 from metadata_log.records import PartitionChangeRecord, UncleanRecoveryRecord, decode_batch
 
 
@@ -51,6 +53,12 @@ def _margin(r: UncleanRecoveryRecord) -> tuple[str, int | None, int | None]:
     return "tie", 0, runner.broker_id
 
 
+def _decoded(path: str | Path, start: int, end: int) -> Iterator[tuple[int, int, list[Any]]]:
+    for chunk in iter_batches(path, start, end):
+        for base, _count, ts, payload in chunk:
+            yield base, ts, decode_batch(payload)
+
+
 def run(
     data_dir: str | Path,
     *,
@@ -66,36 +74,34 @@ def run(
     went_offline: dict[tuple[str, int], int] = {}
     checker = LogChecker(name)
     n = 0
-    for chunk in iter_batches(info.path, info.start_offset, info.end_offset):
-        for base, count, ts, payload in chunk:
-            records = decode_batch(payload)
-            n += count
-            if invariants:
-                checker.feed(base, ts, records)
-            if not recoveries:
-                continue
-            for i, r in enumerate(records):
-                if type(r) is PartitionChangeRecord:
-                    if r.leader == -1:
-                        went_offline[(r.topic, r.partition)] = ts
-                elif type(r) is UncleanRecoveryRecord:
-                    kind, margin, runner = _margin(r)
-                    start = went_offline.get((r.topic, r.partition))
-                    out.recoveries.append(
-                        {
-                            "cluster": name,
-                            "offset": base + i,
-                            "topic": r.topic,
-                            "partition": r.partition,
-                            "strategy": r.strategy,
-                            "trigger": r.trigger,
-                            "chosen": r.chosen,
-                            "runner_up": runner,
-                            "margin_kind": kind,
-                            "margin": margin,
-                            "time_to_recovery_ms": None if start is None else ts - start,
-                        }
-                    )
+    for base, ts, records in committed(_decoded(info.path, info.start_offset, info.end_offset)):
+        n += len(records)
+        if invariants:
+            checker.feed(base, ts, records)
+        if not recoveries:
+            continue
+        for i, r in enumerate(records):
+            if type(r) is PartitionChangeRecord:
+                if r.leader == -1:
+                    went_offline[(r.topic, r.partition)] = ts
+            elif type(r) is UncleanRecoveryRecord:
+                kind, margin, runner = _margin(r)
+                start = went_offline.get((r.topic, r.partition))
+                out.recoveries.append(
+                    {
+                        "cluster": name,
+                        "offset": base + i,
+                        "topic": r.topic,
+                        "partition": r.partition,
+                        "strategy": r.strategy,
+                        "trigger": r.trigger,
+                        "chosen": r.chosen,
+                        "runner_up": runner,
+                        "margin_kind": kind,
+                        "margin": margin,
+                        "time_to_recovery_ms": None if start is None else ts - start,
+                    }
+                )
     for c in checker.finish():
         out.violations.extend(c.out)
         out.checked += c.records

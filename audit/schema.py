@@ -112,8 +112,9 @@ RECORD_TYPE_NAMES: Final = (
     "UncleanRecovery",
     "ClearElr",
     "NoOp",
-    # Transaction markers (KIP-868). The audits read every record as stored, those of
-    # aborted or unfinished transactions included: select these to find them.
+    # Transaction markers (KIP-868). Rows (the source, the export) hold every record as
+    # stored, those of aborted or unfinished transactions included; the audit jobs leave
+    # those out (`audit.transactions`).
     "BeginTransaction",
     "EndTransaction",
     "AbortTransaction",

@@ -16,8 +16,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from audit.schema import COLUMN_NAMES, TIMESTAMP, check_columns, check_types
+from audit.schema import (
+    CLUSTER,
+    COLUMN_NAMES,
+    OFFSET,
+    RECORD_TYPE,
+    TIMESTAMP,
+    check_columns,
+    check_types,
+)
 from audit.source import FORMAT, register
+from audit.transactions import MARKER_TYPES, aborted_ranges
 
 DEFAULT_MASTER = "local[*]"
 
@@ -76,6 +85,9 @@ class AuditInput:
     since_ms: int | None = None
     until_ms: int | None = None
     options: dict[str, str] = field(default_factory=dict)
+    _aborted: dict[str, dict[str, list[tuple[int, int]]]] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         if bool(self.data_dirs) == bool(self.parquet):
@@ -108,7 +120,8 @@ class AuditInput:
         types: Sequence[str] | None = None,
         any_of: str | None = None,
     ) -> Any:
-        """Records up to `until` (state needs the history before `since`; jobs apply it).
+        """Records up to `until` (state needs the history before `since`; jobs apply it),
+        without those of aborted or unfinished transactions (`audit.transactions`).
 
         `any_of` keeps only records matching one of its conditions (the data source's
         ``anyOf`` option; a Spark filter on Parquet).
@@ -116,7 +129,47 @@ class AuditInput:
         from pyspark.sql import functions as F
 
         cols = check_columns(list(columns) if columns is not None else None)
+        ranges = self.aborted(spark)
+        if not ranges:
+            return self.load_stored(spark, cols, types, any_of)
+        df = self.load_stored(spark, (*cols, CLUSTER, OFFSET), types, any_of)
+        keep = F.lit(True)
+        offset = F.col(OFFSET)
+        for cluster, spans in ranges.items():
+            inside = F.lit(False)
+            for first, last in spans:
+                inside = inside | offset.between(first, last)
+            keep = keep & ~((F.col(CLUSTER) == F.lit(cluster)) & inside)
+        return df.where(keep).select(*cols)
+
+    def aborted(self, spark: Any) -> dict[str, list[tuple[int, int]]]:
+        """Per cluster, the offset ranges of aborted and unfinished transactions (from a
+        scan of the marker records only; computed once per input)."""
+        if "ranges" not in self._aborted:
+            markers = self.load_stored(spark, (CLUSTER, OFFSET, RECORD_TYPE), MARKER_TYPES)
+            by_cluster: dict[str, list[tuple[int, str]]] = {}
+            for row in markers.collect():
+                by_cluster.setdefault(row[CLUSTER], []).append((row[OFFSET], row[RECORD_TYPE]))
+            found = {c: aborted_ranges(m) for c, m in by_cluster.items()}
+            self._aborted["ranges"] = {c: r for c, r in found.items() if r}
+        return self._aborted["ranges"]
+
+    def load_stored(
+        self,
+        spark: Any,
+        columns: Sequence[str] | None = None,
+        types: Sequence[str] | None = None,
+        any_of: str | None = None,
+    ) -> Any:
+        """`load` with every stored record, aborted transactions included."""
+        from pyspark.sql import functions as F
+
+        cols = check_columns(list(columns) if columns is not None else None)
         wanted = check_types(list(types) if types is not None else None)
+        # The `until` cut needs the timestamp even when the caller did not ask for it.
+        shown = cols
+        if self.until_ms is not None and TIMESTAMP not in cols:
+            cols = check_columns([*cols, TIMESTAMP])
         if self.parquet is not None:
             df = spark.read.parquet(self.parquet).select(*cols)
             if wanted is not None:
@@ -136,7 +189,7 @@ class AuditInput:
             df = reader.load()
         if self.until_ms is not None:
             df = df.where(F.unix_millis(F.col(TIMESTAMP)) < F.lit(self.until_ms))
-        return df
+        return df if shown == cols else df.select(*shown)
 
     def partitions(self, spark: Any) -> int:
         """Input partitions per log: a multiple of the cores, of at most ~2M records each."""

@@ -25,6 +25,7 @@ from audit.logread import iter_batches, log_info
 from audit.report import bar_chart, section, table_html
 from audit.rules import RULES, LogChecker, PartitionChecker, Violation
 from audit.spark import AuditInput
+from audit.transactions import committed
 
 STATS_RULE = "_checked"
 
@@ -269,11 +270,14 @@ def violations_from_logs(spark: Any, inp: AuditInput, buckets: int | None = None
                 for path, cluster in sources:
                     info = log_info(path)
                     lc = LogChecker(cluster, int(bucket), k)
-                    for chunk in iter_batches(path, info.start_offset, info.end_offset):
-                        for base, _count, ts, payload in chunk:
-                            if until is not None and ts >= until:
-                                continue
-                            lc.feed(base, ts, decode_batch(payload))
+                    decoded = (
+                        (base, ts, decode_batch(payload))
+                        for chunk in iter_batches(path, info.start_offset, info.end_offset)
+                        for base, _count, ts, payload in chunk
+                        if until is None or ts < until
+                    )
+                    for base, ts, records in committed(decoded):
+                        lc.feed(base, ts, records)
                     for c in lc.finish():
                         _finish(c, out)
         if out:
