@@ -12,9 +12,10 @@ inside accept() on the server's only accepting thread, with no deadline: one cli
 opens a TCP connection and sends nothing would stop every later scrape. This module
 turns the handshake off at accept (`do_handshake_on_connect = False`: it then happens on
 the connection's first read, in that connection's own thread), gives every connection a
-socket timeout (`REQUEST_TIMEOUT_S`), and replaces socketserver's per-error traceback on
-stderr with a log line at most once a second. The three are set right after the server
-starts: a connection accepted in between gets the library's behaviour.
+socket timeout (`REQUEST_TIMEOUT_S`), serves at most `MAX_CONNECTIONS` at once (one
+over is closed at accept), and replaces socketserver's per-error traceback on stderr with
+a log line at most once a second. The four are set right after the server starts: a
+connection accepted in between gets the library's behaviour.
 
 What is served is prometheus_client's: metrics on GET of any path, 405 for methods other
 than GET and OPTIONS, OpenMetrics when asked by `Accept`, gzip when asked by
@@ -44,6 +45,10 @@ from protocol.tls import TlsIdentity
 log = structlog.get_logger("metactl.metrics_http")
 
 REQUEST_TIMEOUT_S: Final = 10.0
+MAX_CONNECTIONS: Final = 16
+"""Connections served at once (one thread each). One over is closed at accept, counted
+in the log line, so a flood of idle scrapers cannot take a thread and a descriptor
+each: at most this many are held, for at most `REQUEST_TIMEOUT_S` of silence."""
 
 
 @dataclass
@@ -64,7 +69,11 @@ class MetricsEndpoint:
 
 
 def start_metrics_endpoint(
-    registry: CollectorRegistry, listen: str, tls: TlsIdentity | None
+    registry: CollectorRegistry,
+    listen: str,
+    tls: TlsIdentity | None,
+    *,
+    max_connections: int = MAX_CONNECTIONS,
 ) -> MetricsEndpoint:
     """Serve `registry` on HOST:PORT (port 0: any free port). INVALID_CONFIG when the
     address cannot be bound or the TLS files cannot be loaded."""
@@ -85,12 +94,12 @@ def start_metrics_endpoint(
             )
     except OSError as exc:  # ssl.SSLError included
         raise InvalidConfigurationError(f"cannot serve /metrics on {listen}: {exc}") from None
-    _harden(httpd)
+    _harden(httpd, max_connections)
     bound = httpd.server_address
     return MetricsEndpoint(httpd, thread, f"{host}:{bound[1]}", tls is not None)
 
 
-def _harden(httpd: WSGIServer) -> None:
+def _harden(httpd: WSGIServer, max_connections: int) -> None:
     if isinstance(httpd.socket, ssl.SSLSocket):
         # Read by SSLSocket.accept() for each connection it wraps (typeshed omits it).
         httpd.socket.do_handshake_on_connect = False  # type: ignore[attr-defined]
@@ -110,6 +119,34 @@ def _harden(httpd: WSGIServer) -> None:
             limited.log("info", "metrics connection failed", peer=peer, error=error)
 
     httpd.handle_error = handle_error  # type: ignore[method-assign]
+
+    # ThreadingMixIn.process_request starts a thread running process_request_thread;
+    # a slot is taken before the thread exists and given back when it ends.
+    slots = threading.BoundedSemaphore(max_connections)
+    server: Any = httpd  # a ThreadingWSGIServer; typeshed types it as the base class
+    start_thread: Any = server.process_request
+    serve_one: Any = server.process_request_thread
+
+    def process_request(request: Any, client_address: Any) -> None:
+        if not slots.acquire(blocking=False):
+            peer = client_address[0] if isinstance(client_address, tuple) else "?"
+            limited.log("warning", "metrics connection refused: max connections", peer=peer)
+            httpd.shutdown_request(request)
+            return
+        try:
+            start_thread(request, client_address)
+        except BaseException:
+            slots.release()
+            raise
+
+    def process_request_thread(request: Any, client_address: Any) -> None:
+        try:
+            serve_one(request, client_address)
+        finally:
+            slots.release()
+
+    server.process_request = process_request
+    server.process_request_thread = process_request_thread
 
 
 class _RateLimited:

@@ -27,7 +27,8 @@ Every connection is bounded (`ServerLimits`, each a flag of the processes that s
   answering the previous one, as Kafka's broker mutes a channel until its response is
   sent, so a pipelining client fills its own socket buffer, not the server's memory;
 - accept() failures (e.g. out of file descriptors) are logged at most once a second with
-  a count, never as a traceback per attempt.
+  a count, never as a traceback per attempt; a burst's held-back count is told one
+  second later even if nothing else happens.
 
 With an `ssl` context (protocol/tls.py) every connection is mutual TLS and the handler
 learns the peer's principal from its certificate; without one the principal is None.
@@ -130,22 +131,49 @@ class ServerStats:
 
 
 class _RateLimitedLog:
-    """At most one line a second per event, with the count of those suppressed."""
+    """At most one line a second per event, with the count it stands for. What is held
+    back is still told: a summary line (`count` of the held-back ones, the latest
+    fields) follows one period after the first line of a burst, even if nothing more
+    happens."""
 
     def __init__(self, log: Logger, period_s: float = 1.0) -> None:
         self.log = log
         self.period_s = period_s
         self._last: dict[str, float] = {}
         self._suppressed: Counter[str] = Counter()
+        self._fields: dict[str, dict[str, Any]] = {}
+        self._flush: dict[str, asyncio.TimerHandle] = {}
 
     def warning(self, event: str, **kw: Any) -> None:
         now = time.monotonic()
-        if now - self._last.get(event, -1e9) < self.period_s:
+        last = self._last.get(event, -1e9)
+        if now - last < self.period_s:
             self._suppressed[event] += 1
+            self._fields[event] = kw
+            if event not in self._flush:
+                with contextlib.suppress(RuntimeError):  # no running loop: next line tells
+                    loop = asyncio.get_running_loop()
+                    self._flush[event] = loop.call_later(
+                        last + self.period_s - now, self._summary, event
+                    )
             return
+        self._emit(event, now, kw)
+
+    def _emit(self, event: str, now: float, kw: dict[str, Any]) -> None:
         self._last[event] = now
+        handle = self._flush.pop(event, None)
+        if handle is not None:
+            handle.cancel()
+        self._fields.pop(event, None)
         count = self._suppressed.pop(event, 0) + 1
         self.log.warning(event, count=count, **kw)
+
+    def _summary(self, event: str) -> None:
+        self._flush.pop(event, None)
+        held = self._suppressed.pop(event, 0)
+        if held:
+            self._last[event] = time.monotonic()
+            self.log.warning(event, count=held, **self._fields.pop(event, {}))
 
 
 class FrameServer:
@@ -254,6 +282,13 @@ class FrameServer:
             return "max_connections_per_peer"
         return None
 
+    def _release_peer(self, key: str) -> None:
+        """One connection fewer under `key`; a key with none left is forgotten, so that
+        the table holds only peers with open connections."""
+        self._per_peer[key] -= 1
+        if self._per_peer[key] <= 0:
+            del self._per_peer[key]
+
     async def _handshake(self, writer: asyncio.StreamWriter, peer: Peer) -> Peer | None:
         """Mutual TLS on an admitted connection, within the handshake timeout; the peer
         with its principal, or None (failure, timeout, or a certificate naming nobody)."""
@@ -296,7 +331,7 @@ class FrameServer:
                 if authenticated is None:
                     return
                 peer = authenticated
-                self._per_peer[key] -= 1
+                self._release_peer(key)
                 refused = self._refuse(peer.name)
                 key = peer.name
                 self._per_peer[key] += 1
@@ -313,9 +348,7 @@ class FrameServer:
             self.log.exception("connection failed", peer=peer.name)
         finally:
             self.stats.open_connections -= 1
-            self._per_peer[key] -= 1
-            if self._per_peer[key] <= 0:
-                del self._per_peer[key]
+            self._release_peer(key)
             if task is not None:
                 self._connections.discard(task)
             await _close(writer)

@@ -413,7 +413,23 @@ class ControllerService:
                 resp = await client.request(request, timeout_s=10, still_wanted=still_wanted)
             if not isinstance(resp, GetReplicaLogInfoResponse):
                 raise InvalidRequestError(f"unexpected {type(resp).__name__}")
+            if resp.broker_id != insp.broker_id:
+                # The endpoint proved broker-<id> (expect_principal) but answers for
+                # another broker: an answer is only ever taken for the broker asked.
+                log.warning(
+                    "replica log info refused: the answer names another broker",
+                    broker=insp.broker_id,
+                    answered_for=resp.broker_id,
+                )
+                return
             for entry in resp.partitions:
+                if (entry.topic, entry.partition) != (insp.topic, insp.partition):
+                    log.warning(
+                        "replica log info refused: a partition that was not asked",
+                        broker=insp.broker_id,
+                        partition=f"{entry.topic}-{entry.partition}",
+                    )
+                    continue
                 if entry.error_code is not None:
                     log.warning(
                         "replica log info error", broker=insp.broker_id, code=entry.error_code

@@ -19,12 +19,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from controller.runtime.service import ControllerService
 from ops.certs import default_names, init_certs
 from protocol.client import RpcClient
 from protocol.codec import parse_address
 from protocol.messages import RegisterBroker
+from protocol.metrics_http import start_metrics_endpoint
 from protocol.tls import CONTROLLER, VIEWER, TlsIdentity
 from tests.observability.kit import REPO, scrape_context
 
@@ -79,7 +81,7 @@ async def refused(address: str, tls: ssl.SSLContext) -> bool:
     or reset before any response."""
     try:
         r = await get(address, "/metrics", tls=tls)
-    except (ssl.SSLError, ConnectionError):  # reset, broken pipe
+    except OSError:  # a TLS alert, reset, broken pipe, or "not connected" (ENOTCONN)
         return True
     return not r.startswith(b"HTTP/")
 
@@ -213,6 +215,28 @@ async def test_a_silent_client_does_not_stop_tls_scrapes(
         assert status_of(r) == 200
     finally:
         silent[1].close()
+
+
+async def test_a_flood_of_idle_connections_is_capped() -> None:
+    """Each connection takes a thread and a descriptor while it is served: past the cap
+    one more is closed at accept (without an answer), and scrapes resume as soon as the
+    idle ones go."""
+    endpoint = start_metrics_endpoint(CollectorRegistry(), "127.0.0.1:0", None, max_connections=2)
+    host, port = parse_address(endpoint.address)
+    try:
+        idle = [await asyncio.open_connection(host, port) for _ in range(2)]
+        assert await raw(endpoint.address, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n") == b""
+        for _, writer in idle:
+            writer.close()
+        async with asyncio.timeout(30):  # the idle ones' threads see EOF and end
+            while True:
+                r = await get(endpoint.address, "/metrics")
+                if r:
+                    break
+                await asyncio.sleep(0.01)  # polling interval of an observable condition
+        assert status_of(r) == 200
+    finally:
+        await asyncio.to_thread(endpoint.stop)
 
 
 @pytest.mark.slow

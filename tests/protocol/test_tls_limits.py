@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -147,8 +148,22 @@ async def test_connections_per_peer_are_capped(certs: Path, handler: Scripted) -
             assert await other.request(DescribeClusterRequest()) == EMPTY
         assert srv.stats.closed_total["max_connections_per_peer"] == 1
         await first.close()
+        await _until(lambda: srv.stats.open_connections == 0)
+        # Every key (addresses during handshakes, then principals) is forgotten with its
+        # last connection: a stream of new peers cannot grow the table.
+        assert srv._per_peer == {}
     finally:
         await srv.stop()
+
+
+async def _until(condition: Callable[[], bool], bound_s: float = 30.0) -> None:
+    """Wait for a condition the server reaches on its own (the bound catches a hang,
+    it times nothing)."""
+    async with asyncio.timeout(bound_s):
+        while True:
+            if condition():
+                return
+            await asyncio.sleep(0.01)  # polling interval of an observable condition
 
 
 async def test_an_idle_connection_is_closed(handler: Scripted) -> None:
@@ -182,6 +197,7 @@ async def test_a_frame_that_trickles_in_is_cut_off(handler: Scripted) -> None:
 
 async def test_accept_errors_are_logged_once_a_second_with_a_count(handler: Scripted) -> None:
     srv = FrameServer(handler)
+    srv._throttled.period_s = 0.5  # a burst of 50 calls takes far less
     await srv.start("127.0.0.1:0")
     loop = asyncio.get_running_loop()
     try:
@@ -193,9 +209,13 @@ async def test_accept_errors_are_logged_once_a_second_with_a_count(handler: Scri
                         "exception": OSError(errno.EMFILE, "Too many open files"),
                     }
                 )
+            lines = [e for e in logs if e["event"].startswith("accept failed")]
+            assert len(lines) == 1 and lines[0]["count"] == 1
+            assert srv.stats.closed_total["accept_error"] == 50
+            # The 49 held back are told one period later, though nothing else happens.
+            await _until(lambda: sum(e["event"].startswith("accept failed") for e in logs) > 1)
         lines = [e for e in logs if e["event"].startswith("accept failed")]
-        assert len(lines) == 1 and lines[0]["count"] == 1
-        assert srv.stats.closed_total["accept_error"] == 50
+        assert [e["count"] for e in lines] == [1, 49]
     finally:
         loop.set_exception_handler(None)
         await srv.stop()

@@ -15,6 +15,7 @@ import functools
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -51,6 +52,8 @@ from protocol.messages import (
     PartitionState,
     RegisterBroker,
     RegisterBrokerResponse,
+    ReplicaLogInfo,
+    ReplicaLogInfoEntry,
 )
 from protocol.server import FrameServer, Peer
 from protocol.tls import TlsIdentity
@@ -372,9 +375,16 @@ async def test_describe_and_metadata_fetches_need_a_known_principal(wire: Wire) 
 class LogInfoServer:
     """A broker-like listener under some certificate, recording what it is asked."""
 
-    def __init__(self, certs: Path, name: str, broker_id: int) -> None:
+    def __init__(
+        self,
+        certs: Path,
+        name: str,
+        broker_id: int,
+        partitions: list[ReplicaLogInfoEntry] | None = None,
+    ) -> None:
         self.broker_id = broker_id
         self.epoch = -1
+        self.partitions = partitions or []
         self.asked: list[tuple[Message, str | None]] = []
         tls = TlsIdentity.from_dir(certs, name)
         self.server = FrameServer(self.handle, ssl=tls.server_context())
@@ -382,7 +392,7 @@ class LogInfoServer:
     async def handle(self, body: Message, peer: Peer) -> Message:
         self.asked.append((body, peer.principal))
         return GetReplicaLogInfoResponse(
-            broker_id=self.broker_id, broker_epoch=self.epoch, partitions=[]
+            broker_id=self.broker_id, broker_epoch=self.epoch, partitions=self.partitions
         )
 
 
@@ -426,6 +436,59 @@ async def test_the_controller_inspects_only_an_endpoint_that_proves_the_broker_i
     finally:
         for s in (impostor, real):
             await s.server.stop()
+
+
+async def test_an_inspection_answer_counts_only_for_the_broker_and_partition_asked(
+    wire: Wire, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Broker 4's own endpoint (a genuine broker-4 certificate) answers the inspection of
+    broker 4 in broker 2's name, then for a partition it was not asked about, with a log
+    end that would win any balanced recovery: neither answer reaches the core. Answering
+    for itself and the partition asked, it does."""
+    epochs = await wire.cluster()
+    liar = LogInfoServer(wire.certs, "broker-4", broker_id=2)
+    await liar.server.start("127.0.0.1:0")
+    try:
+        r = await wire.call(
+            "broker-4",
+            RegisterBroker(broker_id=4, incarnation_id="i", endpoint=liar.server.address),
+        )
+        assert isinstance(r, RegisterBrokerResponse)
+        assert not (await wire.heartbeat(4, r.broker_epoch)).is_fenced
+        liar.epoch = epochs[2]  # epochs are public (describe): broker 2's current one
+        submitted: list[Message] = []
+        submit = wire.svc.controller.submit
+
+        async def recording(request: Any) -> Any:
+            submitted.append(request)
+            return await submit(request)
+
+        monkeypatch.setattr(wire.svc.controller, "submit", recording)
+
+        def entry(topic: str) -> ReplicaLogInfoEntry:
+            return ReplicaLogInfoEntry(
+                topic=topic, partition=0, last_leader_epoch=9, log_end_offset=10**9
+            )
+
+        insp = Inspection(broker_id=4, broker_epoch=r.broker_epoch, topic="demo", partition=0)
+        liar.partitions = [entry("demo")]
+        with capture_logs() as logs:
+            await wire.svc._inspect(insp)
+            liar.broker_id, liar.epoch = 4, r.broker_epoch
+            liar.partitions = [entry("other")]
+            await wire.svc._inspect(insp)
+        assert len(liar.asked) == 2
+        assert submitted == []
+        events = [e["event"] for e in logs]
+        assert "replica log info refused: the answer names another broker" in events
+        assert "replica log info refused: a partition that was not asked" in events
+        # The planted lie is what the check stops: the honest answer goes through.
+        liar.partitions = [entry("demo")]
+        await wire.svc._inspect(insp)
+        assert [type(m) for m in submitted] == [ReplicaLogInfo]
+        assert isinstance(submitted[0], ReplicaLogInfo) and submitted[0].broker_id == 4
+    finally:
+        await liar.server.stop()
 
 
 async def test_a_flood_of_refusals_is_counted_in_full_and_logged_once_a_second(

@@ -119,4 +119,7 @@ def test_a_healthy_log_with_verify_log_full_serves(tmp_path: Path) -> None:
         _, err = proc.communicate()
     verified = [line for line in err.splitlines() if '"metadata log verified"' in line]
     assert len(verified) == 1
+    # Plaintext is said out loud: one WARNING that any client may act as anyone.
+    [insecure] = [line for line in err.splitlines() if "TLS is off (--insecure)" in line]
+    assert '"level": "warning"' in insecure
     assert '"records": 10' in verified[0] and '"snapshots": 1' in verified[0]
