@@ -184,6 +184,13 @@ class LogSchemaError(LogError):
     code = "UNSUPPORTED_LOG_VERSION"
 
 
+class LogDirNotFoundError(LogError):
+    """No metadata log where a command was told to look (Kafka 57, LOG_DIR_NOT_FOUND);
+    the message names every place tried."""
+
+    code = "LOG_DIR_NOT_FOUND"
+
+
 class OffsetOutOfRangeError(LogError):
     """A read asked for offsets the log no longer (or does not yet) hold."""
 
