@@ -165,6 +165,8 @@ class Model:
         self.parts: dict[TopicPartition, MPartition] = {}
         self.strategy: dict[str, str] = {}  # topic -> effective strategy
         self.pending: dict[TopicPartition, MPending] = {}
+        # Leaderless partitions: when they lost their last leader.
+        self.offline_since: dict[TopicPartition, int] = {}
         # Invariant bookkeeping.
         self.tainted: dict[TopicPartition, set[int]] = {}
         self.reached_min: dict[TopicPartition, bool] = {}
@@ -866,7 +868,7 @@ class ControllerMachine(RuleBasedStateMachine):
         assert (change.leader, change.isr) == (replica, [replica])
         assert change.recovery_state is LeaderRecoveryState.RECOVERING
         mp = m.pending.get(p.tp)
-        assert audit.offline_since_ms == (mp.since if mp is not None else None)
+        assert audit.offline_since_ms == m.offline_since[p.tp]
         assert {c.broker_id for c in audit.candidates} == (
             set(m.valid_answers(p.tp)) if mp is not None else set()
         )
@@ -994,13 +996,19 @@ class ControllerMachine(RuleBasedStateMachine):
         """The recovery part of the step `result` against the model, which has applied
         the event itself."""
         m = self.model
-        # The model: drop what no longer needs recovery, start what does.
+        # The model: an outage starts when the last leader is lost.
+        for p in m.parts.values():
+            if p.leader == NO_LEADER:
+                m.offline_since.setdefault(p.tp, self.now)
+            else:
+                m.offline_since.pop(p.tp, None)
+        # Drop what no longer needs recovery, start what does.
         for tp in list(m.pending):
             if not m.trigger(m.parts[tp]):
                 del m.pending[tp]
         for p in m.parts.values():
             if p.leader == NO_LEADER and p.tp not in m.pending and m.trigger(p):
-                m.pending[p.tp] = MPending(since=self.now, window_start=self.now)
+                m.pending[p.tp] = MPending(since=m.offline_since[p.tp], window_start=self.now)
         # Every decided recovery is one the rules call for, choosing what the rules choose.
         decided: dict[TopicPartition, int] = {}
         records = result.records[len(result.records) - result.recovery_records :]
@@ -1091,12 +1099,14 @@ class ControllerMachine(RuleBasedStateMachine):
     @rule()
     def controller_failover(self) -> None:
         """A new controller loads the newest snapshot and the log after it; pending
-        recoveries are soft state and start over, every leaderless partition is looked at."""
+        recoveries are soft state and start over, every leaderless partition is looked at
+        (and counts as offline from this look: when it lost its leader is soft state too)."""
         offset, payload = self.snapshots[-1]
         restored = from_snapshot(msgspec.msgpack.decode(payload, type=ImageSnapshot))
         self.state = ControllerState(replay(restored, self.log[offset:]))
         assert self.state.dirty is None  # look at every leaderless partition
         self.model.pending.clear()
+        self.model.offline_since.clear()
         self.tick(0)
 
     # --- snapshots ---------------------------------------------------------------------------

@@ -308,13 +308,14 @@ def test_worked_example_5_3_3_balanced_recovery() -> None:
     # 4. Broker 2 is fenced; replica 3 is elected; 2 joins the ELR.
     c.fence(2)
     assert c.view() == (3, [3], [2], [])
-    # 5. Broker 3 is fenced: no leader.
+    # 5. Broker 3 is fenced: no leader. The partition is offline from here (time 5).
+    c.now = 5
     c.fence(3)
     assert c.view() == (NO_LEADER, [], [2, 3], [])
     # The ELR is not empty: no unclean recovery.
     assert recovered(last(c)) == [] and last(c).inspections == []
     assert not c.tracker.pending
-    assert c.evaluate(now=0).records == []
+    assert c.evaluate(now=6).records == []
     # 6. Broker 1 restarts uncleanly; it was not in the ELR: nothing changes.
     epoch = c.p().partition_epoch
     c.restart(1, clean=False)
@@ -371,7 +372,8 @@ def test_worked_example_5_3_3_balanced_recovery() -> None:
         chosen=2,
         potential_data_loss=True,
         trigger="isr_and_elr_empty",
-        offline_since_ms=20,
+        # Offline since the last leader was lost (5), not since the ELR emptied (20).
+        offline_since_ms=5,
     )
     assert isinstance(change, PartitionChangeRecord)
     assert change.reason is ChangeReason.UNCLEAN_RECOVERY
@@ -695,7 +697,8 @@ class TestManual:
         assert not c.tracker.pending
 
     def test_operator_unclean_election_of_a_named_replica(self) -> None:
-        c = offline_cluster("manual")
+        c = offline_cluster("manual", at=7)  # leaderless from time 7
+        c.now = 30
         c.restart(3, clean=False)
         records = c.elect_unclean(3)
         audit, change = records
@@ -706,7 +709,7 @@ class TestManual:
             candidates=[],
             chosen=3,
             trigger="operator",
-            offline_since_ms=None,
+            offline_since_ms=7,  # no recovery was pending, but the outage began at 7
         )
         assert isinstance(change, PartitionChangeRecord)
         assert change.election is ElectionKind.MANUAL
@@ -715,7 +718,9 @@ class TestManual:
 
     def test_operator_election_takes_over_a_pending_recovery(self) -> None:
         c = lkelr_cluster("balanced", at=50)
-        assert c.tracker.pending[("t", 0)].since_ms == 50
+        # Pending from 50 (the ELR emptied), offline since 0 (the last leader was fenced).
+        assert c.tracker.pending[("t", 0)].started_ms == 50
+        assert c.tracker.pending[("t", 0)].since_ms == 0
         c.now = 55
         c.answer(1, 1, 10)
         c.answer(3, 1, 99)  # not a candidate of balanced, but reported in the audit
@@ -723,7 +728,7 @@ class TestManual:
         audit = records[0]
         assert isinstance(audit, UncleanRecoveryRecord)
         assert sorted(x.broker_id for x in audit.candidates) == [1, 3]
-        assert audit.offline_since_ms == 50
+        assert audit.offline_since_ms == 0
         assert not c.tracker.pending
         assert c.view() == (2, [2], [], [])
         assert c.evaluate(now=60).records == []
@@ -987,3 +992,59 @@ class TestRegistry:
         assert e.value.code == "UNKNOWN_RECOVERY_POLICY"
         assert "'yolo'" in e.value.message and "balanced, manual, proactive" in e.value.message
         assert e.value.__cause__ is None and e.value.__suppress_context__
+
+
+# --- offline_since_ms: from the loss of the last leader ------------------------------------
+
+
+class TestOfflineSince:
+    """The UncleanRecoveryRecord's offline_since_ms is when the partition lost its last
+    leader: not when the recovery became pending (the old rule), and not an earlier
+    outage's start."""
+
+    def test_a_second_outage_counts_from_its_own_leader_loss(self) -> None:
+        c = offline_cluster("balanced", at=10)  # leaderless from 10, ELR [1, 2]
+        assert c.tracker.offline_since(c.p()) == 10
+        c.now = 20
+        c.restart(2, clean=True)  # 2 is elected from the ELR: the outage ends
+        assert c.view()[0] == 2
+        assert c.tracker.offline_since(c.p()) is None
+        c.now = 30
+        c.fence(2)  # the second outage begins
+        assert c.view()[0] == NO_LEADER
+        assert c.tracker.offline_since(c.p()) == 30
+        c.now = 40
+        for b in (1, 2):  # every ELR member returns uncleanly: the ELR empties
+            c.restart(b, clean=False)
+        pr = c.tracker.pending[("t", 0)]
+        assert (pr.started_ms, pr.since_ms) == (40, 30)
+        c.now = 45
+        c.answer(1, 3, 10)
+        c.answer(2, 3, 20)
+        audit = next(r for r in c.log if isinstance(r, UncleanRecoveryRecord))
+        assert (audit.chosen, audit.offline_since_ms) == (2, 30)
+        assert ("t", 0) not in c.tracker.offline  # led again: the note is gone
+
+    def test_a_fresh_controller_counts_from_its_first_look(self) -> None:
+        c = offline_cluster("balanced", at=10)
+        c.now = 20
+        c.restart(1, clean=True)  # led by 1 again; the tracker keeps a stale note
+        c.now = 30
+        c.fence(1)
+        c.now = 35
+        c.restart(2, clean=True)  # led again
+        assert ("t", 0) in c.tracker.offline and c.tracker.offline_since(c.p()) is None
+        # A restarted controller: no soft state, a full look at the next step.
+        c.state = ControllerState(c.image)
+        c.now = 50
+        c.fence(2)
+        c.fence(3)
+        c.evaluate(now=60)
+        assert c.tracker.offline_since(c.p()) == 50
+        # A partition led at a full look (a reverted controller keeps its soft state)
+        # leaves no note behind.
+        c.restart(2, clean=True)
+        assert c.view()[0] == 2 and ("t", 0) in c.tracker.offline
+        c.state = ControllerState(c.image, c.tracker)
+        c.evaluate(now=70)
+        assert ("t", 0) not in c.tracker.offline

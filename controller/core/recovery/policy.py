@@ -32,7 +32,7 @@ class PendingRecovery(msgspec.Struct, frozen=True, kw_only=True):
     partition: int
     strategy: str
     trigger: str
-    since_ms: int  # when recovery first became pending
+    since_ms: int  # when the partition lost its last leader (the record's offline_since_ms)
     started_ms: int  # start of the current window
     deadline_ms: int | None = None  # end of the current window, for windowed policies
     answers: immutables.Map[int, RecoveryCandidate] = immutables.Map()

@@ -10,6 +10,13 @@ Pending recoveries are not logged: after a controller restart they start over, a
 Kafka's draft (a proactive window restarts at the new start time). Every decided
 recovery writes an UncleanRecoveryRecord and a PartitionChangeRecord that makes the
 chosen replica the sole ISR member and leader, with the partition `recovering`.
+
+The record's `offline_since_ms` is when the partition lost its last leader, not when a
+recovery became pending (which may be much later: balanced waits for the ELR to empty).
+The tracker notes that time for every leaderless partition it evaluates, keyed by the
+leader epoch of the loss: any leader change bumps the epoch, so a note left from an
+earlier outage is recognised and replaced. Like pending recoveries it is soft state: after
+a controller restart a partition already leaderless counts from the restart.
 """
 
 from __future__ import annotations
@@ -48,6 +55,16 @@ from protocol.messages import ElectLeader, ReplicaLogInfo
 
 class RecoveryTracker(msgspec.Struct, frozen=True):
     pending: immutables.Map[TopicPartition, PendingRecovery] = immutables.Map()
+    # Leaderless partitions: (the leader epoch the leader was lost at, when). A note whose
+    # epoch is not the partition's current one is from an earlier outage.
+    offline: immutables.Map[TopicPartition, tuple[int, int]] = immutables.Map()
+
+    def offline_since(self, p: PartitionState) -> int | None:
+        """When `p` lost its last leader, if it is leaderless and that was noted."""
+        note = self.offline.get(p.tp)
+        if note is None or p.has_leader or note[0] != p.leader_epoch:
+            return None
+        return note[1]
 
     def awaited(
         self, image: ClusterImage, tp: TopicPartition, policies: Mapping[str, RecoveryPolicy]
@@ -154,11 +171,18 @@ def evaluate(
         policy = policy_of(tp[0])
         if p is None or policy is None or policy.trigger(image, p) is None:
             del pending[tp]
-    # Start recoveries for leaderless partitions whose policy asks for one.
+    # Note when each leaderless partition in scope lost its leader; then start recoveries
+    # for those whose policy asks for one.
     if touched is None:
-        candidates: Iterable[PartitionState] = image.offline_partitions()
+        candidates = list(image.offline_partitions())
+        # A full look (a fresh controller): notes of partitions since led are dropped.
+        offline = immutables.Map[TopicPartition, tuple[int, int]]().mutate()
     else:
-        candidates = (image.partitions[tp] for tp in set(touched) if tp in image.offline)
+        candidates = [image.partitions[tp] for tp in set(touched) if tp in image.offline]
+        offline = tracker.offline.mutate()
+    for p in candidates:
+        since = tracker.offline_since(p)
+        offline[p.tp] = (p.leader_epoch, now_ms if since is None else since)
     for p in candidates:
         if p.tp in pending:
             continue
@@ -172,7 +196,7 @@ def evaluate(
             partition=p.partition,
             strategy=policy.name,
             trigger=reason,
-            since_ms=now_ms,
+            since_ms=offline[p.tp][1],
             started_ms=now_ms,
             deadline_ms=None if window is None else now_ms + window,
         )
@@ -197,6 +221,7 @@ def evaluate(
                 )
             )
             del pending[tp]
+            offline.pop(tp, None)  # it has a leader now
             continue
         if isinstance(decision, RestartWindow):
             window = policy.window_ms(config.unclean_recovery_window_ms) or 0
@@ -229,7 +254,7 @@ def evaluate(
             deadline = pr.deadline_ms
     return RecoveryStep(
         records=records,
-        tracker=RecoveryTracker(immutables.Map(pending)),
+        tracker=RecoveryTracker(immutables.Map(pending), offline.finish()),
         inspections=inspections,
         next_deadline_ms=deadline,
     )
@@ -256,7 +281,7 @@ def record_answer(
         broker_epoch=reply.broker_epoch,
     )
     pr = msgspec.structs.replace(pr, answers=pr.answers.set(reply.broker_id, answer))
-    return RecoveryTracker(tracker.pending.set(tp, pr))
+    return msgspec.structs.replace(tracker, pending=tracker.pending.set(tp, pr))
 
 
 def manual_election(
@@ -282,9 +307,11 @@ def manual_election(
         strategy="manual",
         candidates=pr.valid_answers(image) if pr is not None else [],
         trigger="operator",
-        since_ms=pr.since_ms if pr is not None else None,
+        since_ms=tracker.offline_since(p),
         election=ElectionKind.MANUAL,
     )
+    offline = tracker.offline.mutate()
+    offline.pop(p.tp, None)  # it has a leader now
     return records, RecoveryTracker(
-        tracker.pending.delete(p.tp) if pr is not None else tracker.pending
+        tracker.pending.delete(p.tp) if pr is not None else tracker.pending, offline.finish()
     )
