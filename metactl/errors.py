@@ -218,10 +218,49 @@ class FatalStorageError(StorageError):
     code = "FATAL_STORAGE_ERROR"
 
 
+class StoreUnavailableError(StorageError):
+    """The metadata store cannot be reached or has no quorum (etcd: every endpoint down,
+    or fewer than a majority of its members up). Nothing was acknowledged; retry once it
+    is back."""
+
+    code = "METADATA_STORE_UNAVAILABLE"
+
+
+class WriterFencedError(FatalStorageError):
+    """An append was refused because this writer no longer holds the log's leadership
+    key (another controller won the election): the equivalent of a stale Raft term. The
+    store takes no more writes; the controller steps down."""
+
+    code = "CONTROLLER_FENCED"
+
+
+class InconsistentClusterIdError(LogError):
+    """The log belongs to another cluster than the one configured (Kafka 104)."""
+
+    code = "INCONSISTENT_CLUSTER_ID"
+
+
 class RecordDecodeError(LogError):
     """A record's bytes do not decode to a known record type."""
 
     code = "INVALID_RECORD"
+
+
+# --- controller quorum ------------------------------------------------------------------
+
+
+class NotControllerError(MetactlError):
+    """This controller is a standby (or just lost its leadership): it answers reads, not
+    writes. `leader` names the active controller's address when it is known (the
+    client's next try), as Kafka's NOT_CONTROLLER (41) sends the client to the quorum's
+    leader."""
+
+    code = "NOT_CONTROLLER"
+    retriable = True
+
+    def __init__(self, message: str = "", leader: str | None = None) -> None:
+        super().__init__(message)
+        self.leader = leader
 
 
 # --- image, brokers, scenarios ------------------------------------------------------------

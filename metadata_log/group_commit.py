@@ -17,10 +17,20 @@ from typing import Final
 from metactl.errors import LogError
 from metadata_log.batch_format import StoredBatch, batch_crc, concat_batches
 
-__all__ = ["MERGED_BATCH_RECORDS", "PendingAppend", "fail_all", "stored_batches"]
+__all__ = [
+    "GROUP_COMMIT_BYTES",
+    "MERGED_BATCH_RECORDS",
+    "PendingAppend",
+    "fail_all",
+    "stored_batches",
+]
 
 MERGED_BATCH_RECORDS: Final = 1024
 """Appends of one group commit are merged into stored batches up to this many records."""
+
+GROUP_COMMIT_BYTES: Final = 16 * 1024 * 1024
+"""A group commit takes pending appends up to this many payload bytes (at least one),
+unless the backend sets a lower `group_commit_bytes`."""
 
 
 class PendingAppend:
@@ -37,26 +47,32 @@ class PendingAppend:
         self.future = future
 
 
-def stored_batches(group: list[PendingAppend], offset: int) -> list[StoredBatch]:
+def stored_batches(
+    group: list[PendingAppend], offset: int, max_bytes: int | None = None
+) -> list[StoredBatch]:
     """Assign offsets to a group commit and cut it into stored batches.
 
     Consecutive appends with the same timestamp become one stored batch of at most
     `MERGED_BATCH_RECORDS` records: the group is one transaction anyway, and fewer, larger
     batches replay much faster (see sqlite_store). The cap keeps a read that starts inside
-    a batch from decoding a huge one.
+    a batch from decoding a huge one. With `max_bytes`, a merged batch's payload also
+    stays within it (each append's own payload already does).
     """
     batches: list[StoredBatch] = []
     i = 0
     while i < len(group):
         timestamp_ms = group[i].timestamp_ms
         count = group[i].count
+        size = len(group[i].payload)
         j = i + 1
         while (
             j < len(group)
             and group[j].timestamp_ms == timestamp_ms
             and count + group[j].count <= MERGED_BATCH_RECORDS
+            and (max_bytes is None or size + len(group[j].payload) <= max_bytes)
         ):
             count += group[j].count
+            size += len(group[j].payload)
             j += 1
         if j == i + 1:
             payload = group[i].payload

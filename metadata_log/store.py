@@ -35,7 +35,8 @@ Model (after Kafka's record batches):
 * Offsets are assigned in the order `append` was *called* (the call enqueues before its
   first suspension point), so concurrent appenders get contiguous ranges in call order.
 * A cancelled `append` is not withdrawn: its batch may still be committed.
-* An append's payload is at most `records.MAX_BATCH_BYTES`; a larger one is refused with
+* An append's payload is at most `max_batch_bytes` (`records.MAX_BATCH_BYTES` unless the
+  backend's transactions carry less, as etcd's do); a larger one is refused with
   `InvalidRequestError` before anything is queued. Writing a larger change is the
   controller driver's job: it cuts the change into several appends inside a transaction
   (`BeginTransactionRecord` ... `EndTransactionRecord`), because only it knows where a
@@ -80,20 +81,14 @@ from metadata_log.batch_format import (
 )
 from metadata_log.group_commit import PendingAppend, fail_all, stored_batches
 from metadata_log.reads import LogReads
-from metadata_log.records import MAX_BATCH_BYTES, RECORD_TYPES, MetadataRecord, encode_batch
+from metadata_log.records import RECORD_TYPES, MetadataRecord, encode_batch
 
-__all__ = [
-    "GROUP_COMMIT_BYTES",
-    "LogStore",
-    "VerifyReport",
-]
+__all__ = ["LogStore", "VerifyReport"]
 
 T = TypeVar("T")
 
 log = structlog.get_logger("metadata_log")
 
-GROUP_COMMIT_BYTES: Final = 16 * 1024 * 1024
-"""A group commit takes pending appends up to this many payload bytes (at least one)."""
 
 _RECORD_CLASSES: Final = frozenset(RECORD_TYPES.values())
 _VERIFY_CHUNK: Final = 64  # batches per scan step in verify()
@@ -149,9 +144,9 @@ class LogStore(LogReads):
         elif timestamp_ms < 0:
             raise InvalidRequestError(f"negative timestamp {timestamp_ms}")
         payload = encode_batch(batch)
-        if len(payload) > MAX_BATCH_BYTES:
+        if len(payload) > self.max_batch_bytes:
             raise InvalidRequestError(
-                f"batch of {len(payload)} bytes exceeds the {MAX_BATCH_BYTES}-byte limit"
+                f"batch of {len(payload)} bytes exceeds the {self.max_batch_bytes}-byte limit"
             )
         future: asyncio.Future[range] = asyncio.get_running_loop().create_future()
         self._pending.append(PendingAppend(len(batch), timestamp_ms, payload, future))
@@ -174,7 +169,12 @@ class LogStore(LogReads):
                 continue
             group = [self._pending.popleft()]
             size = len(group[0].payload)
-            while self._pending and size + len(self._pending[0].payload) <= GROUP_COMMIT_BYTES:
+            most = self.group_commit_appends
+            while (
+                self._pending
+                and size + len(self._pending[0].payload) <= self.group_commit_bytes
+                and (most is None or len(group) < most)
+            ):
                 item = self._pending.popleft()
                 group.append(item)
                 size += len(item.payload)
@@ -185,7 +185,7 @@ class LogStore(LogReads):
         if self._failure is not None:
             fail_all(group, self._failure)
             return
-        batches = stored_batches(group, self._end_offset)
+        batches = stored_batches(group, self._end_offset, self.max_batch_bytes)
         offset = batches[-1].end_offset
         try:
             await self._write_batches(batches)

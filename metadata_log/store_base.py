@@ -25,7 +25,8 @@ from typing import Self
 
 from metactl.errors import FatalStorageError, InvalidRequestError, LogClosedError, LogError
 from metadata_log.batch_format import StoredBatch, StoredSnapshot
-from metadata_log.group_commit import PendingAppend
+from metadata_log.group_commit import GROUP_COMMIT_BYTES, PendingAppend
+from metadata_log.records import MAX_BATCH_BYTES
 
 __all__ = ["LogStoreBase"]
 
@@ -38,6 +39,13 @@ class _State(enum.Enum):
 
 class LogStoreBase(ABC):
     """State, lifecycle and backend primitives of a `LogStore` (see `metadata_log.store`)."""
+
+    # What one backend transaction can carry (a backend with tighter limits, such as
+    # etcd's request size and operation count, lowers them): an append's payload, the
+    # payload bytes of one group commit, and the appends in one group commit.
+    max_batch_bytes: int = MAX_BATCH_BYTES
+    group_commit_bytes: int = GROUP_COMMIT_BYTES
+    group_commit_appends: int | None = None  # None: no limit
 
     def __init__(
         self, *, location: str, start_offset: int, end_offset: int, read_only: bool = False

@@ -13,6 +13,10 @@ names the principal the server's certificate must carry (e.g. `broker-3` when th
 controller inspects broker 3), and anything else fails with SslAuthenticationError, as does
 a failed handshake. Neither is retriable: retrying cannot fix a certificate.
 
+`address` may be one ``host:port``, a comma-separated list of them, or an `Endpoints`
+(a list becomes one): the client then fails over between them, following NOT_CONTROLLER
+hints to the active controller (HA controllers on etcd, docs/ha.md).
+
 A `RetryPolicy` retries errors whose `retriable` is true with capped exponential backoff
 and full jitter (a throttled request waits at least the throttle time its error names),
 and raises any other error at once. The default policy makes one attempt.
@@ -24,13 +28,14 @@ import asyncio
 import contextlib
 import random as _random
 import ssl as _ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from metactl.errors import (
     InvalidRequestError,
     MetactlError,
     NetworkError,
+    NotControllerError,
     SslAuthenticationError,
     ThrottlingQuotaExceededError,
     error_for_code,
@@ -71,6 +76,41 @@ class RetryPolicy:
 NO_RETRY = RetryPolicy()
 
 
+class Endpoints:
+    """Several addresses of one service, tried in turn (Kafka's bootstrap list,
+    ``--bootstrap-controller h1:p1,h2:p2,h3:p3``): requests go to `current`. After a
+    network failure the next address is tried; a NOT_CONTROLLER that names the active
+    controller moves to it, one that does not (no controller is active yet) to the next.
+    The client's `RetryPolicy` decides whether and when to try again."""
+
+    def __init__(self, addresses: Sequence[str]) -> None:
+        if not addresses:
+            raise InvalidRequestError("no address given")
+        for a in addresses:
+            parse_address(a)  # a bad address is a named error now, not at the first try
+        self.addresses = list(dict.fromkeys(addresses))
+        self.current = self.addresses[0]
+
+    @classmethod
+    def parse(cls, text: str) -> Endpoints:
+        """From ``host:port[,host:port...]``."""
+        return cls([a.strip() for a in text.split(",") if a.strip()])
+
+    def __call__(self) -> str:
+        return self.current
+
+    def failed(self, exc: MetactlError) -> None:
+        """Choose the next address after `exc`."""
+        if isinstance(exc, NotControllerError) and exc.leader:
+            self.current = exc.leader
+        elif isinstance(exc, NetworkError | NotControllerError):
+            i = self.addresses.index(self.current) if self.current in self.addresses else -1
+            self.current = self.addresses[(i + 1) % len(self.addresses)]
+
+    def __repr__(self) -> str:
+        return f"Endpoints({','.join(self.addresses)} -> {self.current})"
+
+
 class RpcClient:
     def __init__(
         self,
@@ -82,6 +122,8 @@ class RpcClient:
         ssl: _ssl.SSLContext | None = None,
         expect_principal: str | None = None,
     ) -> None:
+        if isinstance(address, str) and "," in address:
+            address = Endpoints.parse(address)
         self._address = address
         self.connect_timeout = connect_timeout
         self.max_frame_bytes = max_frame_bytes
@@ -147,6 +189,8 @@ class RpcClient:
             try:
                 return await self._request_once(body, timeout_s)
             except MetactlError as exc:
+                if isinstance(self._address, Endpoints):
+                    self._address.failed(exc)  # the next try goes elsewhere
                 if not policy.should_retry(exc, attempt):
                     raise
                 delay = policy.backoff(attempt)
@@ -187,6 +231,8 @@ class RpcClient:
             error = error_for_code(err.code, err.message, err.retriable)
             if isinstance(error, ThrottlingQuotaExceededError):
                 error.retry_after_ms = err.throttle_time_ms
+            elif isinstance(error, NotControllerError):
+                error.leader = err.leader
             raise error
         return frame.body
 

@@ -20,7 +20,7 @@ from typing import ClassVar, Literal
 
 import msgspec
 
-from metactl.errors import MetactlError, ThrottlingQuotaExceededError
+from metactl.errors import MetactlError, NotControllerError, ThrottlingQuotaExceededError
 from metadata_log.records import MetadataRecord
 
 
@@ -308,12 +308,20 @@ class ErrorResponse(_Msg, tag="Error", frozen=True):
     # THROTTLING_QUOTA_EXCEEDED: how long to wait before retrying (Kafka's throttle_time_ms).
     # Omitted when 0; an older receiver ignores it, so no new version.
     throttle_time_ms: int = 0
+    # NOT_CONTROLLER: the active controller's address, when the standby knows it (the
+    # client's next try). Omitted when unknown; an older receiver ignores it.
+    leader: str | None = None
 
 
 def error_response(exc: MetactlError) -> ErrorResponse:
     throttle = exc.retry_after_ms if isinstance(exc, ThrottlingQuotaExceededError) else 0
+    leader = exc.leader if isinstance(exc, NotControllerError) else None
     return ErrorResponse(
-        code=exc.code, message=exc.message, retriable=exc.retriable, throttle_time_ms=throttle
+        code=exc.code,
+        message=exc.message,
+        retriable=exc.retriable,
+        throttle_time_ms=throttle,
+        leader=leader,
     )
 
 

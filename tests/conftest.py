@@ -8,6 +8,7 @@ import pytest
 import structlog
 
 from controller.runtime.process import configure_process
+from ops.etcd_local import LocalEtcd
 
 # What the controller's entry point sets for its process, set once for the test process.
 configure_process()
@@ -19,3 +20,14 @@ def _fresh_structlog() -> Iterator[None]:
     so that one test's log level or stream never leaks into the next."""
     yield
     structlog.reset_defaults()
+
+
+@pytest.fixture(scope="session")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalEtcd]:
+    """One real etcd member on loopback for the whole run (Debian's etcd-server, which
+    `make test` installs); tests keep apart by key prefix."""
+    cluster = LocalEtcd(tmp_path_factory.mktemp("etcd"), 1).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -208,7 +208,8 @@ class Controller:
             config=config or ControllerConfig(),
             policies=policies,
             clock=clock,
-            max_batch_bytes=max_batch_bytes,
+            # A change is cut into batches the store's backend can take in one append.
+            max_batch_bytes=min(max_batch_bytes, store.max_batch_bytes),
             create_slice_partitions=create_slice_partitions,
         )
         ctl.start()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -24,10 +25,12 @@ from metactl.errors import (
     OffsetOutOfRangeError,
 )
 from metadata_log.batch_format import LogEntry
+from metadata_log.etcd.store import EtcdLogStore
 from metadata_log.memory_store import MemoryLogStore
 from metadata_log.records import MetadataRecord, NoOpRecord
 from metadata_log.sqlite_store import SqliteLogStore
 from metadata_log.store import LogStore
+from ops.etcd_local import LocalEtcd
 from tests.metadata_log.log_fixtures import change, record_strategy, records
 
 
@@ -417,3 +420,20 @@ class TestSqliteLogStore(LogStoreContract):
         assert isinstance(store, SqliteLogStore)
         await store.close()
         return await SqliteLogStore.open(store.path)
+
+
+class TestEtcdLogStore(LogStoreContract):
+    """The same contract on a real etcd member (one per run), a key prefix per log."""
+
+    @pytest.fixture(autouse=True)
+    def _etcd(self, etcd: LocalEtcd, request: pytest.FixtureRequest) -> None:
+        self.etcd = etcd
+        self.prefix = f"contract/{request.node.name}/{uuid.uuid4().hex[:8]}"
+
+    async def new_store(self) -> LogStore:
+        return await EtcdLogStore.open(self.etcd.url(f"{self.prefix}/log-{next(self.counter)}"))
+
+    async def reopen(self, store: LogStore) -> LogStore:
+        assert isinstance(store, EtcdLogStore)
+        await store.close()
+        return await EtcdLogStore.open(store.location)

@@ -1,0 +1,350 @@
+"""The etcd connection of a metadata log: where the log lives (`EtcdTarget`, from an
+``etcd://host:port[,host:port...]/prefix`` URL) and one client to it (`Etcd`).
+
+Client library: `etcd3aio` (asyncio, etcd v3 gRPC API). It was chosen over `aetcd` (one
+endpoint only, `limit` and `revision` silently dropped from range reads, no reconnecting
+watch), `etcetra` (stale serializable reads only, watch events without revisions, pins
+an old protobuf) and `etcd-client-py` (no revisions, limits or compaction): etcd3aio
+exposes every Range field, raw compares and ops for transactions, takes several
+endpoints on one channel with round-robin balancing (so a dead member is skipped), and
+its watch stream reconnects and resumes from the last revision seen.
+
+What this module adds on top, and why:
+
+* Every call has a deadline (`timeout_s`): without one a call to a frozen member can hang
+  for ever. The library's own retries are off (`rpc_max_attempts=1`): a retried
+  compare-and-put that was applied the first time reports a failed compare, so the store
+  settles doubtful writes itself (`metadata_log.etcd.store`).
+* Errors become metactl's: unreachable, no quorum, or no answer before the deadline is
+  `StoreUnavailableError` (retriable) naming the endpoints; a request over etcd's
+  ``--max-request-bytes`` is `InvalidRequestError`; anything else `StorageError`.
+* Host names are resolved to IPv4 addresses before they reach gRPC (the library builds
+  an ``ipv4:`` target that takes literals only).
+* gRPC reconnects at most `RECONNECT_BACKOFF_MS` after a member returns (its default
+  backoff grows to two minutes, which would keep a healed cluster unused), and accepts
+  answers up to `MAX_RECEIVE_BYTES` (range reads are paged well below it).
+
+This module must not know the log's keys or records; it only talks to etcd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncGenerator, Awaitable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar, cast
+
+import grpc
+import grpc.aio
+from etcd3aio import Etcd3Client, EtcdError
+from etcd3aio._protobuf import Compare, RequestOp, TxnResponse
+from etcd3aio.kv import KVService, SortOrder, SortTarget
+
+from metactl.errors import (
+    InvalidConfigurationError,
+    InvalidRequestError,
+    MetactlError,
+    StorageError,
+    StoreUnavailableError,
+)
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "SCHEME",
+    "Etcd",
+    "EtcdTarget",
+    "Kv",
+    "compare_create_revision",
+    "compare_value",
+    "compare_version",
+    "op_delete",
+    "op_get",
+    "op_put",
+    "prefix_end",
+]
+
+SCHEME: Final = "etcd://"
+DEFAULT_TIMEOUT_S: Final = 5.0
+RECONNECT_BACKOFF_MS: Final = 1000
+MAX_RECEIVE_BYTES: Final = 256 * 1024 * 1024
+
+T = TypeVar("T")
+
+Kv = Any  # mvccpb.KeyValue: .key .value .create_revision .mod_revision .version .lease
+
+
+@dataclass(frozen=True)
+class EtcdTarget:
+    """Where a log lives in etcd: the members' client endpoints and the key prefix that
+    holds this cluster's log (every key of the log starts with `prefix`)."""
+
+    endpoints: tuple[str, ...]
+    prefix: bytes  # starts and ends with b"/"
+
+    @classmethod
+    def parse(cls, url: str) -> EtcdTarget:
+        """From ``etcd://host:port[,host:port...]/prefix``; INVALID_CONFIG if malformed."""
+        if not url.startswith(SCHEME):
+            raise InvalidConfigurationError(f"not an etcd URL: {url!r} (etcd://host:port/prefix)")
+        hosts, sep, path = url.removeprefix(SCHEME).partition("/")
+        path = path.strip("/")
+        if not sep or not path:
+            raise InvalidConfigurationError(
+                f"etcd URL {url!r} names no key prefix (etcd://host:port/prefix)"
+            )
+        if any(c in path for c in "?#\\") or "//" in path or not path.isprintable():
+            raise InvalidConfigurationError(f"etcd URL {url!r}: invalid key prefix {path!r}")
+        endpoints = tuple(h.strip() for h in hosts.split(",") if h.strip())
+        if not endpoints:
+            raise InvalidConfigurationError(f"etcd URL {url!r} names no endpoint")
+        for e in endpoints:
+            _split_endpoint(e, url)
+        return cls(endpoints, f"/{path}/".encode())
+
+    @property
+    def url(self) -> str:
+        return f"{SCHEME}{','.join(self.endpoints)}{self.prefix.decode().rstrip('/')}"
+
+    def key(self, suffix: str) -> bytes:
+        return self.prefix + suffix.encode()
+
+
+def _split_endpoint(endpoint: str, url: str) -> tuple[str, int]:
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidConfigurationError(
+            f"etcd URL {url!r}: endpoint {endpoint!r} is not host:port (port 1-65535)"
+        )
+    return host, int(port)
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The exclusive end of the key range of every key starting with `prefix`."""
+    end = bytearray(prefix)
+    while end:
+        if end[-1] < 0xFF:
+            end[-1] += 1
+            return bytes(end)
+        end.pop()
+    return b"\0"
+
+
+def compare_create_revision(key: bytes, revision: int) -> Compare:
+    return KVService.txn_compare_create_revision(key, revision)
+
+
+def compare_version(key: bytes, version: int) -> Compare:
+    return KVService.txn_compare_version(key, version)
+
+
+def compare_value(key: bytes, value: bytes) -> Compare:
+    return KVService.txn_compare_value(key, value)
+
+
+def op_put(key: bytes, value: bytes, *, lease: int = 0) -> RequestOp:
+    return KVService.txn_op_put(key, value, lease=lease)
+
+
+def op_get(key: bytes, end: bytes | None = None) -> RequestOp:
+    return KVService.txn_op_get(key, range_end=end)
+
+
+def op_delete(key: bytes, end: bytes | None = None) -> RequestOp:
+    return KVService.txn_op_delete(key, range_end=end)
+
+
+class Etcd:
+    """One client to an etcd cluster, every call with a deadline and metactl's errors.
+    Open with `Etcd.connect`; close with `close`."""
+
+    def __init__(self, target: EtcdTarget, client: Etcd3Client, timeout_s: float) -> None:
+        self.target = target
+        self.timeout_s = timeout_s
+        self._client = client
+
+    @classmethod
+    async def connect(cls, target: EtcdTarget, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Etcd:
+        """A client to every endpoint of `target`, after one round trip shows that the
+        cluster answers (else StoreUnavailableError naming the endpoints)."""
+        addresses = [await _resolve(e, target.url) for e in target.endpoints]
+        client = Etcd3Client(addresses, rpc_max_attempts=1)
+        # The library has no public knob for these channel options.
+        client._manager.grpc_options += [
+            ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+            ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
+            ("grpc.initial_reconnect_backoff_ms", min(RECONNECT_BACKOFF_MS, 200)),
+        ]
+        await client.connect()
+        etcd = cls(target, client, timeout_s)
+        try:
+            await etcd.get(target.key("meta"))
+        except BaseException:
+            await etcd.close()
+            raise
+        return etcd
+
+    @property
+    def where(self) -> str:
+        return ",".join(self.target.endpoints)
+
+    async def _call(self, what: str, call: Awaitable[T], timeout_s: float | None = None) -> T:
+        try:
+            async with asyncio.timeout(timeout_s if timeout_s is not None else self.timeout_s):
+                return await call
+        except MetactlError:
+            raise
+        except TimeoutError:
+            raise StoreUnavailableError(
+                f"etcd at {self.where} did not answer {what} within "
+                f"{timeout_s if timeout_s is not None else self.timeout_s:g} s "
+                "(members down or no quorum)"
+            ) from None
+        except (EtcdError, grpc.aio.AioRpcError) as exc:
+            raise _mapped(exc, what, self.where) from None
+
+    # --- reads ---------------------------------------------------------------------------
+
+    async def get(self, key: bytes) -> tuple[Kv | None, int]:
+        """The key's current value (None if absent) and the store's revision, read
+        linearizably."""
+        assert self._client.kv is not None
+        r = await self._call(f"a read of {key!r}", self._client.kv.get(key))
+        return (r.kvs[0] if r.kvs else None), int(r.header.revision)
+
+    async def range(
+        self,
+        start: bytes,
+        end: bytes,
+        *,
+        limit: int = 0,
+        descending: bool = False,
+        keys_only: bool = False,
+        revision: int = 0,
+    ) -> tuple[Sequence[Kv], bool, int]:
+        """Keys in [start, end) by key, up to `limit` (0: all): (kvs, more, revision)."""
+        assert self._client.kv is not None
+        r = await self._call(
+            f"a range read from {start!r}",
+            self._client.kv.get(
+                start,
+                range_end=end,
+                limit=limit,
+                revision=revision,
+                keys_only=keys_only,
+                sort_order=SortOrder.DESCEND if descending else SortOrder.ASCEND,
+                sort_target=SortTarget.KEY,
+            ),
+        )
+        return r.kvs, bool(r.more), int(r.header.revision)
+
+    # --- writes --------------------------------------------------------------------------
+
+    async def txn(
+        self,
+        what: str,
+        compare: Sequence[Compare],
+        success: Sequence[RequestOp],
+        failure: Sequence[RequestOp] = (),
+        timeout_s: float | None = None,
+    ) -> TxnResponse:
+        """One transaction, attempted once: an error means its outcome is unknown."""
+        assert self._client.kv is not None
+        return await self._call(
+            what,
+            self._client.kv.txn(compare, success, failure, max_attempts=1),
+            timeout_s,
+        )
+
+    async def compact(self, revision: int) -> None:
+        assert self._client.kv is not None
+        await self._call(f"compaction at revision {revision}", self._client.kv.compact(revision))
+
+    # --- leases --------------------------------------------------------------------------
+
+    async def grant(self, ttl_s: int) -> tuple[int, int]:
+        """A new lease: (id, the TTL etcd granted, which may be longer than asked)."""
+        assert self._client.lease is not None
+        r = await self._call("a lease grant", self._client.lease.grant(ttl_s))
+        return int(r.ID), int(r.TTL)
+
+    async def keep_alive(self, lease_id: int, timeout_s: float) -> int:
+        """Refresh a lease once; its TTL from now, or 0 if it no longer exists."""
+        assert self._client.lease is not None
+        stream = self._client.lease.keep_alive(lease_id)
+
+        async def first() -> int:
+            async for response in stream:
+                return int(response.TTL)
+            return 0
+
+        try:
+            return await self._call("a lease keep-alive", first(), timeout_s)
+        finally:
+            stream.cancel()
+
+    async def revoke(self, lease_id: int, timeout_s: float | None = None) -> None:
+        assert self._client.lease is not None
+        try:
+            await self._call("a lease revoke", self._client.lease.revoke(lease_id), timeout_s)
+        except StorageError as exc:
+            if "lease not found" not in exc.message:
+                raise
+
+    # --- watches -------------------------------------------------------------------------
+
+    async def watch(
+        self, start: bytes, end: bytes, start_revision: int
+    ) -> AsyncGenerator[Any, None]:
+        """Watch responses for keys in [start, end) from `start_revision` on. The stream
+        reconnects by itself across member failures; a response with `canceled` or
+        `compact_revision` set ends it (the caller re-reads and watches again)."""
+        assert self._client.watch is not None
+        stream = cast(
+            AsyncGenerator[Any, None],
+            self._client.watch.watch(start, range_end=end, start_revision=start_revision),
+        )
+        try:
+            while True:
+                try:
+                    response = await anext(stream)
+                except StopAsyncIteration:
+                    return
+                except (EtcdError, grpc.aio.AioRpcError) as exc:
+                    raise _mapped(exc, "a watch", self.where) from None
+                yield response
+                if response.canceled or response.compact_revision:
+                    return
+        finally:
+            await stream.aclose()
+
+    async def close(self) -> None:
+        await self._client.close()
+
+
+async def _resolve(endpoint: str, url: str) -> str:
+    host, port = _split_endpoint(endpoint, url)
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(
+            host, port, family=socket.AF_INET, type=socket.SOCK_STREAM
+        )
+    except OSError as exc:
+        raise InvalidConfigurationError(
+            f"etcd URL {url!r}: cannot resolve {host!r}: {exc}"
+        ) from None
+    return f"{infos[0][4][0]}:{port}"
+
+
+def _mapped(exc: BaseException, what: str, where: str) -> MetactlError:
+    code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
+    detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+    detail = detail or type(exc).__name__
+    if code is grpc.StatusCode.INVALID_ARGUMENT and "too large" in detail:
+        return InvalidRequestError(f"etcd refused {what}: {detail}")
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return InvalidRequestError(f"etcd refused {what}: {detail}")
+    if code in (None, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) or (
+        code is grpc.StatusCode.UNKNOWN and ("deadline" in detail or "timed out" in detail)
+    ):
+        return StoreUnavailableError(f"etcd at {where} failed {what}: {detail}")
+    return StorageError(f"etcd at {where} refused {what}: {code.name if code else ''} {detail}")

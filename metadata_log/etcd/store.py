@@ -1,0 +1,530 @@
+"""The etcd backend of the metadata log: `EtcdLogStore`, the same `LogStore` as SQLite's,
+on a Raft-replicated store whose appends are fenced by leadership.
+
+Keys, all under the log's prefix (``etcd://host:port/metactl/demo`` → ``/metactl/demo/``):
+
+* ``meta``: what the prefix holds (magic, format version, cluster id, creation time);
+  written once, by whoever opens the empty prefix first.
+* ``state/end`` and ``state/start``: the log's end offset and its first retained offset
+  (decimal). Every append moves ``state/end`` in the same transaction as its batches.
+* ``log/<base offset, 20 digits>``: the stored batches of one group commit, in offset
+  order from the key's base offset; each is its record count, timestamp, CRC and payload
+  length (``>IqII``) and its payload (`records.encode_batch`). The CRC is
+  `batch_format.batch_crc`, as in SQLite, and every read checks it. One key per group
+  commit keeps a transaction at two operations whatever the group holds (etcd caps
+  operations per transaction), and the offset index one key per commit.
+* ``snap/<offset, 20 digits>/chunk/<n>`` and ``snap/<offset>/manifest``: a snapshot in
+  chunks of at most one append's size, the manifest (timestamp, CRC, chunk count, size)
+  written last; a snapshot without a manifest does not exist.
+* ``leader``: the leadership key (`metadata_log.etcd.lease`).
+
+**Appends are fenced.** A group commit is one etcd transaction that succeeds only if
+``state/end`` still holds the offset the writer expects and, for a writer elected through
+`Leadership`, the leadership key's create revision is still its token. A writer that lost
+its leadership (its lease expired while it was paused, say) cannot append, however late
+its request arrives, and its store raises `WriterFencedError`. This is the equivalent of
+Raft's term check, done by the store that runs Raft.
+
+**Doubtful appends.** A transaction that times out (a member died, quorum was lost) may
+still be applied. The same transaction is sent again, unchanged, until `settle_s` passes
+or the leadership lapses: it commits once at most, because its compare on ``state/end``
+fails if an earlier attempt was applied, and a failed compare is resolved by reading what
+is there (this append's own first batch: it was applied; another term's leadership key:
+fenced). If the doubt cannot be settled the append fails with `FatalStorageError`: the
+store takes no more writes and its owner re-reads the log (the controller steps down).
+
+**Limits.** etcd refuses requests over ``--max-request-bytes`` (1.5 MiB by default) and
+transactions over ``--max-txn-ops`` (128). An append's payload is at most
+`max_batch_bytes` (the request size less room for keys and headers), a group commit at
+most that many bytes, and the controller cuts larger
+changes into several appends inside a metadata transaction (KIP-868), as it does for
+SQLite's larger limit. Reads are paged.
+
+**Bounded keyspace.** `delete_before_snapshot` deletes the group keys before the snapshot in
+one fenced transaction and then compacts etcd's history up to that revision, so that the
+deleted values and old versions of ``state/end`` are freed (etcd's own defragmentation
+returns the disk space; see docs/ha.md).
+
+**Tailing.** A read-only store (a standby controller, `metactl log tail`) watches
+``state/`` from the revision it read at open, so `wait_for` wakes on each commit without
+polling; a watch cut off by compaction or an outage is re-established after re-reading
+the state.
+
+This module must not interpret records, elect anyone (it is handed a `Leadership`, or
+takes the key for itself, without waiting, as SQLite takes its file lock), or decide what
+a fenced writer does next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import struct
+import time
+from collections.abc import AsyncGenerator, Sequence
+from typing import Any, Final
+
+import structlog
+
+from metactl.errors import (
+    CorruptLogError,
+    FatalStorageError,
+    MetactlError,
+    StoreUnavailableError,
+    WriterFencedError,
+)
+from metadata_log.batch_format import (
+    StoredBatch,
+    StoredSnapshot,
+    check_batch_frame,
+    check_continuity,
+)
+from metadata_log.etcd.client import (
+    Etcd,
+    EtcdTarget,
+    Kv,
+    compare_create_revision,
+    compare_value,
+    op_delete,
+    op_get,
+    op_put,
+    prefix_end,
+)
+from metadata_log.etcd.layout import Keys, LogMeta, holder, open_meta, read_state
+from metadata_log.etcd.lease import LeaderInfo, Leadership
+from metadata_log.store import LogStore
+
+__all__ = ["DEFAULT_MAX_REQUEST_BYTES", "EtcdLogStore"]
+
+log = structlog.get_logger("metadata_log")
+
+DEFAULT_MAX_REQUEST_BYTES: Final = 1_572_864  # etcd's --max-request-bytes default
+REQUEST_OVERHEAD: Final = 64 * 1024  # keys, batch headers, compares, gRPC framing
+PAGE: Final = 64  # group keys (or snapshot chunks) per range read
+TAIL_CHECK_BATCHES: Final = 64
+SETTLE_S: Final = 10.0
+RETRY_BACKOFF_S: Final = 0.2
+_BATCH: Final = struct.Struct(">IqII")  # record count, timestamp ms, CRC, payload bytes
+_MANIFEST: Final = struct.Struct(">qIIq")  # timestamp ms, CRC, chunks, payload bytes
+
+
+class EtcdLogStore(LogStore):
+    """A `LogStore` under a key prefix of an etcd cluster. Create with `EtcdLogStore.open`."""
+
+    def __init__(
+        self,
+        etcd: Etcd,
+        *,
+        meta: LogMeta,
+        leadership: Leadership | None,
+        owns_leadership: bool,
+        start_offset: int,
+        end_offset: int,
+        revision: int,
+        read_only: bool,
+        max_request_bytes: int,
+    ) -> None:
+        super().__init__(
+            location=etcd.target.url,
+            start_offset=start_offset,
+            end_offset=end_offset,
+            read_only=read_only,
+        )
+        self.etcd = etcd
+        self.meta = meta
+        self.keys = Keys(etcd.target)
+        self.leadership = leadership
+        self._owns_leadership = owns_leadership
+        self._revision = revision
+        self.max_batch_bytes = max(64 * 1024, max_request_bytes - REQUEST_OVERHEAD)
+        self.group_commit_bytes = self.max_batch_bytes
+        self.settle_s = SETTLE_S
+        self._follow_task: asyncio.Task[None] | None = None
+
+    @property
+    def cluster_id(self) -> str:
+        return self.meta.cluster_id
+
+    @classmethod
+    async def open(
+        cls,
+        url: str,
+        *,
+        create: bool = True,
+        read_only: bool = False,
+        cluster_id: str | None = None,
+        leadership: Leadership | None = None,
+        node: str = "metactl",
+        verify_tail: bool = True,
+        verify_all: bool = False,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        timeout_s: float | None = None,
+    ) -> EtcdLogStore:
+        """Open the log under an ``etcd://`` URL's prefix (creating it if the prefix is
+        empty, unless `create` is false or the store is read-only).
+
+        A writer appends only while it holds the leadership key: it is handed a won
+        `leadership` (the controller's election), or takes the key for itself without
+        waiting (a tool, a test), failing with LogError if another holds it. `cluster_id`
+        is checked against the log's (InconsistentClusterIdError), or becomes the new
+        log's. `verify_all` checks every batch and snapshot before returning.
+        """
+        target = EtcdTarget.parse(url)
+        etcd = await (
+            Etcd.connect(target) if timeout_s is None else Etcd.connect(target, timeout_s=timeout_s)
+        )
+        owned: Leadership | None = None
+        try:
+            meta = await open_meta(etcd, create=create and not read_only, cluster_id=cluster_id)
+            if not read_only and leadership is None:
+                owned = leadership = await Leadership.acquire(
+                    etcd, LeaderInfo(node=node), wait=False
+                )
+            start, end, revision = await read_state(etcd)
+            store = cls(
+                etcd,
+                meta=meta,
+                leadership=None if read_only else leadership,
+                owns_leadership=owned is not None,
+                start_offset=start,
+                end_offset=end,
+                revision=revision,
+                read_only=read_only,
+                max_request_bytes=max_request_bytes,
+            )
+            if verify_tail:
+                await store._check_tail()
+        except BaseException:
+            if owned is not None:
+                await owned.resign()
+            await etcd.close()
+            raise
+        if verify_all:
+            try:
+                await store.verify()
+            except BaseException:
+                await store.close()
+                raise
+        return store
+
+    # --- batches -------------------------------------------------------------------------
+
+    @staticmethod
+    def _value(batches: Sequence[StoredBatch]) -> bytes:
+        parts: list[bytes] = []
+        for b in batches:
+            parts.append(_BATCH.pack(b.count, b.timestamp_ms, b.crc, len(b.payload)))
+            parts.append(b.payload)
+        return b"".join(parts)
+
+    def _group(self, kv: Kv) -> list[StoredBatch]:
+        """The stored batches of one group key."""
+        key = bytes(kv.key)
+        digits = key[len(self.keys.log) :]
+        if len(digits) != 20 or not digits.isdigit():
+            raise CorruptLogError(f"malformed batch key {key!r}", path=self.location)
+        base = int(digits)
+        value = memoryview(bytes(kv.value))
+        out: list[StoredBatch] = []
+        at = 0
+        while at < len(value):
+            if len(value) - at < _BATCH.size:
+                raise CorruptLogError("truncated batch header", path=self.location, offset=base)
+            count, timestamp_ms, crc, size = _BATCH.unpack_from(value, at)
+            at += _BATCH.size
+            if count < 1 or len(value) - at < size:
+                raise CorruptLogError("truncated batch", path=self.location, offset=base)
+            out.append(StoredBatch(base, count, timestamp_ms, crc, bytes(value[at : at + size])))
+            at += size
+            base += count
+        if not out:
+            raise CorruptLogError("empty batch key", path=self.location, offset=int(digits))
+        return out
+
+    def _groups(self, kvs: Sequence[Kv]) -> list[StoredBatch]:
+        return [b for kv in kvs for b in self._group(kv)]
+
+    async def _write_batches(self, batches: list[StoredBatch]) -> None:
+        keys = self.keys
+        expected, new_end = batches[0].base_offset, batches[-1].end_offset
+        value = self._value(batches)
+        compares = [compare_value(keys.end, b"%d" % expected)]
+        if self.leadership is not None:
+            compares.append(compare_create_revision(keys.leader, self.leadership.token))
+        success = [op_put(keys.batch(expected), value), op_put(keys.end, b"%d" % new_end)]
+        failure = [op_get(keys.leader), op_get(keys.end), op_get(keys.batch(expected))]
+        deadline = time.monotonic() + self.settle_s
+        doubt: MetactlError | None = None
+        while True:
+            try:
+                r = await self.etcd.txn(
+                    f"an append at offset {expected}", compares, success, failure
+                )
+            except StoreUnavailableError as exc:
+                doubt = exc
+                lapsed = self.leadership is not None and not self.leadership.valid
+                if lapsed or time.monotonic() >= deadline:
+                    raise FatalStorageError(
+                        f"the append at offset {expected} to {self.location} may or may not "
+                        f"have been applied ({exc.message}); reopen the log to read which"
+                    ) from None
+                await asyncio.sleep(RETRY_BACKOFF_S)
+                continue
+            if r.succeeded:
+                return
+            leader_kvs, end_kvs, mine = (op.response_range.kvs for op in r.responses)
+            if doubt is not None and mine and bytes(mine[0].value) == value:
+                return  # an earlier attempt of this very transaction was applied
+            if self.leadership is not None and (
+                not leader_kvs or int(leader_kvs[0].create_revision) != self.leadership.token
+            ):
+                raise WriterFencedError(
+                    f"append at offset {expected} refused: this writer's leadership "
+                    f"(token {self.leadership.token}) has ended; the log's leadership is "
+                    f"now {holder(leader_kvs)}"
+                )
+            found = bytes(end_kvs[0].value).decode() if end_kvs else "nothing"
+            raise FatalStorageError(
+                f"the end of {self.location} moved under this writer: expected {expected}, "
+                f"found {found}"
+            )
+
+    async def _key_at(self, offset: int) -> bytes | None:
+        """The group key holding `offset`, or the last one before it."""
+        keys = self.keys
+        kvs, _, _ = await self.etcd.range(
+            keys.log, keys.batch(offset) + b"\0", limit=1, descending=True, keys_only=True
+        )
+        return bytes(kvs[0].key) if kvs else None
+
+    async def _fetch_batches(self, from_offset: int, upper: int) -> list[StoredBatch]:
+        first = await self._key_at(from_offset)
+        start = first if first is not None else self.keys.batch(from_offset)
+        out: list[StoredBatch] = []
+        async for b in self._read(start, self.keys.batch(upper)):
+            if b.end_offset > from_offset:
+                out.append(b)
+        return out
+
+    async def _read(self, start: bytes, end: bytes) -> AsyncGenerator[StoredBatch, None]:
+        """The batches of the group keys in [start, end), page by page. Pages are read at
+        the newest revision: a group key never changes once written, so only a deletion
+        before a snapshot can come between two pages, and it removes keys before the
+        ones being read (a read of those fails in `LogReads` as out of range)."""
+        while True:
+            kvs, more, _ = await self.etcd.range(start, end, limit=PAGE)
+            for b in self._groups(kvs):
+                yield b
+            if not more or not kvs:
+                return
+            start = bytes(kvs[-1].key) + b"\0"
+
+    async def _scan_batches(self, after: int | None, limit: int, near: int) -> list[StoredBatch]:
+        keys = self.keys
+        start = keys.log
+        if after is not None:
+            first = await self._key_at(after)
+            start = first if first is not None else keys.batch(after)
+        out: list[StoredBatch] = []
+        async with contextlib.aclosing(self._read(start, keys.log_end)) as batches:
+            async for b in batches:
+                if after is None or b.base_offset > after:
+                    out.append(b)
+                    if len(out) >= limit:
+                        break
+        return out
+
+    async def _retained_start(self, offset: int) -> int:
+        """Group keys are deleted whole: the base of the key holding `offset`, or the end
+        of the last one before it."""
+        first = await self._key_at(offset)
+        if first is None:
+            return self._start_offset
+        kv, _ = await self.etcd.get(first)
+        if kv is None:
+            return self._start_offset
+        group = self._group(kv)
+        return group[0].base_offset if group[-1].last_offset >= offset else group[-1].end_offset
+
+    def _fenced(self) -> list[Any]:
+        if self.leadership is None:
+            return []
+        return [compare_create_revision(self.keys.leader, self.leadership.token)]
+
+    async def _fenced_txn(self, what: str, ops: Sequence[Any]) -> int:
+        """A write outside appends (deletion, snapshots): fenced like an append, attempted
+        once (repeating any of them is harmless); returns its revision."""
+        r = await self.etcd.txn(what, self._fenced(), list(ops), [op_get(self.keys.leader)])
+        if not r.succeeded:
+            raise WriterFencedError(
+                f"{what} on {self.location} refused: this writer's leadership has ended; the "
+                f"log's leadership is now {holder(r.responses[0].response_range.kvs)}"
+            )
+        return int(r.header.revision)
+
+    async def _delete_batches_before(self, new_start: int) -> None:
+        keys = self.keys
+        revision = await self._fenced_txn(
+            "deleting records before a snapshot",
+            [op_delete(keys.log, keys.batch(new_start)), op_put(keys.start, b"%d" % new_start)],
+        )
+        try:
+            await self.etcd.compact(revision)
+        except MetactlError as exc:  # the next deletion compacts again
+            log.warning("etcd compaction failed", location=self.location, error=exc.message)
+
+    # --- snapshots -----------------------------------------------------------------------
+
+    async def _put_snapshot(self, snapshot: StoredSnapshot) -> None:
+        prefix = self.keys.snapshot(snapshot.offset)
+        size = self.max_batch_bytes
+        payload = snapshot.payload
+        chunks = max(1, -(-len(payload) // size))
+        await self._fenced_txn("replacing a snapshot", [op_delete(prefix, prefix_end(prefix))])
+        for i in range(chunks):
+            await self._fenced_txn(
+                f"writing snapshot {snapshot.offset} chunk {i}",
+                [op_put(prefix + b"chunk/%08d" % i, payload[i * size : (i + 1) * size])],
+            )
+        manifest = _MANIFEST.pack(snapshot.timestamp_ms, snapshot.crc, chunks, len(payload))
+        await self._fenced_txn(
+            f"writing snapshot {snapshot.offset}", [op_put(prefix + b"manifest", manifest)]
+        )
+
+    async def _get_snapshot(self, offset: int) -> StoredSnapshot | None:
+        prefix = self.keys.snapshot(offset)
+        kv, _ = await self.etcd.get(prefix + b"manifest")
+        if kv is None:
+            return None
+        value = bytes(kv.value)
+        if len(value) != _MANIFEST.size:
+            raise CorruptLogError("malformed snapshot manifest", path=self.location, offset=offset)
+        timestamp_ms, crc, chunks, size = _MANIFEST.unpack(value)
+        parts: list[bytes] = []
+        start, end = prefix + b"chunk/", prefix_end(prefix + b"chunk/")
+        while True:
+            kvs, more, _ = await self.etcd.range(start, end, limit=PAGE)
+            parts.extend(bytes(c.value) for c in kvs)
+            if not more or not kvs:
+                break
+            start = bytes(kvs[-1].key) + b"\0"
+        payload = b"".join(parts)
+        if len(parts) != chunks or len(payload) != size:
+            raise CorruptLogError(
+                f"snapshot has {len(parts)} of {chunks} chunks, {len(payload)} of {size} bytes",
+                path=self.location,
+                offset=offset,
+            )
+        return StoredSnapshot(offset, timestamp_ms, crc, payload)
+
+    async def _snapshot_offsets(self) -> list[int]:
+        snap = self.keys.snap
+        start, end = snap, prefix_end(snap)
+        offsets: list[int] = []
+        while True:
+            kvs, more, _ = await self.etcd.range(start, end, limit=1000, keys_only=True)
+            for kv in kvs:
+                rest = bytes(kv.key)[len(snap) :]
+                if rest.endswith(b"/manifest") and rest[:20].isdigit():
+                    offsets.append(int(rest[:20]))
+            if not more or not kvs:
+                return offsets
+            start = bytes(kvs[-1].key) + b"\0"
+
+    # --- checks --------------------------------------------------------------------------
+
+    async def _check_tail(self) -> None:
+        """CRCs, record counts and continuity of the last `TAIL_CHECK_BATCHES` batches
+        before the end offset (as SQLite's open does), and no batch at or past it."""
+        keys = self.keys
+        start, end = self._start_offset, self._end_offset
+        kvs, _, revision = await self.etcd.range(
+            keys.log, keys.batch(end), limit=TAIL_CHECK_BATCHES, descending=True
+        )
+        batches = self._groups(list(reversed(kvs)))
+        beyond, _, _ = await self.etcd.range(
+            keys.batch(end), keys.log_end, limit=1, revision=revision, keys_only=True
+        )
+        if beyond:
+            raise CorruptLogError(
+                f"a batch lies at or past the log's end offset {end}: {bytes(beyond[0].key)!r}",
+                path=self.location,
+                offset=end,
+            )
+        if not batches:
+            if end != start:
+                raise CorruptLogError("log holds no batch", path=self.location, offset=start)
+            return
+        first = start if len(kvs) < TAIL_CHECK_BATCHES else batches[0].base_offset
+        if check_continuity(batches, first, self.location) != end:
+            raise CorruptLogError(
+                "log tail does not end at its end offset", path=self.location, offset=end
+            )
+        for batch in batches:
+            check_batch_frame(batch, self.location)
+
+    async def _verify_storage(self) -> None:
+        kvs, _, _ = await self.etcd.range(
+            self.keys.batch(self._end_offset), self.keys.log_end, limit=1, keys_only=True
+        )
+        if kvs:
+            raise CorruptLogError(
+                "a batch lies past the log's end offset",
+                path=self.location,
+                offset=self._end_offset,
+            )
+
+    # --- following another writer ---------------------------------------------------------
+
+    async def _refresh(self) -> None:
+        if self.read_only and (self._follow_task is None or self._follow_task.done()):
+            self._apply_state(*await read_state(self.etcd))
+
+    def _on_wait(self) -> None:
+        if self.read_only and (self._follow_task is None or self._follow_task.done()):
+            self._follow_task = asyncio.create_task(self._follow(), name="log-follower-watch")
+
+    def _apply_state(self, start: int, end: int, revision: int) -> None:
+        self._revision = max(self._revision, revision)
+        self._start_offset = max(self._start_offset, start)
+        if end > self._end_offset:
+            self._advance(end)
+
+    async def _follow(self) -> None:
+        """Watch ``state/`` and publish each new end offset; re-read and re-watch when the
+        watch ends (compaction, an outage)."""
+        keys = self.keys
+        while not self.closed:
+            try:
+                async with contextlib.aclosing(
+                    self.etcd.watch(keys.state, prefix_end(keys.state), self._revision + 1)
+                ) as responses:
+                    async for response in responses:
+                        for ev in response.events:
+                            if ev.type != 0:  # only PUTs carry a value
+                                continue
+                            key, value = bytes(ev.kv.key), bytes(ev.kv.value)
+                            if key == keys.end and value.isdigit():
+                                self._advance(int(value))
+                            elif key == keys.start and value.isdigit():
+                                self._start_offset = max(self._start_offset, int(value))
+                        if response.header.revision:
+                            self._revision = max(self._revision, int(response.header.revision))
+                self._apply_state(*await read_state(self.etcd))
+            except StoreUnavailableError as exc:
+                log.warning("following the metadata log failed", location=self.location,
+                            error=exc.message)  # fmt: skip
+                await asyncio.sleep(RETRY_BACKOFF_S)  # then re-read and watch again
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    async def _close_storage(self) -> None:
+        try:
+            if self._follow_task is not None:
+                self._follow_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._follow_task
+            if self._owns_leadership and self.leadership is not None:
+                await self.leadership.resign()
+        finally:
+            await self.etcd.close()

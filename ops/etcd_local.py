@@ -1,0 +1,218 @@
+"""A local etcd cluster on loopback, from Debian's etcd binary (`etcd-server`): what
+`metactl cluster up --etcd N`, the HA tests and the HA benchmark run the metadata log on.
+
+`LocalEtcd` starts N members (each its own process group, data dir and log file), waits
+until every member answers its ``/health`` endpoint, and can kill, pause, resume and
+restart single members (the tests' faults). Members listen on 127.0.0.1 only, on ports
+chosen free at start. Nothing here knows the metadata log; it only runs etcd.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from metactl.errors import InvalidConfigurationError, StoreUnavailableError
+
+__all__ = ["ETCD_BINARY", "EtcdMember", "LocalEtcd", "etcd_binary"]
+
+ETCD_BINARY: Final = "etcd"
+HEALTH_TIMEOUT_S: Final = 30.0
+
+
+def etcd_binary() -> str:
+    """The etcd server binary, or INVALID_CONFIG naming the package to install."""
+    found = shutil.which(ETCD_BINARY) or (
+        "/usr/bin/etcd" if os.access("/usr/bin/etcd", os.X_OK) else None
+    )
+    if found is None:
+        raise InvalidConfigurationError(
+            "etcd is not installed: install Debian's etcd-server (make test does) or put "
+            "an etcd 3.4+ binary on PATH"
+        )
+    return found
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@dataclass
+class EtcdMember:
+    name: str
+    data_dir: Path
+    client_port: int
+    peer_port: int
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    @property
+    def client_url(self) -> str:
+        return f"http://127.0.0.1:{self.client_port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://127.0.0.1:{self.peer_port}"
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.client_url}/health", timeout=1) as r:
+                return bool(json.loads(r.read()).get("health") == "true")
+        except (OSError, ValueError, urllib.error.URLError):
+            return False
+
+
+class LocalEtcd:
+    """`members` etcd processes forming one cluster under `base_dir`."""
+
+    def __init__(self, base_dir: Path, members: int = 1, *, token: str = "metactl") -> None:
+        if not 1 <= members <= 9:
+            raise InvalidConfigurationError(f"an etcd cluster of {members} members: use 1 to 9")
+        self.base_dir = base_dir
+        self.token = token
+        ports = _free_ports(2 * members)
+        self.members = [
+            EtcdMember(
+                name=f"etcd-{i + 1}",
+                data_dir=base_dir / f"etcd-{i + 1}",
+                client_port=ports[2 * i],
+                peer_port=ports[2 * i + 1],
+                log_path=base_dir / f"etcd-{i + 1}.log",
+            )
+            for i in range(members)
+        ]
+
+    @property
+    def endpoints(self) -> str:
+        return ",".join(m.endpoint for m in self.members)
+
+    def url(self, prefix: str) -> str:
+        return f"etcd://{self.endpoints}/{prefix.strip('/')}"
+
+    def _command(self, m: EtcdMember) -> list[str]:
+        initial = ",".join(f"{x.name}={x.peer_url}" for x in self.members)
+        state = "existing" if (m.data_dir / "member").exists() else "new"
+        return [
+            etcd_binary(),
+            "--name", m.name,
+            "--data-dir", str(m.data_dir),
+            "--listen-client-urls", m.client_url,
+            "--advertise-client-urls", m.client_url,
+            "--listen-peer-urls", m.peer_url,
+            "--initial-advertise-peer-urls", m.peer_url,
+            "--initial-cluster", initial,
+            "--initial-cluster-state", state,
+            "--initial-cluster-token", self.token,
+            "--logger", "zap",
+        ]  # fmt: skip
+
+    def start(self, *, wait: bool = True) -> LocalEtcd:
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        for i in range(len(self.members)):
+            self.start_member(i)
+        if wait:
+            self.wait_healthy()
+        return self
+
+    def start_member(self, i: int) -> None:
+        m = self.members[i]
+        if m.running:
+            return
+        m.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        with open(m.log_path, "ab") as out:
+            m.proc = subprocess.Popen(
+                self._command(m),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group: a Ctrl-C is ours to pass on
+            )
+
+    def wait_healthy(
+        self, timeout_s: float = HEALTH_TIMEOUT_S, members: list[int] | None = None
+    ) -> None:
+        """Until every running member (or those listed) answers healthy; a member that
+        exits meanwhile, or the timeout, is StoreUnavailableError naming its log."""
+        wanted = [
+            self.members[i] for i in (members if members is not None else range(len(self.members)))
+        ]
+        deadline = time.monotonic() + timeout_s
+        pending = [m for m in wanted if m.running]
+        while pending:
+            for m in list(pending):
+                if m.proc is not None and m.proc.poll() is not None:
+                    raise StoreUnavailableError(
+                        f"etcd member {m.name} exited with status {m.proc.returncode} "
+                        f"(see {m.log_path})"
+                    )
+                if m.healthy():
+                    pending.remove(m)
+            if pending:
+                if time.monotonic() > deadline:
+                    names = ", ".join(m.name for m in pending)
+                    raise StoreUnavailableError(
+                        f"etcd member(s) {names} not healthy after {timeout_s:g} s "
+                        f"(see {self.base_dir})"
+                    )
+                time.sleep(0.05)  # polling interval of an external process's health
+
+    def signal_member(self, i: int, sig: signal.Signals) -> None:
+        m = self.members[i]
+        if m.proc is not None and m.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(m.proc.pid, sig)
+
+    def kill_member(self, i: int) -> None:
+        self.signal_member(i, signal.SIGKILL)
+        m = self.members[i]
+        if m.proc is not None:
+            m.proc.wait()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop every member (SIGTERM, then SIGKILL after `timeout_s`)."""
+        for i in range(len(self.members)):
+            self.signal_member(i, signal.SIGCONT)
+            self.signal_member(i, signal.SIGTERM)
+        for m in self.members:
+            if m.proc is None:
+                continue
+            try:
+                m.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(m.proc.pid, signal.SIGKILL)
+                m.proc.wait()
+
+    def __enter__(self) -> LocalEtcd:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
