@@ -199,12 +199,14 @@ class LogStore(LogReads):
             )
             if isinstance(exc, FatalStorageError):
                 self._failure = exc
+                self.write_failed.set()
             fail_all(group, exc)
             return
         except BaseException as exc:
             # Anything else leaves the medium in an unknown state: stop taking writes.
             failure = FatalStorageError(f"commit failed on {self.location}: {exc!r}")
             self._failure = failure
+            self.write_failed.set()
             fail_all(group, failure)
             if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
                 raise

@@ -62,6 +62,9 @@ class LogStoreBase(ABC):
         self._end_offset = end_offset
         self._state = _State.OPEN
         self._failure: LogError | None = None
+        self.write_failed = asyncio.Event()
+        """Set once writes stop (`FatalStorageError`: an unknown outcome, or a writer
+        fenced by a newer leadership); the owner reopens the log or steps down."""
         self._pending: deque[PendingAppend] = deque()
         self._wakeup = asyncio.Event()
         self._advanced = asyncio.Event()

@@ -93,14 +93,19 @@ __all__ = ["Controller", "Event", "Tick", "load_image", "load_log"]
 InspectionSink = Callable[[Inspection], None]
 
 
-async def load_log(store: LogStore) -> LogReplay:
+async def load_log(store: LogStore, *, start: LogReplay | None = None) -> LogReplay:
     """The committed log, replayed: the newest snapshot plus every record after it, with
-    an unfinished transaction at the end held back (`LogReplay.transaction`)."""
+    an unfinished transaction at the end held back (`LogReplay.transaction`).
+
+    `start` is what a reader already replayed (a standby's image): only the records after
+    it are read, unless the log no longer holds them (deleted before a snapshot)."""
     # Decoding and replaying millions of records allocates objects that form no cycles;
     # the cyclic GC's repeated full passes over the growing heap would dominate.
     paused = gc.isenabled()
     gc.disable()
     try:
+        if start is not None and store.start_offset <= start.next_offset <= store.end_offset:
+            return await _replay_from(store, start)
         snap = await store.load_snapshot(ImageSnapshot)
         image = from_snapshot(snap[1]) if snap is not None else ClusterImage()
         if snap is None and store.start_offset > 0:
@@ -108,17 +113,20 @@ async def load_log(store: LogStore) -> LogReplay:
                 f"the log starts at offset {store.start_offset} and there is no snapshot "
                 "to start from"
             )
-        state = LogReplay(image)
-        chunk: list[MetadataRecord] = []
-        async for entry in store.iter_entries(image.end_offset):
-            chunk.append(entry.record)
-            if len(chunk) >= REPLAY_CHUNK:
-                state = replay_log(state, chunk)
-                chunk = []
-        return replay_log(state, chunk)
+        return await _replay_from(store, LogReplay(image))
     finally:
         if paused:
             gc.enable()
+
+
+async def _replay_from(store: LogStore, state: LogReplay) -> LogReplay:
+    chunk: list[MetadataRecord] = []
+    async for entry in store.iter_entries(state.next_offset):
+        chunk.append(entry.record)
+        if len(chunk) >= REPLAY_CHUNK:
+            state = replay_log(state, chunk)
+            chunk = []
+    return replay_log(state, chunk)
 
 
 async def load_image(store: LogStore) -> ClusterImage:
@@ -181,8 +189,11 @@ class Controller:
         clock: Clock | None = None,
         max_batch_bytes: int = MAX_BATCH_BYTES,
         create_slice_partitions: int | None = CREATE_SLICE_PARTITIONS,
+        replayed: LogReplay | None = None,
     ) -> Controller:
-        state = await load_log(store)
+        """Replay the log (or only what follows `replayed`, a standby's image) and start.
+        A log that ends inside a transaction gets its abort marker first."""
+        state = await load_log(store, start=replayed)
         txn = state.transaction
         if txn is not None:
             # The log ends inside a transaction (a crash between its batches): abort it

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Final
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -408,6 +408,61 @@ class _StateCollector(Collector):
         if with_samples:
             failures.add_metric([], ctl.store.append_failures)
         yield failures
+
+
+# --- the service's registry: the role, and the active controller's metrics ---------------
+
+
+class RoleMetrics:
+    """What a controller service serves on `/metrics`: whether it is the active controller
+    (`metactl_controller_active`), how often it took over (`..._failovers_total`), and,
+    while active, every metric of `ControllerMetrics` (a fresh set per term: counters
+    count what this term committed, and a scrape of a standby shows no cluster gauges, so
+    sums over controllers count each partition once, as Kafka's controller gauges do)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.active_gauge = Gauge(
+            "metactl_controller_active",
+            "1 while this controller is the active one (it writes the metadata log), else 0.",
+            registry=self.registry,
+        )
+        self.failovers = Counter(
+            "metactl_controller_failovers",
+            "Times this controller took over as the active controller after winning the "
+            "metadata log's leadership (etcd logs only; a SQLite log has one controller).",
+            registry=self.registry,
+        )
+        self.current: ControllerMetrics | None = None
+        self.registry.register(_ActiveDelegate(self))
+
+    def active(self, metrics: ControllerMetrics) -> None:
+        self.current = metrics
+        self.active_gauge.set(1)
+
+    def inactive(self) -> None:
+        self.current = None
+        self.active_gauge.set(0)
+
+
+class _ActiveDelegate(Collector):
+    def __init__(self, role: RoleMetrics) -> None:
+        self.role = role
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # what it yields changes with the role
+
+    def collect(self) -> Iterable[Metric]:
+        current = self.role.current
+        if current is not None:
+            return list(current.registry.collect())
+        build = GaugeMetricFamily(
+            PREFIX + "build_info",
+            "Always 1; the version label names the build.",
+            labels=["version"],
+        )
+        build.add_metric([__version__], 1)
+        return [build]
 
 
 # --- the /metrics endpoint ------------------------------------------------------------------

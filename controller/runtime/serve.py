@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.core.config import ControllerConfig
+from controller.runtime.election import HaSettings
 from controller.runtime.process import configure_process, freeze_heap
 from controller.runtime.quota import (
     DEFAULT_BURST_WINDOW_S,
@@ -26,15 +27,23 @@ from controller.runtime.quota import (
     MutationLimits,
 )
 from controller.runtime.service import ControllerService
-from metactl.errors import MetactlError
+from metactl.errors import InvalidConfigurationError, MetactlError
 from metactl.logs import configure
+from metadata_log.etcd.lease import DEFAULT_LEASE_TTL_S
 from protocol.codec import DEFAULT_MAX_FRAME_BYTES
 from protocol.flags import add_limit_arguments, add_tls_arguments, server_limits, tls_identity
 from protocol.tls import CONTROLLER
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data-dir", type=Path, required=True)
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        required=True,
+        help="the controller's directory: its SQLite log (unless --metadata-log says "
+        "otherwise) and its certificates (DIR/certs)",
+    )
+    add_ha_arguments(p)
     p.add_argument(
         "--verify-log",
         choices=["tail", "full"],
@@ -55,6 +64,58 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="INFO")
     add_tls_arguments(p)
     add_limit_arguments(p)
+
+
+def add_ha_arguments(p: argparse.ArgumentParser) -> None:
+    """Where the metadata log is, and how this controller takes part in an etcd log's
+    election (docs/ha.md)."""
+    p.add_argument(
+        "--metadata-log",
+        metavar="URL",
+        default=None,
+        help="the metadata log: a SQLite path or sqlite:///path (one controller), or "
+        "etcd://HOST:PORT[,HOST:PORT...]/PREFIX (controllers take turns: one active, the "
+        "others hot standbys) (default: the SQLite log in --data-dir)",
+    )
+    p.add_argument(
+        "--cluster-id",
+        default=None,
+        help="refuse a log that belongs to another cluster; a new etcd log takes this id "
+        "(default: accept the log's id; a new log gets a random one)",
+    )
+    p.add_argument(
+        "--lease-ttl-s",
+        type=int,
+        default=DEFAULT_LEASE_TTL_S,
+        help="etcd logs: the leadership lease's TTL in whole seconds; the active "
+        "controller steps down before it can run out, and a standby takes over about this "
+        f"long after the active one dies (default {DEFAULT_LEASE_TTL_S})",
+    )
+    p.add_argument(
+        "--advertised-listener",
+        metavar="HOST:PORT",
+        default=None,
+        help="etcd logs: the address standbys send clients to while this controller is "
+        "active (default: the address --listen bound)",
+    )
+    p.add_argument(
+        "--node-id",
+        default=None,
+        help="etcd logs: this controller's name in the leadership key and its logs "
+        "(default: the advertised address)",
+    )
+
+
+def ha_settings(args: Any) -> HaSettings:
+    ttl = getattr(args, "lease_ttl_s", DEFAULT_LEASE_TTL_S)
+    if ttl < 1:
+        raise InvalidConfigurationError(f"--lease-ttl-s must be at least 1, got {ttl}")
+    return HaSettings(
+        lease_ttl_s=ttl,
+        advertised_listener=getattr(args, "advertised_listener", None),
+        node_id=getattr(args, "node_id", None),
+        cluster_id=getattr(args, "cluster_id", None),
+    )
 
 
 def add_mutation_arguments(p: argparse.ArgumentParser) -> None:
@@ -147,6 +208,8 @@ async def serve(args: Any) -> int:
             limits=server_limits(args),
             mutation_limits=mutation_limits(args),
             verify_log=getattr(args, "verify_log", "tail"),
+            metadata_log=getattr(args, "metadata_log", None),
+            ha=ha_settings(args),
         )
     except MetactlError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -163,7 +226,8 @@ async def serve(args: Any) -> int:
     freeze_heap()  # the loaded image is long-lived
     metrics = service.metrics_address
     print(
-        f"READY controller listen={service.address}" + (f" metrics={metrics}" if metrics else ""),
+        f"READY controller listen={service.address} role={service.role}"
+        + (f" metrics={metrics}" if metrics else ""),
         flush=True,
     )
     await stop.wait()

@@ -9,6 +9,16 @@ and logged here, rate-limited per principal). CreateTopics and ElectLeaders are 
 admitted by the partitions-per-request cap and the per-principal mutation quota
 (`controller.runtime.quota`) before anything is submitted; DescribeCluster is answered
 page by page (`controller.runtime.describe`).
+
+Roles. On SQLite (the default) the service is the one controller and always *active*.
+On etcd (``--metadata-log etcd://...``) several services share one log and take turns:
+each starts as a hot *standby* (`controller.runtime.standby`: the committed image, kept
+current by tailing the log), answers reads (DescribeCluster, FetchMetadata) from it and
+every write with NOT_CONTROLLER naming the active controller, and campaigns for the
+log's leadership (`controller.runtime.election`). The winner opens the log for writing
+under its leadership, starts the driver from its standby image and serves; it steps
+down (back to standby, closing the driver) when its lease can no longer be trusted, or
+an append is fenced or its outcome unknown. docs/ha.md has the whole story.
 """
 
 from __future__ import annotations
@@ -27,19 +37,28 @@ from controller.core.recovery.tracker import Inspection
 from controller.runtime.clock import Clock, SystemClock
 from controller.runtime.describe import describe_page, partition_state
 from controller.runtime.driver import Controller
-from controller.runtime.metrics import ControllerMetrics, MetricsServer
+from controller.runtime.election import Election, HaSettings
+from controller.runtime.metrics import ControllerMetrics, MetricsServer, RoleMetrics
 from controller.runtime.quota import MutationLimits, MutationQuota, requested_partitions
 from controller.runtime.sessions import BrokerSessions
+from controller.runtime.standby import Standby
 from metactl.errors import (
+    FatalStorageError,
     InvalidRequestError,
+    LogClosedError,
     MetactlError,
+    NotControllerError,
     OffsetOutOfRangeError,
     StaleBrokerEpochError,
     ThrottlingQuotaExceededError,
 )
 from metadata_image.image import TopicPartition
 from metadata_image.snapshot import ImageSnapshot
+from metadata_image.transactions import LogReplay
+from metadata_log.backends import is_etcd_url
+from metadata_log.etcd.lease import Leadership
 from metadata_log.sqlite_store import SqliteLogStore
+from metadata_log.store import LogStore
 from protocol.client import RetryPolicy, RpcClient
 from protocol.codec import DEFAULT_MAX_FRAME_BYTES
 from protocol.messages import (
@@ -76,6 +95,8 @@ log = structlog.get_logger("metactl.controller.service")
 # GetReplicaLogInfo: up to 20 attempts, backoff capped at 2 s, while the broker stays
 # active at the same epoch.
 INSPECTION_RETRY = RetryPolicy(attempts=20, base_s=0.1, cap_s=2.0)
+# Stepping down waits this long for in-flight commits (fenced ones fail at once).
+STEP_DOWN_S = 10.0
 
 
 class ControllerService:
@@ -92,8 +113,20 @@ class ControllerService:
         limits: ServerLimits | None = None,
         mutation_limits: MutationLimits | None = None,
         verify_log: Literal["tail", "full"] = "tail",
+        metadata_log: str | None = None,
+        ha: HaSettings | None = None,
     ) -> None:
         self.data_dir = data_dir
+        # Where the log is: None, a path or sqlite: URL (one controller, always active),
+        # or etcd://... (controllers take turns: `ha`).
+        self.metadata_log = metadata_log
+        self.ha = ha if ha is not None else HaSettings()
+        self.role: Literal["starting", "standby", "active"] = "starting"
+        self.standby: Standby | None = None
+        self.leadership: Leadership | None = None
+        self.leader_hint: str | None = None  # the active controller's address, if known
+        self.election: Election | None = None
+        self.role_metrics = RoleMetrics()
         # What start() checks of the log before serving: the last batches' CRCs (what
         # replay does not read again is then checked on first read), or every batch.
         self.verify_log = verify_log
@@ -113,7 +146,7 @@ class ControllerService:
         self.mutation_limits = mutation_limits if mutation_limits is not None else MutationLimits()
         self.quota = MutationQuota.of(self.mutation_limits, self.clock)
         self.sessions = BrokerSessions(self.config.broker_session_timeout_ms)
-        self.store: SqliteLogStore | None = None
+        self.store: LogStore | None = None  # the writer's store while active
         self.ctl: Controller | None = None
         self.server: FrameServer | None = None
         self.address = ""
@@ -141,15 +174,27 @@ class ControllerService:
             await self._release()
             raise
 
+    @property
+    def replicated(self) -> bool:
+        """Whether the log is on etcd (several controllers take turns)."""
+        return self.metadata_log is not None and is_etcd_url(self.metadata_log)
+
     async def _start(self) -> None:
-        self.store = await SqliteLogStore.open(self.data_dir, verify_all=self.verify_log == "full")
-        self.ctl = await Controller.open(self.store, config=self.config, clock=self.clock)
-        self.ctl.log_every_record = True
-        self.ctl.inspection_sinks.append(self._on_inspection)
-        self.metrics = ControllerMetrics.attach(self.ctl)
+        verify_all = self.verify_log == "full"
+        if not self.replicated:
+            where = self.metadata_log if self.metadata_log is not None else self.data_dir
+            store = await SqliteLogStore.open(
+                str(where).removeprefix("sqlite://").removeprefix("sqlite:"),
+                verify_all=verify_all,
+            )
+            try:
+                await self._activate(store)
+            except BaseException:
+                await store.close()
+                raise
         if self.metrics_listen is not None:
             self.metrics_server = await MetricsServer.start(
-                self.metrics.registry, self.metrics_listen, tls=self.tls
+                self.role_metrics.registry, self.metrics_listen, tls=self.tls
             )
             self.metrics_address = self.metrics_server.address
         if self.tls is None:
@@ -163,12 +208,77 @@ class ControllerService:
         )
         self.address = await self.server.start(self.listen)
         self._spawn(self._session_loop(), "sessions")
+        if self.replicated:
+            assert self.metadata_log is not None
+            self.election = await Election.start(self, self.metadata_log, verify_all=verify_all)
+            self._spawn(self.election.run(), "election")
         log.info(
             "controller serving",
             listen=self.address,
-            data_dir=str(self.data_dir),
-            end_offset=self.store.end_offset,
+            metadata_log=self.metadata_log or str(self.data_dir),
+            role=self.role,
+            end_offset=self.store.end_offset if self.store is not None else None,
         )
+
+    # --- roles ---------------------------------------------------------------------------
+
+    @property
+    def advertised(self) -> str:
+        """The address other controllers' NOT_CONTROLLER answers send clients to."""
+        return self.ha.advertised_listener or self.address
+
+    async def _activate(
+        self,
+        store: LogStore,
+        replayed: LogReplay | None = None,
+        leadership: Leadership | None = None,
+    ) -> None:
+        """Become the active controller on `store` (open for writing): start the driver
+        (from `replayed`, a standby's image, when there is one), its metrics, and fresh
+        broker sessions (every registered broker gets a full session timeout of grace)."""
+        ctl = await Controller.open(store, config=self.config, clock=self.clock, replayed=replayed)
+        ctl.log_every_record = True
+        ctl.inspection_sinks.append(self._on_inspection)
+        self.sessions = BrokerSessions(self.config.broker_session_timeout_ms)
+        self.store, self.ctl, self.leadership = store, ctl, leadership
+        self.metrics = ControllerMetrics.attach(ctl)
+        self.role_metrics.active(self.metrics)
+        self.role = "active"
+        self.leader_hint = self.advertised
+
+    async def _deactivate(self, reason: str) -> None:
+        """Stop acting as the active controller: refuse writes at once, then close the
+        driver (in-flight commits finish or fail) and the writer's store."""
+        if self.role != "active":
+            return
+        self.role = "standby"
+        self.leader_hint = None
+        ctl, store, metrics = self.ctl, self.store, self.metrics
+        self.role_metrics.inactive()
+        log.warning("stepping down: no longer the active controller", reason=reason)
+        if metrics is not None:
+            metrics.detach()
+        try:
+            if ctl is not None:
+                with contextlib.suppress(TimeoutError, MetactlError):
+                    async with asyncio.timeout(STEP_DOWN_S):
+                        await ctl.close()
+        finally:
+            self.ctl = self.store = self.metrics = self.leadership = None
+            if store is not None:
+                with contextlib.suppress(MetactlError):
+                    await store.close()
+
+    def _not_controller(self) -> NotControllerError:
+        leader = self.leader_hint
+        where = f"the active controller is {leader}" if leader else "no controller is active yet"
+        return NotControllerError(f"this controller is a standby: {where}", leader=leader)
+
+    @property
+    def acting(self) -> bool:
+        """Active, and (on etcd) still sure of its leadership: checked per request, so a
+        controller resumed after a pause longer than its lease serves no write."""
+        return self.role == "active" and (self.leadership is None or self.leadership.valid)
 
     async def stop(self) -> None:
         """Stop accepting, finish in-flight commits, close the log cleanly."""
@@ -189,6 +299,8 @@ class ControllerService:
             await self.ctl.close()
         if self.store is not None:
             await self.store.close()
+        if self.election is not None:
+            await self.election.close()  # resigns, closes the standby and its client
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coro, name=name)
@@ -204,6 +316,25 @@ class ControllerService:
             except AUTHORIZATION_ERRORS as exc:
                 self._refused(peer, operation_of(body), exc)
                 raise
+        if not self.acting:
+            match body:
+                case FetchMetadataRequest():
+                    return await self._fetch(body)
+                case DescribeClusterRequest():
+                    return self.describe(body)
+            raise self._not_controller()
+        try:
+            return await self._handle(body, peer)
+        except (LogClosedError, FatalStorageError) as exc:
+            if not self.replicated and self.acting:
+                raise
+            # On etcd a store that stops taking writes means this controller steps down
+            # (fenced by a newer term, or an append's outcome unknown): send the client on.
+            if self.leader_hint == self.advertised:
+                self.leader_hint = None
+            raise self._not_controller() from exc
+
+    async def _handle(self, body: Message, peer: Peer) -> Message:
         ctl = self.controller
         match body:
             case BrokerHeartbeatRequest():
@@ -230,8 +361,10 @@ class ControllerService:
         a line within `refusal_log_period_ms` (an attacker cannot flood the log; the
         next line's `count` includes the refusals held back)."""
         principal = peer.principal if peer.principal is not None else "-"
-        assert self.metrics is not None
-        self.metrics.authorization_failures.labels(principal=principal, operation=operation).inc()
+        if self.metrics is not None:  # a standby logs refusals only
+            self.metrics.authorization_failures.labels(
+                principal=principal, operation=operation
+            ).inc()
         now = self.clock.now_ms()
         last = self._refusal_lines.get(principal)
         if last is not None and now - last[0] < self.refusal_log_period_ms:
@@ -277,6 +410,9 @@ class ControllerService:
                 continue
             try:
                 r = await ctl.submit(spec)
+            except (LogClosedError, FatalStorageError):
+                self.quota.release(peer.name, partitions)
+                raise  # the log, not the topic: the whole request fails (and is retried)
             except MetactlError as exc:
                 self.quota.release(peer.name, partitions)
                 results.append(
@@ -305,6 +441,22 @@ class ControllerService:
         built without awaiting). Pages are sized to the smaller of this service's frame
         limit and the client's `max_bytes`."""
         request = request if request is not None else DescribeClusterRequest()
+        max_bytes = self.max_frame_bytes
+        if request.max_bytes is not None:
+            max_bytes = min(max_bytes, request.max_bytes)
+        if not self.acting:
+            if self.standby is None:
+                raise self._not_controller()
+            image = self.standby.image
+            return describe_page(
+                image,
+                request,
+                max_bytes=max_bytes,
+                end_offset=image.end_offset,
+                committed_offset=self.standby.store.end_offset,
+                recovery_pending=lambda tp: None,
+                heartbeat_age_ms=lambda b: None,
+            )
         ctl = self.controller
         assert self.store is not None
         now = self.clock.now_ms()
@@ -318,9 +470,6 @@ class ControllerService:
             last = self.sessions.last_heartbeat_ms(broker_id)
             return None if last is None else now - last
 
-        max_bytes = self.max_frame_bytes
-        if request.max_bytes is not None:
-            max_bytes = min(max_bytes, request.max_bytes)
         return describe_page(
             ctl.committed_image,
             request,
@@ -345,6 +494,8 @@ class ControllerService:
         period = max(0.05, min(self.config.broker_heartbeat_interval_ms, 1000) / 2000)
         while True:
             await asyncio.sleep(period)  # a timer, not synchronisation
+            if not self.acting:
+                continue
             ctl = self.controller
             live = [b.broker_id for b in ctl.image.brokers.values() if not b.fenced]
             for broker_id in self.sessions.expired(live, self.clock.now_ms()):
@@ -355,8 +506,9 @@ class ControllerService:
     # --- metadata fetch -----------------------------------------------------------------
 
     async def _fetch(self, req: FetchMetadataRequest) -> FetchMetadataResponse:
-        store = self.store
-        assert store is not None
+        store = self.store if self.acting else (self.standby.store if self.standby else None)
+        if store is None:
+            raise self._not_controller()
         if req.from_offset < store.start_offset:
             snap = await store.load_snapshot(ImageSnapshot)
             if snap is None:

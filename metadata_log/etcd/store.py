@@ -69,6 +69,7 @@ import structlog
 from metactl.errors import (
     CorruptLogError,
     FatalStorageError,
+    LogError,
     MetactlError,
     StoreUnavailableError,
     WriterFencedError,
@@ -123,6 +124,7 @@ class EtcdLogStore(LogStore):
         revision: int,
         read_only: bool,
         max_request_bytes: int,
+        owns_client: bool = True,
     ) -> None:
         super().__init__(
             location=etcd.target.url,
@@ -135,6 +137,7 @@ class EtcdLogStore(LogStore):
         self.keys = Keys(etcd.target)
         self.leadership = leadership
         self._owns_leadership = owns_leadership
+        self._owns_client = owns_client  # a client shared with an election stays open
         self._revision = revision
         self.max_batch_bytes = max(64 * 1024, max_request_bytes - REQUEST_OVERHEAD)
         self.group_commit_bytes = self.max_batch_bytes
@@ -159,6 +162,7 @@ class EtcdLogStore(LogStore):
         verify_all: bool = False,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         timeout_s: float | None = None,
+        client: Etcd | None = None,
     ) -> EtcdLogStore:
         """Open the log under an ``etcd://`` URL's prefix (creating it if the prefix is
         empty, unless `create` is false or the store is read-only).
@@ -170,7 +174,9 @@ class EtcdLogStore(LogStore):
         log's. `verify_all` checks every batch and snapshot before returning.
         """
         target = EtcdTarget.parse(url)
-        etcd = await (
+        if client is not None and client.target != target:
+            raise LogError(f"the etcd client given is for {client.target.url}, not {target.url}")
+        etcd = client or await (
             Etcd.connect(target) if timeout_s is None else Etcd.connect(target, timeout_s=timeout_s)
         )
         owned: Leadership | None = None
@@ -191,13 +197,15 @@ class EtcdLogStore(LogStore):
                 revision=revision,
                 read_only=read_only,
                 max_request_bytes=max_request_bytes,
+                owns_client=client is None,
             )
             if verify_tail:
                 await store._check_tail()
         except BaseException:
             if owned is not None:
                 await owned.resign()
-            await etcd.close()
+            if client is None:
+                await etcd.close()
             raise
         if verify_all:
             try:
@@ -527,4 +535,5 @@ class EtcdLogStore(LogStore):
             if self._owns_leadership and self.leadership is not None:
                 await self.leadership.resign()
         finally:
-            await self.etcd.close()
+            if self._owns_client:
+                await self.etcd.close()

@@ -1,0 +1,193 @@
+"""The controller's campaign for an etcd metadata log: standby, elected, active, stepped
+down, and again.
+
+`Election.run` is one loop per controller service:
+
+1. **Standby.** Tail the log read-only (`controller.runtime.standby`), so the image is
+   current, and answer reads from it.
+2. **Campaign** for the log's leadership key (`metadata_log.etcd.lease`), waiting while
+   another controller holds it; each holder seen becomes the service's NOT_CONTROLLER
+   hint.
+3. **Take over.** Open the log for writing under the won leadership (its appends are
+   fenced by it), replay what the standby image has not seen yet (up to the log end,
+   which nobody else can move now), abort a transaction the previous controller left
+   open, and start the driver. Pending recoveries start over, as after a restart.
+4. **Step down** when the leadership is lost (its lease could not be renewed in time, or
+   was found expired) or the store stops taking writes (an append fenced by a newer
+   leadership, or one whose outcome is unknown): resign at once (revoke the lease, so a
+   standby takes over without waiting for the TTL), close the driver, and go back to 1.
+
+An etcd that cannot be reached is waited out (retried, logged at most once a second); at
+start-up it is an error instead (`Election.start`), so a misconfigured controller exits.
+
+This module decides nothing about metadata: it only moves the service between roles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+import structlog
+
+from controller.runtime.standby import Standby
+from metactl.errors import MetactlError, StoreUnavailableError
+from metadata_log.etcd.client import Etcd, EtcdTarget
+from metadata_log.etcd.layout import open_meta
+from metadata_log.etcd.lease import DEFAULT_LEASE_TTL_S, LeaderInfo, Leadership
+from metadata_log.etcd.store import EtcdLogStore
+
+if TYPE_CHECKING:
+    from controller.runtime.service import ControllerService
+
+__all__ = ["Election", "HaSettings"]
+
+log = structlog.get_logger("metactl.controller.election")
+
+RETRY_S: Final = 0.5
+
+
+@dataclass(frozen=True)
+class HaSettings:
+    """How a controller takes part in an etcd log's election (docs/ha.md)."""
+
+    lease_ttl_s: int = DEFAULT_LEASE_TTL_S
+    advertised_listener: str | None = None  # HOST:PORT clients are sent to; default: bound
+    node_id: str | None = None  # the name in the leadership key; default: the address
+    cluster_id: str | None = None  # checked against the log's (or given to a new log)
+
+
+class Election:
+    """One controller's campaign loop. Create with `Election.start`."""
+
+    def __init__(
+        self, service: ControllerService, url: str, etcd: Etcd, *, verify_all: bool
+    ) -> None:
+        self.service = service
+        self.url = url
+        self.etcd = etcd
+        self.verify_all = verify_all
+        self.settings = service.ha
+        self._last_warning = 0.0
+
+    @classmethod
+    async def start(cls, service: ControllerService, url: str, *, verify_all: bool) -> Election:
+        """Connect, create the log if its prefix is empty (or check that it is this
+        cluster's), and become a standby. An unreachable etcd, another cluster's log or
+        a damaged one is raised here, before the controller says it is ready."""
+        etcd = await Etcd.connect(EtcdTarget.parse(url))
+        try:
+            await open_meta(etcd, create=True, cluster_id=service.ha.cluster_id)
+            election = cls(service, url, etcd, verify_all=verify_all)
+            await election._start_standby()
+        except BaseException:
+            await etcd.close()
+            raise
+        return election
+
+    @property
+    def node(self) -> str:
+        return self.settings.node_id or self.service.advertised
+
+    async def run(self) -> None:
+        while True:
+            try:
+                if self.service.standby is None:
+                    await self._start_standby()
+                leadership = await Leadership.acquire(
+                    self.etcd,
+                    LeaderInfo(node=self.node, address=self.service.advertised),
+                    ttl_s=self.settings.lease_ttl_s,
+                    on_leader=self._seen,
+                )
+            except MetactlError as exc:
+                self._warn("campaign failed; retrying", exc)
+                await asyncio.sleep(RETRY_S)  # etcd reconnects by itself meanwhile
+                continue
+            try:
+                await self._take_over(leadership)
+            except MetactlError as exc:
+                self._warn("taking over failed; resigning", exc)
+                await leadership.resign()
+                await asyncio.sleep(RETRY_S)
+                continue
+            reason = await self._until_lost(leadership)
+            await leadership.resign()
+            await self.service._deactivate(reason)
+
+    async def _start_standby(self) -> None:
+        store = await EtcdLogStore.open(
+            self.url, read_only=True, cluster_id=self.settings.cluster_id, client=self.etcd
+        )
+        try:
+            self.service.standby = await Standby.open(store)
+        except BaseException:
+            await store.close()
+            raise
+        if self.service.role == "starting":
+            self.service.role = "standby"
+
+    def _seen(self, holder: LeaderInfo | None) -> None:
+        self.service.leader_hint = holder.address or None if holder is not None else None
+
+    async def _take_over(self, leadership: Leadership) -> None:
+        started = time.monotonic()
+        writer = await EtcdLogStore.open(
+            self.url,
+            leadership=leadership,
+            cluster_id=self.settings.cluster_id,
+            verify_all=self.verify_all,
+            client=self.etcd,
+        )
+        standby, self.service.standby = self.service.standby, None
+        try:
+            replayed = standby.state if standby is not None else None
+            if standby is not None:
+                await standby.close()
+            await self.service._activate(writer, replayed=replayed, leadership=leadership)
+        except BaseException:
+            await writer.close()
+            raise
+        self.service.role_metrics.failovers.inc()
+        log.warning(
+            "active controller: took over the metadata log",
+            node=self.node,
+            token=leadership.token,
+            end_offset=writer.end_offset,
+            seconds=round(time.monotonic() - started, 3),
+        )
+
+    async def _until_lost(self, leadership: Leadership) -> str:
+        store = self.service.store
+        assert store is not None
+        lost = asyncio.ensure_future(leadership.lost.wait())
+        failed = asyncio.ensure_future(store.write_failed.wait())
+        try:
+            await asyncio.wait({lost, failed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+            failed.cancel()
+        if leadership.lost.is_set():
+            return leadership.lost_reason
+        return "the metadata log stopped taking writes (fenced, or an append's outcome unknown)"
+
+    def _warn(self, event: str, exc: MetactlError) -> None:
+        now = time.monotonic()
+        if isinstance(exc, StoreUnavailableError) and now - self._last_warning < 1.0:
+            return
+        self._last_warning = now
+        log.warning(event, node=self.node, code=exc.code, error=exc.message)
+
+    async def close(self) -> None:
+        """Resign if leading, stop the standby, close the etcd client."""
+        leadership = self.service.leadership
+        if leadership is not None:
+            await leadership.resign()
+        standby, self.service.standby = self.service.standby, None
+        if standby is not None:
+            with contextlib.suppress(MetactlError):
+                await standby.close()
+        await self.etcd.close()

@@ -1,0 +1,212 @@
+"""Controllers taking turns on one etcd log, in one process over real TCP and a real etcd
+member: one active, the others hot standbys that answer reads and send writers to the
+active one; a resignation or a lost lease moves the role, and the log never forks.
+The real-process faults (SIGKILL, SIGSTOP, etcd members dying) are in tests/e2e/test_ha.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from controller.core.config import ControllerConfig
+from controller.runtime.election import HaSettings
+from controller.runtime.service import ControllerService
+from metactl.errors import NotControllerError
+from metadata_log.etcd.client import Etcd, EtcdTarget
+from metadata_log.etcd.lease import current_leader
+from metadata_log.etcd.store import EtcdLogStore
+from ops.etcd_local import LocalEtcd
+from protocol.client import Endpoints, RetryPolicy, RpcClient
+from protocol.messages import (
+    BrokerHeartbeatRequest,
+    BrokerHeartbeatResponse,
+    CreateTopic,
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    DescribeClusterRequest,
+    DescribeClusterResponse,
+    RegisterBroker,
+    RegisterBrokerResponse,
+)
+
+BOUND_S = 30.0  # bounds a hang; no test times anything
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    async with asyncio.timeout(BOUND_S):
+        while True:
+            if condition():
+                return
+            await asyncio.sleep(0.01)  # polling interval of an observable condition
+
+
+@pytest.fixture
+def url(etcd: LocalEtcd) -> str:
+    return etcd.url(f"ha/{uuid.uuid4().hex[:10]}")
+
+
+def controller(tmp_path: object, url: str, name: str) -> ControllerService:
+    return ControllerService(
+        tmp_path / name,  # type: ignore[operator]
+        "127.0.0.1:0",
+        config=ControllerConfig(broker_session_timeout_ms=600_000),
+        metadata_log=url,
+        ha=HaSettings(lease_ttl_s=2, node_id=name, cluster_id="ha-test"),
+    )
+
+
+@pytest.fixture
+async def pair(tmp_path: object, url: str) -> AsyncIterator[list[ControllerService]]:
+    services = [controller(tmp_path, url, n) for n in ("c1", "c2")]
+    for s in services:
+        await s.start()
+    try:
+        await until(lambda: sum(s.acting for s in services) == 1, "one active controller")
+        active, _ = roles(services)
+        await broker_up(active.address, 1)
+        yield services
+    finally:
+        for s in services:
+            with contextlib.suppress(Exception):
+                await s.stop()
+
+
+def roles(services: list[ControllerService]) -> tuple[ControllerService, ControllerService]:
+    active = next(s for s in services if s.acting)
+    standby = next(s for s in services if s is not active)
+    return active, standby
+
+
+async def broker_up(address: str, broker_id: int) -> int:
+    """Register and unfence a broker (so topics can be placed); its epoch."""
+    async with RpcClient(address) as c:
+        r = await c.request(RegisterBroker(broker_id=broker_id, incarnation_id="i"))
+        assert isinstance(r, RegisterBrokerResponse)
+        hb = await c.request(
+            BrokerHeartbeatRequest(
+                broker_id=broker_id, broker_epoch=r.broker_epoch, metadata_offset=1 << 40
+            )
+        )
+        assert isinstance(hb, BrokerHeartbeatResponse) and not hb.is_fenced
+    return r.broker_epoch
+
+
+async def create(address: str | Endpoints, name: str) -> CreateTopicsResponse:
+    async with RpcClient(address, retry=RetryPolicy(attempts=8, base_s=0.05)) as c:
+        topic = CreateTopic(name=name, partitions=1, replication_factor=1)
+        r = await c.request(CreateTopicsRequest(topics=[topic]), timeout_s=10)
+    assert isinstance(r, CreateTopicsResponse)
+    return r
+
+
+async def describe(address: str) -> DescribeClusterResponse:
+    async with RpcClient(address) as c:
+        r = await c.request(DescribeClusterRequest(v=2), timeout_s=10)
+    assert isinstance(r, DescribeClusterResponse)
+    return r
+
+
+async def test_one_active_the_standby_reads_and_redirects(pair: list[ControllerService]) -> None:
+    active, standby = roles(pair)
+    assert standby.role == "standby" and not standby.acting
+    assert standby.leader_hint == active.address
+    # A write to the standby: NOT_CONTROLLER naming the active controller, nothing written.
+    async with RpcClient(standby.address) as c:
+        with pytest.raises(NotControllerError) as e:
+            await c.request(RegisterBroker(broker_id=1, incarnation_id="x"), timeout_s=10)
+    assert e.value.leader == active.address and e.value.retriable
+    # A client given both follows the hint; the standby's reads catch up by watch.
+    r = await create(Endpoints([standby.address, active.address]), "t1")
+    assert r.results[0].error_code is None, r
+    assert standby.standby is not None
+    await until(lambda: "t1" in standby.standby.image.topics, "the standby's image")  # type: ignore[union-attr]
+    seen = await describe(standby.address)
+    assert [p.topic for p in seen.partitions] == ["t1"]
+    assert seen.end_offset == (await describe(active.address)).end_offset
+    # Metrics: the role gauge, and cluster gauges only on the active one.
+    assert active.role_metrics.registry.get_sample_value("metactl_controller_active") == 1
+    assert standby.role_metrics.registry.get_sample_value("metactl_controller_active") == 0
+    assert standby.role_metrics.registry.get_sample_value("metactl_partitions") is None
+    assert active.role_metrics.registry.get_sample_value("metactl_partitions") == 1
+
+
+async def test_a_resigning_active_hands_over_and_nothing_acknowledged_is_lost(
+    pair: list[ControllerService], url: str
+) -> None:
+    active, standby = roles(pair)
+    acked = []
+    for i in range(5):
+        await create(active.address, f"before-{i}")
+        acked.append(f"before-{i}")
+    await active.stop()  # resigns: the standby need not wait for the lease to expire
+    await until(lambda: standby.acting, "the standby taking over")
+    assert standby.role_metrics.registry.get_sample_value("metactl_controller_failovers_total") == 1
+    await create(standby.address, "after")
+    acked.append("after")
+    topics = set(standby.controller.committed_image.topics)
+    assert set(acked) <= topics
+    etcd = await Etcd.connect(EtcdTarget.parse(url))
+    try:
+        info, _ = await current_leader(etcd)
+        assert info is not None and info.node == standby.ha.node_id
+        assert info.address == standby.address
+    finally:
+        await etcd.close()
+    reader = await EtcdLogStore.open(url, read_only=True)
+    try:
+        report = await reader.verify()  # contiguous offsets, every CRC: no fork, no gap
+        assert report.end_offset == standby.controller.committed_image.end_offset
+    finally:
+        await reader.close()
+
+
+async def test_a_lost_lease_makes_the_active_step_down(
+    pair: list[ControllerService], url: str
+) -> None:
+    """The lease ends behind the active controller's back (as when it is paused past the
+    TTL): its next renewal finds it gone, it steps down and refuses writes, and one of
+    the two takes over; the log stays one line."""
+    active, _ = roles(pair)
+    await create(active.address, "t")
+    assert active.leadership is not None
+    old_token = active.leadership.token
+    raw = await Etcd.connect(EtcdTarget.parse(url))
+    try:
+        await raw.revoke(active.leadership.lease_id)
+    finally:
+        await raw.close()
+
+    def new_term() -> ControllerService | None:
+        for s in pair:
+            if s.acting and s.leadership is not None and s.leadership.token != old_token:
+                return s
+        return None
+
+    await until(lambda: new_term() is not None, "a new term")
+    new = new_term()
+    assert new is not None
+    r = await create(Endpoints([s.address for s in pair]), "t2")
+    assert r.results[0].error_code is None
+    await until(lambda: sum(s.acting for s in pair) == 1, "the old term stepping down")
+    assert {"t", "t2"} <= set(new.controller.committed_image.topics)
+    reader = await EtcdLogStore.open(url, read_only=True)
+    try:
+        assert (await reader.verify()).end_offset == new.controller.committed_image.end_offset
+    finally:
+        await reader.close()
+
+
+async def test_a_registration_survives_a_failover(pair: list[ControllerService]) -> None:
+    active, standby = roles(pair)
+    epoch = await broker_up(active.address, 2)
+    await active.stop()
+    await until(lambda: standby.acting, "the standby taking over")
+    b = standby.controller.committed_image.broker(2)
+    assert b is not None and b.epoch == epoch and not b.fenced
+    # Its session starts over on the new controller: a full timeout of grace, no fence.
+    assert standby.sessions.expired([2], standby.clock.now_ms()) == []
