@@ -43,7 +43,7 @@ from metactl.errors import (
 )
 from metadata_image.delta import MetadataDelta
 from metadata_image.image import ClusterImage
-from protocol.client import RpcClient
+from protocol.client import Endpoints, FailoverPolicy, RpcClient
 from protocol.messages import (
     BrokerHeartbeatRequest,
     BrokerHeartbeatResponse,
@@ -114,12 +114,17 @@ class Broker:
         self._refusal_lines: dict[str, tuple[float, int]] = {}
 
     def _controller_client(self) -> RpcClient:
+        """A client to the controller, or to the active one of several: a NOT_CONTROLLER
+        or an unreachable controller is tried again at once elsewhere (the hinted active
+        controller, else the next address), a few times, within the request."""
         c = self.config
+        endpoints = Endpoints.parse(c.controller)
         return RpcClient(
-            c.controller,
+            endpoints,
             max_frame_bytes=c.max_frame_bytes,
             ssl=c.client_ssl,
             expect_principal=CONTROLLER if c.tls is not None else None,
+            retry=FailoverPolicy.over(endpoints),
         )
 
     # --- requests from the network ------------------------------------------------------

@@ -28,7 +28,14 @@ from protocol.tls import broker_principal
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--id", dest="broker_id", type=int, required=True, help="broker id")
     parser.add_argument(
-        "--controller", required=True, metavar="HOST:PORT", help="controller service address"
+        "--controller",
+        "--bootstrap-controller",
+        dest="controller",
+        required=True,
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="the controller, or every controller of an HA quorum (Kafka's "
+        "controller.quorum.bootstrap.servers): requests go to the active one, following "
+        "NOT_CONTROLLER hints and failing over when one is unreachable",
     )
     parser.add_argument(
         "--data-dir", type=Path, required=True, help="directory for replicas and state files"

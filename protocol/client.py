@@ -76,6 +76,28 @@ class RetryPolicy:
 NO_RETRY = RetryPolicy()
 
 
+@dataclass(frozen=True)
+class FailoverPolicy(RetryPolicy):
+    """Retries only what another controller of a quorum may answer: NOT_CONTROLLER (the
+    next try goes to the hinted active controller), and a network failure when there is
+    another address to try. Everything else is the caller's to handle, as with one
+    controller."""
+
+    endpoints: int = 1
+
+    @classmethod
+    def over(cls, endpoints: Endpoints) -> FailoverPolicy:
+        n = len(endpoints.addresses)
+        return cls(attempts=n + 2, base_s=0.05, cap_s=0.5, endpoints=n)
+
+    def should_retry(self, exc: BaseException, attempt: int) -> bool:
+        if attempt + 1 >= self.attempts:
+            return False
+        if isinstance(exc, NotControllerError):
+            return True
+        return isinstance(exc, NetworkError) and self.endpoints > 1
+
+
 class Endpoints:
     """Several addresses of one service, tried in turn (Kafka's bootstrap list,
     ``--bootstrap-controller h1:p1,h2:p2,h3:p3``): requests go to `current`. After a

@@ -37,7 +37,7 @@ from controller.runtime.standby import Standby
 from metactl.errors import MetactlError, StoreUnavailableError
 from metadata_log.etcd.client import Etcd, EtcdTarget
 from metadata_log.etcd.layout import open_meta
-from metadata_log.etcd.lease import DEFAULT_LEASE_TTL_S, LeaderInfo, Leadership
+from metadata_log.etcd.lease import DEFAULT_LEASE_TTL_S, LeaderInfo, Leadership, current_leader
 from metadata_log.etcd.store import EtcdLogStore
 
 if TYPE_CHECKING:
@@ -129,6 +129,16 @@ class Election:
             raise
         if self.service.role == "starting":
             self.service.role = "standby"
+
+    async def leader_address(self) -> str | None:
+        """The active controller's address from the leadership key (None: no holder, or
+        etcd did not answer within a second)."""
+        try:
+            async with asyncio.timeout(1.0):
+                info, _ = await current_leader(self.etcd)
+        except (TimeoutError, MetactlError):
+            return None
+        return info.address or None if info is not None else None
 
     def _seen(self, holder: LeaderInfo | None) -> None:
         self.service.leader_hint = holder.address or None if holder is not None else None

@@ -52,7 +52,7 @@ from metactl.errors import (
     StaleBrokerEpochError,
     ThrottlingQuotaExceededError,
 )
-from metadata_image.image import TopicPartition
+from metadata_image.image import ClusterImage, TopicPartition
 from metadata_image.snapshot import ImageSnapshot
 from metadata_image.transactions import LogReplay
 from metadata_log.backends import is_etcd_url
@@ -123,6 +123,7 @@ class ControllerService:
         self.ha = ha if ha is not None else HaSettings()
         self.role: Literal["starting", "standby", "active"] = "starting"
         self.standby: Standby | None = None
+        self.last_image: ClusterImage | None = None  # the last term's, after stepping down
         self.leadership: Leadership | None = None
         self.leader_hint: str | None = None  # the active controller's address, if known
         self.election: Election | None = None
@@ -254,6 +255,8 @@ class ControllerService:
         self.role = "standby"
         self.leader_hint = None
         ctl, store, metrics = self.ctl, self.store, self.metrics
+        if ctl is not None:
+            self.last_image = ctl.committed_image
         self.role_metrics.inactive()
         log.warning("stepping down: no longer the active controller", reason=reason)
         if metrics is not None:
@@ -268,6 +271,13 @@ class ControllerService:
             if store is not None:
                 with contextlib.suppress(MetactlError):
                     await store.close()
+
+    async def _redirect(self) -> NotControllerError:
+        """NOT_CONTROLLER for a write to a standby, naming the active controller: the
+        hint the campaign last saw, else a look at the leadership key (bounded)."""
+        if self.leader_hint is None and self.election is not None:
+            self.leader_hint = await self.election.leader_address()
+        return self._not_controller()
 
     def _not_controller(self) -> NotControllerError:
         leader = self.leader_hint
@@ -322,7 +332,7 @@ class ControllerService:
                     return await self._fetch(body)
                 case DescribeClusterRequest():
                     return self.describe(body)
-            raise self._not_controller()
+            raise await self._redirect()
         try:
             return await self._handle(body, peer)
         except (LogClosedError, FatalStorageError) as exc:
@@ -445,15 +455,20 @@ class ControllerService:
         if request.max_bytes is not None:
             max_bytes = min(max_bytes, request.max_bytes)
         if not self.acting:
-            if self.standby is None:
+            # A standby's image; just after stepping down (etcd may be unreachable, so no
+            # standby yet) the last term's committed image: reads keep answering.
+            if self.standby is not None:
+                image, committed = self.standby.image, self.standby.store.end_offset
+            elif self.last_image is not None:
+                image, committed = self.last_image, self.last_image.end_offset
+            else:
                 raise self._not_controller()
-            image = self.standby.image
             return describe_page(
                 image,
                 request,
                 max_bytes=max_bytes,
                 end_offset=image.end_offset,
-                committed_offset=self.standby.store.end_offset,
+                committed_offset=committed,
                 recovery_pending=lambda tp: None,
                 heartbeat_age_ms=lambda b: None,
             )

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ from controller.core.config import ControllerConfig
 from controller.runtime.election import HaSettings
 from controller.runtime.service import ControllerService
 from metactl.errors import NotControllerError
-from metadata_log.etcd.client import Etcd, EtcdTarget
+from metadata_log.etcd.client import Etcd, EtcdTarget, prefix_end
 from metadata_log.etcd.lease import current_leader
 from metadata_log.etcd.store import EtcdLogStore
 from ops.etcd_local import LocalEtcd
@@ -30,6 +31,7 @@ from protocol.messages import (
     CreateTopicsResponse,
     DescribeClusterRequest,
     DescribeClusterResponse,
+    Message,
     RegisterBroker,
     RegisterBrokerResponse,
 )
@@ -114,12 +116,12 @@ async def describe(address: str) -> DescribeClusterResponse:
 async def test_one_active_the_standby_reads_and_redirects(pair: list[ControllerService]) -> None:
     active, standby = roles(pair)
     assert standby.role == "standby" and not standby.acting
-    assert standby.leader_hint == active.address
     # A write to the standby: NOT_CONTROLLER naming the active controller, nothing written.
     async with RpcClient(standby.address) as c:
         with pytest.raises(NotControllerError) as e:
             await c.request(RegisterBroker(broker_id=1, incarnation_id="x"), timeout_s=10)
     assert e.value.leader == active.address and e.value.retriable
+    assert standby.leader_hint == active.address
     # A client given both follows the hint; the standby's reads catch up by watch.
     r = await create(Endpoints([standby.address, active.address]), "t1")
     assert r.results[0].error_code is None, r
@@ -157,12 +159,7 @@ async def test_a_resigning_active_hands_over_and_nothing_acknowledged_is_lost(
         assert info.address == standby.address
     finally:
         await etcd.close()
-    reader = await EtcdLogStore.open(url, read_only=True)
-    try:
-        report = await reader.verify()  # contiguous offsets, every CRC: no fork, no gap
-        assert report.end_offset == standby.controller.committed_image.end_offset
-    finally:
-        await reader.close()
+    assert await assert_one_line_of_log(url) == standby.controller.committed_image.end_offset
 
 
 async def test_a_lost_lease_makes_the_active_step_down(
@@ -194,11 +191,7 @@ async def test_a_lost_lease_makes_the_active_step_down(
     assert r.results[0].error_code is None
     await until(lambda: sum(s.acting for s in pair) == 1, "the old term stepping down")
     assert {"t", "t2"} <= set(new.controller.committed_image.topics)
-    reader = await EtcdLogStore.open(url, read_only=True)
-    try:
-        assert (await reader.verify()).end_offset == new.controller.committed_image.end_offset
-    finally:
-        await reader.close()
+    assert await assert_one_line_of_log(url) == new.controller.committed_image.end_offset
 
 
 async def test_a_registration_survives_a_failover(pair: list[ControllerService]) -> None:
@@ -210,3 +203,59 @@ async def test_a_registration_survives_a_failover(pair: list[ControllerService])
     assert b is not None and b.epoch == epoch and not b.fenced
     # Its session starts over on the new controller: a full timeout of grace, no fence.
     assert standby.sessions.expired([2], standby.clock.now_ms()) == []
+
+
+async def assert_one_line_of_log(url: str) -> int:
+    """The log under `url` verifies (contiguous offsets, every CRC) and no offset was
+    ever written twice: every batch key is at version 1. Its end offset."""
+    reader = await EtcdLogStore.open(url, read_only=True)
+    try:
+        report = await reader.verify()
+        start = reader.etcd.target.key("log/")
+        kvs, _, _ = await reader.etcd.range(start, prefix_end(start))
+        assert kvs and all(kv.version == 1 for kv in kvs)
+        return report.end_offset
+    finally:
+        await reader.close()
+
+
+async def test_an_append_in_flight_when_the_term_ends_is_refused_by_the_fence(
+    pair: list[ControllerService], url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The active controller's append is held back (as when its process is paused with
+    a request in flight) while its lease ends and the standby takes over. Sent late, the
+    append is refused by the fence: the request is answered NOT_CONTROLLER, nothing of
+    it is in the log, and no offset holds two batches."""
+    active, standby = roles(pair)
+    store = active.store
+    assert isinstance(store, EtcdLogStore) and active.leadership is not None
+    gate, held = asyncio.Event(), asyncio.Event()
+    send = store.etcd.txn
+
+    async def paused(what: str, *args: Any, **kw: Any) -> Any:
+        if what.startswith("an append"):
+            held.set()
+            await gate.wait()
+        return await send(what, *args, **kw)
+
+    monkeypatch.setattr(store.etcd, "txn", paused)
+    late = asyncio.create_task(create_once(active.address, "late"))
+    await held.wait()
+    raw = await Etcd.connect(EtcdTarget.parse(url))
+    try:
+        await raw.revoke(active.leadership.lease_id)
+    finally:
+        await raw.close()
+    await until(lambda: standby.acting, "the standby taking over")
+    gate.set()
+    with pytest.raises(NotControllerError):
+        await late
+    assert "late" not in standby.controller.committed_image.topics
+    await until(lambda: not active.acting, "the old term stepping down")
+    assert await assert_one_line_of_log(url) == standby.controller.committed_image.end_offset
+
+
+async def create_once(address: str, name: str) -> Message:
+    async with RpcClient(address) as c:
+        topic = CreateTopic(name=name, partitions=1, replication_factor=1)
+        return await c.request(CreateTopicsRequest(topics=[topic]), timeout_s=BOUND_S)
