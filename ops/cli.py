@@ -3,19 +3,94 @@
 Each command module exposes `register(subparsers)`, which adds its sub-commands and sets
 `func` on them; `func(args)` returns the exit status. Imports are lazy so that
 `metactl --help` stays fast even though some commands pull in Spark.
+
+Every failure ends as one line on stderr, `error: NAME: message`, and an exit status
+from the one table below (docs/cli.md): a command raises its named error (or returns a
+status of its own verdicts, e.g. `scenario run`'s failed expectation) and `main` maps
+what escapes. Ctrl-C ends any command with 130 and no traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Final
 
 from metactl import __version__
+from metactl.errors import MetactlError
 from metactl.logs import configure as configure_logs
+
+# --- exit statuses: one table for every command (docs/cli.md) -----------------------------
+
+EXIT_OK: Final = 0
+EXIT_REFUSED: Final = 1  # a named error: the controller, the log or a check said no
+EXIT_USAGE: Final = 2  # bad arguments or configuration (argparse's own status)
+# 3 is a command's own verdict where it has one (`simulate faults`: a silent loss).
+EXIT_NOT_FOUND: Final = 4  # no such topic, partition, broker, log or file
+EXIT_UNAVAILABLE: Final = 5  # no answer (in time), or a retriable error outlasted the retries
+EXIT_INTERNAL: Final = 70  # a bug (EX_SOFTWARE): please report it
+EXIT_INTERRUPTED: Final = 130  # Ctrl-C (128 + SIGINT)
+
+USAGE_CODES: Final = frozenset({"INVALID_CONFIG"})
+NOT_FOUND_CODES: Final = frozenset(
+    {"UNKNOWN_TOPIC_OR_PARTITION", "BROKER_ID_NOT_REGISTERED", "LOG_DIR_NOT_FOUND"}
+)
+
+
+def exit_status(exc: BaseException) -> int:
+    """The table's status for a failure."""
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    if isinstance(exc, MetactlError):
+        if exc.code in USAGE_CODES:
+            return EXIT_USAGE
+        if exc.code in NOT_FOUND_CODES:
+            return EXIT_NOT_FOUND
+        return EXIT_UNAVAILABLE if exc.retriable else EXIT_REFUSED
+    if isinstance(exc, FileNotFoundError | NotADirectoryError):
+        return EXIT_NOT_FOUND
+    if isinstance(exc, TimeoutError | ConnectionError):
+        return EXIT_UNAVAILABLE
+    if isinstance(exc, OSError):
+        return EXIT_REFUSED
+    return EXIT_INTERNAL
+
+
+def error_line(exc: BaseException) -> str:
+    """`error: NAME: message`, on one line: NAME is the error's code (an OSError's errno
+    name, e.g. ENOENT)."""
+    if isinstance(exc, MetactlError):
+        name, message = exc.code, exc.message
+    elif isinstance(exc, OSError) and exc.errno is not None and exc.errno in errno.errorcode:
+        name = errno.errorcode[exc.errno]
+        message = exc.strerror or str(exc)
+        if exc.filename is not None:
+            message += f": {exc.filename}"
+    elif isinstance(exc, TimeoutError):
+        name, message = "REQUEST_TIMED_OUT", str(exc) or "timed out"
+    else:
+        name, message = "UNKNOWN_SERVER_ERROR", f"{type(exc).__name__}: {exc}"
+    return f"error: {name}: " + " ".join((message or name).split())
+
+
+def fail(exc: BaseException) -> int:
+    """Print the failure's one line on stderr; its exit status."""
+    print(error_line(exc), file=sys.stderr, flush=True)
+    return exit_status(exc)
+
+
+def examples(*lines: str) -> str:
+    """A command's --help epilog: `Examples:` and the given command lines."""
+    return "Examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+# Keeps a command's description and epilog as written (examples stay one per line).
+HELP_FORMAT: Final = argparse.RawDescriptionHelpFormatter
 
 # Modules that contribute sub-commands, in the order they appear in --help.
 COMMAND_MODULES = (
@@ -25,6 +100,8 @@ COMMAND_MODULES = (
     "ops.controller_cmds",
     "ops.broker_cmds",
     "ops.describe_cmds",  # describe, brokers
+    "ops.admin_cmds",  # topics create, elect
+    "ops.events_cmds",
     "ops.cluster_cmds",
     "ops.certs_cmds",
     "ops.audit_cmds",
@@ -38,6 +115,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="metactl",
         description="metactl: a KIP-966 controller metadata service and its tools",
+        epilog=examples(
+            "metactl describe --bootstrap-controller 127.0.0.1:9093",
+            "metactl events --follow --since 10m",
+            "metactl COMMAND --help",
+        )
+        + "\n\nExit status: 0 ok, 1 refused, 2 usage, 4 not found, 5 unavailable, "
+        "130 interrupted (docs/cli.md).",
+        formatter_class=HELP_FORMAT,
     )
     parser.add_argument("--version", action="version", version=f"metactl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -55,18 +140,28 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     # The CLI prints its own results; library logs go to stderr, readable, warnings up.
     configure_logs(json=False, level=logging.WARNING)
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    func = getattr(args, "func", None)
-    if func is None:
-        parser.print_help()
-        return 2
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        func = getattr(args, "func", None)
+        if func is None:
+            # A group without its sub-command (`metactl log`): its help, a usage status.
+            chosen = getattr(args, "help_parser", parser)
+            chosen.print_help(sys.stderr)
+            return EXIT_USAGE
         status = func(args)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader went away (`metactl log dump | head`): not an error of ours.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        return EXIT_OK
+    except (MetactlError, OSError, TimeoutError) as exc:
+        return fail(exc)
+    except Exception as exc:  # a bug: one line, unless debugging
+        if os.environ.get("METACTL_DEBUG"):
+            raise
+        return fail(exc)
     return int(status or 0)
 
 

@@ -4,6 +4,12 @@ Offline commands read the log directly; online ones talk to a running controller
 `call`, over the shared reconnecting client (`protocol.client`), retrying retriable
 errors briefly.
 
+Every client command takes `--bootstrap-controller HOST:PORT[,HOST:PORT...]` (Kafka's
+KIP-919 name; `--controller` is an alias) and `--timeout S`, the most any one answer may
+take, retries included (`add_controller_arguments`, `controller_address`, `within`). A
+bad address is INVALID_CONFIG before anything is sent; no answer in time is
+REQUEST_TIMED_OUT.
+
 Connections are mutual TLS unless `--insecure` (`protocol.flags`): `security_from(args)`
 gives the `Security` of a client command, acting as `--principal` (`admin` by default,
 `viewer` read-only) with certificates from `--tls-dir`, `$METACTL_TLS_DIR` or
@@ -14,23 +20,91 @@ as `protocol.client` does; the secure default is the flags'.
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import ssl
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, TypeVar
 
 from controller.runtime.driver import load_image
+from metactl.errors import InvalidConfigurationError, MetactlError, RequestTimedOutError
 from metadata_image.image import ClusterImage
 from metadata_log.sqlite_store import SqliteLogStore
+from ops.paths import resolve_log_dir
 from protocol.client import DEFAULT_TIMEOUT_S, RetryPolicy, RpcClient, request_once
-from protocol.flags import CLI_FALLBACK_TLS_DIR, tls_identity
+from protocol.codec import parse_address
+from protocol.flags import CLI_FALLBACK_TLS_DIR, add_tls_arguments, tls_identity
 from protocol.messages import Message
 from protocol.tls import ADMIN, CONTROLLER, TlsIdentity, broker_principal
+
+T = TypeVar("T")
+
+# Where `cluster up` (and `make run`) listens.
+DEFAULT_CONTROLLER: Final = "127.0.0.1:9093"
 
 # An operator command retries a retriable refusal (e.g. no eligible leader yet) a few
 # times within a couple of seconds, then reports it.
 CLI_RETRY = RetryPolicy(attempts=4, base_s=0.2, cap_s=1.0)
+
+
+def add_controller_arguments(
+    p: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup,
+    parser: argparse.ArgumentParser | None = None,
+) -> None:
+    """`--bootstrap-controller` (alias `--controller`) on `p` (a parser, or a group that
+    excludes `--data-dir`), and `--timeout` and the TLS flags on `parser` (default `p`)."""
+    target = parser if parser is not None else p
+    assert isinstance(target, argparse.ArgumentParser)
+    p.add_argument(
+        "--bootstrap-controller",
+        "--controller",
+        dest="controller",
+        default=None,
+        metavar="HOST:PORT[,...]",
+        help=f"the controller(s) to ask (default {DEFAULT_CONTROLLER}, where `make run` "
+        "listens); --controller is an alias",
+    )
+    target.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="S",
+        help=f"seconds any one answer may take, retries included (default {DEFAULT_TIMEOUT_S:g})",
+    )
+    add_tls_arguments(target, client=True)
+
+
+def controller_address(args: Any) -> str:
+    """The command's controller address(es), checked: INVALID_CONFIG names a bad one."""
+    text: str = getattr(args, "controller", None) or DEFAULT_CONTROLLER
+    addresses = [a.strip() for a in text.split(",")]
+    for a in addresses:
+        try:
+            _host, port = parse_address(a)
+        except MetactlError as exc:
+            raise InvalidConfigurationError(
+                f"--bootstrap-controller {text!r}: {exc.message}"
+            ) from None
+        if not 1 <= port <= 65535:
+            raise InvalidConfigurationError(
+                f"--bootstrap-controller {text!r}: port {port} is not in 1..65535"
+            )
+    timeout = getattr(args, "timeout", DEFAULT_TIMEOUT_S)
+    if not timeout > 0:
+        raise InvalidConfigurationError(f"--timeout must be positive, got {timeout}")
+    return ",".join(addresses)
+
+
+async def within(aw: Awaitable[T], timeout_s: float, address: str) -> T:
+    """`aw`, or REQUEST_TIMED_OUT once `timeout_s` have passed (retries included)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await aw
+    except TimeoutError:
+        raise RequestTimedOutError(f"no answer from {address} within {timeout_s:g} s") from None
 
 
 @dataclass(frozen=True)
@@ -78,25 +152,26 @@ async def call(
     retry: RetryPolicy = CLI_RETRY,
     security: Security = INSECURE,
 ) -> Message:
-    """One request to the controller at `address`; raises the coded error it answers."""
-    return await request_once(
-        address,
-        body,
+    """One request to the controller at `address`; raises the coded error it answers, or
+    REQUEST_TIMED_OUT when no answer came within `timeout_s`, retries included."""
+    return await within(
+        request_once(
+            address,
+            body,
+            timeout_s,
+            retry=retry,
+            ssl=security.ssl,
+            expect_principal=security.expect(CONTROLLER),
+        ),
         timeout_s,
-        retry=retry,
-        ssl=security.ssl,
-        expect_principal=security.expect(CONTROLLER),
+        address,
     )
 
 
-def controller_log_dir(data_dir: Path) -> Path:
-    """A cluster data dir keeps the controller's log in `controller/`; accept either."""
-    sub = data_dir / "controller"
-    return sub if sub.is_dir() else data_dir
-
-
 async def offline_image(data_dir: Path) -> tuple[ClusterImage, int]:
-    store = await SqliteLogStore.open(controller_log_dir(data_dir), read_only=True)
+    """The committed image of the log in `data_dir` (a cluster's data directory or the
+    controller's own), and the log's end offset."""
+    store = await SqliteLogStore.open(resolve_log_dir(data_dir), read_only=True)
     try:
         return await load_image(store), store.end_offset
     finally:

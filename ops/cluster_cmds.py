@@ -1,5 +1,5 @@
-"""Operator commands: topics create, elect, and `cluster up` (describe and brokers, which
-page through the answer, are in ops/describe_cmds.py).
+"""`cluster up` (topics create and elect are in ops/admin_cmds.py; describe and brokers,
+which page through the answer, in ops/describe_cmds.py).
 
 Changes always go through the controller. Online commands use mutual TLS unless
 `--insecure` (`ops.client.security_from`): as `admin` by default, `--principal viewer`
@@ -23,46 +23,20 @@ from pathlib import Path
 from typing import IO, Any
 
 from metactl.errors import MetactlError
-from metadata_image.image import parse_tp
 from ops.certs import default_names, init_certs
-from ops.client import INSECURE, Security, call, security_from
-from protocol.flags import ENV_TLS_DIR, add_tls_arguments
+from ops.client import DEFAULT_CONTROLLER, INSECURE, Security, call
+from protocol.flags import ENV_TLS_DIR
 from protocol.messages import (
     CreateTopic,
     CreateTopicsRequest,
     CreateTopicsResponse,
     DescribeClusterRequest,
     DescribeClusterResponse,
-    ElectLeader,
-    PartitionState,
 )
 from protocol.tls import ADMIN, CA_CERT, VIEWER, TlsIdentity, cert_path, key_path
 
-DEFAULT_CONTROLLER = "127.0.0.1:9093"
-
 
 def register(sub: Any) -> None:
-    t = sub.add_parser("topics", help="topic administration")
-    tsub = t.add_subparsers(dest="topics_command", metavar="SUBCOMMAND")
-    c = tsub.add_parser("create", help="create a topic")
-    c.add_argument("--controller", default=DEFAULT_CONTROLLER)
-    c.add_argument("--topic", "--name", dest="name", required=True)
-    c.add_argument("--partitions", type=int, default=None)
-    c.add_argument("--replication-factor", type=int, default=None)
-    c.add_argument("--replica-assignment", default=None, help="e.g. 1:2:3,2:3:1")
-    c.add_argument("--min-isr", type=int, default=None)
-    c.add_argument("--unclean-recovery-strategy", default=None)
-    add_tls_arguments(c, client=True)
-    c.set_defaults(func=cmd_topics_create)
-
-    e = sub.add_parser("elect", help="elect a leader (preferred, or unclean with --replica)")
-    e.add_argument("--controller", default=DEFAULT_CONTROLLER)
-    e.add_argument("--partition", required=True, help="TOPIC-N")
-    e.add_argument("--type", choices=["preferred", "unclean"], required=True)
-    e.add_argument("--replica", type=int, default=None)
-    add_tls_arguments(e, client=True)
-    e.set_defaults(func=cmd_elect)
-
     up = sub.add_parser("cluster", help="local clusters")
     usub = up.add_subparsers(dest="cluster_command", metavar="SUBCOMMAND")
     u = usub.add_parser("up", help="start a controller and N brokers until Ctrl-C")
@@ -87,59 +61,6 @@ def register(sub: Any) -> None:
 def _fail(exc: BaseException) -> int:
     print(f"error: {exc}", file=sys.stderr)
     return 1
-
-
-def cmd_topics_create(args: argparse.Namespace) -> int:
-    assignments = None
-    if args.replica_assignment:
-        assignments = [
-            [int(x) for x in part.split(":")] for part in args.replica_assignment.split(",")
-        ]
-    spec = CreateTopic(
-        name=args.name,
-        partitions=args.partitions,
-        replication_factor=args.replication_factor,
-        assignments=assignments,
-        min_isr=args.min_isr,
-        recovery_strategy=args.unclean_recovery_strategy,
-    )
-    try:
-        security = security_from(args)
-        r = asyncio.run(
-            call(args.controller, CreateTopicsRequest(topics=[spec]), security=security)
-        )
-    except (MetactlError, OSError, TimeoutError) as exc:
-        return _fail(exc)
-    assert isinstance(r, CreateTopicsResponse)
-    res = r.results[0]
-    if res.error_code:
-        print(f"error: {res.error_code}: {res.message}", file=sys.stderr)
-        return 1
-    print(f"Created topic {res.name} ({res.topic_id}) with assignments {res.assignments}")
-    return 0
-
-
-def cmd_elect(args: argparse.Namespace) -> int:
-    try:
-        topic, part = parse_tp(args.partition)
-        security = security_from(args)
-        r = asyncio.run(
-            call(
-                args.controller,
-                ElectLeader(
-                    topic=topic, partition=part, election_type=args.type, replica=args.replica
-                ),
-                security=security,
-            )
-        )
-    except (MetactlError, OSError, TimeoutError, ValueError) as exc:
-        return _fail(exc)
-    assert isinstance(r, PartitionState)
-    note = (
-        " — potential data loss: reported as an unclean recovery" if args.type == "unclean" else ""
-    )
-    print(f"{args.partition}: leader {r.leader} (leader epoch {r.leader_epoch}){note}")
-    return 0
 
 
 # --- cluster up -------------------------------------------------------------------------

@@ -46,8 +46,8 @@ from metactl.errors import (
     MetactlError,
     UnknownTopicOrPartitionError,
 )
-from ops.client import INSECURE, Security, security_from
-from ops.cluster_cmds import DEFAULT_CONTROLLER, _fail
+from ops.client import DEFAULT_CONTROLLER, INSECURE, Security, security_from
+from ops.cluster_cmds import _fail
 from ops.data_client import Connections, Leaders, leader_request
 from protocol.client import RetryPolicy
 from protocol.flags import add_tls_arguments

@@ -1,11 +1,21 @@
 """The `describe` and `brokers` commands: committed state, page by page.
 
-Online (`--controller`), each command asks for DescribeCluster v2 pages over one
-connection, each page within the client's frame limit, and prints every page as it
+Online (`--bootstrap-controller`), each command asks for DescribeCluster v2 pages over
+one connection, each page within the client's frame limit, and prints every page as it
 arrives: no cluster size breaks them, and memory holds one page. Each page comes from one
 committed image; a multi-page answer is not one snapshot (docs/protocol.md, Paging).
 A controller that only speaks v1 gets one v1 request. Offline (`--data-dir`), the same
 order is walked over the image the log replays to.
+
+`describe` prints what `kafka-topics.sh --describe` prints: a summary line per topic
+(Topic, TopicId, PartitionCount, ReplicationFactor, Configs), then a tab-indented line per
+partition with Kafka's fields in Kafka's order (Topic, Partition, Leader, Replicas, Isr,
+Elr, LastKnownElr), then metactl's (LeaderEpoch, Recovery, and the partition's last
+unclean recovery with its age while it is within `--recent-recoveries`, 24 h by
+default). Kafka's filters (`--under-replicated-partitions`, `--under-min-isr-partitions`,
+`--at-min-isr-partitions`, `--unavailable-partitions`) print only the matching partition
+lines, without topic lines, as Kafka does. `brokers` prints FENCED as yes/no and, for a
+fenced broker, why (e.g. its session expired).
 
 This module owns the two commands' arguments, paging loop and output; it decides nothing
 about the cluster and writes nothing to it.
@@ -19,33 +29,54 @@ import json
 import sys
 from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
 from controller.runtime.describe import (
     PAGE_ITEMS,
+    RECOVERIES_WITHIN_MS,
+    DescribeNotes,
     broker_description,
     iter_brokers,
     iter_partitions,
     partition_state,
+    topic_description,
 )
 from metactl.errors import (
+    InvalidConfigurationError,
     InvalidRequestError,
-    MetactlError,
     UnknownTopicOrPartitionError,
     UnsupportedVersionError,
 )
-from metadata_log.records import NO_LEADER
-from ops.client import CLI_RETRY, offline_image, security_from
-from ops.cluster_cmds import DEFAULT_CONTROLLER
-from protocol.client import RpcClient
-from protocol.flags import add_tls_arguments
+from metadata_image.image import ClusterImage
+from metadata_image.snapshot import ImageSnapshot, from_snapshot
+from metadata_image.transactions import LogReplay, replay_log
+from metadata_log.records import (
+    NO_LEADER,
+    AbortTransactionRecord,
+    BeginTransactionRecord,
+    EndTransactionRecord,
+    MetadataRecord,
+)
+from ops.cli import HELP_FORMAT, examples
+from ops.client import (
+    CLI_RETRY,
+    add_controller_arguments,
+    controller_address,
+    security_from,
+    within,
+)
+from ops.events import fence_reason_text, parse_duration_ms
+from ops.paths import resolve_log_dir
+from protocol.client import DEFAULT_TIMEOUT_S, RpcClient
 from protocol.messages import (
     BrokerDescription,
     DescribeClusterRequest,
     DescribeClusterResponse,
     PartitionState,
+    RecoverySummary,
+    TopicDescription,
 )
 
 PAGING = (
@@ -54,31 +85,102 @@ PAGING = (
     "committed state; different pages may show different ones."
 )
 
+# Kafka's partition filters: the flag's dest, and which partitions it keeps.
+FILTERS: Final[dict[str, Callable[[PartitionState], bool]]] = {
+    "under_replicated_partitions": lambda p: len(p.isr) < len(p.replicas),
+    "under_min_isr_partitions": lambda p: len(p.isr) < p.min_isr,
+    "at_min_isr_partitions": lambda p: len(p.isr) == p.min_isr,
+    "unavailable_partitions": lambda p: p.leader == NO_LEADER,
+}
+
 
 def register(sub: Any) -> None:
     d = sub.add_parser(
         "describe",
-        help="partitions, like kafka-topics --describe",
-        description="Partitions with leader, ISR, ELR, LastKnownELR and recovery state. " + PAGING,
+        help="topics and partitions, like kafka-topics --describe",
+        description="Topics and their partitions: leader, replicas, ISR, ELR, "
+        "LastKnownELR, leader epoch, recovery state and any recent unclean recovery. " + PAGING,
+        epilog=examples(
+            "metactl describe",
+            "metactl describe --topic demo --unavailable-partitions",
+            "metactl describe --data-dir ./data --json",
+        ),
+        formatter_class=HELP_FORMAT,
     )
     _source_args(d)
-    d.add_argument("--topic", default=None, help="one topic (unknown: an error)")
-    d.add_argument("--json", action="store_true", help="one JSON object (streamed)")
+    d.add_argument(
+        "--topic", default=None, help="one topic (default: all; an unknown one is an error)"
+    )
+    filters = d.add_argument_group("filters (Kafka's; at most one; partition lines only)")
+    only = filters.add_mutually_exclusive_group()
+    only.add_argument(
+        "--under-replicated-partitions",
+        action="store_true",
+        help="partitions whose ISR is smaller than their replica set",
+    )
+    only.add_argument(
+        "--under-min-isr-partitions",
+        action="store_true",
+        help="partitions whose ISR is smaller than their MinISR (acks=all refused)",
+    )
+    only.add_argument(
+        "--at-min-isr-partitions",
+        action="store_true",
+        help="partitions whose ISR is exactly their MinISR (one failure from refusing)",
+    )
+    only.add_argument(
+        "--unavailable-partitions",
+        action="store_true",
+        help="partitions without a leader",
+    )
+    d.add_argument(
+        "--recent-recoveries",
+        default="24h",
+        metavar="DURATION",
+        help="show a partition's last unclean recovery and its age if it is at most this "
+        "old, e.g. 30m, 24h, 7d; 0 hides them (default 24h)",
+    )
+    d.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object, streamed: partitions, topics and offsets (default: text)",
+    )
     _page_size_arg(d)
     d.set_defaults(func=cmd_describe)
 
-    b = sub.add_parser("brokers", help="registered brokers and their state", description=PAGING)
+    b = sub.add_parser(
+        "brokers",
+        help="registered brokers and their state",
+        description="Registered brokers: epoch, fenced or not and why, controlled "
+        "shutdown, heartbeat age, how the last registration went, endpoint. " + PAGING,
+        epilog=examples(
+            "metactl brokers",
+            "metactl brokers --principal viewer --json",
+            "metactl brokers --data-dir ./data",
+        ),
+        formatter_class=HELP_FORMAT,
+    )
     _source_args(b)
-    b.add_argument("--json", action="store_true", help="one JSON object (streamed)")
+    b.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object, streamed: brokers and offsets (default: a table)",
+    )
     _page_size_arg(b)
     b.set_defaults(func=cmd_brokers)
 
 
 def _source_args(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--controller", default=None, help=f"HOST:PORT (default {DEFAULT_CONTROLLER})")
-    g.add_argument("--data-dir", type=Path, default=None, help="read a data directory offline")
-    add_tls_arguments(p, client=True)
+    add_controller_arguments(g, p)
+    g.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="read the log offline: a cluster's data directory or the controller's "
+        "(default: ask the controller)",
+    )
 
 
 def _page_size_arg(p: argparse.ArgumentParser) -> None:
@@ -91,16 +193,11 @@ def _page_size_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _fail(exc: BaseException) -> int:
-    print(f"error: {exc}", file=sys.stderr)
-    return 1
-
-
 # --- fetching -----------------------------------------------------------------------------
 
 
 async def pages(
-    client: RpcClient, request: DescribeClusterRequest
+    client: RpcClient, request: DescribeClusterRequest, *, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> AsyncIterator[DescribeClusterResponse]:
     """Every page of `request` (v2), in order, each sized to the client's frame limit.
     Raises the controller's coded error, or InvalidRequestError if a page makes no
@@ -110,12 +207,13 @@ async def pages(
     last_broker: int | None = None
     while True:
         try:
-            r = await client.request(request)
+            r = await within(client.request(request, timeout_s), timeout_s, client.address)
         except UnsupportedVersionError:
             if request.cursor is not None or request.broker_cursor is not None:
                 raise
             # A controller older than paging: one v1 answer (it may not fit a frame).
-            r = await client.request(DescribeClusterRequest(topic=request.topic))
+            v1 = DescribeClusterRequest(topic=request.topic)
+            r = await within(client.request(v1, timeout_s), timeout_s, client.address)
         if not isinstance(r, DescribeClusterResponse):
             raise InvalidRequestError(f"unexpected answer {type(r).__name__}")
         for p in r.partitions:
@@ -153,8 +251,20 @@ def _full(obj: msgspec.Struct) -> dict[str, Any]:
     return {f: msgspec.to_builtins(getattr(obj, f)) for f in obj.__struct_fields__ if f != "v"}
 
 
-def _ids(xs: list[int]) -> str:
+def _ids(xs: Iterable[int]) -> str:
     return ",".join(map(str, xs))
+
+
+def age_text(ms: int) -> str:
+    """A duration the way an operator reads it: 4.2s, 3m12s, 2h05m, 3d04h."""
+    s = ms // 1000
+    if s < 60:
+        return f"{ms / 1000:.1f}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def recovery_state(p: PartitionState) -> str:
@@ -165,27 +275,61 @@ def recovery_state(p: PartitionState) -> str:
     return "offline" if p.leader == NO_LEADER else "ok"
 
 
-def partition_line(p: PartitionState) -> str:
-    leader = "none" if p.leader == NO_LEADER else str(p.leader)
+def recovery_note(r: RecoverySummary) -> str:
+    """The last unclean recovery of a partition: whom it chose, from whom, how, when."""
+    how = r.strategy + (f", {r.trigger}" if r.trigger else "")
+    pool = f" of [{_ids(r.candidates)}]" if r.candidates else ""
+    return f"chose {r.chosen}{pool} ({how}) {age_text(r.age_ms)} ago — potential data loss"
+
+
+def topic_line(t: TopicDescription) -> str:
+    """Kafka's topic summary line."""
+    configs = [f"min.insync.replicas={t.min_isr}"]
+    if t.recovery_strategy:
+        configs.append(f"unclean.recovery.strategy={t.recovery_strategy}")
     return (
-        f"Topic: {p.topic}\tPartition: {p.partition}\tLeader: {leader}\t"
-        f"LeaderEpoch: {p.leader_epoch}\tReplicas: {_ids(p.replicas)}\tIsr: {_ids(p.isr)}\t"
-        f"Elr: {_ids(p.elr)}\tLastKnownElr: {_ids(p.last_known_elr)}\t"
-        f"MinIsr: {p.min_isr}\tRecovery: {recovery_state(p)}"
+        f"Topic: {t.name}\tTopicId: {t.topic_id}\tPartitionCount: {t.partitions}\t"
+        f"ReplicationFactor: {t.replication_factor}\tConfigs: {','.join(configs)}"
     )
 
 
-BROKERS_HEADER = "{:>4} {:>8} {:>7} {:>9} {:>10} {:>9}  ENDPOINT".format(
-    "ID", "EPOCH", "FENCED", "SHUTDOWN", "HEARTBEAT", "LAST REG"
+def partition_line(p: PartitionState) -> str:
+    """Kafka's partition line (its fields in its order, tab-indented), then metactl's."""
+    leader = "none" if p.leader == NO_LEADER else str(p.leader)
+    line = (
+        f"\tTopic: {p.topic}\tPartition: {p.partition}\tLeader: {leader}\t"
+        f"Replicas: {_ids(p.replicas)}\tIsr: {_ids(p.isr)}\tElr: {_ids(p.elr)}\t"
+        f"LastKnownElr: {_ids(p.last_known_elr)}\tLeaderEpoch: {p.leader_epoch}\t"
+        f"Recovery: {recovery_state(p)}"
+    )
+    if p.last_unclean_recovery is not None:
+        line += f"\tLastUncleanRecovery: {recovery_note(p.last_unclean_recovery)}"
+    return line
+
+
+BROKERS_HEADER = "{:>4} {:>8}  {:<6} {:<8} {:>9}  {:<8}  {:<30} ENDPOINT".format(
+    "ID", "EPOCH", "FENCED", "SHUTDOWN", "HEARTBEAT", "LAST REG", "STATE"
 )
+
+
+def broker_state(b: BrokerDescription) -> str:
+    """What the broker is doing now, and for a fenced one why, when the controller knows."""
+    if b.controlled_shutdown:
+        return "controlled shutdown"
+    if not b.fenced:
+        return "active"
+    if b.fenced_reason:
+        return f"fenced: {fence_reason_text(b.fenced_reason)}"
+    return "fenced"
 
 
 def broker_line(b: BrokerDescription) -> str:
     age = "-" if b.last_heartbeat_age_ms is None else f"{b.last_heartbeat_age_ms / 1000:.1f}s"
     clean = "clean" if b.last_registration_clean else "UNCLEAN"
+    yes = {True: "yes", False: "no"}
     return (
-        f"{b.broker_id:>4} {b.epoch:>8} {b.fenced!s:>7} {b.controlled_shutdown!s:>9} "
-        f"{age:>10} {clean:>9}  {b.endpoint}"
+        f"{b.broker_id:>4} {b.epoch:>8}  {yes[b.fenced]:<6} {yes[b.controlled_shutdown]:<8} "
+        f"{age:>9}  {clean:<8}  {broker_state(b):<30} {b.endpoint}"
     )
 
 
@@ -196,17 +340,32 @@ class _Printer:
     """Streams one command's output: text lines, or one JSON object whose list is written
     item by item. Nothing is written before the first page, and a JSON object is closed
     only on success, so a failed command never leaves something that parses as whole.
-    `offsets` are the pages' committed end offsets, in order."""
+    `offsets` are the pages' committed end offsets, in order. `keep` filters partitions
+    (Kafka's filters: then no topic lines)."""
 
-    def __init__(self, key: str, as_json: bool, header: str | None = None) -> None:
+    def __init__(
+        self,
+        key: str,
+        as_json: bool,
+        header: str | None = None,
+        keep: Callable[[PartitionState], bool] | None = None,
+    ) -> None:
         self.key = key
         self.as_json = as_json
         self.header = header
-        self.count = 0
+        self.keep = keep
+        self.count = 0  # items written
+        self.seen = 0  # items received, filtered out or not
         self.offsets: list[int] = []
+        self.topics: dict[str, TopicDescription] = {}
+        self._last_topic: str | None = None
 
     def page(
-        self, items: Iterable[msgspec.Struct], line: Callable[[Any], str], offset: int
+        self,
+        items: Iterable[Any],
+        line: Callable[[Any], str],
+        offset: int,
+        topics: Iterable[TopicDescription] = (),
     ) -> None:
         out = sys.stdout
         if not self.offsets:
@@ -215,69 +374,159 @@ class _Printer:
             elif self.header is not None:
                 out.write(self.header + "\n")
         self.offsets.append(offset)
+        for t in topics:
+            self.topics.setdefault(t.name, t)
         for item in items:
+            self.seen += 1
+            if self.keep is not None and not self.keep(item):
+                continue
             if self.as_json:
                 out.write((", " if self.count else "") + json.dumps(_full(item)))
             else:
+                topic = getattr(item, "topic", None)
+                if self.keep is None and topic is not None and topic != self._last_topic:
+                    summary = self.topics.get(topic)
+                    out.write(
+                        (topic_line(summary) if summary is not None else f"Topic: {topic}") + "\n"
+                    )
+                self._last_topic = topic
                 out.write(line(item) + "\n")
             self.count += 1
         out.flush()
 
     def finish(self) -> None:
         if self.as_json:
+            if not self.offsets:
+                sys.stdout.write(f'{{"{self.key}": [')
+                self.offsets.append(0)
+            topics = ""
+            if self.key == "partitions":
+                topics = (
+                    ', "topics": ['
+                    + ", ".join(json.dumps(_full(t)) for t in self.topics.values())
+                    + "]"
+                )
             # end_offset: every item shows at least the log below it (the first page's);
             # last_end_offset: the newest state any item shows (the last page's).
             sys.stdout.write(
-                f'], "end_offset": {self.offsets[0]}, "last_end_offset": {self.offsets[-1]}, '
+                f"]{topics}, "
+                f'"end_offset": {self.offsets[0]}, "last_end_offset": {self.offsets[-1]}, '
                 f'"pages": {len(self.offsets)}}}\n'
             )
         sys.stdout.flush()
 
 
 async def _online(args: argparse.Namespace, request: DescribeClusterRequest, out: _Printer) -> None:
+    address = controller_address(args)
     security = security_from(args)
-    address = args.controller or DEFAULT_CONTROLLER
     async with security.controller_client(address, retry=CLI_RETRY) as client:
-        async for r in pages(client, request):
+        async for r in pages(client, request, timeout_s=args.timeout):
             if out.key == "partitions":
-                out.page(r.partitions, partition_line, r.committed_offset)
+                out.page(r.partitions, partition_line, r.committed_offset, r.topics)
             else:
                 out.page(r.brokers, broker_line, r.committed_offset)
+    if request.topic is not None and out.seen == 0:
+        # A controller older than paging answers an unknown topic with no partitions.
+        raise UnknownTopicOrPartitionError(f"unknown topic {request.topic}")
 
 
-async def _offline(data_dir: Path, topic: str | None, out: _Printer) -> None:
-    image, end = await offline_image(data_dir)
+async def offline_view(data_dir: Path) -> tuple[ClusterImage, int, DescribeNotes]:
+    """The committed image of the log in `data_dir` (a cluster's data directory or the
+    controller's own), its end offset, and the notes its records after the newest
+    snapshot give (recoveries with their commit times, fence reasons). A transaction
+    counts once its end marker is read, an aborted one never."""
+    from metadata_log.sqlite_store import SqliteLogStore
+
+    notes = DescribeNotes()
+    async with await SqliteLogStore.open(resolve_log_dir(data_dir), read_only=True) as store:
+        snap = await store.load_snapshot(ImageSnapshot)
+        state = LogReplay(from_snapshot(snap[1]) if snap is not None else ClusterImage())
+        held: list[tuple[MetadataRecord, int]] | None = None
+        async for chunk in store.iter_chunks(state.image.end_offset):
+            state = replay_log(state, [e.record for e in chunk])
+            for e in chunk:
+                r = e.record
+                if isinstance(r, BeginTransactionRecord):
+                    held = []
+                elif held is None:
+                    notes.observe((r,), e.timestamp_ms)
+                elif isinstance(r, AbortTransactionRecord):
+                    held = None
+                elif isinstance(r, EndTransactionRecord):
+                    for h, ts in held:
+                        notes.observe((h,), ts)
+                    held = None
+                else:
+                    held.append((r, e.timestamp_ms))
+        return state.image, store.end_offset, notes
+
+
+async def _offline(args: argparse.Namespace, within_ms: int, out: _Printer) -> None:
+    import time
+
+    image, end, notes = await offline_view(args.data_dir)
+    now = int(time.time() * 1000)
+    topic = getattr(args, "topic", None)
     if out.key == "partitions":
         if topic is not None and topic not in image.topics:
             raise UnknownTopicOrPartitionError(f"unknown topic {topic}")
-        out.page((partition_state(p) for p in iter_partitions(image, topic)), partition_line, end)
+        names = [topic] if topic is not None else sorted(image.topics)
+        out.page(
+            (
+                partition_state(p, None, notes.recovery(p.tp, now, within_ms))
+                for p in iter_partitions(image, topic)
+            ),
+            partition_line,
+            end,
+            [topic_description(image, name) for name in names],
+        )
     else:
-        out.page((broker_description(b, None) for b in iter_brokers(image)), broker_line, end)
+        reasons = notes.fenced_reasons
+        out.page(
+            (broker_description(b, None, reasons.get(b.broker_id)) for b in iter_brokers(image)),
+            broker_line,
+            end,
+        )
 
 
-def _run(args: argparse.Namespace, request: DescribeClusterRequest, out: _Printer) -> int:
+def _run(
+    args: argparse.Namespace, request: DescribeClusterRequest, out: _Printer, within_ms: int
+) -> int:
     if args.page_size < 1:
-        return _fail(InvalidRequestError(f"--page-size must be at least 1, got {args.page_size}"))
+        raise InvalidConfigurationError(f"--page-size must be at least 1, got {args.page_size}")
     try:
         if args.data_dir is not None:
-            asyncio.run(_offline(args.data_dir, getattr(args, "topic", None), out))
+            asyncio.run(_offline(args, within_ms, out))
         else:
             asyncio.run(_online(args, request, out))
-    except (MetactlError, OSError, TimeoutError) as exc:
+    except BaseException:
+        # Whatever was streamed stays unclosed (a failed command never leaves whole
+        # JSON), on a line of its own.
         sys.stdout.write("\n" if out.as_json and out.offsets else "")
         sys.stdout.flush()
-        return _fail(exc)
+        raise
     out.finish()
     return 0
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    request = DescribeClusterRequest(
-        v=2, topic=args.topic, partition_limit=args.page_size, broker_limit=0
+    within_ms = (
+        0
+        if args.recent_recoveries.strip() in ("0", "0s")
+        else parse_duration_ms(args.recent_recoveries, "--recent-recoveries")
     )
-    return _run(args, request, _Printer("partitions", args.json))
+    request = DescribeClusterRequest(
+        v=2,
+        topic=args.topic,
+        partition_limit=args.page_size,
+        broker_limit=0,
+        recoveries_within_ms=None if within_ms == RECOVERIES_WITHIN_MS else within_ms,
+    )
+    keep = next((f for name, f in FILTERS.items() if getattr(args, name)), None)
+    return _run(args, request, _Printer("partitions", args.json, keep=keep), within_ms)
 
 
 def cmd_brokers(args: argparse.Namespace) -> int:
     request = DescribeClusterRequest(v=2, partition_limit=0, broker_limit=args.page_size)
-    return _run(args, request, _Printer("brokers", args.json, header=BROKERS_HEADER))
+    out = _Printer("brokers", args.json, header=BROKERS_HEADER)
+    return _run(args, request, out, 0)

@@ -78,7 +78,9 @@ def check_version(frame: Frame) -> None:
 
 
 def parse_address(address: str) -> tuple[str, int]:
+    """(host, port) of HOST:PORT (an empty host is 127.0.0.1); InvalidRequestError for
+    anything else, a port over 65535 included (0 asks a listener for any free port)."""
     host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise InvalidRequestError(f"not a HOST:PORT address: {address!r}")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise InvalidRequestError(f"not a HOST:PORT address (port 0-65535): {address!r}")
     return host or "127.0.0.1", int(port)

@@ -76,6 +76,19 @@ class AlterPartition(_Msg, tag="AlterPartition", frozen=True):
     recovered: bool = True  # the leader has finished recovering after an unclean election
 
 
+class RecoverySummary(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A partition's most recent unclean recovery, as DescribeCluster shows it: what the
+    UncleanRecoveryRecord says, and when it was committed."""
+
+    chosen: int
+    strategy: str
+    trigger: str = ""
+    candidates: list[int] = []  # the replicas whose logs were compared
+    at_ms: int  # commit time (the controller's clock)
+    age_ms: int  # how long before the answer
+    offline_since_ms: int | None = None
+
+
 class PartitionState(_Msg, tag="PartitionState", frozen=True):
     """One partition's committed state, as the wire reports it."""
 
@@ -91,6 +104,9 @@ class PartitionState(_Msg, tag="PartitionState", frozen=True):
     recovering: bool = False
     recovery_pending: list[int] | None = None
     min_isr: int = 1
+    # DescribeCluster: the last unclean recovery within the request's window. Omitted when
+    # there is none; an older receiver ignores it, so no new version.
+    last_unclean_recovery: RecoverySummary | None = None
 
 
 class FetchMetadataRequest(_Msg, tag="FetchMetadata", frozen=True):
@@ -177,6 +193,9 @@ class DescribeClusterRequest(_Msg, tag="DescribeCluster", frozen=True):
     broker_limit: int | None = None  # as partition_limit
     # The largest frame payload the sender accepts; the controller also keeps to its own.
     max_bytes: int | None = None
+    # Show a partition's last unclean recovery if it is at most this old (None: 24 h, 0:
+    # never). An older controller ignores it and shows none.
+    recoveries_within_ms: int | None = None
 
 
 class BrokerDescription(msgspec.Struct, frozen=True, kw_only=True):
@@ -188,6 +207,21 @@ class BrokerDescription(msgspec.Struct, frozen=True, kw_only=True):
     last_heartbeat_age_ms: int | None
     endpoint: str
     rack: str | None
+    # Why a fenced broker is fenced, when the controller saw it happen: the fence's
+    # reason ("session_timeout", ...) or "registered" (fenced until it catches up). An
+    # older receiver ignores it; an older controller sends none.
+    fenced_reason: str | None = None
+
+
+class TopicDescription(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A topic's summary, as `kafka-topics.sh --describe` prints it above its partitions."""
+
+    name: str
+    topic_id: str
+    partitions: int
+    replication_factor: int
+    min_isr: int
+    recovery_strategy: str | None = None  # None: the cluster's default
 
 
 class DescribeClusterResponse(_Msg, tag="DescribeClusterResponse", frozen=True):
@@ -201,6 +235,9 @@ class DescribeClusterResponse(_Msg, tag="DescribeClusterResponse", frozen=True):
     # v2: where the next page starts; None: nothing more (always None at v1).
     next_cursor: DescribeCursor | None = None
     next_broker_cursor: int | None = None
+    # The topics the page's partitions belong to, in page order. Omitted when empty; an
+    # older receiver ignores it, so no new version.
+    topics: list[TopicDescription] = []
 
 
 # --- controller -> broker ---------------------------------------------------------------

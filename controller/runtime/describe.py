@@ -4,17 +4,26 @@ the service and offline by the CLI).
 Owns the describe order and its paging: partitions by (topic name, partition index),
 brokers by id, a page bounded by an item count and by the encoded size of its frame, and
 the cursor where the next page starts (KIP-966 DescribeTopicPartitions). One topic is
-read through its partition count, never by scanning the other topics' partitions.
+read through its partition count, never by scanning the other topics' partitions. A
+page also carries the summary of every topic its partitions belong to (Kafka's topic
+line), counted in its size.
 
-Pure: no IO, no clock, and nothing here decides anything. The only state is a
-one-entry cache of the sorted topic names and broker ids of the last image described.
+`DescribeNotes` keeps what describe shows beyond the image, from committed records and
+their commit times: each partition's last unclean recovery (shown, with its age, while
+it is within the request's window, 24 h by default) and why each fenced broker is
+fenced. The service feeds it as a commit listener, the offline CLI from the log it
+reads; it holds one entry per partition ever recovered and one per broker.
+
+Pure: no IO, no clock, and nothing here decides anything. Besides `DescribeNotes`, the
+only state is a one-entry cache of the sorted topic names and broker ids of the last
+image described.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Final, Generic, TypeVar
 
 import msgspec
@@ -24,9 +33,18 @@ from metactl.errors import (
     InvalidRequestError,
     UnknownTopicOrPartitionError,
 )
+from metadata_image.delta import MetadataDelta
 from metadata_image.image import BrokerState, ClusterImage, TopicPartition
 from metadata_image.image import PartitionState as ImagePartition
-from metadata_log.records import LeaderRecoveryState
+from metadata_log.records import (
+    BrokerRegistrationChangeRecord,
+    FenceBrokerRecord,
+    LeaderRecoveryState,
+    MetadataRecord,
+    RegisterBrokerRecord,
+    UncleanRecoveryRecord,
+    UnfenceBrokerRecord,
+)
 from protocol.codec import Frame
 from protocol.messages import (
     BrokerDescription,
@@ -34,6 +52,8 @@ from protocol.messages import (
     DescribeClusterResponse,
     DescribeCursor,
     PartitionState,
+    RecoverySummary,
+    TopicDescription,
 )
 
 # Items per page, and the most a request may ask for: Kafka's DescribeTopicPartitions
@@ -46,6 +66,11 @@ _LIST_HEADER_GROWTH: Final = 4
 # A topic name's length in the first estimate of a page's envelope (Kafka's longest); a
 # longer cursor is still measured exactly before the page is answered.
 _TOPIC_NAME_CHARS: Final = 249
+# The `topics` key of a page (omitted from the measured envelope, which has none yet):
+# its msgpack string and the growth of its list's header.
+_TOPICS_KEY_BYTES: Final = 7 + 5
+# How old an unclean recovery describe shows by default (DescribeClusterRequest).
+RECOVERIES_WITHIN_MS: Final = 24 * 3600 * 1000
 
 _encoder: Final = msgspec.msgpack.Encoder()
 
@@ -53,7 +78,11 @@ RecoveryPending = Callable[[TopicPartition], list[int] | None]
 HeartbeatAge = Callable[[int], int | None]
 
 
-def partition_state(p: ImagePartition, recovery_pending: list[int] | None = None) -> PartitionState:
+def partition_state(
+    p: ImagePartition,
+    recovery_pending: list[int] | None = None,
+    last_unclean_recovery: RecoverySummary | None = None,
+) -> PartitionState:
     return PartitionState(
         topic=p.topic,
         partition=p.partition,
@@ -67,10 +96,13 @@ def partition_state(p: ImagePartition, recovery_pending: list[int] | None = None
         recovering=p.recovery_state is LeaderRecoveryState.RECOVERING,
         recovery_pending=recovery_pending,
         min_isr=p.min_isr,
+        last_unclean_recovery=last_unclean_recovery,
     )
 
 
-def broker_description(b: BrokerState, last_heartbeat_age_ms: int | None) -> BrokerDescription:
+def broker_description(
+    b: BrokerState, last_heartbeat_age_ms: int | None, fenced_reason: str | None = None
+) -> BrokerDescription:
     return BrokerDescription(
         broker_id=b.broker_id,
         epoch=b.epoch,
@@ -80,7 +112,79 @@ def broker_description(b: BrokerState, last_heartbeat_age_ms: int | None) -> Bro
         last_heartbeat_age_ms=last_heartbeat_age_ms,
         endpoint=b.endpoint,
         rack=b.rack,
+        fenced_reason=fenced_reason if b.fenced else None,
     )
+
+
+def topic_description(image: ClusterImage, name: str) -> TopicDescription:
+    t = image.topics[name]
+    first = image.partitions.get((name, 0))
+    return TopicDescription(
+        name=name,
+        topic_id=t.topic_id,
+        partitions=t.partitions,
+        replication_factor=len(first.replicas) if first is not None else 0,
+        min_isr=t.min_isr,
+        recovery_strategy=t.recovery_strategy,
+    )
+
+
+class DescribeNotes:
+    """What describe shows beyond the image, from committed records in log order:
+    each partition's last unclean recovery and its commit time, and why each broker is
+    fenced (the last FenceBrokerRecord's reason, "registered" after a registration, or
+    "requested" for a fence a heartbeat asked for). Records of a transaction go in once
+    it is committed whole (the service's commit listener, or the offline reader)."""
+
+    def __init__(self) -> None:
+        self.recoveries: dict[TopicPartition, tuple[int, UncleanRecoveryRecord]] = {}
+        self.fenced_reasons: dict[int, str] = {}
+
+    def observe(self, records: Iterable[MetadataRecord], timestamp_ms: int) -> None:
+        for r in records:
+            if isinstance(r, UncleanRecoveryRecord):
+                self.recoveries[(r.topic, r.partition)] = (timestamp_ms, r)
+            elif isinstance(r, FenceBrokerRecord):
+                self.fenced_reasons[r.broker_id] = r.reason
+            elif isinstance(r, RegisterBrokerRecord):
+                self.fenced_reasons[r.broker_id] = "registered"
+            elif isinstance(r, UnfenceBrokerRecord):
+                self.fenced_reasons.pop(r.broker_id, None)
+            elif isinstance(r, BrokerRegistrationChangeRecord) and r.fenced is not None:
+                if r.fenced:
+                    self.fenced_reasons[r.broker_id] = "requested"
+                else:
+                    self.fenced_reasons.pop(r.broker_id, None)
+
+    def on_commit(
+        self,
+        base_offset: int,
+        records: Sequence[MetadataRecord],
+        delta: MetadataDelta,
+        now_ms: int,
+    ) -> None:
+        """A `Controller.commit_listeners` entry: one event's committed records."""
+        if delta.unclean_recoveries or delta.brokers:
+            self.observe(records, now_ms)
+
+    def recovery(self, tp: TopicPartition, now_ms: int, within_ms: int) -> RecoverySummary | None:
+        """The partition's last unclean recovery, if at most `within_ms` old."""
+        seen = self.recoveries.get(tp)
+        if seen is None or within_ms <= 0:
+            return None
+        at, r = seen
+        age = max(0, now_ms - at)
+        if age > within_ms:
+            return None
+        return RecoverySummary(
+            chosen=r.chosen,
+            strategy=r.strategy,
+            trigger=r.trigger,
+            candidates=[c.broker_id for c in r.candidates],
+            at_ms=at,
+            age_ms=age,
+            offline_since_ms=r.offline_since_ms,
+        )
 
 
 # --- the order ------------------------------------------------------------------------
@@ -153,8 +257,12 @@ def describe_page(
     committed_offset: int,
     recovery_pending: RecoveryPending = lambda tp: None,
     heartbeat_age_ms: HeartbeatAge = lambda broker_id: None,
+    notes: DescribeNotes | None = None,
+    now_ms: int = 0,
 ) -> DescribeClusterResponse:
     """The answer to `request` from `image`, in a frame payload of at most `max_bytes`.
+    `notes` and `now_ms` add each partition's recent unclean recovery and each fenced
+    broker's reason.
 
     v1: everything in one answer, or FrameTooLargeError when it does not fit. v2: one
     page, with the cursors where the next page starts, and at least one item whenever
@@ -195,31 +303,54 @@ def describe_page(
         )
 
     def overhead(r: DescribeClusterResponse) -> int:
-        return len(_encoder.encode(Frame(_MAX_CORRELATION_ID, r))) + 2 * _LIST_HEADER_GROWTH
+        frame = len(_encoder.encode(Frame(_MAX_CORRELATION_ID, r)))
+        return frame + 2 * _LIST_HEADER_GROWTH + _TOPICS_KEY_BYTES
 
     # Items are measured one by one against what a generous envelope leaves; the real
     # envelope (its cursors) is measured at the end, and items go back to the next page
     # while the whole does not fit.
     budget = _Budget(max_bytes - overhead(envelope(("t" * _TOPIC_NAME_CHARS, 2**31), -(2**63))))
+    within = request.recoveries_within_ms
+    within = RECOVERIES_WITHIN_MS if within is None else within
+    reasons = notes.fenced_reasons if notes is not None else {}
+
+    def last_recovery(tp: TopicPartition) -> RecoverySummary | None:
+        return None if notes is None else notes.recovery(tp, now_ms, within)
+
     brokers = _Section[int, BrokerDescription]()
     if broker_limit != 0:
         brokers.fill(
             (
-                (b.broker_id, broker_description(b, heartbeat_age_ms(b.broker_id)))
+                (
+                    b.broker_id,
+                    broker_description(b, heartbeat_age_ms(b.broker_id), reasons.get(b.broker_id)),
+                )
                 for b in iter_brokers(image, None if request.v < 2 else request.broker_cursor)
             ),
             broker_limit,
             budget,
         )
     partitions = _Section[TopicPartition, PartitionState]()
+    summaries: dict[str, TopicDescription] = {}
+
+    def topic_bytes(item: PartitionState, previous: PartitionState | None) -> int:
+        """The first partition of a topic in the page brings the topic's summary."""
+        if previous is not None and previous.topic == item.topic:
+            return 0
+        summary = summaries.get(item.topic)
+        if summary is None:
+            summary = summaries[item.topic] = topic_description(image, item.topic)
+        return len(_encoder.encode(summary))
+
     if partition_limit != 0:
         partitions.fill(
             (
-                (p.tp, partition_state(p, recovery_pending(p.tp)))
+                (p.tp, partition_state(p, recovery_pending(p.tp), last_recovery(p.tp)))
                 for p in iter_partitions(image, topic, start)
             ),
             partition_limit,
             budget,
+            extra=topic_bytes,
         )
 
     def fits() -> bool:
@@ -241,10 +372,12 @@ def describe_page(
             raise FrameTooLargeError(
                 f"the next item of the answer exceeds the {max_bytes}-byte frame limit on its own"
             )
+    topics = [summaries[name] for name in dict.fromkeys(p.topic for p in partitions.items)]
     return msgspec.structs.replace(
         envelope(partitions.next_key, brokers.next_key),
         brokers=brokers.items,
         partitions=partitions.items,
+        topics=topics,
     )
 
 
@@ -290,13 +423,22 @@ class _Section(Generic[K, W]):
         self.keys: list[K] = []
         self.next_key: K | None = None
 
-    def fill(self, source: Iterator[tuple[K, W]], limit: int | None, budget: _Budget) -> None:
-        """Take items while `limit` (None: any number) and the budget allow."""
+    def fill(
+        self,
+        source: Iterator[tuple[K, W]],
+        limit: int | None,
+        budget: _Budget,
+        extra: Callable[[W, W | None], int] | None = None,
+    ) -> None:
+        """Take items while `limit` (None: any number) and the budget allow. `extra(item,
+        previous item)` is what else the page must carry with the item (its bytes)."""
         for key, item in source:
             if limit is not None and len(self.items) >= limit:
                 self.next_key = key
                 return
             size = len(_encoder.encode(item))
+            if extra is not None:
+                size += extra(item, self.items[-1] if self.items else None)
             if budget.used + size > budget.limit:
                 self.next_key = key
                 return

@@ -83,9 +83,14 @@ async def metactl(*args: str) -> tuple[int, str, str]:
 EXPECTED = [("a-small", i) for i in range(2)] + [("big", i) for i in range(BIG)]
 
 
-def parsed(line: str) -> tuple[str, int]:
-    fields = dict(f.split(": ", 1) for f in line.split("\t"))
-    return fields["Topic"], int(fields["Partition"])
+def fields(line: str) -> dict[str, str]:
+    return dict(f.split(": ", 1) for f in line.strip("\t").split("\t"))
+
+
+def parsed(out: str) -> list[tuple[str, int]]:
+    """The (topic, partition) of every partition line (Kafka's: tab-indented)."""
+    lines = [line for line in out.splitlines() if line.startswith("\t")]
+    return [(f["Topic"], int(f["Partition"])) for f in map(fields, lines)]
 
 
 async def test_describe_prints_every_partition_of_a_cluster_one_frame_cannot_hold(
@@ -93,10 +98,21 @@ async def test_describe_prints_every_partition_of_a_cluster_one_frame_cannot_hol
 ) -> None:
     rc, out, err = await metactl("describe", "--controller", service.address, "--insecure")
     assert rc == 0, err
+    assert parsed(out) == EXPECTED
     lines = out.splitlines()
-    assert [parsed(line) for line in lines] == EXPECTED
-    assert lines[2].startswith("Topic: big\tPartition: 0\tLeader: 1\t")
-    assert lines[2].endswith("MinIsr: 1\tRecovery: ok")
+    # Kafka's layout: a summary line per topic (once, though "big" spans many pages),
+    # then its partitions, Kafka's fields first and in Kafka's order.
+    topics = [fields(line) for line in lines if line.startswith("Topic:")]
+    assert [(t["Topic"], t["PartitionCount"], t["ReplicationFactor"]) for t in topics] == [
+        ("a-small", "2", "1"),
+        ("big", "3000", "3"),
+    ]
+    assert all(t["TopicId"] and t["Configs"] == "min.insync.replicas=1" for t in topics)
+    assert lines[0].startswith("Topic: a-small\tTopicId: ") and lines[3].startswith("Topic: big")
+    assert lines[4] == (
+        "\tTopic: big\tPartition: 0\tLeader: 1\tReplicas: 1,2,3\tIsr: 1,2,3\tElr: \t"
+        "LastKnownElr: \tLeaderEpoch: 0\tRecovery: ok"
+    )
 
 
 async def test_describe_json_is_one_object_streamed_from_several_pages(
@@ -112,12 +128,13 @@ async def test_describe_json_is_one_object_streamed_from_several_pages(
     committed = service.controller.committed_image.end_offset
     assert doc["end_offset"] == doc["last_end_offset"] == committed
     assert doc["partitions"][0]["replicas"] == [1] and doc["partitions"][0]["elr"] == []
+    assert [(t["name"], t["partitions"]) for t in doc["topics"]] == [("a-small", 2), ("big", 3000)]
 
 
 async def test_one_topic_brokers_and_an_unknown_topic(service: ControllerService) -> None:
     ctl = ("--controller", service.address, "--insecure")
     rc, out, _ = await metactl("describe", *ctl, "--topic", "a-small")
-    assert rc == 0 and [parsed(line) for line in out.splitlines()] == EXPECTED[:2]
+    assert rc == 0 and parsed(out) == EXPECTED[:2]
 
     rc, out, _ = await metactl("brokers", *ctl, "--json", "--page-size", "1")
     doc = json.loads(out)
@@ -129,7 +146,8 @@ async def test_one_topic_brokers_and_an_unknown_topic(service: ControllerService
     assert rc == 0 and lines[0].split()[:2] == ["ID", "EPOCH"] and len(lines) == 4
 
     rc, out, err = await metactl("describe", *ctl, "--topic", "nope", "--json")
-    assert rc == 1 and out == "" and "UNKNOWN_TOPIC_OR_PARTITION" in err
+    assert rc == 4 and out == "" and err.startswith("error: UNKNOWN_TOPIC_OR_PARTITION: ")
+    assert err.count("\n") == 1  # one line
 
 
 async def test_offline_describe_walks_the_same_order(
@@ -137,7 +155,9 @@ async def test_offline_describe_walks_the_same_order(
 ) -> None:
     rc, out, err = await metactl("describe", "--data-dir", str(tmp_path))
     assert rc == 0, err
-    assert [parsed(line) for line in out.splitlines()] == EXPECTED
+    assert parsed(out) == EXPECTED
+    rc, out, err = await metactl("describe", "--data-dir", str(tmp_path), "--topic", "nope")
+    assert rc == 4 and err.startswith("error: UNKNOWN_TOPIC_OR_PARTITION: ")
     rc, out, _ = await metactl("brokers", "--data-dir", str(tmp_path), "--json")
     assert rc == 0 and [b["broker_id"] for b in json.loads(out)["brokers"]] == [1, 2, 3]
 

@@ -1,0 +1,265 @@
+"""The committed metadata log as one readable line per event (`metactl events`).
+
+`Feed` takes log entries (offset, timestamp, record) in order, from the controller's
+FetchMetadata answers or from a data directory, and returns `Event`s: a line such as
+"broker 2 fenced (session expired)", "demo-3 leader 1→2 (isr)" or "demo-0 UNCLEAN
+RECOVERY: chose 2 of LastKnownELR [2,3] (balanced) — potential data loss". It keeps the
+image the records build, because a line says what changed ("1→2") and the record says
+only the new value.
+
+A metadata transaction (KIP-868) takes effect whole: its records give lines only once its
+end marker is read, and an aborted or unfinished one gives none (as
+`metadata_image.transactions` applies them). Records older than `since_ms` are replayed
+without lines. Transaction markers, no-ops and the PartitionRecords of a topic creation
+(summed up by the topic's line) give no line of their own.
+
+Pure: no IO, no clock. `parse_since` reads `--since` (10m, 2h, 1d, an ISO time).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Final, Protocol
+
+from metactl.errors import InvalidConfigurationError
+from metadata_image.image import ClusterImage
+from metadata_image.replay import image_from_records, replay
+from metadata_log.records import (
+    NO_LEADER,
+    AbortTransactionRecord,
+    BeginTransactionRecord,
+    BrokerRegistrationChangeRecord,
+    ClearElrRecord,
+    EndTransactionRecord,
+    FenceBrokerRecord,
+    LeaderRecoveryState,
+    MetadataRecord,
+    PartitionChangeRecord,
+    RegisterBrokerRecord,
+    TopicRecord,
+    UncleanRecoveryRecord,
+    UnfenceBrokerRecord,
+    record_type,
+)
+
+# What a fence reason means to an operator.
+FENCE_REASONS: Final = {
+    "session_timeout": "session expired",
+    "registered": "registered, catching up",
+    "requested": "requested",
+}
+
+
+def fence_reason_text(reason: str) -> str:
+    return FENCE_REASONS.get(reason, reason.replace("_", " "))
+
+
+class Entry(Protocol):
+    """A committed record and where it is: a store's LogEntry or a FetchedRecord."""
+
+    @property
+    def offset(self) -> int: ...
+
+    @property
+    def timestamp_ms(self) -> int: ...
+
+    @property
+    def record(self) -> MetadataRecord: ...
+
+
+@dataclass(frozen=True)
+class Event:
+    offset: int
+    timestamp_ms: int
+    type: str  # the record's type tag, e.g. "PartitionChange"
+    text: str
+    record: MetadataRecord
+
+    def line(self) -> str:
+        """The event as the terminal shows it: the UTC time, then the text."""
+        return f"{iso_ms(self.timestamp_ms)}  {self.text}"
+
+
+def iso_ms(timestamp_ms: int) -> str:
+    when = datetime.fromtimestamp(timestamp_ms / 1000, tz=UTC)
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _ids(xs: Iterable[int]) -> str:
+    return "[" + ",".join(map(str, xs)) + "]"
+
+
+def _leader(x: int) -> str:
+    return "none" if x == NO_LEADER else str(x)
+
+
+class Feed:
+    """Turns committed entries into events, keeping the image they build."""
+
+    def __init__(self, image: ClusterImage | None = None, *, since_ms: int | None = None) -> None:
+        self.image = image if image is not None else ClusterImage()
+        self.since_ms = since_ms
+        self._held: list[Entry] | None = None  # an open transaction, its begin marker first
+        self._quiet: list[MetadataRecord] = []  # records before `since_ms`, not yet replayed
+
+    def reset(self, records: Iterable[MetadataRecord], end_offset: int) -> None:
+        """Start again from a snapshot (FetchMetadata's answer for a truncated log)."""
+        self.image = image_from_records(records, end_offset)
+        self._held = None
+        self._quiet = []
+
+    def add(self, entries: Iterable[Entry]) -> list[Event]:
+        """The events of these entries (read in log order), in log order."""
+        out: list[Event] = []
+        for e in entries:
+            r = e.record
+            if isinstance(r, BeginTransactionRecord):
+                self._held = [e]
+            elif self._held is not None:
+                if isinstance(r, AbortTransactionRecord):
+                    self._held = None  # none of it ever takes effect
+                    continue
+                self._held.append(e)
+                if isinstance(r, EndTransactionRecord):
+                    held, self._held = self._held, None
+                    for h in held:
+                        self._take(h, out)
+            else:
+                self._take(e, out)
+        self._flush()
+        return out
+
+    def _take(self, e: Entry, out: list[Event]) -> None:
+        if self.since_ms is not None and e.timestamp_ms < self.since_ms:
+            self._quiet.append(e.record)
+            return
+        self._flush()
+        text = describe_record(e.record, self.image)
+        self.image = replay(self.image, [e.record])
+        if text is not None:
+            out.append(Event(e.offset, e.timestamp_ms, record_type(e.record), text, e.record))
+
+    def _flush(self) -> None:
+        if self._quiet:
+            self.image = replay(self.image, self._quiet)
+            self._quiet = []
+
+
+def describe_record(r: MetadataRecord, before: ClusterImage) -> str | None:
+    """One line for a record, given the image before it; None: nothing to say."""
+    if isinstance(r, FenceBrokerRecord):
+        return f"broker {r.broker_id} fenced ({fence_reason_text(r.reason)})"
+    if isinstance(r, UnfenceBrokerRecord):
+        return f"broker {r.broker_id} unfenced (caught up with the log)"
+    if isinstance(r, RegisterBrokerRecord):
+        if r.broker_id not in before.brokers:
+            how = "first registration"
+        elif r.clean:
+            how = "clean restart"
+        else:
+            how = "UNCLEAN restart: out of ISR and ELR"
+        return f"broker {r.broker_id} registered at epoch {r.broker_epoch} ({how})"
+    if isinstance(r, BrokerRegistrationChangeRecord):
+        parts = []
+        if r.in_controlled_shutdown:
+            parts.append(f"broker {r.broker_id} in controlled shutdown")
+        elif r.in_controlled_shutdown is False:
+            parts.append(f"broker {r.broker_id} out of controlled shutdown")
+        if r.fenced is not None:
+            parts.append(f"broker {r.broker_id} {'fenced (requested)' if r.fenced else 'unfenced'}")
+        return "; ".join(parts) or None
+    if isinstance(r, TopicRecord):
+        strategy = f", {r.recovery_strategy} recovery" if r.recovery_strategy else ""
+        return (
+            f"topic {r.name} created: {r.partitions} partition(s), MinISR {r.min_isr}"
+            f"{strategy} (id {r.topic_id})"
+        )
+    if isinstance(r, PartitionChangeRecord):
+        return _partition_change(r, before)
+    if isinstance(r, UncleanRecoveryRecord):
+        return _recovery(r, before)
+    if isinstance(r, ClearElrRecord):
+        return f"topic {r.topic}: ELR cleared (min.insync.replicas changed)"
+    return None  # PartitionRecord (the topic's line says it), NoOp, transaction markers
+
+
+def _partition_change(r: PartitionChangeRecord, before: ClusterImage) -> str | None:
+    name = f"{r.topic}-{r.partition}"
+    p = before.partitions.get((r.topic, r.partition))
+    parts: list[str] = []
+    if r.leader is not None:
+        old = _leader(p.leader) if p is not None else "?"
+        why = r.election.value if r.election is not None else r.reason.value
+        if r.leader == NO_LEADER:
+            parts.append(f"{name} OFFLINE: leader {old}→none ({why})")
+        else:
+            parts.append(f"{name} leader {old}→{r.leader} ({why})")
+    else:
+        parts.append(name)
+    for label, new, old_set in (
+        ("isr", r.isr, p.isr if p is not None else None),
+        ("elr", r.elr, p.elr if p is not None else None),
+        ("LastKnownELR", r.last_known_elr, p.last_known_elr if p is not None else None),
+    ):
+        if new is not None:
+            was = _ids(sorted(old_set)) if old_set is not None else "?"
+            parts.append(f"{label} {was}→{_ids(new)}")
+    if r.recovery_state is LeaderRecoveryState.RECOVERED:
+        parts.append("recovered")
+    elif r.recovery_state is LeaderRecoveryState.RECOVERING:
+        parts.append("recovering")
+    if len(parts) == 1 and r.leader is None:
+        return None  # only epochs moved: nothing an operator reads
+    if r.leader is None:
+        cause = r.reason.value + (f" of broker {r.broker}" if r.broker is not None else "")
+        return f"{parts[0]} " + ", ".join(parts[1:]) + f" ({cause})"
+    return ", ".join(parts)
+
+
+def _recovery(r: UncleanRecoveryRecord, before: ClusterImage) -> str:
+    name = f"{r.topic}-{r.partition}"
+    loss = " — potential data loss" if r.potential_data_loss else ""
+    if r.trigger == "operator":
+        return f"{name} UNCLEAN RECOVERY: operator elected {r.chosen} ({r.strategy}){loss}"
+    p = before.partitions.get((r.topic, r.partition))
+    candidates = [c.broker_id for c in r.candidates]
+    if r.strategy == "balanced" and p is not None and p.last_known_elr:
+        pool = f"LastKnownELR {_ids(sorted(p.last_known_elr))}"
+    elif candidates:
+        pool = f"replicas {_ids(candidates)} that reported"
+    else:
+        pool = f"replicas {_ids(p.replicas)}" if p is not None else "its replicas"
+    return f"{name} UNCLEAN RECOVERY: chose {r.chosen} of {pool} ({r.strategy}){loss}"
+
+
+_DURATION: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+_UNIT_MS: Final = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration_ms(text: str, flag: str) -> int:
+    """`10m`, `2h`, `1d`, `30s`, `500ms` in milliseconds; INVALID_CONFIG otherwise."""
+    m = _DURATION.match(text)
+    if m is None:
+        raise InvalidConfigurationError(
+            f"{flag} {text!r}: expected a duration such as 30s, 10m, 2h or 1d"
+        )
+    return int(float(m.group(1)) * _UNIT_MS[m.group(2)])
+
+
+def parse_since(text: str, now_ms: int) -> int:
+    """`--since`: a duration back from `now_ms` (10m, 2h, 1d) or an ISO 8601 time (UTC
+    unless it says otherwise), in epoch milliseconds."""
+    if _DURATION.match(text):
+        return now_ms - parse_duration_ms(text, "--since")
+    try:
+        when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidConfigurationError(
+            f"--since {text!r}: expected a duration (10m, 2h, 1d) or an ISO 8601 time"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return int(when.timestamp() * 1000)
