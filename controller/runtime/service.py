@@ -35,7 +35,7 @@ from controller.core.authz import AUTHORIZATION_ERRORS, authorize, operation_of
 from controller.core.config import ControllerConfig
 from controller.core.recovery.tracker import Inspection
 from controller.runtime.clock import Clock, SystemClock
-from controller.runtime.describe import describe_page, partition_state
+from controller.runtime.describe import DescribeNotes, describe_page, partition_state
 from controller.runtime.driver import Controller
 from controller.runtime.election import Election, HaSettings
 from controller.runtime.metrics import ControllerMetrics, MetricsServer, RoleMetrics
@@ -152,6 +152,9 @@ class ControllerService:
         self.server: FrameServer | None = None
         self.address = ""
         self.metrics: ControllerMetrics | None = None
+        # What describe shows beyond the image (last unclean recoveries, fence reasons),
+        # from what this process committed.
+        self.notes = DescribeNotes()
         self.metrics_server: MetricsServer | None = None
         self.metrics_address = ""
         self._tasks: set[asyncio.Task[None]] = set()
@@ -243,6 +246,7 @@ class ControllerService:
         self.sessions = BrokerSessions(self.config.broker_session_timeout_ms)
         self.store, self.ctl, self.leadership = store, ctl, leadership
         self.metrics = ControllerMetrics.attach(ctl)
+        ctl.commit_listeners.append(self.notes.on_commit)  # describe's recoveries, fences
         self.role_metrics.active(self.metrics)
         self.role = "active"
         self.leader_hint = self.advertised
@@ -493,6 +497,8 @@ class ControllerService:
             committed_offset=self.store.end_offset,
             recovery_pending=pending,
             heartbeat_age_ms=age,
+            notes=self.notes,
+            now_ms=now,
         )
 
     # --- broker sessions ----------------------------------------------------------------

@@ -154,3 +154,220 @@ async def test_alter_partition_over_the_wire_returns_the_committed_state(
         assert (r.leader, r.isr, r.partition_epoch, r.replicas) == (1, [1, 2], 1, [1, 2, 3])
     finally:
         await conn.close()
+
+
+async def outage_and_operator_recovery(svc: ControllerService) -> None:
+    """Topic t (replicas 1,2,3, MinISR 2) loses every broker (sessions expire), broker 3
+    comes back without a clean-shutdown epoch, and the operator elects it: an unclean
+    recovery, committed."""
+    from protocol.messages import CreateTopic, CreateTopicsRequest, ElectLeader, FenceBroker
+
+    async with RpcClient(svc.address) as conn:
+        await conn.request(
+            CreateTopicsRequest(topics=[CreateTopic(name="t", assignments=[[1, 2, 3]], min_isr=2)])
+        )
+        for b in (3, 2, 1):
+            await svc.controller.submit(FenceBroker(broker_id=b, reason="session_timeout"))
+        r = await conn.request(RegisterBroker(broker_id=3, incarnation_id="i3-again"))
+        assert isinstance(r, RegisterBrokerResponse) and not r.clean
+        await conn.request(
+            BrokerHeartbeatRequest(
+                broker_id=3, broker_epoch=r.broker_epoch, metadata_offset=r.broker_epoch + 1
+            )
+        )
+        elected = await conn.request(
+            ElectLeader(topic="t", partition=0, election_type="unclean", replica=3)
+        )
+        assert getattr(elected, "leader", None) == 3
+
+
+async def test_describe_shows_a_recent_unclean_recovery_and_brokers_why_fenced(
+    service: ControllerService, tmp_path: Path
+) -> None:
+    await outage_and_operator_recovery(service)
+    ctl = service.address
+    rc, out, err = await metactl("describe", "--bootstrap-controller", ctl, "--json")
+    assert rc == 0, err
+    (p,) = json.loads(out)["partitions"]
+    recovery = p["last_unclean_recovery"]
+    assert (recovery["chosen"], recovery["strategy"], recovery["trigger"]) == (
+        3,
+        "manual",
+        "operator",
+    )
+    assert recovery["age_ms"] >= 0 and recovery["offline_since_ms"] is not None
+    rc, out, _ = await metactl("describe", "--bootstrap-controller", ctl)
+    line = out.splitlines()[1]
+    assert "\tLastUncleanRecovery: chose 3 (manual, operator) " in line
+    assert line.endswith(" ago — potential data loss")
+    # Outside the window (0: never), it is not shown.
+    rc, out, _ = await metactl(
+        "describe", "--bootstrap-controller", ctl, "--recent-recoveries", "0"
+    )
+    assert rc == 0 and "LastUncleanRecovery" not in out
+    # Offline, from the log: the same recovery, from the record's commit time.
+    rc, out, _ = await metactl("describe", "--data-dir", str(tmp_path))
+    assert rc == 0 and "\tLastUncleanRecovery: chose 3 (manual, operator) " in out
+
+    rc, out, _ = await metactl("brokers", "--bootstrap-controller", ctl)
+    rows = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert rc == 0 and set(rows) == {"1", "2", "3"}
+    for b in ("1", "2"):  # killed: fenced, and why, though the last registration was clean
+        assert rows[b].split()[2:3] == ["yes"] and "fenced: session expired" in rows[b]
+        assert " clean " in rows[b]
+    assert rows["3"].split()[2:3] == ["no"] and "UNCLEAN" in rows["3"] and "active" in rows["3"]
+    assert "True" not in out and "False" not in out
+    rc, out, _ = await metactl("brokers", "--data-dir", str(tmp_path))
+    assert rc == 0 and out.count("fenced: session expired") == 2
+
+
+async def test_events_tell_the_outage_and_the_recovery(
+    service: ControllerService, tmp_path: Path
+) -> None:
+    await outage_and_operator_recovery(service)
+    wanted = [
+        "broker 3 fenced (session expired)",
+        "broker 1 fenced (session expired)",
+        "t-0 OFFLINE: leader 1→none (fence)",
+        "broker 3 registered at epoch ",  # ... (UNCLEAN restart: out of ISR and ELR)
+        "t-0 UNCLEAN RECOVERY: operator elected 3 (manual) — potential data loss",
+        "t-0 leader none→3 (manual)",
+    ]
+    for source in (("--bootstrap-controller", service.address), ("--data-dir", str(tmp_path))):
+        rc, out, err = await metactl("events", *source)
+        assert rc == 0, err
+        texts = [line.split("  ", 1)[1] for line in out.splitlines()]
+        at = [
+            next(i for i, t in enumerate(texts) if t.startswith(w) and "first" not in t)
+            for w in wanted
+        ]
+        assert at == sorted(at), texts  # each once, in log order
+    rc, out, _ = await metactl("events", "--data-dir", str(tmp_path), "--json", "--since", "1h")
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert rc == 0 and any(r["type"] == "UncleanRecovery" for r in rows)
+    assert all(r["record"]["type"] == r["type"] for r in rows)
+    rc, out, _ = await metactl("events", "--data-dir", str(tmp_path), "--since", "2999-01-01")
+    assert rc == 0 and out == ""
+
+
+async def test_events_follow_prints_what_commits_until_ctrl_c(service: ControllerService) -> None:
+    import signal
+
+    from protocol.messages import CreateTopic, FenceBroker
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "ops.cli", "events", "--follow", "--insecure",
+        "--bootstrap-controller", service.address,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        # Whatever committed before the follow began is not shown: create topics until one
+        # is (the command may still be starting), then fence a broker and see it told.
+        line = b""
+        async with asyncio.timeout(60):
+            for n in range(1000):
+                await service.controller.submit(CreateTopic(name=f"f{n}", partitions=1))
+                try:
+                    line = await asyncio.wait_for(proc.stdout.readline(), 1)
+                except TimeoutError:
+                    continue
+                break
+            assert b"topic f" in line
+            await service.controller.submit(FenceBroker(broker_id=2, reason="operator"))
+            while b"broker 2 fenced" not in line:
+                line = await proc.stdout.readline()
+                assert line, "events --follow ended"
+        assert line.decode().rstrip().endswith("broker 2 fenced (operator)")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        async with asyncio.timeout(30):
+            err = await proc.stderr.read()
+            await proc.wait()
+    assert proc.returncode == 130 and b"Traceback" not in err
+
+
+async def test_elect_every_partition_and_from_a_json_file(
+    service: ControllerService, tmp_path: Path
+) -> None:
+    from protocol.messages import FenceBroker
+
+    ctl = service.address
+    rc, _, err = await metactl(
+        "topics", "create", "--bootstrap-controller", ctl, "--topic", "p",
+        "--replica-assignment", "1:2:3,2:3:1,3:1:2", "--config", "min.insync.replicas=1",
+    )  # fmt: skip
+    assert rc == 0, err
+    # Broker 1 leaves and comes back: partition 0 is led by 2 until a preferred election.
+    await service.controller.submit(FenceBroker(broker_id=1, reason="operator"))
+    async with RpcClient(ctl) as conn:
+        r = await conn.request(RegisterBroker(broker_id=1, incarnation_id="i1-b"))
+        assert isinstance(r, RegisterBrokerResponse)
+        await conn.request(
+            BrokerHeartbeatRequest(
+                broker_id=1, broker_epoch=r.broker_epoch, metadata_offset=r.broker_epoch + 1
+            )
+        )
+    # Not yet in the ISR (no replica catches up here): the preferred replica is not available.
+    file = tmp_path / "elect.json"
+    file.write_text(json.dumps({"partitions": [{"topic": "p", "partition": 0}]}))
+    rc, out, err = await metactl(
+        "elect", "--bootstrap-controller", ctl, "--election-type", "preferred",
+        "--path-to-json-file", str(file),
+    )  # fmt: skip
+    assert rc == 5 and err.startswith("error: PREFERRED_LEADER_NOT_AVAILABLE: ")
+    rc, out, err = await metactl(
+        "elect", "--bootstrap-controller", ctl, "--election-type", "PREFERRED",
+        "--all-topic-partitions",
+    )  # fmt: skip
+    assert rc == 5 and err.count("\n") == 1 and "PREFERRED_LEADER_NOT_AVAILABLE" in err
+    assert out.splitlines()[-1] == (
+        "PREFERRED: 0 of 1 elections done, 1 failed; 2 partition(s) already led by their "
+        "preferred replica"
+    )
+    # Bad input is a usage error, named, before anything is sent.
+    file.write_text('{"partitions": [{"topic": "p"}]}')
+    for args, message in (
+        (["--path-to-json-file", str(file)], "--path-to-json-file"),
+        (["--all-topic-partitions", "--topic", "p"], "cannot be combined"),
+        (["--topic", "p", "--partition", "x"], "the partition's index"),
+        (["--partition", "p-0", "--replica", "2"], "--replica is for UNCLEAN"),
+    ):
+        rc, _, err = await metactl(
+            "elect", "--bootstrap-controller", ctl, "--election-type", "preferred", *args
+        )
+        assert rc == 2 and err.startswith("error: INVALID_CONFIG: ") and message in err, err
+    rc, _, err = await metactl(
+        "elect", "--bootstrap-controller", ctl, "--election-type", "unclean", "--partition", "p-0"
+    )
+    assert rc == 2 and "names the replica" in err
+
+
+async def test_topic_configs_and_their_aliases(service: ControllerService) -> None:
+    ctl = service.address
+    rc, out, err = await metactl(
+        "topics", "create", "--bootstrap-controller", ctl, "--topic", "c", "--partitions", "1",
+        "--replication-factor", "3", "--config", "min.insync.replicas=2",
+        "--config", "unclean.recovery.strategy=manual",
+    )  # fmt: skip
+    assert rc == 0, err
+    rc, out, _ = await metactl("describe", "--bootstrap-controller", ctl, "--topic", "c")
+    assert out.splitlines()[0].endswith(
+        "\tConfigs: min.insync.replicas=2,unclean.recovery.strategy=manual"
+    )
+    for args, message in (
+        (["--config", "retention.ms=1"], "not a topic config metactl knows"),
+        (["--config", "min.insync.replicas=2", "--min-isr", "3"], "given twice"),
+        (["--config", "min.insync.replicas"], "expected KEY=VALUE"),
+        (["--config", "min.insync.replicas=two"], "is not a number"),
+    ):
+        rc, _, err = await metactl(
+            "topics", "create", "--bootstrap-controller", ctl, "--topic", "d", *args
+        )
+        assert rc == 2 and err.startswith("error: INVALID_CONFIG: ") and message in err, err
+    # --min-isr is an alias: the same value twice is fine.
+    rc, _, err = await metactl(
+        "topics", "create", "--bootstrap-controller", ctl, "--topic", "e", "--partitions", "1",
+        "--config", "min.insync.replicas=2", "--min-isr", "2",
+    )  # fmt: skip
+    assert rc == 0, err
