@@ -2,8 +2,10 @@
 
 These commands only read: they open the log read-only, so they are safe next to a running
 controller, and they never repair or rewrite anything. They hold no rules; a record is
-printed, never interpreted. Errors are printed as ``error: CODE: message`` on stderr
-with a non-zero exit status, never as a traceback.
+printed, never interpreted (`metactl events` interprets). `--data-dir` is a cluster's data
+directory (`./data`) or the controller's (`./data/controller`), or the log file itself.
+Errors are printed as ``error: CODE: message`` on stderr with the exit status of the
+one table (ops/cli.py, docs/cli.md), never as a traceback; Ctrl-C exits 130.
 """
 
 from __future__ import annotations
@@ -30,11 +32,18 @@ from metactl.errors import (
 from metactl.logs import configure
 from metadata_log.batch_format import LogEntry
 from metadata_log.records import RECORD_TYPES, record_type, to_builtins
+from ops.cli import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_REFUSED,
+    HELP_FORMAT,
+    examples,
+    fail,
+)
+from ops.paths import resolve_log_dir
 
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_INTERRUPTED = 130
-EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug, not a bad log
+EXIT_ERROR = EXIT_REFUSED  # a damaged log (`verify`)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -42,26 +51,79 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "log",
         help="inspect the durable metadata log",
         description="Inspect the durable metadata log of a data directory (read-only).",
+        epilog=examples(
+            "metactl log dump --data-dir ./data --type PartitionChange",
+            "metactl log verify --data-dir ./data",
+            "metactl log tail --data-dir ./data --json",
+        ),
+        formatter_class=HELP_FORMAT,
     )
+    parser.set_defaults(help_parser=parser)
     commands = parser.add_subparsers(dest="log_command", metavar="SUBCOMMAND", required=True)
 
-    dump = commands.add_parser("dump", help="print records, one per line")
+    dump = commands.add_parser(
+        "dump",
+        help="print records, one per line",
+        description="Print the log's records, one per line: offset, commit time, type and "
+        "the fields that say something (or every field, as JSON lines).",
+        epilog=examples(
+            "metactl log dump --data-dir ./data",
+            "metactl log dump --data-dir ./data --type UncleanRecovery --json",
+            "metactl log dump --data-dir ./data/controller --from 100 --to 200",
+        ),
+        formatter_class=HELP_FORMAT,
+    )
     _add_data_dir(dump)
-    dump.add_argument("--from", dest="from_offset", type=int, help="first offset (default: start)")
-    dump.add_argument("--to", dest="to_offset", type=int, help="stop before this offset")
+    dump.add_argument(
+        "--from",
+        dest="from_offset",
+        type=int,
+        metavar="OFFSET",
+        help="first offset (default: the start of the log)",
+    )
+    dump.add_argument(
+        "--to",
+        dest="to_offset",
+        type=int,
+        metavar="OFFSET",
+        help="stop before this offset (default: the end of the log)",
+    )
     _add_output_options(dump)
     dump.set_defaults(func=_dump)
 
     verify = commands.add_parser(
-        "verify", help="check every CRC and the offset continuity; exit 1 on damage"
+        "verify",
+        help="check every CRC and the offset continuity; exit 1 on damage",
+        description="Check every batch's CRC, record count and offset continuity, every "
+        "record's decoding, every snapshot and SQLite's quick_check. Exit 1 on damage, "
+        "naming the file and the first bad offset.",
+        epilog=examples(
+            "metactl log verify --data-dir ./data",
+            "metactl log verify --data-dir ./data/controller/metadata.log.sqlite",
+        ),
+        formatter_class=HELP_FORMAT,
     )
     _add_data_dir(verify)
     verify.set_defaults(func=_verify)
 
-    tail = commands.add_parser("tail", help="follow new records until Ctrl-C")
+    tail = commands.add_parser(
+        "tail",
+        help="follow new records until Ctrl-C",
+        description="Print records as they are committed, until Ctrl-C (exit 130). "
+        "`metactl events --follow` prints the same as readable events.",
+        epilog=examples(
+            "metactl log tail --data-dir ./data",
+            "metactl log tail --data-dir ./data --from 0 --type FenceBroker",
+        ),
+        formatter_class=HELP_FORMAT,
+    )
     _add_data_dir(tail)
     tail.add_argument(
-        "--from", dest="from_offset", type=int, help="first offset (default: the current end)"
+        "--from",
+        dest="from_offset",
+        type=int,
+        metavar="OFFSET",
+        help="first offset (default: the current end)",
     )
     _add_output_options(tail)
     tail.set_defaults(func=_tail)
@@ -72,8 +134,15 @@ def _add_data_dir(parser: argparse.ArgumentParser) -> None:
         "--data-dir",
         required=True,
         type=Path,
-        help="data directory holding metadata.log.sqlite (or the log file itself)",
+        metavar="DIR",
+        help="a cluster's data directory (./data) or the controller's (./data/controller), "
+        "or the log file itself (required)",
     )
+
+
+def log_location(path: Path) -> Path:
+    """The log `--data-dir` names: the file itself, else `ops.paths.resolve_log_dir`."""
+    return path if path.is_file() else resolve_log_dir(path)
 
 
 def _add_output_options(parser: argparse.ArgumentParser) -> None:
@@ -82,9 +151,12 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
         dest="types",
         action="append",
         metavar="TYPE",
-        help="only records of this type, e.g. PartitionChange (repeatable, comma-separated)",
+        help="only records of this type, e.g. PartitionChange (repeatable, comma-separated; "
+        "default: every type)",
     )
-    parser.add_argument("--json", action="store_true", help="JSON lines instead of text")
+    parser.add_argument(
+        "--json", action="store_true", help="JSON lines instead of text (default: text)"
+    )
 
 
 # --- formatting ------------------------------------------------------------------------------
@@ -150,7 +222,7 @@ def _dump(args: argparse.Namespace) -> int:
         from metadata_log.sqlite_store import SqliteLogStore
 
         types = _type_filter(args.types)
-        async with await SqliteLogStore.open(args.data_dir, read_only=True) as store:
+        async with await SqliteLogStore.open(log_location(args.data_dir), read_only=True) as store:
             first = store.start_offset if args.from_offset is None else args.from_offset
             end = store.end_offset
             if first > end:
@@ -171,7 +243,9 @@ def _verify(args: argparse.Namespace) -> int:
     async def run() -> int:
         from metadata_log.sqlite_store import SqliteLogStore
 
-        store = await SqliteLogStore.open(args.data_dir, read_only=True, verify_tail=False)
+        store = await SqliteLogStore.open(
+            log_location(args.data_dir), read_only=True, verify_tail=False
+        )
         async with store:
             try:
                 report = await store.verify()
@@ -198,7 +272,7 @@ def _tail(args: argparse.Namespace) -> int:
         from metadata_log.sqlite_store import SqliteLogStore
 
         types = _type_filter(args.types)
-        async with await SqliteLogStore.open(args.data_dir, read_only=True) as store:
+        async with await SqliteLogStore.open(log_location(args.data_dir), read_only=True) as store:
             position = store.end_offset if args.from_offset is None else args.from_offset
             while True:
                 entries = await store.read(position, 1000)
@@ -209,11 +283,12 @@ def _tail(args: argparse.Namespace) -> int:
                 else:
                     await store.wait_for(position)
 
-    return run_command(run, interrupted=EXIT_OK)
+    return run_command(run)
 
 
 def run_command(main: Callable[[], Awaitable[int]], *, interrupted: int = EXIT_INTERRUPTED) -> int:
-    """Run a command's coroutine, turning errors into ``error: CODE: message`` lines."""
+    """Run a command's coroutine, turning errors into ``error: CODE: message`` lines with
+    the table's exit status."""
     # The command reports problems itself; library warnings would repeat them.
     configure(json=False, level=logging.ERROR)
 
@@ -231,11 +306,10 @@ def run_command(main: Callable[[], Awaitable[int]], *, interrupted: int = EXIT_I
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_OK
-    except MetactlError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+    except (MetactlError, OSError) as exc:
+        return fail(exc)
     except Exception as exc:
         if os.environ.get("METACTL_DEBUG"):
             raise
-        print(f"error: UNKNOWN_SERVER_ERROR: {type(exc).__name__}: {exc}", file=sys.stderr)
+        fail(exc)
         return EXIT_INTERNAL

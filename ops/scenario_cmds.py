@@ -1,6 +1,8 @@
 """`metactl scenario run FILE.yaml [--json] [--data-dir D]`: print what the runner reports.
 
-Exit status: 0 when every expectation holds, 1 when one fails, 2 for an invalid file.
+Exit status: 0 when every expectation holds, 1 when one fails, 2 for an invalid file;
+other failures by the one table (docs/cli.md: 4 for a missing file, 130 for Ctrl-C).
+Partition lines are `metactl describe`'s (ops.describe_cmds.partition_line).
 """
 
 from __future__ import annotations
@@ -8,29 +10,63 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from metactl.errors import MetactlError, ScenarioError
+from metactl.errors import ScenarioError
+from metadata_image.image import parse_tp
+from metadata_log.records import NO_LEADER
+from ops.cli import EXIT_USAGE, HELP_FORMAT, examples, fail
+from ops.describe_cmds import partition_line
+from protocol.messages import PartitionState
 from simulation.scenario import run_scenario
 from simulation.scenario_format import load_scenario
 from simulation.scenario_report import PartitionReport, StepReport, Summary
 
 
 def register(sub: Any) -> None:
-    scenario = sub.add_parser("scenario", help="run what-if scenarios on the real controller core")
+    scenario = sub.add_parser(
+        "scenario",
+        help="run what-if scenarios on the real controller core",
+        description="Deterministic what-if scenarios: the real controller core on a real "
+        "log, with virtual time and simulated brokers (docs/scenarios.md).",
+        epilog=examples(
+            "metactl scenario run simulation/scenarios/worked-5.3.3-balanced-recovery.yaml",
+            "metactl scenario run my-case.yaml --json --data-dir /tmp/case",
+        ),
+        formatter_class=HELP_FORMAT,
+    )
+    scenario.set_defaults(help_parser=scenario)
     ssub = scenario.add_subparsers(dest="scenario_command", metavar="SUBCOMMAND")
-    run = ssub.add_parser("run", help="run a scenario file")
-    run.add_argument("file", type=Path)
-    run.add_argument("--json", action="store_true", help="one JSON object per step")
+    run = ssub.add_parser(
+        "run",
+        help="run a scenario file",
+        description="Run a scenario file step by step, printing each step's state. Exit 0 "
+        "when every expectation holds, 1 when one fails (with a diff), 2 when the file is "
+        "invalid (naming the step and field).",
+        epilog=examples(
+            "metactl scenario run simulation/scenarios/worked-5.3.3-balanced-recovery.yaml",
+            "metactl scenario run my-case.yaml --json | jq .events",
+            "metactl scenario run my-case.yaml --data-dir /tmp/case && "
+            "metactl events --data-dir /tmp/case",
+        ),
+        formatter_class=HELP_FORMAT,
+    )
+    run.add_argument("file", type=Path, help="the scenario, YAML (docs/scenarios.md)")
+    run.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per step, then a summary (default: text)",
+    )
     run.add_argument(
         "--data-dir",
         type=Path,
         default=None,
-        help="keep the metadata log here (default: a temp dir)",
+        metavar="DIR",
+        help="keep the metadata log here, for `metactl log`/`events`/`describe --data-dir` "
+        "(default: a temporary directory, removed)",
     )
     run.set_defaults(func=cmd_run)
 
@@ -39,16 +75,27 @@ def _fmt(xs: list[int] | None) -> str:
     return "-" if xs is None else "[" + ",".join(map(str, xs)) + "]"
 
 
-def _partition_line(name: str, p: PartitionReport) -> str:
-    leader = "none" if p.leader is None else str(p.leader)
-    state = "recovering" if p.recovering else "ok"
-    if p.recovery_pending is not None:
-        state = f"recovery_pending(awaiting {_fmt(p.recovery_pending)})"
-    return (
-        f"    {name:<16} Leader: {leader:<5} LeaderEpoch: {p.leader_epoch:<3} "
-        f"Replicas: {_fmt(p.replicas):<10} Isr: {_fmt(p.isr):<10} Elr: {_fmt(p.elr):<8} "
-        f"LastKnownElr: {_fmt(p.last_known_elr):<8} MinIsr: {p.min_isr} {state}"
+def report_state(name: str, p: PartitionReport) -> PartitionState:
+    """A reported partition in the wire's shape, so it prints as `describe` prints it."""
+    topic, partition = parse_tp(name)
+    return PartitionState(
+        topic=topic,
+        partition=partition,
+        replicas=p.replicas,
+        leader=NO_LEADER if p.leader is None else p.leader,
+        leader_epoch=p.leader_epoch,
+        partition_epoch=p.partition_epoch,
+        isr=p.isr,
+        elr=p.elr,
+        last_known_elr=p.last_known_elr,
+        recovering=p.recovering,
+        recovery_pending=p.recovery_pending,
+        min_isr=p.min_isr,
     )
+
+
+def _partition_line(name: str, p: PartitionReport) -> str:
+    return partition_line(report_state(name, p))
 
 
 def _print_human(report: StepReport) -> None:
@@ -88,9 +135,9 @@ def _json_step(report: StepReport) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     try:
         scenario = load_scenario(args.file)
-    except (ScenarioError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except ScenarioError as exc:
+        fail(exc)
+        return EXIT_USAGE
 
     def on_step(report: StepReport) -> None:
         if args.json:
@@ -101,11 +148,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         _, summary = asyncio.run(run_scenario(scenario, args.data_dir, on_step))
     except ScenarioError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except MetactlError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        fail(exc)
+        return EXIT_USAGE
     _print_summary(summary, args.json)
     return 0 if summary.failed_expectations == 0 else 1
 

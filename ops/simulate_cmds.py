@@ -9,7 +9,8 @@ logic, with an oracle of acknowledged records (see `simulation.faults` and
 docs/safety.md). Exit 0 iff no acknowledged record was lost silently and no invariant
 broke, else 3; with ``--expect-silent-loss``, 0 iff some record was lost silently, else
 3. 2: bad options or replay file; 1: a file could not be read or written (as
-``metactl chaos run``).
+``metactl chaos run``). `history`: 0, 2 for bad options, else the table's status
+(docs/cli.md). Every failure is one ``error: NAME: message`` line; Ctrl-C exits 130.
 
 This module parses arguments and prints; the simulators decide everything.
 """
@@ -22,36 +23,81 @@ import sys
 from pathlib import Path
 
 from controller.runtime.serve import add_rule_mode_arguments, rule_mode
+from metactl.errors import InvalidConfigurationError, MetactlError
+from ops.cli import EXIT_REFUSED, EXIT_USAGE, HELP_FORMAT, examples, fail
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "simulate",
         help="simulate long cluster histories into a metadata log",
-        description="Simulate long cluster histories into a metadata log.",
+        description="Simulate long cluster histories into a metadata log, or seeded fault "
+        "schedules against the real controller step (docs/safety.md).",
+        epilog=examples(
+            "metactl simulate history --brokers 30 --partitions 5000 --days 30 --out /tmp/hist",
+            "metactl simulate faults --schedules 200 --seed 7",
+        ),
+        formatter_class=HELP_FORMAT,
     )
+    parser.set_defaults(help_parser=parser)
     commands = parser.add_subparsers(dest="simulate_command", metavar="WHAT", required=True)
     history = commands.add_parser(
         "history",
         help="random fences, restarts, outages, recoveries and elections over days",
         description="Drive the real controller core with virtual time through random "
         "fences, clean and unclean restarts, power outages, unclean recoveries, "
-        "preferred elections and AlterPartition shrinks and expansions.",
+        "preferred elections and AlterPartition shrinks and expansions. The output is an "
+        "ordinary data directory for `metactl log`, `events`, `describe` and `audit`.",
+        epilog=examples(
+            "metactl simulate history --brokers 30 --partitions 5000 --days 30 --out /tmp/hist",
+            "metactl simulate history --brokers 5 --partitions 50 --days 1 --out /tmp/small "
+            "--quiet",
+            "metactl events --data-dir /tmp/small --since 2026-01-01T12:00:00Z",
+        ),
+        formatter_class=HELP_FORMAT,
     )
-    history.add_argument("--brokers", type=int, default=30)
-    history.add_argument("--partitions", type=int, default=5000)
-    history.add_argument("--days", type=float, default=30.0)
-    history.add_argument("--out", type=Path, required=True, help="new data directory")
-    history.add_argument("--seed", type=int, default=0)
-    history.add_argument("--topics", type=int, help="default: one per 100 partitions")
-    history.add_argument("--replication-factor", type=int, default=3)
-    history.add_argument("--min-isr", type=int, default=2)
-    history.add_argument("--strategy", default="balanced", help="cluster unclean recovery strategy")
+    history.add_argument(
+        "--brokers", type=int, default=30, metavar="N", help="brokers (default 30)"
+    )
+    history.add_argument(
+        "--partitions", type=int, default=5000, metavar="N", help="partitions in all (default 5000)"
+    )
+    history.add_argument(
+        "--days", type=float, default=30.0, metavar="D", help="virtual days to run (default 30)"
+    )
+    history.add_argument(
+        "--out", type=Path, required=True, metavar="DIR", help="new data directory (required)"
+    )
+    history.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    history.add_argument(
+        "--topics", type=int, metavar="N", help="topics (default: one per 100 partitions)"
+    )
+    history.add_argument(
+        "--replication-factor",
+        type=int,
+        default=3,
+        metavar="R",
+        help="replicas per partition (default 3)",
+    )
+    history.add_argument(
+        "--min-isr", type=int, default=2, metavar="M", help="min.insync.replicas (default 2)"
+    )
+    history.add_argument(
+        "--strategy",
+        default="balanced",
+        help="cluster unclean recovery strategy (default balanced)",
+    )
     history.add_argument(
         "--intensity", type=float, default=1.0, help="scale every event rate (default 1.0)"
     )
-    history.add_argument("--start", help="virtual start time (ISO 8601, default 2026-01-01Z)")
-    history.add_argument("--quiet", action="store_true", help="no progress lines")
+    history.add_argument(
+        "--start",
+        metavar="TIME",
+        help="virtual start time (ISO 8601, default 2026-01-01T00:00:00Z)",
+    )
+    history.add_argument(
+        "--quiet", action="store_true", help="no progress lines (default: progress on stderr)"
+    )
     history.set_defaults(func=_history)
     _register_faults(commands)
 
@@ -65,15 +111,23 @@ def _register_faults(commands: argparse._SubParsersAction[argparse.ArgumentParse
         "real controller step and the brokers' replication logic in virtual time, and "
         "classify every acks=all record as present, lost and reported (an unclean "
         "recovery after it was acknowledged), or lost silently. Exit 0 iff nothing was "
-        "lost silently and no invariant broke.",
+        "lost silently and no invariant broke, else 3.",
+        epilog=examples(
+            "metactl simulate faults --schedules 200 --seed 7",
+            "metactl simulate faults --eligible-leader-replicas disabled --expect-silent-loss",
+            "metactl simulate faults --replay metactl-faults/schedule-1.json --json",
+        ),
+        formatter_class=HELP_FORMAT,
     )
-    faults.add_argument("--schedules", type=int, default=200)
-    faults.add_argument("--seed", type=int, default=0)
+    faults.add_argument(
+        "--schedules", type=int, default=200, metavar="N", help="fault schedules (default 200)"
+    )
+    faults.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     faults.add_argument(
         "--strategy",
         choices=("balanced", "proactive", "manual"),
         default="balanced",
-        help="unclean recovery strategy (KIP-966 mode)",
+        help="unclean recovery strategy (KIP-966 mode; default balanced)",
     )
     add_rule_mode_arguments(faults)
     faults.add_argument(
@@ -83,14 +137,19 @@ def _register_faults(commands: argparse._SubParsersAction[argparse.ArgumentParse
         metavar="K",
         help="lossy kills (SIGKILL with the page cache lost) per schedule (default 2)",
     )
-    faults.add_argument("--json", action="store_true", help="print one JSON object")
+    faults.add_argument(
+        "--json", action="store_true", help="print one JSON object (default: text lines)"
+    )
     faults.add_argument(
         "--expect-silent-loss",
         action="store_true",
-        help="exit 0 iff some acknowledged record was lost silently",
+        help="exit 0 iff some acknowledged record was lost silently (default: iff none was)",
     )
     faults.add_argument(
-        "--replay", type=Path, metavar="FILE", help="run the one schedule of a replay file"
+        "--replay",
+        type=Path,
+        metavar="FILE",
+        help="run the one schedule of a replay file (default: generate --schedules)",
     )
     faults.add_argument(
         "--save-dir",
@@ -99,7 +158,11 @@ def _register_faults(commands: argparse._SubParsersAction[argparse.ArgumentParse
         help="where shrunk failing schedules are written (default ./metactl-faults)",
     )
     faults.add_argument(
-        "--shrink-max", type=int, default=3, help="failing schedules to shrink and save"
+        "--shrink-max",
+        type=int,
+        default=3,
+        metavar="M",
+        help="failing schedules to shrink and save (default 3)",
     )
     # Test-only mutants that must make the oracle fail (docs/safety.md).
     faults.add_argument(
@@ -118,7 +181,6 @@ def _faults(args: argparse.Namespace) -> int:
     import msgspec
 
     from controller.core.config import ControllerConfig
-    from metactl.errors import MetactlError
     from simulation.faults import Mode, replay, run_faults
     from simulation.faults_schedule import load_replay
 
@@ -150,11 +212,11 @@ def _faults(args: argparse.Namespace) -> int:
                 progress=progress,
             )
     except (MetactlError, ValueError, msgspec.ValidationError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        fail(exc if isinstance(exc, MetactlError) else InvalidConfigurationError(str(exc)))
+        return EXIT_USAGE
     except OSError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        fail(exc)
+        return EXIT_REFUSED
     if args.json:
         print(json.dumps(summary.to_json(), sort_keys=True))
     else:
@@ -167,16 +229,18 @@ def _faults(args: argparse.Namespace) -> int:
 
 
 def _history(args: argparse.Namespace) -> int:
-    from metactl.errors import MetactlError
     from simulation.history import simulate_history
     from simulation.history_config import HistoryConfig, parse_time_ms
 
     try:
         if args.brokers < 1 or args.partitions < 1 or args.days <= 0:
-            raise ValueError("--brokers, --partitions and --days must be positive")
+            raise InvalidConfigurationError("--brokers, --partitions and --days must be positive")
         if args.replication_factor > args.brokers:
-            raise ValueError("--replication-factor cannot exceed --brokers")
-        extra = {} if args.start is None else {"start_ms": parse_time_ms(args.start)}
+            raise InvalidConfigurationError("--replication-factor cannot exceed --brokers")
+        try:
+            extra = {} if args.start is None else {"start_ms": parse_time_ms(args.start)}
+        except ValueError as exc:
+            raise InvalidConfigurationError(f"--start {args.start!r}: {exc}") from None
         cfg = HistoryConfig(
             brokers=args.brokers,
             partitions=args.partitions,
@@ -190,10 +254,9 @@ def _history(args: argparse.Namespace) -> int:
             **extra,
         )
         progress = None if args.quiet else (lambda line: print(line, file=sys.stderr))
-        report = asyncio.run(simulate_history(cfg, args.out, progress=progress))
-    except (MetactlError, ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    except ValueError as exc:  # the config refuses a value
+        return fail(InvalidConfigurationError(str(exc)))
+    report = asyncio.run(simulate_history(cfg, args.out, progress=progress))
     for line in report.lines():
         print(line)
     return 0
