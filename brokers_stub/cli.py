@@ -48,12 +48,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: 127.0.0.1:0)",
     )
     parser.add_argument("--rack", default=None, help="rack of this broker")
-    parser.add_argument("--heartbeat-interval-ms", type=int, default=2000)
+    parser.add_argument(
+        "--heartbeat-interval-ms",
+        type=int,
+        default=2000,
+        help="how often to heartbeat the controller (default 2000)",
+    )
     parser.add_argument(
         "--session-timeout-ms",
         type=int,
         default=9000,
-        help="the controller's session timeout: how long a shutdown waits for it (9000)",
+        help="the controller's session timeout: how long a shutdown waits for it (default 9000)",
     )
     parser.add_argument(
         "--lose-unflushed",
@@ -79,15 +84,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-batch-records",
         type=int,
         default=10_000,
-        help="largest Produce batch accepted, in records (10000)",
+        help="largest Produce batch accepted, in records (default 10000)",
     )
-    parser.add_argument("--replica-lag-time-max-ms", type=int, default=3000)
-    parser.add_argument("--fetch-interval-ms", type=int, default=100)
+    parser.add_argument(
+        "--replica-lag-time-max-ms",
+        type=int,
+        default=3000,
+        help="a follower this far behind leaves the ISR (Kafka's replica.lag.time.max.ms; "
+        "default 3000)",
+    )
+    parser.add_argument(
+        "--fetch-interval-ms",
+        type=int,
+        default=100,
+        help="how often a follower fetches from its leader (default 100)",
+    )
     parser.add_argument(
         "--metrics", default=None, metavar="HOST:PORT", help="serve Prometheus metrics here"
     )
     parser.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="least level logged (default info)",
     )
     add_tls_arguments(parser)
     add_limit_arguments(parser)

@@ -20,6 +20,7 @@ from typing import Any
 
 from metactl.errors import InvalidConfigurationError, MetactlError
 from ops.certs import default_names, init_certs
+from ops.cli import HELP_FORMAT, examples
 from protocol.flags import ENV_TLS_DIR
 from protocol.tls import CA_CERT, MAX_BROKER_ID
 
@@ -28,7 +29,15 @@ DEFAULT_BROKERS = "1,2,3"
 
 
 def register(sub: Any) -> None:
-    c = sub.add_parser("certs", help="the cluster's certificate authority and certificates")
+    c = sub.add_parser(
+        "certs",
+        help="the cluster's certificate authority and certificates",
+        description="The cluster's certificate authority and certificates (docs/protocol.md, "
+        "Security).",
+        epilog=examples("metactl certs init --data-dir ./data"),
+        formatter_class=HELP_FORMAT,
+    )
+    c.set_defaults(help_parser=c)
     csub = c.add_subparsers(dest="certs_command", metavar="SUBCOMMAND")
     i = csub.add_parser(
         "init",
@@ -36,8 +45,15 @@ def register(sub: Any) -> None:
         description="Create the cluster CA in DATA_DIR/certs if absent and a certificate "
         "for controller, admin, viewer and broker-<id> for each --brokers id that has none. "
         "Existing files are kept: re-running keeps the CA and adds new names.",
+        epilog=examples(
+            "metactl certs init --data-dir ./data",
+            "metactl certs init --data-dir ./data --brokers 1,2,3,4",
+        ),
+        formatter_class=HELP_FORMAT,
     )
-    i.add_argument("--data-dir", type=Path, required=True, help="the certificates go in D/certs")
+    i.add_argument(
+        "--data-dir", type=Path, required=True, help="the certificates go in D/certs (required)"
+    )
     i.add_argument(
         "--brokers",
         default=DEFAULT_BROKERS,

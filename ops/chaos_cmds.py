@@ -26,12 +26,19 @@ from typing import Any
 
 from controller.runtime.serve import add_rule_mode_arguments, rule_mode
 from metactl.errors import InvalidRequestError, MetactlError
+from ops.cli import HELP_FORMAT, examples
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_SILENT_LOSS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
 def register(sub: Any) -> None:
-    c = sub.add_parser("chaos", help="fault injection with real processes")
+    c = sub.add_parser(
+        "chaos",
+        help="fault injection with real processes",
+        description="Fault injection with real processes (docs/chaos.md).",
+        epilog=examples("metactl chaos run --duration 30 --seed 1"),
+        formatter_class=HELP_FORMAT,
+    )
     csub = c.add_subparsers(dest="chaos_command", metavar="SUBCOMMAND")
     r = csub.add_parser(
         "run",
@@ -41,18 +48,32 @@ def register(sub: Any) -> None:
         "controller kills), heal, and classify every acknowledged record: present, lost "
         "and reported (an unclean recovery after its acknowledgement), or lost silently. "
         "See docs/chaos.md.",
+        epilog=examples(
+            "metactl chaos run --duration 30 --seed 1",
+            "metactl chaos run --schedule builtin:outage --flush-interval-ms 5000 --json",
+            "metactl chaos run --eligible-leader-replicas disabled --expect-silent-loss",
+        ),
+        formatter_class=HELP_FORMAT,
     )
-    r.add_argument("--brokers", type=int, default=5)
-    r.add_argument("--partitions", type=int, default=6)
-    r.add_argument("--rf", type=int, default=3, help="replication factor (3)")
-    r.add_argument("--min-isr", type=int, default=2)
-    r.add_argument("--strategy", choices=["balanced", "proactive", "manual"], default="balanced")
+    r.add_argument("--brokers", type=int, default=5, help="broker processes (default 5)")
+    r.add_argument("--partitions", type=int, default=6, help="partitions of the topic (default 6)")
+    r.add_argument("--rf", type=int, default=3, help="replication factor (default 3)")
+    r.add_argument("--min-isr", type=int, default=2, help="min.insync.replicas (default 2)")
+    r.add_argument(
+        "--strategy",
+        choices=["balanced", "proactive", "manual"],
+        default="balanced",
+        help="unclean recovery strategy (default balanced)",
+    )
     add_rule_mode_arguments(r)
     r.add_argument(
-        "--lossy-kills", type=int, default=4, help="at most K lossy kills (random plans; 4)"
+        "--lossy-kills",
+        type=int,
+        default=4,
+        help="at most K lossy kills (random plans; default 4)",
     )
-    r.add_argument("--duration", type=float, default=60.0, help="fault phase, seconds (60)")
-    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--duration", type=float, default=60.0, help="fault phase, seconds (default 60)")
+    r.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     r.add_argument(
         "--schedule",
         default=None,
@@ -60,11 +81,23 @@ def register(sub: Any) -> None:
         help="a fault schedule (JSON) instead of a random plan; builtin:outage, "
         "builtin:controller-and-outage",
     )
-    r.add_argument("--producers", type=int, default=3, help="producer groups (3)")
-    r.add_argument("--batch", type=int, default=50, help="records per batch (50)")
-    r.add_argument("--flush-interval-ms", type=int, default=500, help="brokers' flush.ms (500)")
-    r.add_argument("--session-timeout-ms", type=int, default=1500)
-    r.add_argument("--heartbeat-interval-ms", type=int, default=200)
+    r.add_argument("--producers", type=int, default=3, help="producer groups (default 3)")
+    r.add_argument("--batch", type=int, default=50, help="records per batch (default 50)")
+    r.add_argument(
+        "--flush-interval-ms", type=int, default=500, help="brokers' flush.ms (default 500)"
+    )
+    r.add_argument(
+        "--session-timeout-ms",
+        type=int,
+        default=1500,
+        help="the controller's broker session timeout (default 1500)",
+    )
+    r.add_argument(
+        "--heartbeat-interval-ms",
+        type=int,
+        default=200,
+        help="the brokers' heartbeat interval (default 200)",
+    )
     r.add_argument(
         "--operator-elect",
         action="store_true",

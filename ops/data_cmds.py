@@ -46,6 +46,7 @@ from metactl.errors import (
     MetactlError,
     UnknownTopicOrPartitionError,
 )
+from ops.cli import HELP_FORMAT, examples
 from ops.client import DEFAULT_CONTROLLER, INSECURE, Security, security_from
 from ops.cluster_cmds import _fail
 from ops.data_client import Connections, Leaders, leader_request
@@ -74,15 +75,28 @@ def register(sub: Any) -> None:
         description="Send batches of records (offsets only, no bytes) to the partitions' "
         "leaders; append each acknowledged batch to --acked-log (fsynced) before counting "
         "it. Exit 0: all acknowledged; 3: some refused; 1: error; 2: bad arguments.",
+        epilog=examples(
+            "metactl produce --topic demo --acks all --count 10000 --acked-log acked.jsonl",
+            "metactl produce --topic demo --count 1000 --rate 200 --batch 10 "
+            "--acked-log acked.jsonl --json",
+        ),
+        formatter_class=HELP_FORMAT,
     )
     _controller_arg(p)
-    p.add_argument("--topic", required=True)
-    p.add_argument("--partition", type=int, default=None, help="default: round-robin over all")
-    p.add_argument("--acks", choices=["all", "-1", "1"], default="all")
+    p.add_argument("--topic", required=True, help="the topic to produce to (required)")
+    p.add_argument(
+        "--partition", type=int, default=None, help="one partition (default: round-robin over all)"
+    )
+    p.add_argument(
+        "--acks",
+        choices=["all", "-1", "1"],
+        default="all",
+        help="all (-1): answered once committed; 1: once the leader appended (default all)",
+    )
     p.add_argument("--count", type=int, required=True, help="records to produce in all")
-    p.add_argument("--batch", type=int, default=100, help="records per batch (100)")
+    p.add_argument("--batch", type=int, default=100, help="records per batch (default 100)")
     p.add_argument("--rate", type=float, default=None, help="records per second (no limit)")
-    p.add_argument("--in-flight", type=int, default=1, help="batches sent concurrently (1)")
+    p.add_argument("--in-flight", type=int, default=1, help="batches sent concurrently (default 1)")
     p.add_argument(
         "--timeout-ms", type=int, default=None, help="acks=all commit timeout (broker default)"
     )
@@ -90,7 +104,8 @@ def register(sub: Any) -> None:
         "--retries",
         type=int,
         default=DATA_RETRY.attempts - 1,
-        help=f"retries of a batch refused with a retriable error ({DATA_RETRY.attempts - 1})",
+        help="retries of a batch refused with a retriable error "
+        f"(default {DATA_RETRY.attempts - 1})",
     )
     p.add_argument("--acked-log", type=Path, required=True, help="JSON lines, appended")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -102,16 +117,30 @@ def register(sub: Any) -> None:
         description="Read every partition's committed (offset, leader epoch) ranges up to "
         "the high watermark from its leader. Exit 3 if a partition could not be read or "
         "an acknowledged record (--check-acked) is missing.",
+        epilog=examples(
+            "metactl consume --topic demo --from-beginning",
+            "metactl consume --topic demo --from-beginning --check-acked acked.jsonl --json",
+        ),
+        formatter_class=HELP_FORMAT,
     )
     _controller_arg(c)
-    c.add_argument("--topic", required=True)
-    c.add_argument("--partition", type=int, default=None)
+    c.add_argument("--topic", required=True, help="the topic to read (required)")
+    c.add_argument(
+        "--partition", type=int, default=None, help="one partition (default: every partition)"
+    )
     c.add_argument(
         "--from-beginning",
         action="store_true",
         help="read from offset 0 (the only mode: accepted for kafka-console-consumer habits)",
     )
-    c.add_argument("--check-acked", type=Path, default=None, metavar="ACKED_LOG")
+    c.add_argument(
+        "--check-acked",
+        type=Path,
+        default=None,
+        metavar="ACKED_LOG",
+        help="say which records this produce --acked-log acknowledged are missing "
+        "(default: no check)",
+    )
     c.add_argument("--json", action="store_true", help="print the ranges as JSON")
     c.set_defaults(func=cmd_consume)
 
