@@ -109,8 +109,10 @@ def page(title: str, summary: Sequence[str], sections: Sequence[str]) -> str:
 body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1200px; }}
 h1 {{ font-size: 1.4em; }} h2 {{ font-size: 1.15em; margin-top: 2em; }}
 pre {{ background: #f6f6f6; padding: 1em; overflow-x: auto; }}
-table {{ border-collapse: collapse; font-size: 0.85em; }}
-td, th {{ border: 1px solid #ddd; padding: 2px 6px; text-align: right; }}
+.table {{ max-width: 100%; overflow-x: auto; }}
+table {{ border-collapse: collapse; font-size: 0.85em; max-width: 100%; }}
+td, th {{ border: 1px solid #ddd; padding: 2px 6px; text-align: right; vertical-align: top; }}
+td {{ overflow-wrap: anywhere; word-break: break-word; max-width: 40em; }}
 th {{ background: #f0f0f0; }} td.l, th.l {{ text-align: left; }}
 .note {{ color: #666; font-size: 0.85em; }}
 svg text {{ font-family: system-ui, sans-serif; }}
@@ -146,7 +148,9 @@ def table_html(df: pd.DataFrame, max_rows: int = 200) -> str:
         if len(df) > max_rows
         else ""
     )
-    return f"<table><tr>{head}</tr>{''.join(rows)}</table>{more}"
+    # Long cells (candidate lists, replica sets) wrap instead of widening the page; a
+    # table still too wide scrolls inside its own box.
+    return f'<div class="table"><table><tr>{head}</tr>{"".join(rows)}</table></div>{more}'
 
 
 def _align(series: pd.Series) -> str:
@@ -182,7 +186,8 @@ def bar_chart(
     left, right, top, bottom = 60, 150, 24, 70
     plot_w, plot_h = width - left - right, height - top - bottom
     totals = [sum(float(s[i] or 0) for s in series.values()) for i in range(n)]
-    peak = max(totals) or 1.0
+    ticks = nice_ticks(max(totals))
+    peak = ticks[-1]
     step = plot_w / n
     bar_w = max(1.0, step * 0.8)
     parts = [
@@ -190,13 +195,13 @@ def bar_chart(
         f'viewBox="0 0 {width} {height}" role="img">',
         f'<text x="{left}" y="16" font-size="13">{html.escape(title)}</text>',
     ]
-    for frac in (0, 0.25, 0.5, 0.75, 1.0):
-        y = top + plot_h * (1 - frac)
+    for tick in ticks:
+        y = top + plot_h * (1 - tick / peak)
         parts.append(
             f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" '
             'stroke="#ddd" stroke-width="1"/>'
             f'<text x="{left - 6}" y="{y + 4:.1f}" font-size="10" text-anchor="end">'
-            f"{_num(peak * frac)}</text>"
+            f"{_num(tick)}</text>"
         )
     for i in range(n):
         x = left + i * step + (step - bar_w) / 2
@@ -239,9 +244,26 @@ def bar_chart(
     return "".join(parts)
 
 
+def nice_ticks(peak: float, most: int = 6) -> list[float]:
+    """Axis ticks from 0 to at least `peak` in a round step (1, 2 or 5 times a power of
+    ten), at most `most` of them: 0/100/200/300 for a peak of 270, never 112/225/338."""
+    if not math.isfinite(peak) or peak <= 0:
+        return [0.0, 1.0]
+    raw = peak / (most - 1)
+    power = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    if step < 1 and peak >= 1:
+        step = 1.0  # counts: whole numbers
+    count = math.ceil(peak / step - 1e-9)
+    return [round(i * step, 10) for i in range(count + 1)]
+
+
 def _num(v: float) -> str:
+    """A number for an axis or a tooltip: 850, 2.5, 12.5k, 1.2M."""
+    if v >= 1_000_000:
+        return f"{v / 1_000_000:.3g}M"
     if v >= 10_000:
-        return f"{v / 1000:.0f}k"
+        return f"{v / 1000:.3g}k"
     if v >= 100 or v == int(v):
         return f"{v:.0f}"
     return f"{v:.2g}"

@@ -5,16 +5,31 @@ time zone (buckets and dates are UTC), Arrow transfers, no UI, and Python worker
 run this interpreter with this source tree importable. Jobs get their input through
 `AuditInput.load`, which reads data directories through the ``metactl`` data source or
 a Parquet export, with the same columns either way.
+
+The session is an operator's tool, not a service (issue 13):
+
+* a local master (``local``, ``local[N]``) or one on a loopback address binds the driver
+  to 127.0.0.1 (``spark.driver.host``/``bindAddress`` and ``SPARK_LOCAL_IP``), so an
+  audit opens no port on the machine's external interface;
+* the JVM gets its own session (process group), so a terminal's Ctrl-C reaches only this
+  process, which cancels the jobs and stops the session (`stop_quickly`); the JVM and
+  its Python workers never print a stack of their own;
+* Spark's own output (the JVM's stdout and stderr, log4j) is discarded unless
+  ``verbose``; errors still reach the caller as exceptions.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
+from urllib.parse import urlsplit
 
 from audit.schema import (
     CLUSTER,
@@ -28,7 +43,28 @@ from audit.schema import (
 from audit.source import FORMAT, register
 from audit.transactions import MARKER_TYPES, aborted_ranges
 
-DEFAULT_MASTER = "local[*]"
+DEFAULT_MASTER: Final = "local[*]"
+LOOPBACK: Final = "127.0.0.1"
+
+
+def is_local_master(master: str) -> bool:
+    """``local``, ``local[N]``, ``local[*]``, ``local[N,F]``: executors in this process."""
+    return master == "local" or master.startswith("local[")
+
+
+def master_on_loopback(master: str) -> bool:
+    """A local master, or a cluster master whose address is this machine's loopback."""
+    if is_local_master(master):
+        return True
+    host = urlsplit(master).hostname
+    if host is None:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _prepare_python_env() -> None:
@@ -41,6 +77,26 @@ def _prepare_python_env() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([root, *parts])
 
 
+def _launch_jvm(settings: dict[str, str], *, verbose: bool) -> None:
+    """Start the driver JVM (spark-submit) unless this process has one: in its own
+    session, so that a terminal's SIGINT does not reach it or its Python workers, and
+    with its output discarded unless `verbose`. `launch_gateway` is PySpark's own
+    launcher; `popen_kwargs` is its documented hook for exactly this."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None:
+        return
+    conf = SparkConf(loadDefaults=False)
+    for key, value in settings.items():
+        conf.set(key, value)
+    popen: dict[str, Any] = {"start_new_session": True}
+    if not verbose:
+        popen.update(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    gateway = launch_gateway(conf, popen_kwargs=popen)  # type: ignore[no-untyped-call]
+    SparkContext._ensure_initialized(gateway=gateway)
+
+
 def get_session(
     master: str = DEFAULT_MASTER,
     *,
@@ -48,31 +104,65 @@ def get_session(
     shuffle_partitions: int | None = None,
     driver_memory: str | None = "4g",
     extra: dict[str, str] | None = None,
+    verbose: bool = False,
 ) -> Any:
-    """A local (or given-master) Spark session with the metactl data source registered."""
+    """A local (or given-master) Spark session with the metactl data source registered.
+
+    The first call in a process starts the JVM (see the module documentation); later
+    calls reuse its session (``getOrCreate``: start-up settings of the first call win).
+    """
     _prepare_python_env()
     from pyspark.sql import SparkSession
 
-    builder = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.sql.execution.arrow.pyspark.fallback.enabled", "false")
-        .config("spark.python.worker.reuse", "true")
-    )
+    settings = {
+        "spark.master": master,
+        "spark.app.name": app_name,
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.execution.arrow.pyspark.fallback.enabled": "false",
+        "spark.python.worker.reuse": "true",
+    }
+    if master_on_loopback(master):
+        os.environ["SPARK_LOCAL_IP"] = LOOPBACK  # the JVM's environment: no other address
+        settings["spark.driver.host"] = LOOPBACK
+        settings["spark.driver.bindAddress"] = LOOPBACK
+    if not is_local_master(master):
+        # Executors elsewhere import the data source and the jobs from this tree too.
+        settings["spark.executorEnv.PYTHONPATH"] = os.environ["PYTHONPATH"]
     if shuffle_partitions is not None:
-        builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        settings["spark.sql.shuffle.partitions"] = str(shuffle_partitions)
     if driver_memory:
-        builder = builder.config("spark.driver.memory", driver_memory)
-    for key, value in (extra or {}).items():
+        settings["spark.driver.memory"] = driver_memory
+    settings.update(extra or {})
+    _launch_jvm(settings, verbose=verbose)
+    builder = SparkSession.builder
+    for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    spark.sparkContext.setLogLevel("WARN" if verbose else "ERROR")
     register(spark)
     return spark
+
+
+def stop_in_background(spark: Any) -> threading.Thread:
+    """Cancel every running job and stop the session, from a thread of its own: the
+    caller may be a signal handler whose thread is inside a JVM call, on a connection
+    that cannot carry another. Join the returned thread to wait for it."""
+
+    def stop() -> None:
+        try:
+            sc = spark.sparkContext
+            sc.setLogLevel("OFF")
+            sc.cancelAllJobs()
+            spark.stop()
+        except Exception:  # the JVM may already be gone: nothing left to stop
+            return
+
+    worker = threading.Thread(target=stop, name="metactl-spark-stop", daemon=True)
+    worker.start()
+    return worker
 
 
 @dataclass(frozen=True)

@@ -2,18 +2,39 @@
 
 Each job reads one or more data directories (through the ``metactl`` Spark data source)
 or a Parquet export, prints a summary, and with ``--out DIR`` writes its tables (Parquet,
-or CSV with ``--format csv``), ``summary.txt`` and a static ``report.html``. Exit status:
-0, or 1 when ``invariants`` finds a violation; errors print ``error: ...`` and exit 2.
+or CSV with ``--format csv``), ``summary.txt`` and a static ``report.html``.
+
+Before Spark starts, the inputs are checked: every ``--data-dir`` must hold a metadata
+log (the cluster's data dir or the controller's, `ops.paths.resolve_log_dir`), a
+``--parquet`` export must exist, and a data directory is refused with a master other
+than a local one (executors on other machines cannot open the controller's SQLite
+file: export it to storage they can read, then ``--parquet``). While the jobs run, a
+progress bar per Spark job (`audit.progress`); Spark's own output only with
+``--verbose``. Ctrl-C cancels the jobs, stops the session and exits 130.
+
+Exit status (`ops.cli`'s table): 0; 1 when ``invariants`` finds a violation, or a Spark
+job fails; 2 for bad arguments; 4 when an input is not found; 130 on Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import sys
+import logging
+import os
+import re
+import signal
+import threading
 import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
+from metactl.errors import InvalidConfigurationError, MetactlError, error_for_code
+from ops.cli import EXIT_INTERRUPTED, HELP_FORMAT, examples, fail
 from ops.export_cmds import add_source_options, input_from_args
 
 JOB_HELP = {
@@ -24,29 +45,110 @@ JOB_HELP = {
     "invariants": "replay every partition's history and flag every rule violation",
 }
 
+JOB_EXAMPLES = {
+    "elections": (
+        "metactl audit elections --data-dir ./data --bucket hour",
+        "metactl audit elections --parquet /shared/pq --master spark://10.0.0.5:7077",
+    ),
+    "unclean-recoveries": (
+        "metactl audit unclean-recoveries --data-dir ./data --out /tmp/audit/unclean",
+        "metactl audit unclean-recoveries --data-dir ./data --since 2026-11-24T00:00Z",
+    ),
+    "offline": (
+        "metactl audit offline --data-dir ./data",
+        "metactl audit offline --parquet /tmp/pq --since 2026-11-01 --until 2026-11-08",
+    ),
+    "brokers": (
+        "metactl audit brokers --data-dir ./data --flap-fences 3 --flap-window 10m",
+        "metactl audit brokers --data-dir /a/data --data-dir /b/data --out /tmp/audit/b",
+    ),
+    "invariants": (
+        "metactl audit invariants --data-dir ./data        # exit 1 on any violation",
+        "metactl audit invariants --parquet /tmp/pq --show 50",
+    ),
+}
+
+# A metactl error that crossed an executor's Python worker: `...errors.CorruptLogError:
+# CORRUPT_MESSAGE: batch CRC mismatch (...)` somewhere in Spark's message.
+_WORKER_ERROR = re.compile(r"metactl\.errors\.\w+: ([A-Z][A-Z_]+): (.+)")
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "audit",
         help="Spark audits of the election history in metadata logs",
-        description="Spark audits of the election history in metadata logs.",
+        description="Spark audits of the election history in metadata logs (audit/README.md).",
+        epilog=examples(
+            "metactl audit elections --data-dir ./data",
+            "metactl audit invariants --parquet /tmp/pq --master spark://127.0.0.1:7077",
+            "metactl audit JOB --help",
+        ),
+        formatter_class=HELP_FORMAT,
     )
     jobs = parser.add_subparsers(dest="audit_job", metavar="JOB", required=True)
     for job, text in JOB_HELP.items():
-        p = jobs.add_parser(job, help=text, description=text)
+        p = jobs.add_parser(
+            job,
+            help=text,
+            description=text,
+            epilog=examples(*JOB_EXAMPLES[job]),
+            formatter_class=HELP_FORMAT,
+        )
         add_source_options(p)
-        p.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+        p.add_argument(
+            "--master",
+            default="local[*]",
+            help="Spark master (default local[*]); with spark://HOST:PORT read --parquet",
+        )
         p.add_argument("--out", type=Path, help="write tables, summary.txt and report.html here")
-        p.add_argument("--format", choices=("parquet", "csv"), default="parquet")
-        p.add_argument("--since", help="start of the window (ISO 8601 UTC, or epoch ms)")
-        p.add_argument("--until", help="end of the window, exclusive (ISO 8601 UTC, or epoch ms)")
-        p.add_argument("--shuffle-partitions", type=int, help="spark.sql.shuffle.partitions")
+        p.add_argument(
+            "--format",
+            choices=("parquet", "csv"),
+            default="parquet",
+            help="table files under --out (default parquet)",
+        )
+        p.add_argument(
+            "--since",
+            help="start of the window (ISO 8601 UTC, or epoch ms; default: the log's start)",
+        )
+        p.add_argument(
+            "--until",
+            help="end of the window, exclusive (ISO 8601 UTC, or epoch ms; default: the end)",
+        )
+        p.add_argument(
+            "--shuffle-partitions",
+            type=int,
+            help="spark.sql.shuffle.partitions (default: Spark's, 200)",
+        )
         p.add_argument("--driver-memory", default="4g", help="spark.driver.memory (default 4g)")
+        p.add_argument(
+            "--progress",
+            choices=("auto", "bars", "lines", "off"),
+            default="auto",
+            help="progress per Spark job on stderr: bars, one line per job start and end, "
+            "or off (default auto: bars on a terminal, else off)",
+        )
+        p.add_argument(
+            "--verbose",
+            action="store_true",
+            help="show Spark's own log (WARN and up) and the JVM's output (default: quiet)",
+        )
         if job == "elections":
-            p.add_argument("--bucket", choices=("minute", "hour", "day"), help="time bucket")
+            p.add_argument(
+                "--bucket",
+                choices=("minute", "hour", "day"),
+                help="time bucket (default: from the window's span)",
+            )
         if job == "brokers":
-            p.add_argument("--flap-fences", type=int, default=3, help="flapping: more than N")
-            p.add_argument("--flap-window", default="10m", help="within this long (10m, 1h)")
+            p.add_argument(
+                "--flap-fences",
+                type=int,
+                default=3,
+                help="flapping: more than N fences (default 3)",
+            )
+            p.add_argument(
+                "--flap-window", default="10m", help="within this long (default 10m; 1h, 30s)"
+            )
         if job in ("unclean-recoveries", "invariants"):
             p.add_argument("--show", type=int, default=20, help="events to print (default 20)")
         if job == "invariants":
@@ -54,52 +156,111 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                 "--method",
                 choices=("auto", "logs", "rows"),
                 default="auto",
-                help="logs: check straight from data directories; rows: through Spark rows",
+                help="logs: check straight from data directories; rows: through Spark rows "
+                "(default auto: logs for data directories, rows for Parquet)",
             )
         p.set_defaults(func=_run)
 
 
-def _run(args: argparse.Namespace) -> int:
-    from audit.jobs import MODULES
+def _options(args: argparse.Namespace) -> dict[str, object]:
     from audit.jobs.brokers import parse_duration_ms
-    from audit.report import write_outputs
-    from audit.spark import get_session
 
-    try:
-        inp = input_from_args(args, since=args.since, until=args.until)
-        options: dict[str, object] = {}
-        if args.audit_job == "elections":
-            options["bucket"] = args.bucket
-        elif args.audit_job == "brokers":
-            options["flap_fences"] = args.flap_fences
-            options["flap_window_ms"] = parse_duration_ms(args.flap_window)
-        elif args.audit_job == "unclean-recoveries":
-            options["show"] = args.show
-        elif args.audit_job == "invariants":
-            options["show"] = args.show
-            options["method"] = args.method
-    except (ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    started = time.perf_counter()
-    try:
-        spark = get_session(
-            args.master,
-            shuffle_partitions=args.shuffle_partitions,
-            driver_memory=args.driver_memory,
+    options: dict[str, object] = {}
+    if args.audit_job == "elections":
+        options["bucket"] = args.bucket
+    elif args.audit_job == "brokers":
+        options["flap_fences"] = args.flap_fences
+        options["flap_window_ms"] = parse_duration_ms(args.flap_window)
+    elif args.audit_job == "unclean-recoveries":
+        options["show"] = args.show
+    elif args.audit_job == "invariants":
+        options["show"] = args.show
+        options["method"] = args.method
+    return options
+
+
+def check_master(master: str, data_dirs: tuple[str, ...]) -> None:
+    """A data directory with a cluster master is refused: its executors, on other
+    machines, cannot open the controller's SQLite file."""
+    from audit.spark import is_local_master
+
+    if data_dirs and not is_local_master(master):
+        raise InvalidConfigurationError(
+            f"--data-dir reads the controller's SQLite log, which the executors of "
+            f"--master {master} cannot open from other machines; export it first "
+            f"(metactl log export --data-dir DIR --parquet OUT, OUT on storage every "
+            f"worker can read) and audit with --parquet OUT"
         )
-        module = importlib.import_module(MODULES[args.audit_job])
-        result = module.run(spark, inp, **options)
-    except Exception as exc:  # Spark wraps worker errors; report them, not a traceback
-        print(f"error: {type(exc).__name__}: {_first_line(exc)}", file=sys.stderr)
-        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        # Everything that can be checked without Spark is checked before it starts.
+        inp = input_from_args(args, since=args.since, until=args.until)
+        options = _options(args)
+        check_master(args.master, inp.data_dirs)
+    except ValueError as exc:
+        return fail(InvalidConfigurationError(str(exc)))
+    except (MetactlError, OSError) as exc:
+        return fail(exc)
+    with _interruptible(verbose=args.verbose) as interrupted:
+        started = time.perf_counter()
+        try:
+            from audit.jobs import MODULES
+            from audit.progress import JobProgress
+            from audit.spark import get_session
+
+            spark = get_session(
+                args.master,
+                shuffle_partitions=args.shuffle_partitions,
+                driver_memory=args.driver_memory,
+                verbose=args.verbose,
+            )
+            interrupted.spark = spark
+            _on_sigint(interrupted)  # again: SparkContext() installs its own handler
+            up = time.perf_counter() - started
+            module = importlib.import_module(MODULES[args.audit_job])
+            mode = None if args.progress == "auto" else args.progress
+            group = f"metactl-audit-{args.audit_job}-{time.time_ns()}"
+            with JobProgress(spark, group, mode=mode, description=args.audit_job):
+                result = module.run(spark, inp, **options)
+        except BaseException as exc:
+            # After Ctrl-C, PySpark's clean-up code may raise a JVM error of its own in
+            # place of the KeyboardInterrupt: whatever ends the run then, it was Ctrl-C.
+            if interrupted.fired or isinstance(exc, KeyboardInterrupt):
+                interrupted.wait_stopped()
+                return EXIT_INTERRUPTED
+            if isinstance(exc, MetactlError | OSError):
+                return fail(exc)
+            if not isinstance(exc, Exception) or os.environ.get("METACTL_DEBUG"):
+                raise
+            # Spark wraps worker errors: one line, not a stack.
+            return fail(spark_error(exc, verbose=args.verbose))
     for line in result.summary:
         print(line)
     if args.out is not None:
+        from audit.report import write_outputs
+
         paths = write_outputs(result, args.out, args.format)
         print(f"wrote {len(paths)} files to {args.out} (report: {args.out / 'report.html'})")
-    print(f"({time.perf_counter() - started:.1f} s on {args.master})")
+    total = time.perf_counter() - started
+    print(f"({total:.1f} s on {args.master}, of which {up:.1f} s starting Spark)")
     return int(result.exit_status)
+
+
+def spark_error(exc: BaseException, *, verbose: bool = False) -> MetactlError:
+    """A Spark failure as a named error: a metactl error raised in an executor keeps
+    its code; anything else is SPARK_JOB_FAILED with Spark's first telling line."""
+    text = str(exc)
+    found = _WORKER_ERROR.search(text)
+    if found is not None:
+        return error_for_code(found.group(1), found.group(2).strip())
+    err = MetactlError(
+        f"{type(exc).__name__}: {_first_line(exc)}"
+        + ("" if verbose else " (--verbose shows Spark's log)")
+    )
+    err.code = "SPARK_JOB_FAILED"
+    return err
 
 
 def _first_line(exc: BaseException) -> str:
@@ -108,3 +269,70 @@ def _first_line(exc: BaseException) -> str:
         if "Error:" in line or "Exception:" in line:
             return line.strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+# --- Ctrl-C --------------------------------------------------------------------------------
+
+
+class _Interrupted:
+    """Ctrl-C during an audit: fired once; stops the session (if any) in the background
+    at once, so that the jobs are cancelled while the main thread unwinds."""
+
+    STOP_WAIT_S = 10.0
+
+    def __init__(self) -> None:
+        self.fired = False
+        self.spark: Any = None
+        self.stopper: threading.Thread | None = None
+
+    def fire(self) -> None:
+        self.fired = True
+        if self.spark is not None and self.stopper is None:
+            from audit.spark import stop_in_background
+
+            self.stopper = stop_in_background(self.spark)
+
+    def wait_stopped(self) -> None:
+        self.fire()  # a KeyboardInterrupt that did not come through our handler
+        if self.stopper is not None:
+            self.stopper.join(self.STOP_WAIT_S)
+
+
+def _on_sigint(state: _Interrupted) -> None:
+    """SIGINT, once: start stopping Spark from another thread, then KeyboardInterrupt.
+    No JVM call in the handler itself (PySpark's own handler makes one, on a connection
+    that may be mid-call)."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if not state.fired:
+            state.fire()
+            raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, handler)
+
+
+def _not_py4j(record: logging.LogRecord) -> bool:
+    return f"{os.sep}py4j{os.sep}" not in record.pathname
+
+
+@contextmanager
+def _interruptible(*, verbose: bool) -> Iterator[_Interrupted]:
+    """Our SIGINT handler for the block (in the main thread; elsewhere signals stay as
+    they are), the previous one restored after it. Unless `verbose`, py4j's own log
+    records (it logs an interrupted call with its stack) and PySpark's warnings are
+    dropped: the command reports what happened in one line of its own."""
+    state = _Interrupted()
+    previous: Any = signal.getsignal(signal.SIGINT)
+    _on_sigint(state)
+    root = logging.getLogger()
+    with warnings.catch_warnings():
+        if not verbose:
+            root.addFilter(_not_py4j)
+            warnings.filterwarnings("ignore", module=r"pyspark(\.|$)")
+        try:
+            yield state
+        finally:
+            root.removeFilter(_not_py4j)
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGINT, previous)

@@ -2,13 +2,14 @@
 
 This module adds ``export`` to the ``log`` command (registered by `ops.log_cmds`, which
 must come first in `ops.cli.COMMAND_MODULES`). It also holds the input options that the
-audit commands share: ``--data-dir`` (repeatable, or comma-separated) or ``--parquet``.
+audit commands share: ``--data-dir`` (repeatable, or comma-separated) or ``--parquet``,
+and checks them without Spark (`resolve_data_dirs`, `input_from_args`): a data directory
+is the cluster's (``./data``) or the controller's (``./data/controller``), or a log file.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,38 +25,56 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         commands = log_parser.add_subparsers(
             dest="log_command", metavar="SUBCOMMAND", required=True
         )
+    from ops.cli import HELP_FORMAT, examples
+
     export = commands.add_parser(
         "export",
         help="write the log as Parquet in the audit schema, partitioned by date",
         description="Write every record as one row of the audit schema to a Parquet "
-        "dataset OUT/date=YYYY-MM-DD/ (read-only on the log; no Spark needed).",
+        "dataset OUT/date=YYYY-MM-DD/ (read-only on the log; no Spark needed). To audit "
+        "on a Spark cluster, write OUT where every worker can read it.",
+        epilog=examples(
+            "metactl log export --data-dir ./data --parquet /tmp/pq",
+            "metactl log export --data-dir /a/data,/b/data --cluster a,b --parquet /shared/pq",
+        ),
+        formatter_class=HELP_FORMAT,
     )
     export.add_argument(
         "--data-dir",
         action="append",
         required=True,
-        help="data directory (or log file); repeat or comma-separate for several clusters",
+        help=DATA_DIR_HELP,
     )
     export.add_argument("--parquet", required=True, type=Path, help="output directory")
-    export.add_argument("--cluster", action="append", help="cluster name(s), one per data dir")
-    export.add_argument("--overwrite", action="store_true", help="replace a non-empty output")
+    export.add_argument(
+        "--cluster",
+        action="append",
+        help="cluster name(s), one per data dir (default: the directories' names)",
+    )
+    export.add_argument(
+        "--overwrite", action="store_true", help="replace a non-empty output (default: refuse)"
+    )
     export.set_defaults(func=_export)
+
+
+DATA_DIR_HELP = (
+    "the cluster's data directory (./data), the controller's (./data/controller) or a log "
+    "file; repeat or comma-separate for several clusters"
+)
 
 
 def _export(args: argparse.Namespace) -> int:
     from audit.export import export_parquet
-    from metactl.errors import MetactlError
+    from metactl.errors import InvalidConfigurationError, MetactlError
+    from ops.cli import fail
 
     try:
-        report = export_parquet(
-            _split(args.data_dir),
-            args.parquet,
-            clusters=_split(args.cluster),
-            overwrite=args.overwrite,
-        )
-    except (MetactlError, ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        dirs, clusters = resolve_data_dirs(_split(args.data_dir), _split(args.cluster))
+        report = export_parquet(dirs, args.parquet, clusters=clusters, overwrite=args.overwrite)
+    except ValueError as exc:
+        return fail(InvalidConfigurationError(str(exc)))
+    except (MetactlError, OSError) as exc:
+        return fail(exc)
     for line in report.lines():
         print(line)
     return 0
@@ -71,25 +90,51 @@ def _split(values: list[str] | None) -> list[str]:
 def add_source_options(parser: argparse.ArgumentParser) -> None:
     """--data-dir D [--data-dir D2 ...] | --parquet P, and --cluster names."""
     src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument(
-        "--data-dir",
-        action="append",
-        help="data directory (or log file); repeat or comma-separate for several clusters",
-    )
+    src.add_argument("--data-dir", action="append", help=DATA_DIR_HELP)
     src.add_argument("--parquet", help="a `metactl log export` output directory")
     parser.add_argument(
-        "--cluster", action="append", help="cluster name(s) for the data dirs (default: names)"
+        "--cluster",
+        action="append",
+        help="cluster name(s) for the data dirs (default: the directories' names)",
     )
+
+
+def resolve_data_dirs(given: list[str], clusters: list[str]) -> tuple[list[str], list[str]]:
+    """The log of each given path (`ops.paths.resolve_log_dir`; a log file stays as
+    given), checked to be a metactl log, and the cluster names: the given ones, else
+    each path's name as typed (``./data`` is ``data``, not ``controller``), else, when
+    two names clash, the full paths. Raises LOG_DIR_NOT_FOUND naming the places tried."""
+    from audit.logread import cluster_name, log_info
+    from ops.paths import resolve_log_dir
+
+    dirs = []
+    for path in given:
+        found = Path(path) if Path(path).is_file() else resolve_log_dir(path)
+        log_info(found)  # a metactl log, of a schema this reader knows
+        dirs.append(str(found))
+    if clusters:
+        return dirs, clusters
+    names = [cluster_name(p) for p in given]
+    if len(set(names)) != len(names):
+        names = [str(Path(p).resolve()) for p in given]
+    return dirs, names
 
 
 def input_from_args(args: argparse.Namespace, since: str | None, until: str | None) -> Any:
+    """The audit's input, every path checked (see `resolve_data_dirs`; a Parquet export
+    must exist). No Spark here: a bad path fails before the session starts."""
+    import errno
+
     from audit.spark import AuditInput
     from simulation.history_config import parse_time_ms
 
+    dirs, clusters = resolve_data_dirs(_split(args.data_dir), _split(args.cluster))
+    if args.parquet is not None and not Path(args.parquet).exists():
+        raise FileNotFoundError(errno.ENOENT, "no Parquet export", args.parquet)
     return AuditInput.of(
-        _split(args.data_dir) or None,
+        dirs or None,
         args.parquet,
-        clusters=tuple(_split(args.cluster)),
+        clusters=tuple(clusters) if dirs else (),
         since_ms=parse_time_ms(since) if since else None,
         until_ms=parse_time_ms(until) if until else None,
     )

@@ -7,6 +7,7 @@ list them yet; the audit commands reuse the session-wide Spark session (getOrCre
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,15 @@ import pandas as pd
 import pytest
 
 import ops.cli
+from audit.jobs.common import fmt_time
+from audit.logread import iter_batches, log_info, log_time_bounds
+from metadata_log.records import decode_batch, record_type
 from metadata_log.sqlite_format import LOG_FILE_NAME
 
 pytestmark = pytest.mark.slow
 
 MODULES = ("ops.export_cmds", "ops.audit_cmds", "ops.simulate_cmds")
+BALANCED = "worked-5.3.3-balanced-recovery"
 
 
 @pytest.fixture(autouse=True)
@@ -29,6 +34,16 @@ def commands(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     names += [m for m in MODULES if m not in names]
     monkeypatch.setattr(ops.cli, "COMMAND_MODULES", tuple(names))
     yield
+
+
+@pytest.fixture
+def no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if the command starts (or reuses) a Spark session."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("Spark was started before the inputs were checked")
+
+    monkeypatch.setattr("audit.spark.get_session", refuse)
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -108,14 +123,125 @@ def test_invariants_exit_status(
 
 
 def test_bad_input_is_an_error_not_a_traceback(
-    spark: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    spark: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path, no_spark: None
 ) -> None:
-    status, _, err = _run(capsys, "audit", "brokers", "--data-dir", str(tmp_path / "missing"))
-    assert status == 2 and err.startswith("error:")
+    missing = tmp_path / "missing"
+    status, _, err = _run(capsys, "audit", "brokers", "--data-dir", str(missing))
+    # Named, one line, the "not found" status, both places tried, and before Spark.
+    assert status == 4 and err.startswith("error: LOG_DIR_NOT_FOUND:")
+    assert err.count("\n") == 1 and str(missing) in err and str(missing / "controller") in err
+    status, _, err = _run(capsys, "audit", "offline", "--parquet", str(missing))
+    assert status == 4 and err.startswith("error: ENOENT:") and str(missing) in err
     status, _, err = _run(
-        capsys, "audit", "brokers", "--data-dir", str(tmp_path), "--flap-window", "soon"
+        capsys, "log", "export", "--data-dir", str(missing), "--parquet", str(tmp_path / "pq")
     )
-    assert status == 2 and "duration" in err
+    assert status == 4 and err.startswith("error: LOG_DIR_NOT_FOUND:")
+
+
+def test_bad_options_are_usage_errors(
+    capsys: pytest.CaptureFixture[str], scenario_logs: dict[str, Path], no_spark: None
+) -> None:
+    data = str(scenario_logs["manual-operator-election"])
+    status, _, err = _run(capsys, "audit", "brokers", "--data-dir", data, "--flap-window", "soon")
+    assert status == 2 and err.startswith("error: INVALID_CONFIG:") and "duration" in err
+    status, _, err = _run(capsys, "audit", "elections", "--data-dir", data, "--since", "noon")
+    assert status == 2 and err.startswith("error: INVALID_CONFIG:")
+
+
+def test_a_data_dir_with_a_cluster_master_is_refused_before_spark(
+    capsys: pytest.CaptureFixture[str], scenario_logs: dict[str, Path], no_spark: None
+) -> None:
+    data = str(scenario_logs["manual-operator-election"])
+    for master in ("spark://10.0.0.5:7077", "spark://127.0.0.1:7077", "yarn"):
+        status, _, err = _run(capsys, "audit", "elections", "--data-dir", data, "--master", master)
+        assert status == 2 and err.startswith("error: INVALID_CONFIG:"), err
+        assert err.count("\n") == 1 and "--parquet" in err and "log export" in err
+
+
+def test_cluster_data_dir_or_controller_dir(
+    spark: Any,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    scenario_logs: dict[str, Path],
+) -> None:
+    # `cluster up` keeps the controller's log in DATA/controller: both paths work, and the
+    # cluster is named after the path typed.
+    cluster = tmp_path / "prod"
+    (cluster / "controller").mkdir(parents=True)
+    shutil.copy(scenario_logs[BALANCED] / LOG_FILE_NAME, cluster / "controller" / LOG_FILE_NAME)
+    for given, name in ((cluster, "prod"), (cluster / "controller", "controller")):
+        status, out, err = _run(capsys, "audit", "unclean-recoveries", "--data-dir", str(given))
+        assert status == 0, err
+        assert f"{name}/orders-0" in out and "won on offset by 2" in out
+    pq = tmp_path / "pq"
+    status, out, _ = _run(capsys, "log", "export", "--data-dir", str(cluster), "--parquet", str(pq))
+    assert status == 0 and "exported 24 records of prod" in out
+
+
+def test_progress_lines_follow_every_job(
+    spark: Any, capsys: pytest.CaptureFixture[str], scenario_logs: dict[str, Path]
+) -> None:
+    data = str(scenario_logs[BALANCED])
+    status, out, err = _run(capsys, "audit", "elections", "--data-dir", data, "--progress", "lines")
+    assert status == 0 and out.startswith("elections audit of")
+    started = re.findall(r"^spark job (\d+) started: \S.* \((\d+) tasks\)$", err, re.M)
+    ended = re.findall(r"^spark job (\d+) succeeded: (\d+)/(\d+) tasks in", err, re.M)
+    assert started and sorted(j for j, _ in started) == sorted(j for j, _, _ in ended)
+    assert all(done == total and int(total) > 0 for _, done, total in ended)
+    assert err.count("\n") == len(started) + len(ended)  # nothing but progress on stderr
+    assert re.search(r"\(\d+\.\d s on local\[\*\], of which \d+\.\d s starting Spark\)", out)
+    # Off (the default away from a terminal): nothing on stderr.
+    status, _, err = _run(capsys, "audit", "elections", "--data-dir", data)
+    assert status == 0 and err == ""
+
+
+@pytest.mark.parametrize(
+    "job", ["elections", "unclean-recoveries", "offline", "brokers", "invariants"]
+)
+def test_every_job_takes_a_window(
+    spark: Any,
+    capsys: pytest.CaptureFixture[str],
+    sim_log: tuple[Path, Any],
+    job: str,
+) -> None:
+    path, _ = sim_log
+    lo, hi = log_time_bounds(log_info(path).path)
+    assert lo is not None and hi is not None
+    since, until = lo + (hi - lo) // 3, lo + 2 * (hi - lo) // 3
+    status, out, err = _run(
+        capsys, "audit", job, "--data-dir", str(path), "--since", str(since), "--until", str(until)
+    )
+    assert status == 0, err
+    assert f"({fmt_time(since)} .. {fmt_time(until)})" in out.splitlines()[0]
+    if job == "elections":
+        expected = _count(path, since, until, "PartitionChange", "election")
+        assert expected > 0 and _number(r"^elections: ([\d,]+)", out) == expected
+    if job == "unclean-recoveries":
+        expected = _count(path, since, until, "UncleanRecovery")
+        found = _number(r"^unclean recoveries \(potential data-loss events\): ([\d,]+)", out)
+        assert expected > 0 and found == expected
+
+
+def _number(pattern: str, text: str) -> int:
+    found = re.search(pattern, text, re.M)
+    assert found is not None, text
+    return int(found[1].replace(",", ""))
+
+
+def _count(path: Path, since: int, until: int, tag: str, field: str | None = None) -> int:
+    """Records of one type (with `field` set) whose batch time is in [since, until),
+    counted straight from the log, without the audit code."""
+    info = log_info(path)
+    n = 0
+    for chunk in iter_batches(info.path, info.start_offset, info.end_offset):
+        for _base, _n, ts, payload in chunk:
+            if since <= ts < until:
+                n += sum(
+                    1
+                    for r in decode_batch(payload)
+                    if record_type(r) == tag and (field is None or getattr(r, field) is not None)
+                )
+    return n
 
 
 def test_simulate_history(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
