@@ -37,11 +37,10 @@ from metadata_image.image import TopicPartition, parse_tp
 from metadata_log.records import NO_LEADER
 from ops.cli import EXIT_OK, HELP_FORMAT, error_line, examples, exit_status
 from ops.client import (
-    CLI_RETRY,
     add_controller_arguments,
+    ask,
     controller_address,
     security_from,
-    within,
 )
 from protocol.messages import (
     CreateTopic,
@@ -262,12 +261,8 @@ def cmd_topics_create(args: argparse.Namespace) -> int:
     security = security_from(args)
 
     async def run() -> CreateTopicsResponse:
-        async with security.controller_client(address, retry=CLI_RETRY) as client:
-            r = await within(
-                client.request(CreateTopicsRequest(topics=[spec]), args.timeout),
-                args.timeout,
-                address,
-            )
+        async with security.controller_client(address) as client:
+            r = await ask(client, CreateTopicsRequest(topics=[spec]), args.timeout)
         if not isinstance(r, CreateTopicsResponse) or len(r.results) != 1:
             raise MetactlError(f"unexpected answer {type(r).__name__} from {address}")
         return r
@@ -392,7 +387,7 @@ def cmd_elect(args: argparse.Namespace) -> int:
             topic=tp[0], partition=tp[1], election_type=args.election_type, replica=replica
         )
         try:
-            r = await within(client.request(request, args.timeout), args.timeout, address)
+            r = await ask(client, request, args.timeout)
         except ElectionNotNeededError as exc:
             not_needed(tp, exc.message)
             return
@@ -412,7 +407,7 @@ def cmd_elect(args: argparse.Namespace) -> int:
     async def run() -> None:
         from ops.describe_cmds import pages
 
-        async with security.controller_client(address, retry=CLI_RETRY) as client:
+        async with security.controller_client(address) as client:
             if targets is not None:
                 for tp, replica in targets:
                     await elect(client, tp, replica)

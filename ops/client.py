@@ -30,11 +30,16 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from controller.runtime.driver import load_image
-from metactl.errors import InvalidConfigurationError, MetactlError, RequestTimedOutError
+from metactl.errors import (
+    InvalidConfigurationError,
+    MetactlError,
+    RequestTimedOutError,
+    ThrottlingQuotaExceededError,
+)
 from metadata_image.image import ClusterImage
 from metadata_log.sqlite_store import SqliteLogStore
 from ops.paths import resolve_log_dir
-from protocol.client import DEFAULT_TIMEOUT_S, RetryPolicy, RpcClient, request_once
+from protocol.client import DEFAULT_TIMEOUT_S, NO_RETRY, RetryPolicy, RpcClient
 from protocol.codec import parse_address
 from protocol.flags import CLI_FALLBACK_TLS_DIR, add_tls_arguments, tls_identity
 from protocol.messages import Message
@@ -99,12 +104,44 @@ def controller_address(args: Any) -> str:
 
 
 async def within(aw: Awaitable[T], timeout_s: float, address: str) -> T:
-    """`aw`, or REQUEST_TIMED_OUT once `timeout_s` have passed (retries included)."""
+    """`aw`, or REQUEST_TIMED_OUT once `timeout_s` have passed."""
     try:
         async with asyncio.timeout(timeout_s):
             return await aw
     except TimeoutError:
         raise RequestTimedOutError(f"no answer from {address} within {timeout_s:g} s") from None
+
+
+async def ask(
+    client: RpcClient, body: Message, timeout_s: float, *, retry: RetryPolicy = CLI_RETRY
+) -> Message:
+    """One request of a client command: retriable errors retried by `retry` while
+    `timeout_s` lasts. An attempt still unanswered at the deadline is REQUEST_TIMED_OUT; a
+    retry that would end past it is not made, and the error it would retry is raised (a
+    closed port stays NETWORK_EXCEPTION, whatever the timeout)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    attempt = 0
+    while True:
+        left = deadline - loop.time()
+        try:
+            # The attempt's own timeout is later than the deadline: at the deadline the
+            # answer is REQUEST_TIMED_OUT, never a NETWORK_EXCEPTION without a message.
+            return await within(
+                client.request(body, left + 1.0, retry=NO_RETRY), max(left, 0.0), client.address
+            )
+        except RequestTimedOutError:
+            raise
+        except MetactlError as exc:
+            if not retry.should_retry(exc, attempt):
+                raise
+            delay = retry.backoff(attempt)
+            if isinstance(exc, ThrottlingQuotaExceededError):  # KIP-599: wait it out
+                delay = max(delay, exc.retry_after_ms / 1000)
+            if loop.time() + delay >= deadline:
+                raise
+            await asyncio.sleep(delay)
+            attempt += 1
 
 
 @dataclass(frozen=True)
@@ -153,19 +190,9 @@ async def call(
     security: Security = INSECURE,
 ) -> Message:
     """One request to the controller at `address`; raises the coded error it answers, or
-    REQUEST_TIMED_OUT when no answer came within `timeout_s`, retries included."""
-    return await within(
-        request_once(
-            address,
-            body,
-            timeout_s,
-            retry=retry,
-            ssl=security.ssl,
-            expect_principal=security.expect(CONTROLLER),
-        ),
-        timeout_s,
-        address,
-    )
+    REQUEST_TIMED_OUT when no answer came within `timeout_s`, retries included (`ask`)."""
+    async with security.controller_client(address, connect_timeout=min(5.0, timeout_s)) as client:
+        return await ask(client, body, timeout_s, retry=retry)
 
 
 async def offline_image(data_dir: Path) -> tuple[ClusterImage, int]:

@@ -61,11 +61,10 @@ from metadata_log.records import (
 )
 from ops.cli import HELP_FORMAT, examples
 from ops.client import (
-    CLI_RETRY,
     add_controller_arguments,
+    ask,
     controller_address,
     security_from,
-    within,
 )
 from ops.events import fence_reason_text, parse_duration_ms
 from ops.paths import resolve_log_dir
@@ -207,13 +206,13 @@ async def pages(
     last_broker: int | None = None
     while True:
         try:
-            r = await within(client.request(request, timeout_s), timeout_s, client.address)
+            r = await ask(client, request, timeout_s)
         except UnsupportedVersionError:
             if request.cursor is not None or request.broker_cursor is not None:
                 raise
             # A controller older than paging: one v1 answer (it may not fit a frame).
             v1 = DescribeClusterRequest(topic=request.topic)
-            r = await within(client.request(v1, timeout_s), timeout_s, client.address)
+            r = await ask(client, v1, timeout_s)
         if not isinstance(r, DescribeClusterResponse):
             raise InvalidRequestError(f"unexpected answer {type(r).__name__}")
         for p in r.partitions:
@@ -419,7 +418,7 @@ class _Printer:
 async def _online(args: argparse.Namespace, request: DescribeClusterRequest, out: _Printer) -> None:
     address = controller_address(args)
     security = security_from(args)
-    async with security.controller_client(address, retry=CLI_RETRY) as client:
+    async with security.controller_client(address) as client:
         async for r in pages(client, request, timeout_s=args.timeout):
             if out.key == "partitions":
                 out.page(r.partitions, partition_line, r.committed_offset, r.topics)

@@ -27,11 +27,10 @@ from metadata_image.snapshot import ImageSnapshot, from_snapshot
 from metadata_log.records import to_builtins
 from ops.cli import EXIT_OK, HELP_FORMAT, examples
 from ops.client import (
-    CLI_RETRY,
     add_controller_arguments,
+    ask,
     controller_address,
     security_from,
-    within,
 )
 from ops.events import Event, Feed, iso_ms, parse_since
 from ops.paths import resolve_log_dir
@@ -111,14 +110,13 @@ async def _online(args: argparse.Namespace, feed: Feed) -> None:
     address = controller_address(args)
     security = security_from(args)
     position = 0
-    async with security.controller_client(address, retry=CLI_RETRY) as client:
+    async with security.controller_client(address) as client:
         while True:
             wait = FOLLOW_WAIT_MS if args.follow else 0
             request = FetchMetadataRequest(
                 from_offset=position, max_records=READ_RECORDS, max_wait_ms=wait
             )
-            limit = args.timeout + wait / 1000
-            r = await within(client.request(request, limit), limit, address)
+            r = await ask(client, request, args.timeout + wait / 1000)
             if not isinstance(r, FetchMetadataResponse):
                 raise MetactlError(f"unexpected answer {type(r).__name__} from {address}")
             if r.snapshot is not None:

@@ -27,8 +27,6 @@ from metadata_log.records import (
 from metadata_log.sqlite_store import SqliteLogStore
 from ops.cli import main
 
-NOW = int(time.time() * 1000)
-
 
 def write(log_dir: Path, batches: list[tuple[list[MetadataRecord], int]]) -> None:
     async def run() -> None:
@@ -43,6 +41,7 @@ def cluster(data: Path) -> Path:
     """A cluster data dir (`cluster up`'s layout) whose log holds four partitions of
     topic `t` (RF 3, MinISR 2): healthy, under-replicated at MinISR, under MinISR, and
     leaderless; broker 3 killed (session expired), broker 2 fenced then registered again."""
+    now = int(time.time() * 1000)
     brokers: list[MetadataRecord] = []
     for b in (1, 2, 3):
         brokers += [
@@ -83,11 +82,11 @@ def cluster(data: Path) -> Path:
     write(
         data / "controller",
         [
-            (brokers + topic, NOW - 10 * 86_400_000),
-            ([old], NOW - 3 * 86_400_000),  # older than a day
-            (aborted, NOW - 120_000),
-            ([recovery], NOW - 125_000),  # about two minutes ago
-            (fences, NOW - 1_000),
+            (brokers + topic, now - 10 * 86_400_000),
+            ([old], now - 3 * 86_400_000),  # older than a day
+            (aborted, now - 120_000),
+            ([recovery], now - 125_000),  # about two minutes ago
+            (fences, now - 1_000),
         ],
     )
     return data
@@ -154,7 +153,7 @@ def test_recent_unclean_recoveries_and_why_brokers_are_fenced(
     lines = dict(zip(partitions(out), shown, strict=True))
     assert status == 0
     note = lines[2].split("\tLastUncleanRecovery: ")[1]
-    assert note.startswith("chose 1 of [1,2] (balanced, isr_and_elr_empty) 2m0")
+    assert note.startswith("chose 1 of [1,2] (balanced, isr_and_elr_empty) 2m")  # 125 s and more
     assert note.endswith(" ago — potential data loss")
     # Three days old: outside the default 24 h; the aborted one never happened.
     assert "LastUncleanRecovery" not in lines[1] and "LastUncleanRecovery" not in lines[0]
