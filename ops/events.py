@@ -24,8 +24,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final, Protocol
 
+import msgspec
+
 from metactl.errors import InvalidConfigurationError
-from metadata_image.image import ClusterImage
+from metadata_image.image import ClusterImage, PartitionState, TopicPartition
 from metadata_image.replay import image_from_records, replay
 from metadata_log.records import (
     NO_LEADER,
@@ -37,7 +39,9 @@ from metadata_log.records import (
     FenceBrokerRecord,
     LeaderRecoveryState,
     MetadataRecord,
+    NoOpRecord,
     PartitionChangeRecord,
+    PartitionRecord,
     RegisterBrokerRecord,
     TopicRecord,
     UncleanRecoveryRecord,
@@ -96,6 +100,56 @@ def _leader(x: int) -> str:
     return "none" if x == NO_LEADER else str(x)
 
 
+class View:
+    """The state a record's line is told against: the image, and over it what the records
+    read since (not yet replayed into it) changed of partitions and brokers. Replaying
+    record by record would cost a replay per line; a long history is replayed in bulk."""
+
+    def __init__(self, image: ClusterImage) -> None:
+        self.image = image
+        self._partitions: dict[TopicPartition, PartitionState] = {}
+        self._brokers: set[int] = set()
+
+    def partition(self, tp: TopicPartition) -> PartitionState | None:
+        p = self._partitions.get(tp)
+        return p if p is not None else self.image.partitions.get(tp)
+
+    def has_broker(self, broker_id: int) -> bool:
+        return broker_id in self._brokers or broker_id in self.image.brokers
+
+    def note(self, r: MetadataRecord) -> bool:
+        """Take `r` into account; False when this view cannot (replay, then a new view)."""
+        if isinstance(r, PartitionChangeRecord):
+            p = self.partition((r.topic, r.partition))
+            if p is not None:
+                self._partitions[p.tp] = msgspec.structs.replace(
+                    p,
+                    leader=p.leader if r.leader is None else r.leader,
+                    isr=p.isr if r.isr is None else frozenset(r.isr),
+                    elr=p.elr if r.elr is None else frozenset(r.elr),
+                    last_known_elr=(
+                        p.last_known_elr
+                        if r.last_known_elr is None
+                        else frozenset(r.last_known_elr)
+                    ),
+                )
+        elif isinstance(r, PartitionRecord):
+            self._partitions[(r.topic, r.partition)] = PartitionState(
+                topic=r.topic,
+                partition=r.partition,
+                replicas=tuple(r.replicas),
+                isr=frozenset(r.isr),
+                elr=frozenset(r.elr),
+                last_known_elr=frozenset(r.last_known_elr),
+                leader=r.leader,
+            )
+        elif isinstance(r, RegisterBrokerRecord):
+            self._brokers.add(r.broker_id)
+        elif isinstance(r, ClearElrRecord):
+            return False  # changes every partition of a topic: replay instead
+        return True
+
+
 class Feed:
     """Turns committed entries into events, keeping the image they build."""
 
@@ -103,13 +157,15 @@ class Feed:
         self.image = image if image is not None else ClusterImage()
         self.since_ms = since_ms
         self._held: list[Entry] | None = None  # an open transaction, its begin marker first
-        self._quiet: list[MetadataRecord] = []  # records before `since_ms`, not yet replayed
+        self._pending: list[MetadataRecord] = []  # taken, not yet replayed into the image
+        self._view = View(self.image)
 
     def reset(self, records: Iterable[MetadataRecord], end_offset: int) -> None:
         """Start again from a snapshot (FetchMetadata's answer for a truncated log)."""
         self.image = image_from_records(records, end_offset)
         self._held = None
-        self._quiet = []
+        self._pending = []
+        self._view = View(self.image)
 
     def add(self, entries: Iterable[Entry]) -> list[Event]:
         """The events of these entries (read in log order), in log order."""
@@ -133,29 +189,42 @@ class Feed:
         return out
 
     def _take(self, e: Entry, out: list[Event]) -> None:
-        if self.since_ms is not None and e.timestamp_ms < self.since_ms:
-            self._quiet.append(e.record)
-            return
-        self._flush()
-        text = describe_record(e.record, self.image)
-        self.image = replay(self.image, [e.record])
+        r = e.record
+        quiet = self.since_ms is not None and e.timestamp_ms < self.since_ms
+        text = None if quiet or type(r) in _SILENT else describe_record(r, self._view)
+        self._pending.append(r)
+        if not self._view.note(r):
+            self._flush()
         if text is not None:
-            out.append(Event(e.offset, e.timestamp_ms, record_type(e.record), text, e.record))
+            out.append(Event(e.offset, e.timestamp_ms, record_type(r), text, r))
 
     def _flush(self) -> None:
-        if self._quiet:
-            self.image = replay(self.image, self._quiet)
-            self._quiet = []
+        if self._pending:
+            self.image = replay(self.image, self._pending)
+            self._pending = []
+            self._view = View(self.image)
 
 
-def describe_record(r: MetadataRecord, before: ClusterImage) -> str | None:
+# Records that never give a line of their own (describe_record says None for them).
+_SILENT: Final = frozenset(
+    (
+        PartitionRecord,
+        NoOpRecord,
+        BeginTransactionRecord,
+        EndTransactionRecord,
+        AbortTransactionRecord,
+    )
+)
+
+
+def describe_record(r: MetadataRecord, before: View) -> str | None:
     """One line for a record, given the image before it; None: nothing to say."""
     if isinstance(r, FenceBrokerRecord):
         return f"broker {r.broker_id} fenced ({fence_reason_text(r.reason)})"
     if isinstance(r, UnfenceBrokerRecord):
         return f"broker {r.broker_id} unfenced (caught up with the log)"
     if isinstance(r, RegisterBrokerRecord):
-        if r.broker_id not in before.brokers:
+        if not before.has_broker(r.broker_id):
             how = "first registration"
         elif r.clean:
             how = "clean restart"
@@ -186,9 +255,9 @@ def describe_record(r: MetadataRecord, before: ClusterImage) -> str | None:
     return None  # PartitionRecord (the topic's line says it), NoOp, transaction markers
 
 
-def _partition_change(r: PartitionChangeRecord, before: ClusterImage) -> str | None:
+def _partition_change(r: PartitionChangeRecord, before: View) -> str | None:
     name = f"{r.topic}-{r.partition}"
-    p = before.partitions.get((r.topic, r.partition))
+    p = before.partition((r.topic, r.partition))
     parts: list[str] = []
     if r.leader is not None:
         old = _leader(p.leader) if p is not None else "?"
@@ -219,12 +288,12 @@ def _partition_change(r: PartitionChangeRecord, before: ClusterImage) -> str | N
     return ", ".join(parts)
 
 
-def _recovery(r: UncleanRecoveryRecord, before: ClusterImage) -> str:
+def _recovery(r: UncleanRecoveryRecord, before: View) -> str:
     name = f"{r.topic}-{r.partition}"
     loss = " — potential data loss" if r.potential_data_loss else ""
     if r.trigger == "operator":
         return f"{name} UNCLEAN RECOVERY: operator elected {r.chosen} ({r.strategy}){loss}"
-    p = before.partitions.get((r.topic, r.partition))
+    p = before.partition((r.topic, r.partition))
     candidates = [c.broker_id for c in r.candidates]
     if r.strategy == "balanced" and p is not None and p.last_known_elr:
         pool = f"LastKnownELR {_ids(sorted(p.last_known_elr))}"
