@@ -122,15 +122,20 @@ def resolve_data_dirs(given: list[str], clusters: list[str]) -> tuple[list[str],
 
 def input_from_args(args: argparse.Namespace, since: str | None, until: str | None) -> Any:
     """The audit's input, every path checked (see `resolve_data_dirs`; a Parquet export
-    must exist). No Spark here: a bad path fails before the session starts."""
+    must exist, unless it is a URL such as hdfs://...). No Spark here: a bad path fails
+    before the session starts."""
     import errno
+    from urllib.parse import urlsplit
 
     from audit.spark import AuditInput
     from simulation.history_config import parse_time_ms
 
     dirs, clusters = resolve_data_dirs(_split(args.data_dir), _split(args.cluster))
-    if args.parquet is not None and not Path(args.parquet).exists():
-        raise FileNotFoundError(errno.ENOENT, "no Parquet export", args.parquet)
+    if args.parquet is not None:
+        url = urlsplit(args.parquet)
+        local = Path(url.path) if url.scheme == "file" else Path(args.parquet)
+        if url.scheme in ("", "file") and not local.exists():
+            raise FileNotFoundError(errno.ENOENT, "no Parquet export", args.parquet)
     return AuditInput.of(
         dirs or None,
         args.parquet,

@@ -6,6 +6,7 @@ list them yet; the audit commands reuse the session-wide Spark session (getOrCre
 
 from __future__ import annotations
 
+import argparse
 import re
 import shutil
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from audit.jobs.common import fmt_time
 from audit.logread import iter_batches, log_info, log_time_bounds
 from metadata_log.records import decode_batch, record_type
 from metadata_log.sqlite_format import LOG_FILE_NAME
+from ops.export_cmds import input_from_args
 
 pytestmark = pytest.mark.slow
 
@@ -136,6 +138,15 @@ def test_bad_input_is_an_error_not_a_traceback(
         capsys, "log", "export", "--data-dir", str(missing), "--parquet", str(tmp_path / "pq")
     )
     assert status == 4 and err.startswith("error: LOG_DIR_NOT_FOUND:")
+
+
+def test_a_parquet_url_is_left_to_spark() -> None:
+    # Only local paths can be checked here; hdfs:// and s3a:// are the cluster's to read.
+    args = argparse.Namespace(data_dir=None, parquet="hdfs://nn:8020/metactl/pq", cluster=None)
+    assert input_from_args(args, None, None).parquet == "hdfs://nn:8020/metactl/pq"
+    args.parquet = "file:///nonexistent/pq"
+    with pytest.raises(FileNotFoundError):
+        input_from_args(args, None, None)
 
 
 def test_bad_options_are_usage_errors(
