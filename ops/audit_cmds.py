@@ -57,7 +57,7 @@ JOB_EXAMPLES = {
     ),
     "unclean-recoveries": (
         "metactl audit unclean-recoveries --data-dir ./data --out /tmp/audit/unclean",
-        "metactl audit unclean-recoveries --data-dir ./data --since 2026-11-24T00:00Z",
+        "metactl audit unclean-recoveries --data-dir ./data --since 7d",
     ),
     "offline": (
         "metactl audit offline --data-dir ./data",
@@ -119,11 +119,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         )
         p.add_argument(
             "--since",
-            help="start of the window (ISO 8601 UTC, or epoch ms; default: the log's start)",
+            help="start of the window: a duration back from now (10m, 2h, 7d), an ISO 8601 "
+            "time (UTC) or epoch ms (default: the log's start)",
         )
         p.add_argument(
             "--until",
-            help="end of the window, exclusive (ISO 8601 UTC, or epoch ms; default: the end)",
+            help="end of the window, exclusive, in the same forms (default: the log's end)",
         )
         p.add_argument(
             "--shuffle-partitions",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from audit.jobs.common import fmt_time
 from audit.logread import iter_batches, log_info, log_time_bounds
 from metadata_log.records import decode_batch, record_type
 from metadata_log.sqlite_format import LOG_FILE_NAME
-from ops.export_cmds import input_from_args
+from ops.export_cmds import input_from_args, window_time
 
 pytestmark = pytest.mark.slow
 
@@ -156,7 +157,7 @@ def test_bad_options_are_usage_errors(
     status, _, err = _run(capsys, "audit", "brokers", "--data-dir", data, "--flap-window", "soon")
     assert status == 2 and err.startswith("error: INVALID_CONFIG:") and "duration" in err
     status, _, err = _run(capsys, "audit", "elections", "--data-dir", data, "--since", "noon")
-    assert status == 2 and err.startswith("error: INVALID_CONFIG:")
+    assert status == 2 and err.startswith("error: INVALID_CONFIG: --since 'noon': expected")
 
 
 def test_a_data_dir_with_a_cluster_master_is_refused_before_spark(
@@ -231,6 +232,24 @@ def test_every_job_takes_a_window(
         expected = _count(path, since, until, "UncleanRecovery")
         found = _number(r"^unclean recoveries \(potential data-loss events\): ([\d,]+)", out)
         assert expected > 0 and found == expected
+
+
+def test_since_a_duration_back_from_now(
+    spark: Any, capsys: pytest.CaptureFixture[str], sim_log: tuple[Path, Any]
+) -> None:
+    path, _ = sim_log
+    lo, _hi = log_time_bounds(log_info(path).path)
+    assert lo is not None
+    days = (time.time() * 1000 - lo) // 86_400_000  # the log starts before this many days ago
+    everything = _count(path, lo, 2**62, "PartitionChange", "election")
+    for since, expected in ((f"{days + 2:.0f}d", everything), ("1h", 0)):
+        status, out, err = _run(
+            capsys, "audit", "elections", "--data-dir", str(path), "--since", since
+        )
+        assert status == 0, err
+        assert _number(r"^elections: ([\d,]+)", out) == expected
+    assert window_time("10m", now_ms=1_000_000) == 400_000
+    assert window_time("2026-01-01T00:00Z") == 1_767_225_600_000 == window_time("1767225600000")
 
 
 def _number(pattern: str, text: str) -> int:
