@@ -3,15 +3,16 @@
 The divergence cases follow reliability-leader-epoch-zh.md (why leader epochs replaced
 HW-based truncation): the restarted follower that must *not* truncate (case 1) and the
 two logs that diverged at the same offset (case 2). A property test then drives random
-histories made the way real ones are (one leader per epoch, followers copy or lose a
-suffix) and checks that one diverging fetch is enough and never costs a shared record.
+histories made the way real ones are (one leader per epoch, whose log only grows while it
+leads; followers copy or lose a suffix) and checks that one diverging fetch is enough and
+never costs a shared record.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from brokers_stub.replica_log import NO_EPOCH, EpochEntry, last_written_epoch
@@ -67,6 +68,17 @@ def test_follower_with_an_epoch_the_leader_never_saw() -> None:
     assert divergence(leader, leader_leo, 0, point) is None
 
 
+def test_leader_that_lost_records_leads_again_in_a_newer_epoch() -> None:
+    # 1 led epoch 1 with [e0, e1]; 2 copied both. 1 crashed and lost both records. It can
+    # only lead again after a fence (a leader change: a new epoch) and a new election, so
+    # what it writes next is epoch 2, and 2's records (epochs 0 and 1) are all foreign.
+    leader, leader_leo = [(2, 0)], 2
+    follower, follower_leo = [(0, 0), (1, 1)], 2
+    truncate_to = divergence(leader, leader_leo, 1, follower_leo)
+    assert truncate_to == 0
+    assert follower_truncation(follower, follower_leo, leader, leader_leo, truncate_to) == 0
+
+
 def test_empty_logs_and_logs_without_epochs() -> None:
     assert divergence([(0, 0)], 5, NO_EPOCH, 0) is None
     assert divergence([(0, 0)], 5, NO_EPOCH, 3) == 0
@@ -79,10 +91,16 @@ def test_empty_logs_and_logs_without_epochs() -> None:
 
 @dataclass
 class Model:
-    """Real logs as one epoch per record; histories derived from them."""
+    """Real logs as one epoch per record; histories derived from them.
+
+    `leader` is None between a crash of the leader and the next election: a replica loses
+    records only in a crash, and a crashed leader is fenced (the controller moves the
+    leadership away, a new leader epoch) before it registers again. So a leader's log
+    never shrinks within its epoch, which is what lets (epoch, offset) name one record.
+    """
 
     logs: dict[int, list[int]] = field(default_factory=lambda: {1: [], 2: [], 3: []})
-    leader: int = 1
+    leader: int | None = 1
     epoch: int = 0
     started: dict[int, int] = field(default_factory=dict)  # leader epoch -> start offset
 
@@ -114,8 +132,25 @@ ops = st.lists(
 )
 
 
+# A leader that lost records used to go on appending in the same epoch: an impossible
+# history, whose epoch 1 named different records on the two replicas (see Model).
+LEADER_LOSES_THEN_APPENDS = [
+    ("append", 0, 1),
+    ("elect", 1, 0),
+    ("append", 0, 1),
+    ("sync", 2, 0),
+    ("lose", 1, 1),
+    ("lose", 1, 1),
+    ("append", 0, 2),
+    ("sync", 2, 0),
+]
+
+
 @settings(max_examples=300, deadline=None)
 @given(ops)
+@example(LEADER_LOSES_THEN_APPENDS)
+@example([*LEADER_LOSES_THEN_APPENDS[:6], ("elect", 1, 0), *LEADER_LOSES_THEN_APPENDS[6:]])
+@example([*LEADER_LOSES_THEN_APPENDS[:5], ("elect", 3, 0), *LEADER_LOSES_THEN_APPENDS[6:]])
 def test_one_diverging_fetch_finds_exactly_the_shared_prefix(
     steps: list[tuple[str, int, int]],
 ) -> None:
@@ -124,11 +159,13 @@ def test_one_diverging_fetch_finds_exactly_the_shared_prefix(
         if op == "elect":
             m.epoch += 1
             m.leader = r
-        elif op == "append":
+        elif op == "append" and m.leader is not None:
             m.logs[m.leader].extend([m.epoch] * n)
         elif op == "lose":
             del m.logs[r][max(0, len(m.logs[r]) - n) :]
-        elif op == "sync" and r != m.leader:
+            if r == m.leader:
+                m.leader = None  # crashed: fenced, no leader until the next election
+        elif op == "sync" and m.leader is not None and r != m.leader:
             leader_log, follower_log = m.logs[m.leader], m.logs[r]
             lh, fh = m.history(m.leader), m.history(r)
             truncate_to = divergence(
