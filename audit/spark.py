@@ -22,8 +22,10 @@ The session is an operator's tool, not a service (issue 13):
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -85,7 +87,6 @@ def _launch_jvm(settings: dict[str, str], *, verbose: bool) -> None:
     with its output discarded unless `verbose`. `launch_gateway` is PySpark's own
     launcher; `popen_kwargs` is its documented hook for exactly this."""
     from pyspark import SparkConf, SparkContext
-    from pyspark.java_gateway import launch_gateway
 
     if SparkContext._gateway is not None:
         return
@@ -101,10 +102,47 @@ def _launch_jvm(settings: dict[str, str], *, verbose: bool) -> None:
     popen: dict[str, Any] = {"start_new_session": True}
     if not verbose:
         popen.update(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    gateway = launch_gateway(conf, popen_kwargs=popen)  # type: ignore[no-untyped-call]
+    gateway = _launch_or_kill(conf, popen)
     if plan is not None:
         cds.note_jvm(plan, gateway.proc.pid)
     SparkContext._ensure_initialized(gateway=gateway)
+
+
+def _launch_or_kill(conf: Any, popen: dict[str, Any]) -> Any:
+    """`launch_gateway`, and if it does not return (Ctrl-C while the JVM starts), kill
+    the JVM it started: PySpark removes the directory where the JVM reports its port, the
+    JVM's main thread then dies, and its py4j server thread would keep it alive for ever.
+    PySpark does not hand the process out on failure, so its `Popen` is wrapped for the
+    call (SIGINT held while the process is created, so it is always recorded)."""
+    from pyspark import java_gateway as module
+
+    gw: Any = module  # its Popen is an import, not an export: typed loosely here
+    started: list[subprocess.Popen[bytes]] = []
+    original = gw.Popen
+
+    def recorded(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        held = threading.current_thread() is threading.main_thread()
+        if held:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            proc: subprocess.Popen[bytes] = original(*args, **kwargs)
+            started.append(proc)
+            return proc
+        finally:
+            if held:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+    gw.Popen = recorded
+    try:
+        return gw.launch_gateway(conf, popen_kwargs=popen)
+    except BaseException:
+        for proc in started:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)  # its own session: the JVM and children
+            proc.wait()
+        raise
+    finally:
+        gw.Popen = original
 
 
 def get_session(

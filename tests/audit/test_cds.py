@@ -48,6 +48,11 @@ def test_a_part_still_being_written_or_damaged_is_not_used(cache: Path) -> None:
     busy.write_bytes(cds.DYNAMIC_MAGIC)
     writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(busy)])
     try:
+        # Its command line names the part once it has exec'd (as a JVM's does).
+        deadline = time.monotonic() + BOUND_S
+        cmdline = Path(f"/proc/{writer.pid}/cmdline")
+        while str(busy).encode() not in cmdline.read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.01)
         busy.with_suffix(".jvm").write_text(str(writer.pid))
         damaged = cache / f"spark-{key}.jsa.2.part"
         damaged.write_bytes(b"\0" * 64)  # killed before its header was written

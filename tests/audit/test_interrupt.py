@@ -39,6 +39,22 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _session(sid: int) -> list[int]:
+    """Live processes of session `sid`."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            out.append(int(entry))
+    return out
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -106,3 +122,38 @@ def test_ctrl_c_cancels_the_job_and_exits_130(sim_log: tuple[Path, Any]) -> None
     while any(_alive(p) for p in spawned + descendants) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in spawned + descendants if _alive(p)]
+
+
+def test_ctrl_c_while_the_jvm_starts_leaves_no_jvm(sim_log: tuple[Path, Any]) -> None:
+    # PySpark's launcher, interrupted, leaves a JVM that never exits (its main thread dies,
+    # its py4j server thread lives on): the command must kill it.
+    path, _ = sim_log
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "ops.cli", "audit", "elections", "--data-dir", str(path)]
+    proc = subprocess.Popen(
+        [*cmd, "--master", "local[1]", "--driver-memory", "1g"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + BOUND_S
+        launcher: list[int] = []
+        while not launcher and time.monotonic() < deadline:
+            launcher = _children(proc.pid)  # spark-submit, becoming the JVM
+            time.sleep(0.02)
+        assert launcher, "the command started no JVM"
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=BOUND_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130 and err == "" and out == ""
+    deadline = time.monotonic() + 30
+    while _session(launcher[0]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _session(launcher[0]) == []
