@@ -26,7 +26,11 @@ def is_etcd_url(path_or_url: str | os.PathLike[str]) -> bool:
 
 
 async def open_store(
-    path_or_url: str | os.PathLike[str], *, read_only: bool = False, create: bool = True
+    path_or_url: str | os.PathLike[str],
+    *,
+    read_only: bool = False,
+    create: bool = True,
+    verify_tail: bool = True,
 ) -> LogStore:
     """Open a log by path or URL: ``memory:``, ``etcd://host:port/prefix``,
     ``sqlite:///abs/path``, or a data dir/file."""
@@ -36,11 +40,15 @@ async def open_store(
     if is_etcd_url(target):
         from metadata_log.etcd.store import EtcdLogStore
 
-        return await EtcdLogStore.open(target, read_only=read_only, create=create)
+        return await EtcdLogStore.open(
+            target, read_only=read_only, create=create, verify_tail=verify_tail
+        )
     if target.startswith("sqlite://"):
         target = target.removeprefix("sqlite://")
     elif target.startswith("sqlite:"):
         target = target.removeprefix("sqlite:")
     if not target:
         raise InvalidRequestError(f"no path in log URL {os.fspath(path_or_url)!r}")
-    return await SqliteLogStore.open(target, read_only=read_only, create=create)
+    return await SqliteLogStore.open(
+        target, read_only=read_only, create=create, verify_tail=verify_tail
+    )

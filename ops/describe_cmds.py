@@ -67,7 +67,7 @@ from ops.client import (
     security_from,
 )
 from ops.events import fence_reason_text, parse_duration_ms
-from ops.paths import resolve_log_dir
+from ops.paths import open_log
 from protocol.client import DEFAULT_TIMEOUT_S, RpcClient
 from protocol.messages import (
     BrokerDescription,
@@ -174,11 +174,10 @@ def _source_args(p: argparse.ArgumentParser) -> None:
     add_controller_arguments(g, p)
     g.add_argument(
         "--data-dir",
-        type=Path,
         default=None,
-        metavar="DIR",
-        help="read the log offline: a cluster's data directory or the controller's "
-        "(default: ask the controller)",
+        metavar="DIR|URL",
+        help="read the log offline: a cluster's data directory, the controller's, or an "
+        "etcd log's URL (etcd://HOST:PORT/PREFIX) (default: ask the controller)",
     )
 
 
@@ -429,15 +428,13 @@ async def _online(args: argparse.Namespace, request: DescribeClusterRequest, out
         raise UnknownTopicOrPartitionError(f"unknown topic {request.topic}")
 
 
-async def offline_view(data_dir: Path) -> tuple[ClusterImage, int, DescribeNotes]:
+async def offline_view(data_dir: str | Path) -> tuple[ClusterImage, int, DescribeNotes]:
     """The committed image of the log in `data_dir` (a cluster's data directory or the
     controller's own), its end offset, and the notes its records after the newest
     snapshot give (recoveries with their commit times, fence reasons). A transaction
     counts once its end marker is read, an aborted one never."""
-    from metadata_log.sqlite_store import SqliteLogStore
-
     notes = DescribeNotes()
-    async with await SqliteLogStore.open(resolve_log_dir(data_dir), read_only=True) as store:
+    async with await open_log(data_dir) as store:
         snap = await store.load_snapshot(ImageSnapshot)
         state = LogReplay(from_snapshot(snap[1]) if snap is not None else ClusterImage())
         held: list[tuple[MetadataRecord, int]] | None = None

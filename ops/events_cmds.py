@@ -19,7 +19,6 @@ import asyncio
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any, Final
 
 from metactl.errors import MetactlError
@@ -33,7 +32,7 @@ from ops.client import (
     security_from,
 )
 from ops.events import Event, Feed, iso_ms, parse_since
-from ops.paths import resolve_log_dir
+from ops.paths import open_log
 from protocol.messages import FetchMetadataRequest, FetchMetadataResponse
 
 # The long poll of a --follow (the controller caps it at 10 s; brokers use 500 ms).
@@ -60,11 +59,10 @@ def register(sub: Any) -> None:
     add_controller_arguments(source, e)
     source.add_argument(
         "--data-dir",
-        type=Path,
         default=None,
-        metavar="DIR",
-        help="read the log offline: a cluster's data directory or the controller's "
-        "(default: ask the controller)",
+        metavar="DIR|URL",
+        help="read the log offline: a cluster's data directory, the controller's, or an "
+        "etcd log's URL (etcd://HOST:PORT/PREFIX) (default: ask the controller)",
     )
     e.add_argument(
         "--follow",
@@ -131,9 +129,7 @@ async def _online(args: argparse.Namespace, feed: Feed) -> None:
 
 
 async def _offline(args: argparse.Namespace, feed: Feed) -> None:
-    from metadata_log.sqlite_store import SqliteLogStore
-
-    async with await SqliteLogStore.open(resolve_log_dir(args.data_dir), read_only=True) as store:
+    async with await open_log(args.data_dir) as store:
         position = store.start_offset
         if position > 0:
             snap = await store.load_snapshot(ImageSnapshot)

@@ -18,7 +18,6 @@ import os
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TextIO
 
 import msgspec
@@ -41,7 +40,7 @@ from ops.cli import (
     examples,
     fail,
 )
-from ops.paths import resolve_log_dir
+from ops.paths import open_log
 
 EXIT_ERROR = EXIT_REFUSED  # a damaged log (`verify`)
 
@@ -133,16 +132,10 @@ def _add_data_dir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data-dir",
         required=True,
-        type=Path,
-        metavar="DIR",
+        metavar="DIR|URL",
         help="a cluster's data directory (./data) or the controller's (./data/controller), "
-        "or the log file itself (required)",
+        "the log file itself, or an etcd log's URL (etcd://HOST:PORT/PREFIX) (required)",
     )
-
-
-def log_location(path: Path) -> Path:
-    """The log `--data-dir` names: the file itself, else `ops.paths.resolve_log_dir`."""
-    return path if path.is_file() else resolve_log_dir(path)
 
 
 def _add_output_options(parser: argparse.ArgumentParser) -> None:
@@ -219,10 +212,8 @@ def _print_entries(
 
 def _dump(args: argparse.Namespace) -> int:
     async def run() -> int:
-        from metadata_log.sqlite_store import SqliteLogStore
-
         types = _type_filter(args.types)
-        async with await SqliteLogStore.open(log_location(args.data_dir), read_only=True) as store:
+        async with await open_log(args.data_dir) as store:
             first = store.start_offset if args.from_offset is None else args.from_offset
             end = store.end_offset
             if first > end:
@@ -241,12 +232,7 @@ def _dump(args: argparse.Namespace) -> int:
 
 def _verify(args: argparse.Namespace) -> int:
     async def run() -> int:
-        from metadata_log.sqlite_store import SqliteLogStore
-
-        store = await SqliteLogStore.open(
-            log_location(args.data_dir), read_only=True, verify_tail=False
-        )
-        async with store:
+        async with await open_log(args.data_dir, verify_tail=False) as store:
             try:
                 report = await store.verify()
             except CorruptLogError as exc:
@@ -269,10 +255,8 @@ def _verify(args: argparse.Namespace) -> int:
 
 def _tail(args: argparse.Namespace) -> int:
     async def run() -> int:
-        from metadata_log.sqlite_store import SqliteLogStore
-
         types = _type_filter(args.types)
-        async with await SqliteLogStore.open(log_location(args.data_dir), read_only=True) as store:
+        async with await open_log(args.data_dir) as store:
             position = store.end_offset if args.from_offset is None else args.from_offset
             while True:
                 entries = await store.read(position, 1000)
