@@ -48,7 +48,10 @@ JOB_HELP = {
 }
 
 ALL = "all"
-ALL_HELP = "every audit above in one Spark session; --out DIR gets one directory per job"
+ALL_HELP = (
+    "every audit (elections, unclean-recoveries, offline, brokers, invariants) in one Spark "
+    "session; --out DIR gets one directory per job"
+)
 
 JOB_EXAMPLES = {
     "elections": (

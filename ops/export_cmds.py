@@ -93,7 +93,10 @@ def add_source_options(parser: argparse.ArgumentParser) -> None:
     """--data-dir D [--data-dir D2 ...] | --parquet P, and --cluster names."""
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--data-dir", action="append", help=DATA_DIR_HELP)
-    src.add_argument("--parquet", help="a `metactl log export` output directory")
+    src.add_argument(
+        "--parquet",
+        help="a `metactl log export` output directory (or a URL the Spark cluster reads)",
+    )
     parser.add_argument(
         "--cluster",
         action="append",
