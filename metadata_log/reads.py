@@ -23,7 +23,14 @@ from metactl.errors import (
     LogClosedError,
     OffsetOutOfRangeError,
 )
-from metadata_log.batch_format import LogEntry, StoredBatch, decode_entries
+from metadata_log.batch_format import (
+    LogEntry,
+    StoredBatch,
+    StoredSnapshot,
+    check_batch_frame,
+    check_continuity,
+    decode_entries,
+)
 from metadata_log.store_base import LogStoreBase
 
 __all__ = ["LogReads"]
@@ -105,6 +112,33 @@ class LogReads(LogStoreBase):
         async for chunk in self.iter_chunks(from_offset, to_offset, batch):
             for entry in chunk:
                 yield entry
+
+    async def iter_stored(self, chunk: int = 64) -> AsyncIterator[list[StoredBatch]]:
+        """The stored batches (as written: offsets, timestamps, CRCs, payloads) from the
+        log's start to the end offset when iteration starts, in chunks, each batch's CRC
+        and framing checked. For copying a log (`metadata_log.mirror`), not for replay."""
+        self._check_open()
+        await self._refresh()
+        end, expected = self._end_offset, self._start_offset
+        after: int | None = None
+        while expected < end:
+            batches = [
+                b for b in await self._scan_batches(after, chunk, expected) if b.base_offset < end
+            ]
+            if not batches:
+                raise CorruptLogError(
+                    "committed offset not found", path=self.location, offset=expected
+                )
+            expected = check_continuity(batches, expected, self.location)
+            for b in batches:
+                check_batch_frame(b, self.location)
+            after = batches[-1].base_offset
+            yield batches
+
+    async def stored_snapshot(self, offset: int) -> StoredSnapshot | None:
+        """A stored snapshot as written (its CRC checked by whoever decodes it)."""
+        self._check_open()
+        return await self._get_snapshot(offset)
 
     def _check_range(self, offset: int, end: int) -> None:
         if offset < self._start_offset:

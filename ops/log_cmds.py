@@ -127,6 +127,28 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _add_output_options(tail)
     tail.set_defaults(func=_tail)
 
+    mirror = commands.add_parser(
+        "mirror",
+        help="copy a log (e.g. one on etcd) into a SQLite log file, batch for batch",
+        description="Copy the log's batches (same offsets, timestamps and CRCs) and "
+        "snapshots into a new SQLite log in --to, as of its end when the copy starts. The "
+        "audits and the Parquet export read SQLite log files: mirror an etcd log to audit "
+        "it. The copy is renamed into place only once complete.",
+        epilog=examples(
+            "metactl log mirror --data-dir etcd://127.0.0.1:2379/metactl --to ./mirror",
+            "metactl audit elections --data-dir ./mirror",
+        ),
+        formatter_class=HELP_FORMAT,
+    )
+    _add_data_dir(mirror)
+    mirror.add_argument(
+        "--to",
+        required=True,
+        metavar="DIR",
+        help="the directory to write metadata.log.sqlite in; it must not hold one (required)",
+    )
+    mirror.set_defaults(func=_mirror)
+
 
 def _add_data_dir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -266,6 +288,22 @@ def _tail(args: argparse.Namespace) -> int:
                     position = entries[-1].offset + 1
                 else:
                     await store.wait_for(position)
+
+    return run_command(run)
+
+
+def _mirror(args: argparse.Namespace) -> int:
+    async def run() -> int:
+        from metadata_log.mirror import mirror_to_sqlite
+
+        async with await open_log(args.data_dir) as store:
+            report = await mirror_to_sqlite(store, args.to)
+        print(
+            f"mirrored {report.source}: offsets [{report.start_offset}, {report.end_offset}), "
+            f"{report.batches:,} batches, {report.snapshots} snapshot(s) to {report.path} "
+            f"in {report.seconds:.1f} s"
+        )
+        return EXIT_OK
 
     return run_command(run)
 
