@@ -60,8 +60,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 DATA_DIR_HELP = (
-    "the cluster's data directory (./data), the controller's (./data/controller) or a log "
-    "file; repeat or comma-separate for several clusters"
+    "the cluster's data directory (./data), the controller's (./data/controller), a log "
+    "file, or an etcd log's URL (etcd://HOST:PORT/PREFIX, mirrored to a temporary SQLite "
+    "file first); repeat or comma-separate for several clusters"
 )
 
 
@@ -110,19 +111,44 @@ def resolve_data_dirs(given: list[str], clusters: list[str]) -> tuple[list[str],
     each path's name as typed (``./data`` is ``data``, not ``controller``), else, when
     two names clash, the full paths. Raises LOG_DIR_NOT_FOUND naming the places tried."""
     from audit.logread import cluster_name, log_info
+    from metadata_log.backends import is_etcd_url
     from ops.paths import resolve_log_dir
 
     dirs = []
     for path in given:
-        found = Path(path) if Path(path).is_file() else resolve_log_dir(path)
+        if is_etcd_url(path):
+            found = _mirrored(path)  # the audits read SQLite log files
+        else:
+            found = Path(path) if Path(path).is_file() else resolve_log_dir(path)
         log_info(found)  # a metactl log, of a schema this reader knows
         dirs.append(str(found))
     if clusters:
         return dirs, clusters
-    names = [cluster_name(p) for p in given]
+    names = [p.rstrip("/").rsplit("/", 1)[-1] if is_etcd_url(p) else cluster_name(p) for p in given]
     if len(set(names)) != len(names):
         names = [str(Path(p).resolve()) for p in given]
     return dirs, names
+
+
+def _mirrored(url: str) -> Path:
+    """A SQLite mirror of the etcd log at `url` (`metadata_log.mirror`), in a temporary
+    directory removed when the process exits."""
+    import asyncio
+    import atexit
+    import shutil
+    import tempfile
+
+    from metadata_log.mirror import mirror_to_sqlite
+    from ops.paths import open_log
+
+    out = Path(tempfile.mkdtemp(prefix="metactl-mirror-"))
+    atexit.register(shutil.rmtree, out, True)
+
+    async def copy() -> Path:
+        async with await open_log(url) as store:
+            return Path((await mirror_to_sqlite(store, out)).path)
+
+    return asyncio.run(copy())
 
 
 def input_from_args(args: argparse.Namespace, since: str | None, until: str | None) -> Any:

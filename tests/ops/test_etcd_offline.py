@@ -118,3 +118,20 @@ def test_a_mirror_is_the_same_log_batch_for_batch(
     # A second mirror into the same place is refused; the first stays intact.
     assert main(["log", "mirror", "--data-dir", url, "--to", str(tmp_path / "m")]) != 0
     assert "exists" in capsys.readouterr().err
+
+
+def test_an_etcd_log_exports_to_parquet_through_a_mirror(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The Spark audits' input (Parquet, or SQLite files) from an etcd log: every record,
+    under the prefix's name as the cluster."""
+    import pyarrow.dataset as ds
+
+    end = write_log(url)
+    out = tmp_path / "parquet"
+    assert main(["log", "export", "--data-dir", url, "--parquet", str(out)]) == 0
+    assert f"exported {end:,} records" in capsys.readouterr().out
+    table = ds.dataset(out, format="parquet", partitioning="hive").to_table()
+    assert table.num_rows == end
+    assert set(table.column("cluster").to_pylist()) == {url.rsplit("/", 1)[-1]}
+    assert sorted(table.column("offset").to_pylist()) == list(range(end))
