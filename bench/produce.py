@@ -23,8 +23,11 @@ from typing import IO
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ops.client import call
-from ops.cluster_cmds import _await_active, _await_ready, _shutdown, _start
 from ops.data_cmds import produce
+from ops.procs import await_active_brokers as _await_active
+from ops.procs import await_ready as _await_ready
+from ops.procs import shutdown as _shutdown
+from ops.procs import start_process as _start
 from protocol.messages import (
     CreateTopic,
     CreateTopicsRequest,

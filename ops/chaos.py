@@ -47,9 +47,9 @@ from ops.chaos_check import TOPIC, counter_sum
 from ops.chaos_plan import Step, random_plan
 from ops.chaos_procs import Proc, Processes, Timing
 from ops.chaos_read import POLL_S, fetch_metadata, read_logs
-from ops.cluster_cmds import _await_active
 from ops.data_client import Connections, Leaders, leader_request
 from ops.data_cmds import AckedLog
+from ops.procs import await_active_brokers
 from protocol.client import RetryPolicy, request_once
 from protocol.messages import (
     ACKS_ALL,
@@ -236,7 +236,7 @@ class ChaosRun:
         await p.start_controller()
         await asyncio.gather(*(p.start_broker(b) for b in p.broker))
         cfg = self.cfg
-        await _await_active(p.address, cfg.brokers)
+        await await_active_brokers(p.address, cfg.brokers)
         spec = CreateTopic(
             name=TOPIC,
             partitions=cfg.partitions,

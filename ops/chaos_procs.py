@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from ops.cluster_cmds import _await_ready, _start
+from ops.procs import await_ready, start_process
 
 READY_TIMEOUT_S = 60.0
 
@@ -140,11 +140,11 @@ class Processes:
 
     async def _launch(self, proc: Proc, cmd: list[str]) -> None:
         proc.release()
-        proc.popen, proc.log_file = _start(cmd, self.root / "logs" / f"{proc.name}.log")
+        proc.popen, proc.log_file = start_process(cmd, self.root / "logs" / f"{proc.name}.log")
         self.pids.append(proc.popen.pid)
         proc.state = "starting"
         try:
-            await asyncio.to_thread(_await_ready, proc.popen, proc.name, READY_TIMEOUT_S)
+            await asyncio.to_thread(await_ready, proc.popen, proc.name, READY_TIMEOUT_S)
         except BaseException:
             # Not ready (or cancelled): do not leave it half-started.
             proc.signal(signal.SIGKILL)

@@ -46,9 +46,8 @@ from metactl.errors import (
     MetactlError,
     UnknownTopicOrPartitionError,
 )
-from ops.cli import HELP_FORMAT, examples
+from ops.cli import HELP_FORMAT, examples, fail
 from ops.client import DEFAULT_CONTROLLER, INSECURE, Security, security_from
-from ops.cluster_cmds import _fail
 from ops.data_client import Connections, Leaders, leader_request
 from protocol.client import RetryPolicy
 from protocol.flags import add_tls_arguments
@@ -311,7 +310,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
             )
         )
     except (MetactlError, OSError) as exc:
-        return _fail(exc)
+        return fail(exc)
     if args.json:
         print(json.dumps(summary.to_json()))
     else:
@@ -418,7 +417,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
             )
         )
     except (MetactlError, OSError) as exc:
-        return _fail(exc)
+        return fail(exc)
     committed = {
         r.partition: ranges(r.leader_epochs, r.high_watermark)
         for _, r in results

@@ -117,10 +117,17 @@ class LocalEtcd:
     def url(self, prefix: str) -> str:
         return f"etcd://{self.endpoints}/{prefix.strip('/')}"
 
+    def command(self, i: int) -> list[str]:
+        """Member `i`'s command line (prefixed, where util-linux's setpriv is there, so
+        that it gets SIGTERM when the process that started it dies)."""
+        return self._command(self.members[i])
+
     def _command(self, m: EtcdMember) -> list[str]:
         initial = ",".join(f"{x.name}={x.peer_url}" for x in self.members)
         state = "existing" if (m.data_dir / "member").exists() else "new"
+        setpriv = shutil.which("setpriv")
         return [
+            *([setpriv, "--pdeathsig", "SIGTERM", "--"] if setpriv else []),
             etcd_binary(),
             "--name", m.name,
             "--data-dir", str(m.data_dir),

@@ -19,6 +19,7 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, Final
 
 from metactl.errors import MetactlError
@@ -33,6 +34,7 @@ from ops.client import (
 )
 from ops.events import Event, Feed, iso_ms, parse_since
 from ops.paths import open_log
+from protocol.client import RpcClient
 from protocol.messages import FetchMetadataRequest, FetchMetadataResponse
 
 # The long poll of a --follow (the controller caps it at 10 s; brokers use 500 ms).
@@ -107,25 +109,42 @@ def _print(events: list[Event], as_json: bool) -> None:
 async def _online(args: argparse.Namespace, feed: Feed) -> None:
     address = controller_address(args)
     security = security_from(args)
-    position = 0
     async with security.controller_client(address) as client:
-        while True:
-            wait = FOLLOW_WAIT_MS if args.follow else 0
-            request = FetchMetadataRequest(
-                from_offset=position, max_records=READ_RECORDS, max_wait_ms=wait
-            )
-            r = await ask(client, request, args.timeout + wait / 1000)
-            if not isinstance(r, FetchMetadataResponse):
-                raise MetactlError(f"unexpected answer {type(r).__name__} from {address}")
-            if r.snapshot is not None:
-                feed.reset(r.snapshot.records, r.snapshot.offset)
-                position = r.snapshot.offset
-                continue
-            _print(feed.add(r.records), args.json)
-            if r.records:
-                position = r.records[-1].offset + 1
-            if not args.follow and position >= r.end_offset:
-                return
+        await follow_events(
+            client, feed, lambda events: _print(events, args.json), follow=args.follow,
+            timeout_s=args.timeout,
+        )  # fmt: skip
+
+
+async def follow_events(
+    client: RpcClient,
+    feed: Feed,
+    emit: Callable[[list[Event]], None],
+    *,
+    follow: bool,
+    timeout_s: float,
+) -> None:
+    """Read the committed log from the controller (any of a quorum: standbys serve the
+    fetch too) through `feed`, handing each answer's events to `emit`; with `follow`,
+    long-poll for new commits until cancelled."""
+    position = 0
+    while True:
+        wait = FOLLOW_WAIT_MS if follow else 0
+        request = FetchMetadataRequest(
+            from_offset=position, max_records=READ_RECORDS, max_wait_ms=wait
+        )
+        r = await ask(client, request, timeout_s + wait / 1000)
+        if not isinstance(r, FetchMetadataResponse):
+            raise MetactlError(f"unexpected answer {type(r).__name__} from {client.address}")
+        if r.snapshot is not None:
+            feed.reset(r.snapshot.records, r.snapshot.offset)
+            position = r.snapshot.offset
+            continue
+        emit(feed.add(r.records))
+        if r.records:
+            position = r.records[-1].offset + 1
+        if not follow and position >= r.end_offset:
+            return
 
 
 async def _offline(args: argparse.Namespace, feed: Feed) -> None:

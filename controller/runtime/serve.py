@@ -29,6 +29,7 @@ from controller.runtime.quota import (
 from controller.runtime.service import ControllerService
 from metactl.errors import InvalidConfigurationError, MetactlError
 from metactl.logs import configure
+from metactl.settings import layered, resolve
 from metadata_log.etcd.lease import DEFAULT_LEASE_TTL_S
 from protocol.codec import DEFAULT_MAX_FRAME_BYTES
 from protocol.flags import add_limit_arguments, add_tls_arguments, server_limits, tls_identity
@@ -49,21 +50,68 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=["tail", "full"],
         default="tail",
         help="before serving, check the CRCs of the log's last 64 batches (tail; replay "
-        "checks what it reads) or of every batch and snapshot, logging progress (full)",
+        "checks what it reads) or of every batch and snapshot, logging progress (full) "
+        "(default tail)",
     )
-    p.add_argument("--listen", default="127.0.0.1:9093", help="HOST:PORT (port 0: any free port)")
-    p.add_argument("--metrics", default=None, help="HOST:PORT for /metrics")
-    p.add_argument("--heartbeat-interval-ms", type=int, default=2000)
-    p.add_argument("--session-timeout-ms", type=int, default=9000)
-    p.add_argument("--unclean-recovery-strategy", default="balanced")
-    p.add_argument("--unclean-recovery-window-ms", type=int, default=1000)
-    p.add_argument("--default-min-isr", type=int, default=1)
+    p.add_argument(
+        "--listen",
+        default="127.0.0.1:9093",
+        help="HOST:PORT to serve brokers and clients on; port 0 picks a free one "
+        "(default 127.0.0.1:9093)",
+    )
+    p.add_argument(
+        "--metrics",
+        default=None,
+        help="HOST:PORT to serve /metrics on (default: not served)",
+    )
+    p.add_argument(
+        "--heartbeat-interval-ms",
+        type=int,
+        default=2000,
+        help="how often brokers are told to heartbeat (default 2000)",
+    )
+    p.add_argument(
+        "--session-timeout-ms",
+        type=int,
+        default=9000,
+        help="a broker silent this long is fenced (default 9000)",
+    )
+    p.add_argument(
+        "--unclean-recovery-strategy",
+        default="balanced",
+        help="unclean recovery for leaderless partitions without an eligible replica: "
+        "balanced, proactive or manual, or a registered policy (default balanced)",
+    )
+    p.add_argument(
+        "--unclean-recovery-window-ms",
+        type=int,
+        default=1000,
+        help="how long balanced recovery waits for more replicas' log information "
+        "(default 1000)",
+    )
+    p.add_argument(
+        "--default-min-isr",
+        type=int,
+        default=1,
+        help="min.insync.replicas of a topic created without one (default 1)",
+    )
     add_rule_mode_arguments(p)
-    p.add_argument("--max-frame-bytes", type=int, default=DEFAULT_MAX_FRAME_BYTES)
+    p.add_argument(
+        "--max-frame-bytes",
+        type=int,
+        default=DEFAULT_MAX_FRAME_BYTES,
+        help=f"the largest request or answer frame (default {DEFAULT_MAX_FRAME_BYTES})",
+    )
     add_mutation_arguments(p)
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument(
+        "--log-level",
+        default="INFO",
+        help="DEBUG, INFO, WARNING or ERROR (default INFO)",
+    )
     add_tls_arguments(p)
     add_limit_arguments(p)
+    layered(p)
+    p.set_defaults(settings_parser=p)
 
 
 def add_ha_arguments(p: argparse.ArgumentParser) -> None:
@@ -166,7 +214,8 @@ def add_rule_mode_arguments(p: argparse.ArgumentParser) -> None:
         "--eligible-leader-replicas",
         choices=["enabled", "disabled"],
         default="enabled",
-        help="KIP-966 (enabled) or Kafka's classic ISR rules, for comparison (disabled)",
+        help="KIP-966 (enabled) or Kafka's classic ISR rules, for comparison (disabled) "
+        "(default enabled)",
     )
     p.add_argument(
         "--unclean-leader-election",
@@ -236,6 +285,13 @@ async def serve(args: Any) -> int:
 
 
 def run(args: Any) -> int:
+    parser = getattr(args, "settings_parser", None)
+    if parser is not None:
+        try:
+            resolve(parser, args)  # --config file and METACTL_* variables under the flags
+        except MetactlError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     configure(json=True, level=getattr(logging, str(args.log_level).upper(), logging.INFO))
     configure_process()
     return asyncio.run(serve(args))

@@ -72,7 +72,9 @@ class Up:
         """The printed `metactl <name> ...` suggestion, as arguments."""
         for line in self.banner:
             words = shlex.split(line.split(":", 1)[1] if line.startswith("  try:") else line)
-            if words[:2] == ["metactl", name]:
+            # The banner names this environment's metactl by its full path.
+            if len(words) > 1 and Path(words[0]).name == "metactl" and words[1] == name:
+                assert Path(words[0]).is_absolute() and Path(words[0]).exists(), words[0]
                 return words[1:]
         raise AssertionError(f"no `metactl {name}` line in {self.banner}")
 
@@ -113,7 +115,7 @@ def test_cluster_up_runs_mutual_tls_and_prints_working_commands(up: Up, tmp_path
     assert brokers[-2:] == ["--principal", "viewer"]
     r = metactl(*brokers, cwd=tmp_path)
     assert r.returncode == 0 and "   1 " in r.stdout, r.stderr
-    address = describe[describe.index("--controller") + 1]
+    address = describe[describe.index("--bootstrap-controller") + 1]
     viewer = ["--controller", address, "--tls-dir", str(certs), "--principal", "viewer"]
     r = metactl("topics", "create", "--topic", "x", "--partitions", "1", *viewer, cwd=tmp_path)
     assert r.returncode == 1 and r.stderr.startswith("error: TOPIC_AUTHORIZATION_FAILED")

@@ -1,0 +1,459 @@
+"""`metactl cluster up`: a local cluster, supervised, until Ctrl-C.
+
+What it starts, each a child process in a process group of its own, its output in
+``DATA_DIR/logs``:
+
+* with ``--etcd M`` (M ≥ 1), an etcd cluster of M members from Debian's binary
+  (`ops.etcd_local`), and ``--controllers N`` controllers sharing the metadata log on it
+  (one active, the others hot standbys, docs/ha.md); without, one controller on the
+  SQLite log in ``DATA_DIR/controller``;
+* ``--brokers B`` brokers, given every controller's address;
+* the demo topic, once every broker is active.
+
+How it supervises:
+
+* **Start-up** never hangs: each child must print its READY line within a bound; a
+  child that exits first, or does not make it in time, fails the start with one line
+  naming it, the last lines of its log, and everything started so far stopped. A second
+  `cluster up` on the same data directory is refused at once (a lock file names the
+  running one's pid) instead of failing later inside a child.
+* **Running**, it prints the committed log as readable events (`metactl events
+  --follow`'s lines), and says when a child dies, with its exit status and the last
+  lines of its log; the rest keep running (killing a broker is how the demo is tried).
+* **Stopping** (Ctrl-C, SIGTERM, or a failure): brokers first (their controlled
+  shutdown needs a controller), then the controllers, then etcd; each gets SIGTERM, and
+  SIGKILL if it outlives the bound.
+* **If `cluster up` itself dies** (SIGKILL), its children do not outlive it: each is
+  started through util-linux's ``setpriv --pdeathsig SIGTERM``, so the kernel sends them
+  SIGTERM when their parent goes.
+
+The children are the real processes (`python -m controller`, `python -m brokers_stub`,
+`etcd`); this module decides nothing about metadata.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import fcntl
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Final
+
+from metactl.errors import InvalidConfigurationError, MetactlError, StoreUnavailableError
+from ops.certs import default_names, init_certs
+from ops.client import INSECURE, Security, call
+from ops.etcd_local import LocalEtcd
+from ops.events import Event, Feed
+from protocol.codec import parse_address
+from protocol.messages import (
+    CreateTopic,
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    DescribeClusterRequest,
+    DescribeClusterResponse,
+)
+from protocol.tls import ADMIN, TlsIdentity
+
+__all__ = ["ClusterUp", "StartupError", "UpSettings"]
+
+READY_TIMEOUT_S: Final = 60.0
+STOP_TIMEOUT_S: Final = 30.0
+LOG_TAIL_LINES: Final = 8
+LOCK_FILE: Final = "cluster.lock"
+
+
+class StartupError(MetactlError):
+    """Raised here only; reported as one line plus the failing child's log tail."""
+
+    code = "CLUSTER_START_FAILED"
+
+
+@dataclass(frozen=True)
+class UpSettings:
+    data_dir: Path
+    brokers: int = 3
+    controllers: int = 1
+    etcd: int = 0
+    listen: str = "127.0.0.1:9093"
+    metrics: str = "127.0.0.1:9400"
+    topic: str = "demo"
+    partitions: int = 6
+    min_isr: int = 2
+    strategy: str = "balanced"
+    insecure: bool = False
+    events: bool = True
+
+    def check(self) -> None:
+        if self.brokers < 1 or self.controllers < 1 or self.etcd < 0:
+            raise InvalidConfigurationError(
+                "--brokers and --controllers must be at least 1, --etcd at least 0"
+            )
+        if self.controllers > 1 and self.etcd == 0:
+            raise InvalidConfigurationError(
+                f"{self.controllers} controllers need a shared log: add --etcd 3 (or 1)"
+            )
+        parse_address(self.listen)
+        parse_address(self.metrics)
+
+
+@dataclass
+class Child:
+    name: str
+    kind: str  # "etcd", "controller", "broker"
+    proc: subprocess.Popen[Any]
+    log_path: Path
+    log_file: IO[str] | None
+    ready: str = ""
+    reported: bool = False  # its death has been told
+
+    def tail(self, n: int = LOG_TAIL_LINES) -> list[str]:
+        try:
+            with self.log_path.open(errors="replace") as f:
+                return [line.rstrip("\n") for line in deque(f, maxlen=n)]
+        except OSError:
+            return []
+
+
+def _setpriv() -> list[str]:
+    found = shutil.which("setpriv")
+    return [found, "--pdeathsig", "SIGTERM", "--"] if found else []
+
+
+def _exit_text(status: int) -> str:
+    if status < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-status).name}"
+    return f"exit status {status}"
+
+
+def _port_plus(address: str, n: int) -> str:
+    host, port = parse_address(address)
+    return f"{host}:{port + n}"
+
+
+@dataclass
+class ClusterUp:
+    settings: UpSettings
+    children: list[Child] = field(default_factory=list)
+    etcd: LocalEtcd | None = None
+    controllers: list[str] = field(default_factory=list)
+    metrics: list[str] = field(default_factory=list)
+    security: Security = INSECURE
+    certs: Path | None = None
+    _lock: int | None = None
+
+    @property
+    def data(self) -> Path:
+        return self.settings.data_dir
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(self.controllers)
+
+    # --- start ---------------------------------------------------------------------------
+
+    def lock(self) -> None:
+        """One `cluster up` per data directory."""
+        self.data.mkdir(parents=True, exist_ok=True)
+        path = self.data / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise StartupError(
+                f"a cluster is already running on {self.data} (pid {holder}); stop it with "
+                "Ctrl-C, or pass another --data-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock = fd
+
+    def spawn(self, name: str, kind: str, cmd: list[str]) -> Child:
+        log_path = self.data / "logs" / f"{name.replace(' ', '-')}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_file = log_path.open("a")
+        log_file.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} cluster up starts {name}\n")
+        log_file.flush()
+        proc = subprocess.Popen(
+            [*_setpriv(), *cmd],
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
+        child = Child(name, kind, proc, log_path, log_file)
+        self.children.append(child)
+        return child
+
+    def await_ready(self, child: Child, timeout_s: float = READY_TIMEOUT_S) -> str:
+        """Its READY line, or StartupError naming it (exited, or silent too long)."""
+        assert child.proc.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        with selectors.DefaultSelector() as sel:
+            sel.register(child.proc.stdout, selectors.EVENT_READ)
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self._failed(child, f"not ready within {timeout_s:.0f} s")
+                if not sel.select(left):
+                    continue
+                line = child.proc.stdout.readline()
+                if not line:
+                    status = child.proc.wait()
+                    child.reported = True
+                    raise self._failed(child, f"exited before it was ready ({_exit_text(status)})")
+                if line.startswith("READY"):
+                    child.ready = line.strip()
+                    return child.ready
+
+    def _failed(self, child: Child, what: str) -> StartupError:
+        lines = child.tail()
+        shown = "\n".join(f"    {line}" for line in lines) or "    (its log is empty)"
+        return StartupError(f"{child.name} {what}; the last lines of {child.log_path}:\n{shown}")
+
+    def start(self) -> None:
+        s = self.settings
+        s.check()
+        self.lock()
+        py = sys.executable
+        if s.insecure:
+            flags: list[str] = ["--insecure"]
+        else:
+            self.certs = self.data / "certs"
+            created = init_certs(self.certs, default_names(range(1, s.brokers + 1)))
+            if created:
+                print(f"certificates: created {', '.join(created)} in {self.certs}", flush=True)
+            flags = ["--tls-dir", str(self.certs)]
+            self.security = Security(TlsIdentity.from_dir(self.certs, ADMIN))
+        log_flags: list[str] = []
+        if s.etcd:
+            self.etcd = LocalEtcd(self.data / "etcd", s.etcd)
+            self.etcd.start(wait=False)
+            for m in self.etcd.members:
+                assert m.proc is not None
+                self.children.append(Child(m.name, "etcd", m.proc, m.log_path, None))
+            try:
+                self.etcd.wait_healthy()
+            except StoreUnavailableError as exc:
+                bad = next((c for c in self.children if c.proc.poll() is not None), None)
+                raise (self._failed(bad, "exited") if bad else StartupError(exc.message)) from None
+            log_flags = ["--metadata-log", self.etcd.url("metactl"), "--cluster-id", "local"]
+        for i in range(s.controllers):
+            listen, metrics = _port_plus(s.listen, i), _port_plus(s.metrics, i)
+            name = "controller" if s.controllers == 1 else f"controller {i + 1}"
+            data = self.data / ("controller" if s.controllers == 1 else f"controller-{i + 1}")
+            self.spawn(
+                name,
+                "controller",
+                [py, "-m", "controller", "--data-dir", str(data), "--listen", listen,
+                 "--metrics", metrics, "--unclean-recovery-strategy", s.strategy,
+                 *log_flags, *(["--node-id", f"c{i + 1}"] if s.etcd else []), *flags],
+            )  # fmt: skip
+        for c in [c for c in self.children if c.kind == "controller"]:
+            ready = self.await_ready(c)
+            fields = dict(p.split("=", 1) for p in ready.split()[2:] if "=" in p)
+            self.controllers.append(fields["listen"])
+            self.metrics.append(fields.get("metrics", ""))
+        for b in range(1, s.brokers + 1):
+            self.spawn(
+                f"broker {b}",
+                "broker",
+                [py, "-m", "brokers_stub", "--id", str(b), "--controller", self.bootstrap,
+                 "--data-dir", str(self.data / f"broker-{b}"), *flags],
+            )  # fmt: skip
+        for c in [c for c in self.children if c.kind == "broker"]:
+            self.await_ready(c)
+
+    async def create_demo_topic(self) -> str:
+        s = self.settings
+        await self._await_active_brokers()
+        spec = CreateTopic(
+            name=s.topic,
+            partitions=s.partitions,
+            replication_factor=min(3, s.brokers),
+            min_isr=min(s.min_isr, s.brokers),
+        )
+        r = await call(self.bootstrap, CreateTopicsRequest(topics=[spec]), security=self.security)
+        assert isinstance(r, CreateTopicsResponse)
+        res = r.results[0]
+        return "created" if not res.error_code else f"kept ({res.error_code})"
+
+    async def _await_active_brokers(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Brokers unfence once they have caught up with the log; wait for all of them."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.check_alive_during_start()
+            r = await call(self.bootstrap, DescribeClusterRequest(), security=self.security)
+            assert isinstance(r, DescribeClusterResponse)
+            active = sum(1 for b in r.brokers if not b.fenced and not b.controlled_shutdown)
+            if active >= self.settings.brokers:
+                return
+            await asyncio.sleep(0.1)  # polling an observable state
+        raise StartupError(f"brokers did not all become active within {timeout_s:.0f} s")
+
+    def check_alive_during_start(self) -> None:
+        for c in self.children:
+            status = c.proc.poll()
+            if status is not None:
+                c.reported = True
+                raise self._failed(c, f"exited ({_exit_text(status)})")
+
+    # --- running -------------------------------------------------------------------------
+
+    def deaths(self) -> list[str]:
+        """One report per child that died since the last call."""
+        out = []
+        for c in self.children:
+            status = c.proc.poll()
+            if status is not None and not c.reported:
+                c.reported = True
+                tail = "\n".join(f"    {line}" for line in c.tail())
+                out.append(
+                    f"!! {c.name} (pid {c.proc.pid}) exited: {_exit_text(status)}; the last "
+                    f"lines of {c.log_path}:\n{tail}"
+                )
+        return out
+
+    async def supervise(self, stop: asyncio.Event) -> None:
+        """Print events and deaths until `stop` is set."""
+        tasks = [asyncio.create_task(self._watch(stop))]
+        if self.settings.events:
+            tasks.append(asyncio.create_task(self._feed()))
+        try:
+            await stop.wait()
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _watch(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            for report in self.deaths():
+                print(report, flush=True)
+            await asyncio.sleep(0.5)  # the supervision period
+
+    async def _feed(self) -> None:
+        """`metactl events --follow` in the foreground: from now on, one line per event;
+        controllers that restart or fail over are followed (any of them serves it)."""
+        from ops.events_cmds import follow_events
+
+        feed = Feed(since_ms=int(time.time() * 1000))
+
+        def emit(events: list[Event]) -> None:
+            for e in events:
+                print(f"   {e.line()}", flush=True)
+
+        while True:
+            try:
+                async with self.security.controller_client(self.bootstrap) as client:
+                    await follow_events(client, feed, emit, follow=True, timeout_s=10)
+            except MetactlError:
+                await asyncio.sleep(1.0)  # a controller is restarting: follow it again
+
+    # --- stop ----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Brokers, then controllers, then etcd: SIGTERM (SIGCONT first, for a paused
+        one), SIGKILL after the bound. Idempotent."""
+        for kind in ("broker", "controller", "etcd"):
+            group = [c for c in self.children if c.kind == kind]
+            for c in group:
+                if c.proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(c.proc.pid, signal.SIGCONT)
+                        os.killpg(c.proc.pid, signal.SIGTERM)
+            for c in group:
+                try:
+                    c.proc.wait(timeout=STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    print(f"{c.name} did not stop within {STOP_TIMEOUT_S:.0f} s; killing it",
+                          file=sys.stderr)  # fmt: skip
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(c.proc.pid, signal.SIGKILL)
+                    c.proc.wait()
+                if c.proc.stdout is not None:
+                    c.proc.stdout.close()
+                if c.log_file is not None:
+                    c.log_file.close()
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+
+def cmd_cluster_up(args: argparse.Namespace) -> int:
+    from ops.cli import fail
+
+    settings = UpSettings(
+        data_dir=Path(args.data_dir).resolve(),
+        brokers=args.brokers,
+        controllers=args.controllers,
+        etcd=args.etcd,
+        listen=args.listen,
+        metrics=args.metrics,
+        topic=args.topic,
+        partitions=args.partitions,
+        min_isr=args.min_isr,
+        strategy=args.unclean_recovery_strategy,
+        insecure=args.insecure,
+        events=not args.no_events,
+    )
+    up = ClusterUp(settings)
+    stop = asyncio.Event()
+
+    async def run() -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        starting = asyncio.ensure_future(asyncio.to_thread(up.start))
+        waiter = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({starting, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():  # Ctrl-C during start-up: stop what started, then report
+            waiter.cancel()
+            await asyncio.to_thread(up.stop)
+            with contextlib.suppress(BaseException):
+                await starting
+            print("interrupted during start-up; stopped everything", file=sys.stderr)
+            return 130
+        waiter.cancel()
+        starting.result()
+        topic = await up.create_demo_topic()
+        from ops.cluster_cmds import how_to
+
+        pids = ", ".join(f"{c.name}={c.proc.pid}" for c in up.children)
+        where = (
+            f"controller {up.bootstrap}"
+            if settings.controllers == 1
+            else f"{settings.controllers} controllers {up.bootstrap} "
+            f"on a {settings.etcd}-member etcd"
+        )
+        print(
+            f"metactl cluster up: {where}, {settings.brokers} brokers, "
+            f"topic {settings.topic} {topic}\n"
+            + how_to(settings.data_dir, up.bootstrap, up.metrics[0], up.certs, up.etcd)
+            + f"  pids:     {pids}\nCtrl-C stops everything cleanly. Events follow:",
+            flush=True,
+        )
+        if args.exit_after_ready:
+            return 0
+        await up.supervise(stop)
+        return 0
+
+    try:
+        return asyncio.run(run())
+    except (MetactlError, OSError) as exc:
+        return fail(exc)
+    finally:
+        up.stop()

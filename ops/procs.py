@@ -1,0 +1,87 @@
+"""Plain child-process helpers for the tools that start a controller and brokers of their
+own (the chaos runner, the produce benchmark): start one with its stderr in a log file,
+wait for its READY line, wait for every broker to be active, stop them in order.
+
+`cluster up` has its own supervisor (ops/cluster_up.py: readiness bounds, death reports,
+the event feed). This module decides nothing; it only runs processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO
+
+from ops.client import INSECURE, Security, call
+from protocol.messages import DescribeClusterRequest, DescribeClusterResponse
+
+__all__ = ["await_active_brokers", "await_ready", "shutdown", "start_process"]
+
+
+def start_process(cmd: list[str], log_path: Path) -> tuple[subprocess.Popen[str], IO[str]]:
+    """`cmd` in a process group of its own, stdout piped (its READY line), stderr
+    appended to `log_path`."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_file = log_path.open("a")
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=log_file, text=True, start_new_session=True
+    )
+    return proc, log_file
+
+
+def await_ready(proc: subprocess.Popen[str], what: str, timeout_s: float = 60) -> str:
+    """The process's READY line; RuntimeError if it exits first or stays silent past
+    `timeout_s` (the wait is bounded even if it prints nothing)."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"{what} was not ready within {timeout_s:.0f} s")
+            if not sel.select(left):
+                continue
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"{what} exited before it was ready (status {proc.wait()})")
+            if line.startswith("READY"):
+                return line.strip()
+
+
+async def await_active_brokers(
+    address: str, brokers: int, timeout_s: float = 60, *, security: Security = INSECURE
+) -> None:
+    """Brokers unfence once they have caught up with the log; wait for all of them."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        r = await call(address, DescribeClusterRequest(), security=security)
+        assert isinstance(r, DescribeClusterResponse)
+        if sum(1 for b in r.brokers if not b.fenced and not b.controlled_shutdown) >= brokers:
+            return
+        await asyncio.sleep(0.1)  # polling an observable state
+    raise RuntimeError(f"brokers did not all become active within {timeout_s:.0f} s")
+
+
+def shutdown(procs: list[tuple[str, subprocess.Popen[str], IO[str]]]) -> None:
+    """Brokers first (controlled shutdown needs the controller), then the controller."""
+    brokers = [p for p in procs if p[0] != "controller"]
+    controller = [p for p in procs if p[0] == "controller"]
+    for group in (brokers, controller):
+        for _, p, _ in group:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGTERM)
+        for name, p, f in group:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                print(f"{name} did not stop within 30 s; killing it", file=sys.stderr)
+                p.kill()
+                p.wait()
+            f.close()

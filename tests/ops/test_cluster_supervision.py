@@ -1,0 +1,155 @@
+"""`cluster up` supervises its children, as real processes: a broker killed with -9 is
+reported with the end of its log while the rest keep running, and the event feed says
+what the controller did about it; a child that cannot start fails the start at once
+with one line naming it and its log, leaving nothing behind; a second `cluster up` on
+the same data directory is refused before it starts anything; if `cluster up` itself is
+SIGKILLed its children go with it; and `--controllers 3 --etcd 3` runs an HA quorum."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.ops.test_cluster_up import CLI, REPO, Up, env, free_port, metactl
+
+pytestmark = pytest.mark.slow
+
+BOUND_S = 60.0  # bounds a hang; nothing is timed
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def pids(banner: list[str]) -> dict[str, int]:
+    line = next(x for x in banner if x.startswith("  pids:"))
+    pairs = (p.strip().split("=") for p in line.split(":", 1)[1].split(", "))
+    return {k: int(v) for k, v in pairs}
+
+
+def read_until(up: Up, text: str) -> list[str]:
+    """Lines `cluster up` prints after its banner, up to one containing `text`."""
+    assert up.proc.stdout is not None
+    seen: list[str] = []
+    deadline = time.monotonic() + BOUND_S
+    for line in up.proc.stdout:
+        seen.append(line.rstrip("\n"))
+        if text in line:
+            return seen
+        assert time.monotonic() < deadline, seen
+    raise AssertionError(f"cluster up ended without {text!r}: {seen}")
+
+
+def gone(pid: int) -> bool:
+    deadline = time.monotonic() + BOUND_S
+    while alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)  # polling another process's exit
+    return True
+
+
+@pytest.fixture
+def three(tmp_path: Path) -> Iterator[Up]:
+    u = Up(tmp_path / "data", "--brokers", "3", "--insecure")
+    # Up's defaults give one broker; the later flag wins with argparse.
+    try:
+        yield u
+    finally:
+        u.stop()
+
+
+def test_a_dead_broker_is_reported_and_the_feed_tells_the_fence(three: Up) -> None:
+    banner = three.await_banner()
+    children = pids(banner)
+    victim = children["broker 2"]
+    os.kill(victim, signal.SIGKILL)
+    lines = read_until(three, "broker 2 fenced")
+    report = next(i for i, x in enumerate(lines) if x.startswith("!! broker 2"))
+    assert "killed by SIGKILL" in lines[report]
+    assert any("registered" in x for x in lines[report + 1 :])  # the end of its log
+    # The others keep running.
+    assert all(alive(pid) for name, pid in children.items() if name != "broker 2")
+    assert three.proc.poll() is None
+    assert three.stop() == 0
+    assert all(gone(pid) for pid in children.values())
+
+
+def test_a_child_that_cannot_start_fails_the_start_with_its_log(tmp_path: Path) -> None:
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    try:
+        r = subprocess.run(
+            [*CLI, "cluster", "up", "--data-dir", str(tmp_path / "data"), "--insecure",
+             "--listen", f"127.0.0.1:{port}", "--metrics", "127.0.0.1:0"],
+            capture_output=True, text=True, cwd=REPO, env=env(), timeout=BOUND_S, check=False,
+        )  # fmt: skip
+    finally:
+        busy.close()
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    first = r.stderr.splitlines()[0]
+    assert first.startswith("error: CLUSTER_START_FAILED: controller exited before it was ready")
+    assert "address already in use" in r.stderr.lower()  # the child's own line, from its log
+    # It stopped what it started and let go of the data directory: it can start again.
+    again = Up(tmp_path / "data", "--insecure")
+    try:
+        assert again.await_banner()[0].startswith("metactl cluster up:")
+    finally:
+        assert again.stop() == 0
+
+
+def test_a_second_cluster_up_on_the_same_data_dir_is_refused_at_once(tmp_path: Path) -> None:
+    first = Up(tmp_path / "data", "--insecure")
+    try:
+        first.await_banner()
+        r = metactl(
+            "cluster", "up", "--data-dir", str(tmp_path / "data"), "--insecure",
+            "--listen", f"127.0.0.1:{free_port()}", cwd=tmp_path,
+        )  # fmt: skip
+        assert r.returncode != 0
+        assert r.stderr.startswith("error: CLUSTER_START_FAILED: a cluster is already running")
+        assert f"pid {first.proc.pid}" in r.stderr
+    finally:
+        assert first.stop() == 0
+
+
+def test_children_do_not_outlive_a_killed_cluster_up(tmp_path: Path) -> None:
+    up = Up(tmp_path / "data", "--insecure")
+    children = pids(up.await_banner())
+    os.kill(up.proc.pid, signal.SIGKILL)  # only cluster up itself, not its group
+    up.proc.wait()
+    assert all(gone(pid) for pid in children.values())
+
+
+def test_an_ha_quorum_on_etcd(tmp_path: Path) -> None:
+    up = Up(tmp_path / "data", "--insecure", "--controllers", "3", "--etcd", "3")
+    try:
+        banner = up.await_banner()
+        assert "3 controllers" in banner[0] and "3-member etcd" in banner[0]
+        children = pids(banner)
+        assert {"etcd-1", "etcd-2", "etcd-3", "controller 1", "controller 3"} <= set(children)
+        describe = up.command("describe")
+        r = metactl(*describe, cwd=tmp_path)
+        assert r.returncode == 0 and "Topic: demo" in r.stdout, r.stderr
+        bootstrap = describe[describe.index("--bootstrap-controller") + 1]
+        assert len(bootstrap.split(",")) == 3
+        log = next(x.split()[1] for x in banner if x.startswith("  log:"))
+        r = metactl("log", "verify", "--data-dir", log, cwd=tmp_path)
+        assert r.returncode == 0 and r.stdout.startswith("ok: etcd://"), r.stderr
+    finally:
+        assert up.stop() == 0
+    assert all(gone(pid) for pid in children.values())
