@@ -298,6 +298,20 @@ class FrameTooLargeError(InvalidRequestError):
 MessageTooLargeError = FrameTooLargeError
 
 
+class ClusterStartError(MetactlError):
+    """`metactl cluster up` could not start a child (it exited, or was not ready in
+    time); the message names it and ends with the last lines of its log."""
+
+    code = "CLUSTER_START_FAILED"
+
+
+class ListenError(MetactlError):
+    """A server could not listen where it was told (the port is in use, the address is
+    not this host's): start-up fails."""
+
+    code = "LISTEN_FAILED"
+
+
 class NetworkError(MetactlError):
     """The peer could not be reached, or the connection broke mid-request."""
 

@@ -49,7 +49,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Final
 
-from metactl.errors import InvalidConfigurationError, MetactlError, StoreUnavailableError
+from metactl.errors import (
+    ClusterStartError,
+    InvalidConfigurationError,
+    MetactlError,
+    StoreUnavailableError,
+)
 from ops.certs import default_names, init_certs
 from ops.client import INSECURE, Security, call
 from ops.etcd_local import LocalEtcd
@@ -64,18 +69,12 @@ from protocol.messages import (
 )
 from protocol.tls import ADMIN, TlsIdentity
 
-__all__ = ["ClusterUp", "StartupError", "UpSettings"]
+__all__ = ["ClusterUp", "UpSettings"]
 
 READY_TIMEOUT_S: Final = 60.0
 STOP_TIMEOUT_S: Final = 30.0
 LOG_TAIL_LINES: Final = 8
 LOCK_FILE: Final = "cluster.lock"
-
-
-class StartupError(MetactlError):
-    """Raised here only; reported as one line plus the failing child's log tail."""
-
-    code = "CLUSTER_START_FAILED"
 
 
 @dataclass(frozen=True)
@@ -172,7 +171,7 @@ class ClusterUp:
         except OSError:
             holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
             os.close(fd)
-            raise StartupError(
+            raise ClusterStartError(
                 f"a cluster is already running on {self.data} (pid {holder}); stop it with "
                 "Ctrl-C, or pass another --data-dir"
             ) from None
@@ -199,7 +198,7 @@ class ClusterUp:
         return child
 
     def await_ready(self, child: Child, timeout_s: float = READY_TIMEOUT_S) -> str:
-        """Its READY line, or StartupError naming it (exited, or silent too long)."""
+        """Its READY line, or ClusterStartError naming it (exited, or silent too long)."""
         assert child.proc.stdout is not None
         deadline = time.monotonic() + timeout_s
         with selectors.DefaultSelector() as sel:
@@ -219,10 +218,12 @@ class ClusterUp:
                     child.ready = line.strip()
                     return child.ready
 
-    def _failed(self, child: Child, what: str) -> StartupError:
+    def _failed(self, child: Child, what: str) -> ClusterStartError:
         lines = child.tail()
         shown = "\n".join(f"    {line}" for line in lines) or "    (its log is empty)"
-        return StartupError(f"{child.name} {what}; the last lines of {child.log_path}:\n{shown}")
+        return ClusterStartError(
+            f"{child.name} {what}; the last lines of {child.log_path}:\n{shown}"
+        )
 
     def start(self) -> None:
         s = self.settings
@@ -249,7 +250,8 @@ class ClusterUp:
                 self.etcd.wait_healthy()
             except StoreUnavailableError as exc:
                 bad = next((c for c in self.children if c.proc.poll() is not None), None)
-                raise (self._failed(bad, "exited") if bad else StartupError(exc.message)) from None
+                error = self._failed(bad, "exited") if bad else ClusterStartError(exc.message)
+                raise error from None
             log_flags = ["--metadata-log", self.etcd.url("metactl"), "--cluster-id", "local"]
         for i in range(s.controllers):
             listen, metrics = _port_plus(s.listen, i), _port_plus(s.metrics, i)
@@ -302,7 +304,7 @@ class ClusterUp:
             if active >= self.settings.brokers:
                 return
             await asyncio.sleep(0.1)  # polling an observable state
-        raise StartupError(f"brokers did not all become active within {timeout_s:.0f} s")
+        raise ClusterStartError(f"brokers did not all become active within {timeout_s:.0f} s")
 
     def check_alive_during_start(self) -> None:
         for c in self.children:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import resource
 import ssl
 import time
@@ -55,6 +56,7 @@ import structlog
 from metactl.errors import (
     FrameTooLargeError,
     InvalidRequestError,
+    ListenError,
     MetactlError,
     UnsupportedVersionError,
 )
@@ -205,7 +207,11 @@ class FrameServer:
         self._clamp_to_descriptor_limit()
         # TLS is started per connection (`_handshake`), after admission, so a connection
         # that never completes its handshake still counts against the limits.
-        self._server = await asyncio.start_server(self.serve_connection, host, port)
+        try:
+            self._server = await asyncio.start_server(self.serve_connection, host, port)
+        except OSError as exc:
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise ListenError(f"cannot listen on {host}:{port}: {reason}") from None
         sock = self._server.sockets[0].getsockname()
         self.address = f"{sock[0]}:{sock[1]}"
         return self.address

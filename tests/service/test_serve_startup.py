@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -123,3 +124,41 @@ def test_a_healthy_log_with_verify_log_full_serves(tmp_path: Path) -> None:
     [insecure] = [line for line in err.splitlines() if "TLS is off (--insecure)" in line]
     assert '"level": "warning"' in insecure
     assert '"records": 10' in verified[0] and '"snapshots": 1' in verified[0]
+
+
+def test_start_up_failures_are_one_line_and_an_exit(tmp_path: Path) -> None:
+    """A port in use and a log another controller holds: one `error: NAME:` line naming
+    the cause, exit 1, no traceback, nothing left running (the bound catches a hang)."""
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    try:
+        r = subprocess.run(
+            [*metactl(), "controller", "serve", "--data-dir", str(tmp_path / "a"),
+             "--listen", f"127.0.0.1:{port}", "--insecure"],
+            capture_output=True, text=True, cwd=REPO, timeout=EXIT_BOUND_S, check=False,
+        )  # fmt: skip
+    finally:
+        busy.close()
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    [line] = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert (
+        line == f"error: LISTEN_FAILED: cannot listen on 127.0.0.1:{port}: Address already in use"
+    )
+
+    holder = serve(tmp_path / "b")
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().startswith("READY controller listen=")
+        r = subprocess.run(
+            [*metactl(), "controller", "serve", "--data-dir", str(tmp_path / "b"),
+             "--listen", "127.0.0.1:0", "--insecure"],
+            capture_output=True, text=True, cwd=REPO, timeout=EXIT_BOUND_S, check=False,
+        )  # fmt: skip
+    finally:
+        holder.send_signal(signal.SIGTERM)
+        holder.communicate(timeout=EXIT_BOUND_S)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    [line] = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert line.startswith("error: LOG_ERROR: metadata log ") and "lock" in line
