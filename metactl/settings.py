@@ -102,8 +102,7 @@ def resolve(
     unknown = sorted(k for k in file if k.replace("_", "-") not in known)
     if unknown:
         raise InvalidConfigurationError(
-            f"unknown setting(s) {', '.join(unknown)} in {path} (known: "
-            f"{', '.join(sorted(known))})"
+            f"unknown setting(s) {', '.join(unknown)} in {path} (known: {', '.join(sorted(known))})"
         )
     by_key = {k.replace("_", "-"): v for k, v in file.items()}
     for a in options:
