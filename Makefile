@@ -4,19 +4,30 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+HASH := $(shell cat pyproject.toml | sha1sum | cut -c1-12)
+# `make run` installs what the cluster and the audits need; `make test` adds the test
+# tools (pytest, hypothesis, ruff, mypy, import-linter, atheris, ...).
+STAMP := $(VENV)/.installed-run-$(HASH)
+TEST_STAMP := $(VENV)/.installed-test-$(HASH)
 DATA_DIR ?= ./data
 
-.PHONY: setup system run test lint layers typecheck core-coverage pytest bench clean
+.PHONY: setup setup-test system run test lint layers typecheck core-coverage pytest bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
-	@rm -f $(VENV)/.installed-*
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
+	@rm -f $(VENV)/.installed-run-*
 	@touch $(STAMP)
 
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	@rm -f $(VENV)/.installed-test-*
+	@touch $(TEST_STAMP)
+
 setup: $(STAMP)
+
+setup-test: $(TEST_STAMP)
 
 # Debian packages (prometheus for the alert tests, a JRE for Spark), installed when missing.
 system:
@@ -25,32 +36,32 @@ system:
 run: setup
 	$(BIN)/metactl cluster up --brokers 3 --data-dir $(DATA_DIR)
 
-lint: setup
+lint: setup-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
 # The package layering (pyproject.toml [tool.importlinter]): the core imports no runtime,
 # metactl/ imports nothing of the project, the brokers and audits use the image package.
-layers: setup
+layers: setup-test
 	$(BIN)/lint-imports
 
-typecheck: setup
+typecheck: setup-test
 	$(BIN)/mypy
 
 # The pure core (the controller's core folder and the image package) is held to 100%
 # branch coverage. Coverage is about reach, so this pass runs the property tests with a
 # small, fixed-seed budget; `pytest` below runs them with their full budget.
 CORE := controller/core/*,metadata_image/*
-core-coverage: setup
+core-coverage: setup-test
 	METACTL_HYPOTHESIS_EXAMPLES=50 $(BIN)/coverage run --branch --source=controller,metadata_image --data-file=.coverage.core -m pytest -q -p no:cacheprovider --hypothesis-seed=0 tests/controller
 	$(BIN)/coverage report --data-file=.coverage.core --include='$(CORE)' --fail-under=100 --show-missing --skip-covered
 
-pytest: setup system
+pytest: setup-test system
 	$(BIN)/python -m pytest
 
 test: lint layers typecheck core-coverage pytest
 
-bench: setup
+bench: setup-test system
 	$(BIN)/python bench/log_append.py
 	$(BIN)/python bench/controller_ops.py
 	$(BIN)/python bench/service_load.py
