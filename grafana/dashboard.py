@@ -361,6 +361,32 @@ def build() -> dash_m.Dashboard:
             unit="s",
         )
     )
+    d = d.with_row(dash_b.Row("Controller quorum").id(104))
+    d = d.with_panel(
+        series(
+            17,
+            "Active controller",
+            "1 for the controller that writes the metadata log, 0 for hot standbys "
+            "(metactl_controller_active; HA controllers on etcd, docs/ha.md).",
+            [query(f"max by (instance) (metactl_controller_active{CTL})", "{{instance}}")],
+        )
+    )
+    d = d.with_panel(
+        series(
+            18,
+            "Controller failovers",
+            "Times a controller took over as the active one "
+            "(increase of metactl_controller_failovers_total).",
+            [
+                query(
+                    "sum by (instance) "
+                    f"(increase(metactl_controller_failovers_total{CTL}[$__rate_interval]))",
+                    "{{instance}}",
+                )
+            ],
+            bars=True,
+        )
+    )
     return d.build()
 
 

@@ -16,6 +16,7 @@ from types import ModuleType
 import pytest
 import yaml
 
+from controller.runtime.metrics import RoleMetrics
 from tests.observability.kit import (
     GRAFANA,
     NO_PROMTOOL,
@@ -114,6 +115,7 @@ async def exported_names(tmp_path: Path) -> set[str]:
         families = list(c.registry.collect())
     finally:
         await c.close()
+    families += [m for m in RoleMetrics().registry.collect() if m.name != "metactl_build_info"]
     names = {m.name for m in families} | {s.name for m in families for s in m.samples}
     return names | {m.name + "_total" for m in families if m.type == "counter"}
 
@@ -135,8 +137,9 @@ async def test_every_metric_named_in_grafana_exists(tmp_path: Path) -> None:
 async def test_readme_documents_every_exported_metric(tmp_path: Path) -> None:
     c = await Cluster.open(tmp_path)
     try:
-        families = {m.name for m in c.registry.collect()}
-        kinds = {m.name: m.type for m in c.registry.collect()}
+        collected = [*c.registry.collect(), *RoleMetrics().registry.collect()]
+        families = {m.name for m in collected}
+        kinds = {m.name: m.type for m in collected}
     finally:
         await c.close()
     readme = (GRAFANA / "README.md").read_text()
@@ -160,6 +163,7 @@ def test_alert_rules_have_the_required_alerts() -> None:
         "MetactlControllerDown",
         "MetactlMetadataLagHigh",
         "MetactlMetadataLogWriteFailing",
+        "MetactlNoActiveController",
     }
     loss = rules["MetactlPotentialDataLoss"]
     assert loss["expr"] == "increase(metactl_potential_data_loss_events_total[5m]) > 0"
@@ -194,7 +198,7 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_promtool_check_rules() -> None:
     r = promtool("check", "rules", "alerts.yml")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS: 9 rules found" in r.stdout
+    assert "SUCCESS: 10 rules found" in r.stdout
 
 
 @needs_promtool
