@@ -66,6 +66,7 @@ bench: setup-test system
 	$(BIN)/python bench/controller_ops.py
 	$(BIN)/python bench/service_load.py
 	$(BIN)/python bench/produce.py
+	$(BIN)/python bench/ha.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -161,6 +161,8 @@ class Writer:
         self.acked: list[str] = []
         self.failed: list[str] = []
         self.acked_at: list[float] = []
+        self.acked_by: list[str] = []  # the controller that answered each acknowledged write
+        self.answered_by = ""
         self._stop = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
 
@@ -171,7 +173,9 @@ class Writer:
     async def one(self, name: str, timeout_s: float = 5.0) -> Message:
         async with RpcClient(self.endpoints, retry=FailoverPolicy.over(self.endpoints)) as c:
             topic = CreateTopic(name=name, partitions=1, replication_factor=1)
-            return await c.request(CreateTopicsRequest(topics=[topic]), timeout_s=timeout_s)
+            r = await c.request(CreateTopicsRequest(topics=[topic]), timeout_s=timeout_s)
+            self.answered_by = c.address
+            return r
 
     async def _run(self) -> None:
         i = 0
@@ -187,6 +191,7 @@ class Writer:
             if r.results[0].error_code is None:
                 self.acked.append(name)
                 self.acked_at.append(time.monotonic())
+                self.acked_by.append(self.answered_by)
                 i += 1
             elif r.results[0].error_code == "TOPIC_ALREADY_EXISTS":
                 # An earlier attempt was committed but its answer lost (the controller
@@ -195,12 +200,18 @@ class Writer:
             else:
                 self.failed.append(f"{name}: {r.results[0].error_code}")
 
-    async def acks_after(self, moment: float, n: int) -> None:
-        """Until `n` writes were acknowledged after `moment` (time.monotonic)."""
+    async def acks_after(self, moment: float, n: int, *, not_by: str = "") -> float:
+        """Until `n` writes were acknowledged after `moment` (time.monotonic), by another
+        controller than `not_by`; the time of the first of them."""
         async with asyncio.timeout(TIMEOUT_S):
             while True:
-                if sum(t > moment for t in self.acked_at) >= n:
-                    return
+                times = [
+                    t
+                    for t, by in zip(self.acked_at, self.acked_by, strict=True)
+                    if t > moment and by != not_by
+                ]
+                if len(times) >= n:
+                    return times[0]
                 await asyncio.sleep(0.02)  # polling interval of an observable condition
 
     async def stop(self) -> None:
