@@ -83,8 +83,12 @@ from protocol.messages import ControllerResponse
 log = structlog.get_logger("metactl.controller")
 
 REPLAY_CHUNK: Final = 10_000
-MAX_SLICES_AHEAD: Final = 1
-"""Slices of a sliced create stepped but not yet durable before the event task waits."""
+MAX_SLICES_AHEAD: Final = 16
+"""Slices of a sliced create stepped but not yet durable before the event task waits.
+Measured (bench/controller_ops.py, bench/large_cluster.py (c), 100,000 partitions in
+slices of 1,000): 1 ahead gives each slice its own fsync, 0.68-0.70 s for the create and
+heartbeats at p99 7 ms meanwhile; 16 ahead lets group commit take several slices at
+once, 0.49-0.56 s and p99 23 ms (the unsliced create: 0.42-0.48 s, heartbeats p99 420 ms)."""
 
 
 __all__ = ["Controller", "Event", "Tick", "load_image", "load_log"]
