@@ -19,8 +19,10 @@ import pytest
 from controller.core.config import ControllerConfig
 from controller.runtime.clock import VirtualClock
 from controller.runtime.driver import Controller
+from metadata_log.etcd.store import EtcdLogStore
 from metadata_log.sqlite_format import LOG_FILE_NAME
 from metadata_log.sqlite_store import SqliteLogStore
+from ops.etcd_local import LocalEtcd
 from protocol.messages import RegisterBroker
 from tests.metadata_log.test_verify_open import corrupt_payload
 
@@ -162,3 +164,31 @@ def test_start_up_failures_are_one_line_and_an_exit(tmp_path: Path) -> None:
     assert r.returncode == 1 and "Traceback" not in r.stderr
     [line] = [x for x in r.stderr.splitlines() if x.startswith("error:")]
     assert line.startswith("error: LOG_ERROR: metadata log ") and "lock" in line
+
+
+def test_an_etcd_log_that_cannot_be_used_is_one_line(tmp_path: Path, etcd: LocalEtcd) -> None:
+    """Unreachable etcd endpoints are named; another cluster's log is refused by id."""
+    r = subprocess.run(
+        [*metactl(), "controller", "serve", "--data-dir", str(tmp_path / "a"), "--insecure",
+         "--listen", "127.0.0.1:0", "--metadata-log", "etcd://127.0.0.1:1,127.0.0.1:2/x"],
+        capture_output=True, text=True, cwd=REPO, timeout=EXIT_BOUND_S, check=False,
+    )  # fmt: skip
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    [line] = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert line.startswith("error: METADATA_STORE_UNAVAILABLE: etcd at 127.0.0.1:1,127.0.0.1:2")
+
+    url = etcd.url(f"startup/{tmp_path.name}")
+    asyncio.run(_create_etcd_log(url, "cluster-a"))
+    r = subprocess.run(
+        [*metactl(), "controller", "serve", "--data-dir", str(tmp_path / "b"), "--insecure",
+         "--listen", "127.0.0.1:0", "--metadata-log", url, "--cluster-id", "cluster-b"],
+        capture_output=True, text=True, cwd=REPO, timeout=EXIT_BOUND_S, check=False,
+    )  # fmt: skip
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    [line] = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert line.startswith("error: INCONSISTENT_CLUSTER_ID: ") and "'cluster-a'" in line
+
+
+async def _create_etcd_log(url: str, cluster_id: str) -> None:
+    store = await EtcdLogStore.open(url, cluster_id=cluster_id)
+    await store.close()
