@@ -86,8 +86,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--unclean-recovery-window-ms",
         type=int,
         default=1000,
-        help="how long balanced recovery waits for more replicas' log information "
-        "(default 1000)",
+        help="how long balanced recovery waits for more replicas' log information (default 1000)",
     )
     p.add_argument(
         "--default-min-isr",
