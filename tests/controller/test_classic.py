@@ -15,6 +15,7 @@ from controller.core.recovery.tracker import PendingRecovery
 from controller.runtime.serve import add_arguments, config_from
 from controller.runtime.serve import main as serve_main
 from metactl.errors import InvalidConfigurationError
+from metactl.settings import resolve
 from metadata_log.records import NO_LEADER, ElectionKind, LeaderRecoveryState, UncleanRecoveryRecord
 
 from .testkit import Cluster
@@ -152,5 +153,6 @@ def test_serve_flags_select_the_classic_rules() -> None:
     add_arguments(p)
     args = p.parse_args(["--data-dir", "d", "--eligible-leader-replicas", "disabled",
                          "--unclean-leader-election"])  # fmt: skip
-    assert config_from(args) == CLASSIC_UNCLEAN_ON
-    assert config_from(p.parse_args(["--data-dir", "d"])) == ControllerConfig()
+    # What the entry point does before reading them: --config and METACTL_* fill the rest.
+    assert config_from(resolve(p, args, {})) == CLASSIC_UNCLEAN_ON
+    assert config_from(resolve(p, p.parse_args(["--data-dir", "d"]), {})) == ControllerConfig()
