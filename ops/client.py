@@ -109,7 +109,9 @@ async def within(aw: Awaitable[T], timeout_s: float, address: str) -> T:
         async with asyncio.timeout(timeout_s):
             return await aw
     except TimeoutError:
-        raise RequestTimedOutError(f"no answer from {address} within {timeout_s:g} s") from None
+        raise RequestTimedOutError(
+            f"no answer from {address} within {round(timeout_s, 3):g} s"
+        ) from None
 
 
 async def ask(

@@ -6,16 +6,16 @@ retries on NOT_LEADER_OR_FOLLOWER or a broken connection, retries every retriabl
 with `RetryPolicy` backoff, and appends each acknowledged batch (topic, partition,
 base_offset, count, leader_epoch, acks) to the acked log as one JSON line, written,
 flushed and fsynced *before* it is counted as acknowledged. A batch refused for good is
-counted by its error code. Exit status: 0 every batch acknowledged, 3 some refused, 1 an
-error before producing (unknown topic, controller unreachable, bad acked log), 2 bad
-arguments.
+counted by its error code. Exit status: 0 every batch acknowledged, 3 some refused; an
+error before producing has its status from docs/cli.md's table (4 an unknown topic, 5
+the controller unreachable, 2 bad arguments or configuration, 1 refused).
 
 `consume --from-beginning` reads every partition's committed records (ReadLog) from its
 current leader: the high watermark and the (offset, leader epoch) ranges below it, with
 a digest; `--check-acked FILE` also says which acknowledged records are missing (a
 record acknowledged at (o, e) survives iff the log holds offset o in epoch e). Exit
-status: 0, 3 when a partition could not be read or an acknowledged record is missing, 1
-and 2 as above.
+status: 0, 3 when a partition could not be read or an acknowledged record is missing,
+and the table's for errors, as above.
 
 Both use mutual TLS unless `--insecure` (`ops.client.security_from`): the controller
 must prove it is `controller`, and each leader `broker-<id>`, the id DescribeCluster
@@ -73,7 +73,7 @@ def register(sub: Any) -> None:
         help="produce records to a topic and log every acknowledged batch",
         description="Send batches of records (offsets only, no bytes) to the partitions' "
         "leaders; append each acknowledged batch to --acked-log (fsynced) before counting "
-        "it. Exit 0: all acknowledged; 3: some refused; 1: error; 2: bad arguments.",
+        "it. Exit 0: all acknowledged; 3: some refused; otherwise docs/cli.md's table.",
         epilog=examples(
             "metactl produce --topic demo --acks all --count 10000 --acked-log acked.jsonl",
             "metactl produce --topic demo --count 1000 --rate 200 --batch 10 "

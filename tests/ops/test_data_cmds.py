@@ -47,8 +47,8 @@ def test_bad_input_is_a_named_error_without_traceback(
     assert "error: INVALID_REQUEST: --count must be >= 1" in capsys.readouterr().err
     assert main([*base, "--count", "5", "--rate", "0"]) == 2
     assert "--rate must be > 0" in capsys.readouterr().err
-    # Nobody listens on port 1: a named network error, exit 1.
-    assert main([*base, "--count", "5", "--retries", "0"]) == 1
+    # Nobody listens on port 1: a named network error, exit 5 (unavailable, docs/cli.md).
+    assert main([*base, "--count", "5", "--retries", "0"]) == 5
     err = capsys.readouterr().err
     assert err.startswith("error: NETWORK_EXCEPTION") and "Traceback" not in err
     with pytest.raises(SystemExit) as usage:
@@ -145,5 +145,5 @@ def test_produce_then_consume_on_a_real_cluster(
     }
     assert len(acked.read_text().splitlines()) == 10
 
-    assert main(["consume", "--controller", addr, "--topic", "nope", *tls]) == 1
+    assert main(["consume", "--controller", addr, "--topic", "nope", *tls]) == 4  # not found
     assert capsys.readouterr().err.startswith("error: UNKNOWN_TOPIC_OR_PARTITION")

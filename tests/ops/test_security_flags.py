@@ -41,8 +41,8 @@ def assert_says_what_to_do(err: str) -> None:
     assert "Traceback" not in err
 
 
-# The operator commands exit with the usage status (2, docs/cli.md); produce and consume
-# keep their own table (1: an error before producing).
+# Every client command, produce and consume included, exits with the usage status (2,
+# docs/cli.md's one table).
 CLIENT_COMMANDS = [
     (["describe", "--controller", "127.0.0.1:1"], 2),
     (["brokers", "--controller", "127.0.0.1:1"], 2),
@@ -50,8 +50,8 @@ CLIENT_COMMANDS = [
     (["topics", "create", "--controller", "127.0.0.1:1", "--topic", "t", "--partitions", "1"], 2),
     (["elect", "--controller", "127.0.0.1:1", "--partition", "t-0", "--type", "preferred"], 2),
     (["produce", "--controller", "127.0.0.1:1", "--topic", "t", "--count", "1",
-      "--acked-log", "acked.jsonl"], 1),
-    (["consume", "--controller", "127.0.0.1:1", "--topic", "t"], 1),
+      "--acked-log", "acked.jsonl"], 2),
+    (["consume", "--controller", "127.0.0.1:1", "--topic", "t"], 2),
 ]  # fmt: skip
 
 
