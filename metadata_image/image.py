@@ -21,33 +21,61 @@ TopicPartition = tuple[str, int]
 EMPTY: Final[frozenset[int]] = frozenset()
 
 
-class ReplicaIndex(msgspec.Struct, frozen=True, gc=False):
+class ReplicaIndex(msgspec.Struct, frozen=True, gc=False, eq=False):
     """The partitions that have a replica on one broker, grouped by topic.
 
     A set-like, immutable collection of TopicPartitions. Grouping by topic makes creating
     a topic of N partitions cost N list appends and one frozenset per broker, rather than
     N persistent-map inserts per replica, and keeps a million-partition index small.
-    Iteration is deterministic: topics in name order, partitions in set order (integer
-    hashing does not vary between processes).
+
+    A topic's partitions are a few frozensets ("chunks"), not one: a topic created in
+    slices (1,000 partitions each) adds a chunk per slice, and chunks are merged only
+    while the older one is at most twice the newer, as a binary counter carries. Each
+    partition is then copied O(log n) times over the whole creation, where one growing
+    set copied per slice made a 100,000-partition create quadratic (measured: 2,970 set
+    unions, about a third of its replay). A topic has at most about log2(slices) chunks.
+
+    Iteration is deterministic: topics in name order, a topic's partitions in the order of
+    one frozenset of them (integer hashing does not vary between processes), however they
+    are chunked. Equality is set equality.
     """
 
-    topics: immutables.Map[str, frozenset[int]] = immutables.Map()
+    topics: immutables.Map[str, tuple[frozenset[int], ...]] = immutables.Map()
     size: int = 0
 
     def __contains__(self, tp: object) -> bool:
         if not isinstance(tp, tuple) or len(tp) != 2:
             return False
-        parts = self.topics.get(tp[0])
-        return parts is not None and tp[1] in parts
+        chunks = self.topics.get(tp[0])
+        if chunks is None:
+            return False
+        return any(tp[1] in c for c in chunks)
 
     def __iter__(self) -> Iterator[TopicPartition]:
         topics = self.topics
         for topic in sorted(topics.keys()):
-            for i in topics[topic]:
+            for i in _whole(topics[topic]):
                 yield (topic, i)
 
     def __len__(self) -> int:
         return self.size
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ReplicaIndex):
+            return NotImplemented
+        if self.size != other.size or len(self.topics) != len(other.topics):
+            return False
+        for topic, chunks in self.topics.items():
+            theirs = other.topics.get(topic)
+            if theirs is None or _whole(chunks) != _whole(theirs):
+                return False
+        return True
+
+    def __ne__(self, other: object) -> bool:  # msgspec's own would compare the chunks
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = None  # type: ignore[assignment]  # equal indexes may be chunked differently
 
     def added(self, new: Mapping[str, Collection[int]]) -> ReplicaIndex:
         """This index plus new partitions (topic -> partition numbers not yet in it)."""
@@ -55,10 +83,21 @@ class ReplicaIndex(msgspec.Struct, frozen=True, gc=False):
         m = self.topics.mutate()
         for topic, parts in new.items():
             old = m.get(topic)
-            merged = frozenset(parts) if old is None else old.union(parts)
-            size += len(merged) - (0 if old is None else len(old))
-            m[topic] = merged
+            if old is None:
+                chunk = frozenset(parts)
+                chunks: tuple[frozenset[int], ...] = (chunk,)
+            else:  # a partition already in it is not added twice
+                chunk = frozenset(p for p in parts if not any(p in c for c in old))
+                chunks = (*old, chunk) if chunk else old
+            while len(chunks) > 1 and len(chunks[-2]) <= 2 * len(chunks[-1]):
+                chunks = (*chunks[:-2], chunks[-2] | chunks[-1])
+            size += len(chunk)
+            m[topic] = chunks
         return ReplicaIndex(m.finish(), size)
+
+
+def _whole(chunks: tuple[frozenset[int], ...]) -> frozenset[int]:
+    return chunks[0] if len(chunks) == 1 else frozenset().union(*chunks)
 
 
 EMPTY_INDEX: Final[ReplicaIndex] = ReplicaIndex()

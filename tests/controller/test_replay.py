@@ -607,5 +607,29 @@ class TestReplicaIndex:
         assert len(grown) == 5 and len(index) == 3  # the old index is unchanged
         assert grown == EMPTY_INDEX.added({"a": [1], "b": [0, 2, 5], "c": [0]})
 
+    def test_a_topic_added_in_slices_keeps_few_chunks_and_acts_as_one_set(self) -> None:
+        """A sliced create adds a chunk per slice; chunks merge as a binary counter
+        carries, so 100 slices leave a handful, and the index is, for membership,
+        iteration order and equality, the one set built at once."""
+        index = EMPTY_INDEX
+        for s in range(100):
+            index = index.added({"t": range(1000 * s, 1000 * (s + 1))})
+        at_once = EMPTY_INDEX.added({"t": range(100_000)})
+        chunks = index.topics["t"]
+        assert 1 < len(chunks) <= 8
+        assert sum(len(c) for c in chunks) == 100_000 == len(index)
+        assert ("t", 0) in index and ("t", 99_999) in index and ("t", 100_000) not in index
+        assert list(index) == list(at_once) and index == at_once
+        assert index != EMPTY_INDEX.added({"t": range(99_999)})  # sizes differ
+        assert index != EMPTY_INDEX.added({"u": range(100_000)})  # topics differ
+        other = EMPTY_INDEX.added({"t": range(1, 100_001)})
+        assert index != other  # same size, other partitions
+        assert index.__eq__("t") is NotImplemented and index.__ne__("t") is NotImplemented
+        assert (index != at_once) is False  # != agrees with ==, however the sets are chunked
+        # Adding what is there already adds nothing.
+        again = index.added({"t": [0, 5, 99_999]})
+        assert len(again) == 100_000 and again.topics["t"] == chunks
+        assert len(index.added({"t": [7, 100_000]})) == 100_001
+
     def test_every_record_type_has_a_replay_handler(self) -> None:
         assert set(RECORD_TYPES.values()) <= set(replay_module._APPLY)
