@@ -45,7 +45,7 @@ from protocol.tls import TlsIdentity
 log = structlog.get_logger("metactl.metrics_http")
 
 REQUEST_TIMEOUT_S: Final = 10.0
-MAX_CONNECTIONS: Final = 16
+MAX_CONNECTIONS: Final = 64
 """Connections served at once (one thread each). One over is closed at accept, counted
 in the log line, so a flood of idle scrapers cannot take a thread and a descriptor
 each: at most this many are held, for at most `REQUEST_TIMEOUT_S` of silence."""

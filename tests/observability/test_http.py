@@ -8,6 +8,7 @@ bound address and serves HTTPS to a scraper holding the viewer's certificate."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import signal
 import ssl
@@ -70,8 +71,12 @@ async def raw(
         if close_write and tls is None:
             writer.write_eof()
         return await asyncio.wait_for(reader.read(), 15)
-    except ConnectionResetError:
+    except (ConnectionResetError, BrokenPipeError):
         return b""  # the server hung up on unread input
+    except OSError as exc:
+        if exc.errno != errno.ENOTCONN:
+            raise
+        return b""  # it hung up before our half-close (a TLS port refusing plain HTTP)
     finally:
         writer.close()
 
