@@ -136,8 +136,9 @@ def _exit_text(status: int) -> str:
 
 
 def _port_plus(address: str, n: int) -> str:
+    """The n-th next port (port 0, any free port, stays 0 for every process)."""
     host, port = parse_address(address)
-    return f"{host}:{port + n}"
+    return f"{host}:{port + n if port else 0}"
 
 
 @dataclass

@@ -136,7 +136,10 @@ def test_children_do_not_outlive_a_killed_cluster_up(tmp_path: Path) -> None:
 
 
 def test_an_ha_quorum_on_etcd(tmp_path: Path) -> None:
-    up = Up(tmp_path / "data", "--insecure", "--controllers", "3", "--etcd", "3")
+    # Port 0: each controller binds any free port (the next ports after a chosen one may
+    # be taken on a busy test machine).
+    up = Up(tmp_path / "data", "--insecure", "--controllers", "3", "--etcd", "3",
+            "--listen", "127.0.0.1:0")  # fmt: skip
     try:
         banner = up.await_banner()
         assert "3 controllers" in banner[0] and "3-member etcd" in banner[0]
