@@ -153,8 +153,8 @@ async def apply(root: Path, tailers: int, changes: int) -> None:
                 if name == "active"
                 else next(a for a in c.addresses if a != info.address)
             )
-            from_send, from_ack = await apply_latency_split(
-                info.address, tail, tailers, changes, Tls(None)
+            from_send, from_ack = await apply_latency(
+                tail, tailers, changes, Tls(None), write_to=info.address
             )
         finally:
             c.stop()
@@ -164,24 +164,6 @@ async def apply(root: Path, tailers: int, changes: int) -> None:
             f"{pct(from_send, 99):.2f} ms; ack->applied p50 {statistics.median(from_ack):.2f} "
             f"ms p99 {pct(from_ack, 99):.2f} ms (goal p99 <= 50 ms)"
         )
-
-
-async def apply_latency_split(
-    writer: str, tail: str, tailers: int, changes: int, tls: Tls
-) -> tuple[list[float], list[float]]:
-    """`service_load.apply_latency` with the tailers on `tail` and the writes to `writer`."""
-    if writer == tail:
-        return await apply_latency(writer, tailers, changes, tls)
-    original = tls.client
-
-    def client(address: str, principal: str) -> object:
-        return original(writer if principal == "admin" else tail, principal)
-
-    tls.client = client  # type: ignore[method-assign,assignment]
-    try:
-        return await apply_latency(tail, tailers, changes, tls)
-    finally:
-        tls.client = original  # type: ignore[method-assign]
 
 
 async def run(args: argparse.Namespace) -> None:

@@ -206,10 +206,12 @@ async def echo_heartbeats(address: str, n: int, seconds: float) -> float:
 
 
 async def apply_latency(
-    address: str, tailers: int, changes: int, tls: Tls
+    address: str, tailers: int, changes: int, tls: Tls, *, write_to: str | None = None
 ) -> tuple[list[float], list[float]]:
+    """Tailers on `address`; the changes go to `write_to` (default: the same controller;
+    bench/ha.py tails a standby while the active controller writes)."""
     conns = [tls.client(address, VIEWER) for _ in range(tailers)]
-    admin = tls.client(address, ADMIN)
+    admin = tls.client(write_to or address, ADMIN)
     r = await admin.request(FetchMetadataRequest(from_offset=0, max_records=1, max_wait_ms=0))
     assert isinstance(r, FetchMetadataResponse)
     start_offset = r.end_offset

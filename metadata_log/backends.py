@@ -31,6 +31,7 @@ async def open_store(
     read_only: bool = False,
     create: bool = True,
     verify_tail: bool = True,
+    verify_all: bool = False,
 ) -> LogStore:
     """Open a log by path or URL: ``memory:``, ``etcd://host:port/prefix``,
     ``sqlite:///abs/path``, or a data dir/file."""
@@ -41,7 +42,11 @@ async def open_store(
         from metadata_log.etcd.store import EtcdLogStore
 
         return await EtcdLogStore.open(
-            target, read_only=read_only, create=create, verify_tail=verify_tail
+            target,
+            read_only=read_only,
+            create=create,
+            verify_tail=verify_tail,
+            verify_all=verify_all,
         )
     if target.startswith("sqlite://"):
         target = target.removeprefix("sqlite://")
@@ -50,5 +55,5 @@ async def open_store(
     if not target:
         raise InvalidRequestError(f"no path in log URL {os.fspath(path_or_url)!r}")
     return await SqliteLogStore.open(
-        target, read_only=read_only, create=create, verify_tail=verify_tail
+        target, read_only=read_only, create=create, verify_tail=verify_tail, verify_all=verify_all
     )

@@ -119,21 +119,34 @@ class LogReads(LogStoreBase):
         and framing checked. For copying a log (`metadata_log.mirror`), not for replay."""
         self._check_open()
         await self._refresh()
-        end, expected = self._end_offset, self._start_offset
+        async for batches in self._stored_chunks(self._start_offset, self._end_offset, chunk):
+            for b in batches:
+                check_batch_frame(b, self.location)
+            yield batches
+
+    async def _stored_chunks(
+        self, start: int, end: int, chunk: int
+    ) -> AsyncIterator[list[StoredBatch]]:
+        """The stored batches in [start, end), `chunk` at a time, their offsets checked to
+        follow each other from `start` to `end` (the contents are the caller's to check:
+        `verify` decodes them, `iter_stored` checks CRCs and framing)."""
+        expected = start
         after: int | None = None
         while expected < end:
             batches = [
                 b for b in await self._scan_batches(after, chunk, expected) if b.base_offset < end
             ]
             if not batches:
-                raise CorruptLogError(
-                    "committed offset not found", path=self.location, offset=expected
-                )
+                break
             expected = check_continuity(batches, expected, self.location)
-            for b in batches:
-                check_batch_frame(b, self.location)
             after = batches[-1].base_offset
             yield batches
+        if expected != end:
+            raise CorruptLogError(
+                f"log ends at offset {expected} but its end offset is {end}",
+                path=self.location,
+                offset=expected,
+            )
 
     async def stored_snapshot(self, offset: int) -> StoredSnapshot | None:
         """A stored snapshot as written (its CRC checked by whoever decodes it)."""

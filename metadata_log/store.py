@@ -76,7 +76,6 @@ from metactl.errors import (
 from metadata_log.batch_format import (
     StoredSnapshot,
     check_batch,
-    check_continuity,
     snapshot_crc,
 )
 from metadata_log.group_commit import PendingAppend, fail_all, stored_batches
@@ -325,28 +324,14 @@ class LogStore(LogReads):
         self._check_open()
         await self._refresh()
         start, end = self._start_offset, self._end_offset
-        expected = start
         batches = payload_bytes = 0
-        after: int | None = None
-        while expected < end:
-            chunk = await self._scan_batches(after, _VERIFY_CHUNK, expected)
-            chunk = [b for b in chunk if b.base_offset < end]
-            if not chunk:
-                break
+        async for chunk in self._stored_chunks(start, end, _VERIFY_CHUNK):
             for stored in chunk:
-                expected = check_continuity([stored], expected, self.location)
                 check_batch(stored, self.location)
                 payload_bytes += len(stored.payload)
             batches += len(chunk)
-            after = chunk[-1].base_offset
             if progress is not None:
-                progress(expected, end)
-        if expected != end:
-            raise CorruptLogError(
-                f"log ends at offset {expected} but its end offset is {end}",
-                path=self.location,
-                offset=expected,
-            )
+                progress(chunk[-1].end_offset, end)
         offsets = await self._snapshot_offsets()
         for snapshot_offset in offsets:
             snapshot = await self._get_snapshot(snapshot_offset)

@@ -38,7 +38,6 @@ import asyncio
 import contextlib
 import fcntl
 import os
-import selectors
 import shutil
 import signal
 import subprocess
@@ -59,13 +58,12 @@ from ops.certs import default_names, init_certs
 from ops.client import INSECURE, Security, call
 from ops.etcd_local import LocalEtcd
 from ops.events import Event, Feed
+from ops.procs import await_active_brokers, ready_line
 from protocol.codec import parse_address
 from protocol.messages import (
     CreateTopic,
     CreateTopicsRequest,
     CreateTopicsResponse,
-    DescribeClusterRequest,
-    DescribeClusterResponse,
 )
 from protocol.tls import ADMIN, TlsIdentity
 
@@ -200,24 +198,16 @@ class ClusterUp:
 
     def await_ready(self, child: Child, timeout_s: float = READY_TIMEOUT_S) -> str:
         """Its READY line, or ClusterStartError naming it (exited, or silent too long)."""
-        assert child.proc.stdout is not None
-        deadline = time.monotonic() + timeout_s
-        with selectors.DefaultSelector() as sel:
-            sel.register(child.proc.stdout, selectors.EVENT_READ)
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise self._failed(child, f"not ready within {timeout_s:.0f} s")
-                if not sel.select(left):
-                    continue
-                line = child.proc.stdout.readline()
-                if not line:
-                    status = child.proc.wait()
-                    child.reported = True
-                    raise self._failed(child, f"exited before it was ready ({_exit_text(status)})")
-                if line.startswith("READY"):
-                    child.ready = line.strip()
-                    return child.ready
+        try:
+            line = ready_line(child.proc, timeout_s)
+        except TimeoutError as exc:
+            raise self._failed(child, str(exc)) from None
+        if line is None:
+            child.reported = True
+            status = _exit_text(child.proc.wait())
+            raise self._failed(child, f"exited before it was ready ({status})")
+        child.ready = line
+        return line
 
     def _failed(self, child: Child, what: str) -> ClusterStartError:
         lines = child.tail()
@@ -295,17 +285,16 @@ class ClusterUp:
         return "created" if not res.error_code else f"kept ({res.error_code})"
 
     async def _await_active_brokers(self, timeout_s: float = READY_TIMEOUT_S) -> None:
-        """Brokers unfence once they have caught up with the log; wait for all of them."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            self.check_alive_during_start()
-            r = await call(self.bootstrap, DescribeClusterRequest(), security=self.security)
-            assert isinstance(r, DescribeClusterResponse)
-            active = sum(1 for b in r.brokers if not b.fenced and not b.controlled_shutdown)
-            if active >= self.settings.brokers:
-                return
-            await asyncio.sleep(0.1)  # polling an observable state
-        raise ClusterStartError(f"brokers did not all become active within {timeout_s:.0f} s")
+        try:
+            await await_active_brokers(
+                self.bootstrap,
+                self.settings.brokers,
+                timeout_s,
+                security=self.security,
+                check=self.check_alive_during_start,
+            )
+        except RuntimeError as exc:
+            raise ClusterStartError(str(exc)) from None
 
     def check_alive_during_start(self) -> None:
         for c in self.children:

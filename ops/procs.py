@@ -15,13 +15,20 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
 from ops.client import INSECURE, Security, call
 from protocol.messages import DescribeClusterRequest, DescribeClusterResponse
 
-__all__ = ["await_active_brokers", "await_ready", "shutdown", "start_process"]
+__all__ = [
+    "await_active_brokers",
+    "await_ready",
+    "ready_line",
+    "shutdown",
+    "start_process",
+]
 
 
 def start_process(cmd: list[str], log_path: Path) -> tuple[subprocess.Popen[str], IO[str]]:
@@ -35,9 +42,9 @@ def start_process(cmd: list[str], log_path: Path) -> tuple[subprocess.Popen[str]
     return proc, log_file
 
 
-def await_ready(proc: subprocess.Popen[str], what: str, timeout_s: float = 60) -> str:
-    """The process's READY line; RuntimeError if it exits first or stays silent past
-    `timeout_s` (the wait is bounded even if it prints nothing)."""
+def ready_line(proc: subprocess.Popen[str], timeout_s: float) -> str | None:
+    """The process's READY line, or None if it exits first; TimeoutError if it stays
+    silent past `timeout_s` (the wait is bounded even if it prints nothing)."""
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout_s
     with selectors.DefaultSelector() as sel:
@@ -45,22 +52,42 @@ def await_ready(proc: subprocess.Popen[str], what: str, timeout_s: float = 60) -
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise RuntimeError(f"{what} was not ready within {timeout_s:.0f} s")
+                raise TimeoutError(f"not ready within {timeout_s:.0f} s")
             if not sel.select(left):
                 continue
             line = proc.stdout.readline()
             if not line:
-                raise RuntimeError(f"{what} exited before it was ready (status {proc.wait()})")
+                return None
             if line.startswith("READY"):
                 return line.strip()
 
 
+def await_ready(proc: subprocess.Popen[str], what: str, timeout_s: float = 60) -> str:
+    """The process's READY line; RuntimeError if it exits first or stays silent past
+    `timeout_s`."""
+    try:
+        line = ready_line(proc, timeout_s)
+    except TimeoutError:
+        raise RuntimeError(f"{what} was not ready within {timeout_s:.0f} s") from None
+    if line is None:
+        raise RuntimeError(f"{what} exited before it was ready (status {proc.wait()})")
+    return line
+
+
 async def await_active_brokers(
-    address: str, brokers: int, timeout_s: float = 60, *, security: Security = INSECURE
+    address: str,
+    brokers: int,
+    timeout_s: float = 60,
+    *,
+    security: Security = INSECURE,
+    check: Callable[[], None] | None = None,
 ) -> None:
-    """Brokers unfence once they have caught up with the log; wait for all of them."""
+    """Brokers unfence once they have caught up with the log; wait for all of them.
+    `check` runs before each look (it raises to give up, e.g. when a process died)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if check is not None:
+            check()
         r = await call(address, DescribeClusterRequest(), security=security)
         assert isinstance(r, DescribeClusterResponse)
         if sum(1 for b in r.brokers if not b.fenced and not b.controlled_shutdown) >= brokers:

@@ -317,6 +317,16 @@ class ControllerMetrics:
             self.potential_data_loss.labels(topic=topic, strategy=strategy)
 
 
+def build_info(*, with_samples: bool) -> GaugeMetricFamily:
+    """`metactl_build_info`: always 1, labelled with the version (active or standby)."""
+    build = GaugeMetricFamily(
+        PREFIX + "build_info", "Always 1; the version label names the build.", labels=["version"]
+    )
+    if with_samples:
+        build.add_metric([__version__], 1)
+    return build
+
+
 class _StateCollector(Collector):
     """Gauges read at scrape time from the committed image (and the recovery tracker)."""
 
@@ -341,14 +351,7 @@ class _StateCollector(Collector):
                 g.add_metric([], value)
             return g
 
-        build = GaugeMetricFamily(
-            PREFIX + "build_info",
-            "Always 1; the version label names the build.",
-            labels=["version"],
-        )
-        if with_samples:
-            build.add_metric([__version__], 1)
-        yield build
+        yield build_info(with_samples=with_samples)
         brokers = GaugeMetricFamily(
             PREFIX + "brokers",
             "Registered brokers by state (active, fenced, controlled_shutdown).",
@@ -456,13 +459,7 @@ class _ActiveDelegate(Collector):
         current = self.role.current
         if current is not None:
             return list(current.registry.collect())
-        build = GaugeMetricFamily(
-            PREFIX + "build_info",
-            "Always 1; the version label names the build.",
-            labels=["version"],
-        )
-        build.add_metric([__version__], 1)
-        return [build]
+        return [build_info(with_samples=True)]
 
 
 # --- the /metrics endpoint ------------------------------------------------------------------

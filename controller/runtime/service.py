@@ -55,9 +55,8 @@ from metactl.errors import (
 from metadata_image.image import ClusterImage, TopicPartition
 from metadata_image.snapshot import ImageSnapshot
 from metadata_image.transactions import LogReplay
-from metadata_log.backends import is_etcd_url
+from metadata_log.backends import is_etcd_url, open_store
 from metadata_log.etcd.lease import Leadership
-from metadata_log.sqlite_store import SqliteLogStore
 from metadata_log.store import LogStore
 from protocol.client import RetryPolicy, RpcClient
 from protocol.codec import DEFAULT_MAX_FRAME_BYTES
@@ -187,10 +186,7 @@ class ControllerService:
         verify_all = self.verify_log == "full"
         if not self.replicated:
             where = self.metadata_log if self.metadata_log is not None else self.data_dir
-            store = await SqliteLogStore.open(
-                str(where).removeprefix("sqlite://").removeprefix("sqlite:"),
-                verify_all=verify_all,
-            )
+            store = await open_store(where, verify_all=verify_all)
             try:
                 await self._activate(store)
             except BaseException:

@@ -38,7 +38,6 @@ class Standby:
     def __init__(self, store: LogStore, state: LogReplay) -> None:
         self.store = store
         self.state = state
-        self.updated = asyncio.Event()  # set after each step forward (for observers)
         self._task: asyncio.Task[None] | None = None
 
     @classmethod
@@ -68,9 +67,6 @@ class Standby:
             except LogError as exc:  # corruption: keep the image, say so, retry later
                 log.error("standby: the log cannot be replayed", code=exc.code, error=exc.message)
                 await asyncio.sleep(RETRY_S * 10)
-                continue
-            self.updated.set()
-            self.updated = asyncio.Event()
 
     async def close(self) -> None:
         """Stop following and close the store."""

@@ -217,9 +217,6 @@ class Leadership:
         with contextlib.suppress(MetactlError):
             await self.etcd.revoke(self.lease_id, timeout_s=1.0)
 
-    async def close(self) -> None:
-        await self.resign()
-
 
 async def _await_release(etcd: Etcd, key: bytes, from_revision: int) -> None:
     """Return once the key is deleted (or after `CAMPAIGN_RECHECK_S`, to re-read it)."""

@@ -256,9 +256,7 @@ class EtcdLogStore(LogStore):
         keys = self.keys
         expected, new_end = batches[0].base_offset, batches[-1].end_offset
         value = self._value(batches)
-        compares = [compare_value(keys.end, b"%d" % expected)]
-        if self.leadership is not None:
-            compares.append(compare_create_revision(keys.leader, self.leadership.token))
+        compares = [compare_value(keys.end, b"%d" % expected), *self._fenced()]
         success = [op_put(keys.batch(expected), value), op_put(keys.end, b"%d" % new_end)]
         failure = [op_get(keys.leader), op_get(keys.end), op_get(keys.batch(expected))]
         deadline = time.monotonic() + self.settle_s

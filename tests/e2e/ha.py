@@ -137,18 +137,22 @@ class HaCluster:
         raise AssertionError(f"timed out waiting for {what}; last {last}")  # pragma: no cover
 
     async def log_written_once(self) -> int:
-        """The log verifies (offsets contiguous, every CRC) and every batch key is at
-        version 1: no offset ever held two different batches. Its end offset."""
-        reader = await EtcdLogStore.open(self.url, read_only=True)
-        try:
-            report = await reader.verify()
-            start = reader.etcd.target.key("log/")
-            kvs, _, _ = await reader.etcd.range(start, prefix_end(start))
-            versions = {bytes(kv.key): int(kv.version) for kv in kvs}
-            assert versions and set(versions.values()) == {1}, versions
-            return report.end_offset
-        finally:
-            await reader.close()
+        return await log_written_once(self.url)
+
+
+async def log_written_once(url: str) -> int:
+    """The log under `url` verifies (offsets contiguous, every CRC) and every batch key is
+    at version 1: no offset ever held two different batches. Its end offset."""
+    reader = await EtcdLogStore.open(url, read_only=True)
+    try:
+        report = await reader.verify()
+        start = reader.etcd.target.key("log/")
+        kvs, _, _ = await reader.etcd.range(start, prefix_end(start))
+        versions = {bytes(kv.key): int(kv.version) for kv in kvs}
+        assert versions and set(versions.values()) == {1}, versions
+        return report.end_offset
+    finally:
+        await reader.close()
 
 
 class Writer:

@@ -26,7 +26,6 @@ pytestmark = pytest.mark.slow
 async def brokers_on(c: HaCluster, address: str, ids: set[int]) -> None:
     """Until the controller at `address` (the active one) has every broker unfenced and
     heartbeating to it (only the active controller holds sessions)."""
-    await c.wait_until(lambda d: True, "any answer")  # the cluster answers at all
 
     async def ok() -> bool:
         try:

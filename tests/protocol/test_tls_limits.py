@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from protocol.codec import encode_frame, parse_address
 from protocol.messages import DescribeClusterRequest, DescribeClusterResponse, Message
 from protocol.server import FrameServer, Peer, ServerLimits
 from protocol.tls import TlsIdentity
+from tests.brokers_stub.helpers import eventually
 from tests.protocol.conftest import Scripted
 
 EMPTY = DescribeClusterResponse(brokers=[], partitions=[], end_offset=0, committed_offset=0)
@@ -148,22 +148,12 @@ async def test_connections_per_peer_are_capped(certs: Path, handler: Scripted) -
             assert await other.request(DescribeClusterRequest()) == EMPTY
         assert srv.stats.closed_total["max_connections_per_peer"] == 1
         await first.close()
-        await _until(lambda: srv.stats.open_connections == 0)
+        await eventually(lambda: srv.stats.open_connections == 0, what="the connections closed")
         # Every key (addresses during handshakes, then principals) is forgotten with its
         # last connection: a stream of new peers cannot grow the table.
         assert srv._per_peer == {}
     finally:
         await srv.stop()
-
-
-async def _until(condition: Callable[[], bool], bound_s: float = 30.0) -> None:
-    """Wait for a condition the server reaches on its own (the bound catches a hang,
-    it times nothing)."""
-    async with asyncio.timeout(bound_s):
-        while True:
-            if condition():
-                return
-            await asyncio.sleep(0.01)  # polling interval of an observable condition
 
 
 async def test_an_idle_connection_is_closed(handler: Scripted) -> None:
@@ -213,7 +203,10 @@ async def test_accept_errors_are_logged_once_a_second_with_a_count(handler: Scri
             assert len(lines) == 1 and lines[0]["count"] == 1
             assert srv.stats.closed_total["accept_error"] == 50
             # The 49 held back are told one period later, though nothing else happens.
-            await _until(lambda: sum(e["event"].startswith("accept failed") for e in logs) > 1)
+            await eventually(
+                lambda: sum(e["event"].startswith("accept failed") for e in logs) > 1,
+                what="the summary line",
+            )
         lines = [e for e in logs if e["event"].startswith("accept failed")]
         assert [e["count"] for e in lines] == [1, 49]
     finally:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -18,7 +18,7 @@ from controller.core.config import ControllerConfig
 from controller.runtime.election import HaSettings
 from controller.runtime.service import ControllerService
 from metactl.errors import NotControllerError
-from metadata_log.etcd.client import Etcd, EtcdTarget, prefix_end
+from metadata_log.etcd.client import Etcd, EtcdTarget
 from metadata_log.etcd.lease import current_leader
 from metadata_log.etcd.store import EtcdLogStore
 from ops.etcd_local import LocalEtcd
@@ -35,16 +35,10 @@ from protocol.messages import (
     RegisterBroker,
     RegisterBrokerResponse,
 )
+from tests.brokers_stub.helpers import eventually
+from tests.e2e.ha import log_written_once
 
 BOUND_S = 30.0  # bounds a hang; no test times anything
-
-
-async def until(condition: Callable[[], bool], what: str) -> None:
-    async with asyncio.timeout(BOUND_S):
-        while True:
-            if condition():
-                return
-            await asyncio.sleep(0.01)  # polling interval of an observable condition
 
 
 @pytest.fixture
@@ -68,7 +62,11 @@ async def pair(tmp_path: object, url: str) -> AsyncIterator[list[ControllerServi
     for s in services:
         await s.start()
     try:
-        await until(lambda: sum(s.acting for s in services) == 1, "one active controller")
+        await eventually(
+            lambda: sum(s.acting for s in services) == 1,
+            timeout_s=BOUND_S,
+            what="one active controller",
+        )
         active, _ = roles(services)
         await broker_up(active.address, 1)
         yield services
@@ -126,7 +124,9 @@ async def test_one_active_the_standby_reads_and_redirects(pair: list[ControllerS
     r = await create(Endpoints([standby.address, active.address]), "t1")
     assert r.results[0].error_code is None, r
     assert standby.standby is not None
-    await until(lambda: "t1" in standby.standby.image.topics, "the standby's image")  # type: ignore[union-attr]
+    await eventually(
+        lambda: "t1" in standby.standby.image.topics, timeout_s=BOUND_S, what="the standby's image"
+    )  # type: ignore[union-attr]
     seen = await describe(standby.address)
     assert [p.topic for p in seen.partitions] == ["t1"]
     assert seen.end_offset == (await describe(active.address)).end_offset
@@ -146,7 +146,7 @@ async def test_a_resigning_active_hands_over_and_nothing_acknowledged_is_lost(
         await create(active.address, f"before-{i}")
         acked.append(f"before-{i}")
     await active.stop()  # resigns: the standby need not wait for the lease to expire
-    await until(lambda: standby.acting, "the standby taking over")
+    await eventually(lambda: standby.acting, timeout_s=BOUND_S, what="the standby taking over")
     assert standby.role_metrics.registry.get_sample_value("metactl_controller_failovers_total") == 1
     await create(standby.address, "after")
     acked.append("after")
@@ -159,7 +159,7 @@ async def test_a_resigning_active_hands_over_and_nothing_acknowledged_is_lost(
         assert info.address == standby.address
     finally:
         await etcd.close()
-    assert await assert_one_line_of_log(url) == standby.controller.committed_image.end_offset
+    assert await log_written_once(url) == standby.controller.committed_image.end_offset
 
 
 async def test_a_lost_lease_makes_the_active_step_down(
@@ -184,39 +184,29 @@ async def test_a_lost_lease_makes_the_active_step_down(
                 return s
         return None
 
-    await until(lambda: new_term() is not None, "a new term")
+    await eventually(lambda: new_term() is not None, timeout_s=BOUND_S, what="a new term")
     new = new_term()
     assert new is not None
     r = await create(Endpoints([s.address for s in pair]), "t2")
     assert r.results[0].error_code is None
-    await until(lambda: sum(s.acting for s in pair) == 1, "the old term stepping down")
+    await eventually(
+        lambda: sum(s.acting for s in pair) == 1,
+        timeout_s=BOUND_S,
+        what="the old term stepping down",
+    )
     assert {"t", "t2"} <= set(new.controller.committed_image.topics)
-    assert await assert_one_line_of_log(url) == new.controller.committed_image.end_offset
+    assert await log_written_once(url) == new.controller.committed_image.end_offset
 
 
 async def test_a_registration_survives_a_failover(pair: list[ControllerService]) -> None:
     active, standby = roles(pair)
     epoch = await broker_up(active.address, 2)
     await active.stop()
-    await until(lambda: standby.acting, "the standby taking over")
+    await eventually(lambda: standby.acting, timeout_s=BOUND_S, what="the standby taking over")
     b = standby.controller.committed_image.broker(2)
     assert b is not None and b.epoch == epoch and not b.fenced
     # Its session starts over on the new controller: a full timeout of grace, no fence.
     assert standby.sessions.expired([2], standby.clock.now_ms()) == []
-
-
-async def assert_one_line_of_log(url: str) -> int:
-    """The log under `url` verifies (contiguous offsets, every CRC) and no offset was
-    ever written twice: every batch key is at version 1. Its end offset."""
-    reader = await EtcdLogStore.open(url, read_only=True)
-    try:
-        report = await reader.verify()
-        start = reader.etcd.target.key("log/")
-        kvs, _, _ = await reader.etcd.range(start, prefix_end(start))
-        assert kvs and all(kv.version == 1 for kv in kvs)
-        return report.end_offset
-    finally:
-        await reader.close()
 
 
 async def test_an_append_in_flight_when_the_term_ends_is_refused_by_the_fence(
@@ -246,13 +236,15 @@ async def test_an_append_in_flight_when_the_term_ends_is_refused_by_the_fence(
         await raw.revoke(active.leadership.lease_id)
     finally:
         await raw.close()
-    await until(lambda: standby.acting, "the standby taking over")
+    await eventually(lambda: standby.acting, timeout_s=BOUND_S, what="the standby taking over")
     gate.set()
     with pytest.raises(NotControllerError):
         await late
     assert "late" not in standby.controller.committed_image.topics
-    await until(lambda: not active.acting, "the old term stepping down")
-    assert await assert_one_line_of_log(url) == standby.controller.committed_image.end_offset
+    await eventually(
+        lambda: not active.acting, timeout_s=BOUND_S, what="the old term stepping down"
+    )
+    assert await log_written_once(url) == standby.controller.committed_image.end_offset
 
 
 async def create_once(address: str, name: str) -> Message:
