@@ -38,7 +38,6 @@ import asyncio
 import contextlib
 import fcntl
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -56,7 +55,7 @@ from metactl.errors import (
 )
 from ops.certs import default_names, init_certs
 from ops.client import INSECURE, Security, call
-from ops.etcd_local import LocalEtcd
+from ops.etcd_local import LocalEtcd, dies_with_parent
 from ops.events import Event, Feed
 from ops.procs import await_active_brokers, ready_line
 from protocol.codec import parse_address
@@ -121,11 +120,6 @@ class Child:
             return []
 
 
-def _setpriv() -> list[str]:
-    found = shutil.which("setpriv")
-    return [found, "--pdeathsig", "SIGTERM", "--"] if found else []
-
-
 def _exit_text(status: int) -> str:
     if status < 0:
         with contextlib.suppress(ValueError):
@@ -185,7 +179,7 @@ class ClusterUp:
         log_file.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} cluster up starts {name}\n")
         log_file.flush()
         proc = subprocess.Popen(
-            [*_setpriv(), *cmd],
+            [*dies_with_parent(), *cmd],
             stdout=subprocess.PIPE,
             stderr=log_file,
             stdin=subprocess.DEVNULL,

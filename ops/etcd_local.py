@@ -25,7 +25,7 @@ from typing import Final
 
 from metactl.errors import InvalidConfigurationError, StoreUnavailableError
 
-__all__ = ["ETCD_BINARY", "EtcdMember", "LocalEtcd", "etcd_binary"]
+__all__ = ["ETCD_BINARY", "EtcdMember", "LocalEtcd", "dies_with_parent", "etcd_binary"]
 
 ETCD_BINARY: Final = "etcd"
 HEALTH_TIMEOUT_S: Final = 30.0
@@ -42,6 +42,13 @@ def etcd_binary() -> str:
             "an etcd 3.4+ binary on PATH"
         )
     return found
+
+
+def dies_with_parent() -> list[str]:
+    """A command prefix after which the child gets SIGTERM when its parent dies, even by
+    SIGKILL (util-linux's setpriv; nothing where it is missing)."""
+    found = shutil.which("setpriv")
+    return [found, "--pdeathsig", "SIGTERM", "--"] if found else []
 
 
 def _free_ports(n: int) -> list[int]:
@@ -125,9 +132,8 @@ class LocalEtcd:
     def _command(self, m: EtcdMember) -> list[str]:
         initial = ",".join(f"{x.name}={x.peer_url}" for x in self.members)
         state = "existing" if (m.data_dir / "member").exists() else "new"
-        setpriv = shutil.which("setpriv")
         return [
-            *([setpriv, "--pdeathsig", "SIGTERM", "--"] if setpriv else []),
+            *dies_with_parent(),
             etcd_binary(),
             "--name", m.name,
             "--data-dir", str(m.data_dir),

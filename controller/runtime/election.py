@@ -138,10 +138,10 @@ class Election:
                 info, _ = await current_leader(self.etcd)
         except (TimeoutError, MetactlError):
             return None
-        return info.address or None if info is not None else None
+        return _address(info)
 
     def _seen(self, holder: LeaderInfo | None) -> None:
-        self.service.leader_hint = holder.address or None if holder is not None else None
+        self.service.leader_hint = _address(holder)
 
     async def _take_over(self, leadership: Leadership) -> None:
         started = time.monotonic()
@@ -201,3 +201,8 @@ class Election:
             with contextlib.suppress(MetactlError):
                 await standby.close()
         await self.etcd.close()
+
+
+def _address(holder: LeaderInfo | None) -> str | None:
+    """Where to send clients, from the leadership key (None: nobody, or no listener)."""
+    return holder.address or None if holder is not None else None

@@ -27,6 +27,7 @@ from metactl.errors import NetworkError
 from metadata_log.records import MetadataRecord
 from ops.certs import default_names, init_certs
 from ops.client import INSECURE, Security, call
+from ops.etcd_local import dies_with_parent
 from protocol.client import NO_RETRY
 from protocol.messages import (
     DescribeClusterRequest,
@@ -54,7 +55,11 @@ class Process:
         log.parent.mkdir(parents=True, exist_ok=True)
         self._log = log.open("ab")
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=self._log, text=True, start_new_session=True
+            [*dies_with_parent(), *cmd],  # no orphan if the test run itself is killed
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            start_new_session=True,
         )
         self.ready_line = ""
 
