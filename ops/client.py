@@ -26,20 +26,14 @@ import ssl
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from controller.runtime.driver import load_image
 from metactl.errors import (
     InvalidConfigurationError,
     MetactlError,
     RequestTimedOutError,
-    ThrottlingQuotaExceededError,
 )
-from metadata_image.image import ClusterImage
-from metadata_log.sqlite_store import SqliteLogStore
-from ops.paths import resolve_log_dir
-from protocol.client import DEFAULT_TIMEOUT_S, NO_RETRY, RetryPolicy, RpcClient
+from protocol.client import DEFAULT_TIMEOUT_S, RetryPolicy, RpcClient
 from protocol.codec import parse_address
 from protocol.flags import CLI_FALLBACK_TLS_DIR, add_tls_arguments, tls_identity
 from protocol.messages import Message
@@ -82,6 +76,20 @@ def add_controller_arguments(
     add_tls_arguments(target, client=True)
 
 
+def add_source_arguments(parser: argparse.ArgumentParser) -> None:
+    """The two sources a reading command takes, one or the other: a running controller
+    (`add_controller_arguments`) or a log read offline (`--data-dir`)."""
+    source = parser.add_mutually_exclusive_group()
+    add_controller_arguments(source, parser)
+    source.add_argument(
+        "--data-dir",
+        default=None,
+        metavar="DIR|URL",
+        help="read the log offline: a cluster's data directory, the controller's, or an "
+        "etcd log's URL (etcd://HOST:PORT/PREFIX) (default: ask the controller)",
+    )
+
+
 def controller_address(args: Any) -> str:
     """The command's controller address(es), checked: INVALID_CONFIG names a bad one."""
     text: str = getattr(args, "controller", None) or DEFAULT_CONTROLLER
@@ -121,29 +129,11 @@ async def ask(
     `timeout_s` lasts. An attempt still unanswered at the deadline is REQUEST_TIMED_OUT; a
     retry that would end past it is not made, and the error it would retry is raised (a
     closed port stays NETWORK_EXCEPTION, whatever the timeout)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    attempt = 0
-    while True:
-        left = deadline - loop.time()
-        try:
-            # The attempt's own timeout is later than the deadline: at the deadline the
-            # answer is REQUEST_TIMED_OUT, never a NETWORK_EXCEPTION without a message.
-            return await within(
-                client.request(body, left + 1.0, retry=NO_RETRY), max(left, 0.0), client.address
-            )
-        except RequestTimedOutError:
-            raise
-        except MetactlError as exc:
-            if not retry.should_retry(exc, attempt):
-                raise
-            delay = retry.backoff(attempt)
-            if isinstance(exc, ThrottlingQuotaExceededError):  # KIP-599: wait it out
-                delay = max(delay, exc.retry_after_ms / 1000)
-            if loop.time() + delay >= deadline:
-                raise
-            await asyncio.sleep(delay)
-            attempt += 1
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    # Each attempt's own timeout is later than the deadline: at the deadline the answer is
+    # REQUEST_TIMED_OUT, never a NETWORK_EXCEPTION without a message.
+    attempts = client.request(body, timeout_s + 1.0, retry=retry, deadline=deadline)
+    return await within(attempts, timeout_s, client.address)
 
 
 @dataclass(frozen=True)
@@ -195,13 +185,3 @@ async def call(
     REQUEST_TIMED_OUT when no answer came within `timeout_s`, retries included (`ask`)."""
     async with security.controller_client(address, connect_timeout=min(5.0, timeout_s)) as client:
         return await ask(client, body, timeout_s, retry=retry)
-
-
-async def offline_image(data_dir: Path) -> tuple[ClusterImage, int]:
-    """The committed image of the log in `data_dir` (a cluster's data directory or the
-    controller's own), and the log's end offset."""
-    store = await SqliteLogStore.open(resolve_log_dir(data_dir), read_only=True)
-    try:
-        return await load_image(store), store.end_offset
-    finally:
-        await store.close()

@@ -61,7 +61,7 @@ from metadata_log.records import (
 )
 from ops.cli import HELP_FORMAT, examples
 from ops.client import (
-    add_controller_arguments,
+    add_source_arguments,
     ask,
     controller_address,
     security_from,
@@ -106,7 +106,7 @@ def register(sub: Any) -> None:
         ),
         formatter_class=HELP_FORMAT,
     )
-    _source_args(d)
+    add_source_arguments(d)
     d.add_argument(
         "--topic", default=None, help="one topic (default: all; an unknown one is an error)"
     )
@@ -159,7 +159,7 @@ def register(sub: Any) -> None:
         ),
         formatter_class=HELP_FORMAT,
     )
-    _source_args(b)
+    add_source_arguments(b)
     b.add_argument(
         "--json",
         action="store_true",
@@ -167,18 +167,6 @@ def register(sub: Any) -> None:
     )
     _page_size_arg(b)
     b.set_defaults(func=cmd_brokers)
-
-
-def _source_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_mutually_exclusive_group()
-    add_controller_arguments(g, p)
-    g.add_argument(
-        "--data-dir",
-        default=None,
-        metavar="DIR|URL",
-        help="read the log offline: a cluster's data directory, the controller's, or an "
-        "etcd log's URL (etcd://HOST:PORT/PREFIX) (default: ask the controller)",
-    )
 
 
 def _page_size_arg(p: argparse.ArgumentParser) -> None:
@@ -506,11 +494,7 @@ def _run(
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    within_ms = (
-        0
-        if args.recent_recoveries.strip() in ("0", "0s")
-        else parse_duration_ms(args.recent_recoveries, "--recent-recoveries")
-    )
+    within_ms = parse_duration_ms(args.recent_recoveries, "--recent-recoveries")
     request = DescribeClusterRequest(
         v=2,
         topic=args.topic,

@@ -154,18 +154,20 @@ class Feed:
     """Turns committed entries into events, keeping the image they build."""
 
     def __init__(self, image: ClusterImage | None = None, *, since_ms: int | None = None) -> None:
-        self.image = image if image is not None else ClusterImage()
         self.since_ms = since_ms
+        self.start(image if image is not None else ClusterImage())
+
+    def start(self, image: ClusterImage) -> None:
+        """Start (again) from `image`, e.g. a snapshot's: lines are told against it, and
+        whatever was read before is forgotten."""
+        self.image = image
         self._held: list[Entry] | None = None  # an open transaction, its begin marker first
         self._pending: list[MetadataRecord] = []  # taken, not yet replayed into the image
-        self._view = View(self.image)
+        self._view = View(image)
 
     def reset(self, records: Iterable[MetadataRecord], end_offset: int) -> None:
         """Start again from a snapshot (FetchMetadata's answer for a truncated log)."""
-        self.image = image_from_records(records, end_offset)
-        self._held = None
-        self._pending = []
-        self._view = View(self.image)
+        self.start(image_from_records(records, end_offset))
 
     def add(self, entries: Iterable[Entry]) -> list[Event]:
         """The events of these entries (read in log order), in log order."""
@@ -309,7 +311,10 @@ _UNIT_MS: Final = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_
 
 
 def parse_duration_ms(text: str, flag: str) -> int:
-    """`10m`, `2h`, `1d`, `30s`, `500ms` in milliseconds; INVALID_CONFIG otherwise."""
+    """`10m`, `2h`, `1d`, `30s`, `500ms` in milliseconds, or a bare `0` (no time at all
+    needs no unit); INVALID_CONFIG otherwise."""
+    if text.strip() == "0":
+        return 0
     m = _DURATION.match(text)
     if m is None:
         raise InvalidConfigurationError(

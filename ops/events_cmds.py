@@ -22,12 +22,13 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
+from controller.runtime.driver import load_log
 from metactl.errors import MetactlError
 from metadata_image.snapshot import ImageSnapshot, from_snapshot
 from metadata_log.records import to_builtins
 from ops.cli import EXIT_OK, HELP_FORMAT, examples
 from ops.client import (
-    add_controller_arguments,
+    add_source_arguments,
     ask,
     controller_address,
     security_from,
@@ -57,15 +58,7 @@ def register(sub: Any) -> None:
         ),
         formatter_class=HELP_FORMAT,
     )
-    source = e.add_mutually_exclusive_group()
-    add_controller_arguments(source, e)
-    source.add_argument(
-        "--data-dir",
-        default=None,
-        metavar="DIR|URL",
-        help="read the log offline: a cluster's data directory, the controller's, or an "
-        "etcd log's URL (etcd://HOST:PORT/PREFIX) (default: ask the controller)",
-    )
+    add_source_arguments(e)
     e.add_argument(
         "--follow",
         "-f",
@@ -150,10 +143,13 @@ async def follow_events(
 async def _offline(args: argparse.Namespace, feed: Feed) -> None:
     async with await open_log(args.data_dir) as store:
         position = store.start_offset
-        if position > 0:
+        if position > 0:  # records were deleted before a snapshot: start from it
             snap = await store.load_snapshot(ImageSnapshot)
+            if snap is None:
+                await load_log(store)  # raises the controller's LogError: nothing to start from
+                snap = await store.load_snapshot(ImageSnapshot)  # unless one came meanwhile
             if snap is not None:
-                feed.image = from_snapshot(snap[1])
+                feed.start(from_snapshot(snap[1]))
                 position = snap[0]
         while True:
             async for chunk in store.iter_chunks(position):

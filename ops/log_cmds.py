@@ -14,32 +14,22 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
-from typing import TextIO
+from typing import Any, TextIO
 
 import msgspec
 
 from metactl.errors import (
     CorruptLogError,
     InvalidRequestError,
-    MetactlError,
     OffsetOutOfRangeError,
 )
 from metactl.logs import configure
 from metadata_log.batch_format import LogEntry
 from metadata_log.records import RECORD_TYPES, record_type, to_builtins
-from ops.cli import (
-    EXIT_INTERNAL,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_REFUSED,
-    HELP_FORMAT,
-    examples,
-    fail,
-)
+from ops.cli import EXIT_OK, EXIT_REFUSED, HELP_FORMAT, examples
 from ops.paths import open_log
 
 EXIT_ERROR = EXIT_REFUSED  # a damaged log (`verify`)
@@ -308,30 +298,10 @@ def _mirror(args: argparse.Namespace) -> int:
     return run_command(run)
 
 
-def run_command(main: Callable[[], Awaitable[int]], *, interrupted: int = EXIT_INTERRUPTED) -> int:
-    """Run a command's coroutine, turning errors into ``error: CODE: message`` lines with
-    the table's exit status."""
-    # The command reports problems itself; library warnings would repeat them.
+def run_command(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
+    """Run a command's coroutine with library warnings off (the command reports problems
+    itself); `ops.cli.main` turns what escapes into its line and exit status."""
     configure(json=False, level=logging.ERROR)
-
-    async def wrapped() -> int:
-        return await main()
-
-    try:
-        status = asyncio.run(wrapped())
-        sys.stdout.flush()
-        return status
-    except KeyboardInterrupt:
-        return interrupted
-    except BrokenPipeError:
-        # The reader went away (`metactl log dump | head`): not an error.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return EXIT_OK
-    except (MetactlError, OSError) as exc:
-        return fail(exc)
-    except Exception as exc:
-        if os.environ.get("METACTL_DEBUG"):
-            raise
-        fail(exc)
-        return EXIT_INTERNAL
+    status = asyncio.run(main())
+    sys.stdout.flush()  # a reader gone (`| head`) is main's BrokenPipeError, not one at exit
+    return status

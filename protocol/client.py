@@ -199,12 +199,14 @@ class RpcClient:
         *,
         retry: RetryPolicy | None = None,
         still_wanted: Callable[[], bool] | None = None,
+        deadline: float | None = None,
     ) -> Message:
         """Send `body`, return the response body; raise the peer's coded error, or
         `NetworkError` when the exchange failed (the connection is then dropped).
         `timeout_s` bounds each attempt; `retry` (default: the client's) decides retries,
         and `still_wanted`, asked after each backoff, can end them early (the last error is
-        then raised)."""
+        then raised). With a `deadline` (the event loop's time), a retry whose backoff
+        would end at or past it is not made: the error it would retry is raised."""
         policy = retry if retry is not None else self.retry
         attempt = 0
         while True:
@@ -218,6 +220,8 @@ class RpcClient:
                 delay = policy.backoff(attempt)
                 if isinstance(exc, ThrottlingQuotaExceededError):  # KIP-599: wait it out
                     delay = max(delay, exc.retry_after_ms / 1000)
+                if deadline is not None and asyncio.get_running_loop().time() + delay >= deadline:
+                    raise
                 await policy.sleep(delay)
                 if still_wanted is not None and not still_wanted():
                     raise

@@ -23,7 +23,7 @@ from metadata_log.records import (
     TopicRecord,
 )
 from metadata_log.sqlite_store import SqliteLogStore
-from ops.client import offline_image
+from ops.describe_cmds import offline_view
 
 
 def reg(broker_id: int) -> RegisterBrokerRecord:
@@ -87,7 +87,7 @@ def test_dump_shows_every_record_markers_included(
 
 def test_offline_image_leaves_out_aborted_and_unfinished_transactions(tmp_path: Path) -> None:
     _write(tmp_path, LOG)
-    image, end = asyncio.run(offline_image(tmp_path))
+    image, end, _ = asyncio.run(offline_view(tmp_path))  # what `describe --data-dir` reads
     assert end == len(LOG)
     assert set(image.brokers) == {1}  # 2 was aborted, 3 never ended
     assert set(image.topics) == {"t"}

@@ -154,6 +154,9 @@ def test_since_takes_a_duration_or_a_time() -> None:
     assert parse_since("2023-11-14T22:13:20Z", now) == 1_700_000_000_000
     assert parse_since("2023-11-14T22:13:20", now) == 1_700_000_000_000  # UTC by default
     assert parse_duration_ms("500ms", "--x") == 500
+    assert parse_duration_ms("0", "--x") == parse_duration_ms("0s", "--x") == 0  # no unit
+    with pytest.raises(InvalidConfigurationError, match="--x '5'"):
+        parse_duration_ms("5", "--x")  # any other number needs one
     for bad in ("ten minutes", "10", "-5m", ""):
         with pytest.raises(InvalidConfigurationError, match="--since"):
             parse_since(bad, now)

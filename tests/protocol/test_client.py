@@ -3,6 +3,8 @@ fails fast on the others. Against a real FrameServer on 127.0.0.1 port 0."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from metactl.errors import (
@@ -75,6 +77,25 @@ async def test_retries_end_once_the_answer_is_no_longer_wanted(
         with pytest.raises(NotLeaderOrFollowerError, match=r": 1$"):
             await client.request(DescribeClusterRequest(), still_wanted=lambda: next(wanted))
     assert len(handler.requests) == 2 and len(sleeps.delays) == 2
+
+
+async def test_no_retry_is_made_whose_backoff_would_end_past_the_deadline(
+    server: FrameServer, handler: Scripted
+) -> None:
+    # Backoffs of 10, 20, 40 s (injected sleeps: no time passes); the deadline 35 s ahead
+    # allows the first two, not the third (10 + 20 s and however long the requests took
+    # here, which is far less than 15 s, is before it; 40 s is past it whatever happens).
+    handler.script = [NotLeaderOrFollowerError(str(i)) for i in range(3)] + [EMPTY]
+    sleeps = Sleeps()
+    async with RpcClient(server.address, retry=policy(10, sleeps, base=10, cap=100)) as client:
+        deadline = asyncio.get_running_loop().time() + 35
+        with pytest.raises(NotLeaderOrFollowerError, match=r": 2$"):
+            await client.request(DescribeClusterRequest(), deadline=deadline)
+        assert len(handler.requests) == 3 and sleeps.delays == [10, 20]
+        # Without one, the same policy retries on to the answer.
+        handler.script = [NotLeaderOrFollowerError(str(i)) for i in range(3)] + [EMPTY]
+        assert await client.request(DescribeClusterRequest()) == EMPTY
+    assert sleeps.delays == [10, 20, 10, 20, 40]
 
 
 async def test_backoff_is_capped_and_fully_jittered(server: FrameServer, handler: Scripted) -> None:
