@@ -84,6 +84,11 @@ def archive_key() -> str | None:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
+def archive_path(directory: Path, key: str) -> Path:
+    """The finished archive for `key` in `directory` (parts are named after it)."""
+    return directory / f"spark-{key}.jsa"
+
+
 def _alive(pid: int, part: Path) -> bool:
     """Is `pid` still the JVM writing `part`? (A reused pid runs something else.)"""
     try:
@@ -101,8 +106,8 @@ def _alive(pid: int, part: Path) -> bool:
 
 def promote_finished(directory: Path, key: str) -> None:
     """Turn finished parts into the archive; drop damaged or abandoned ones."""
-    final = directory / f"spark-{key}.jsa"
-    for part in directory.glob(f"spark-{key}.jsa.*.part"):
+    final = archive_path(directory, key)
+    for part in directory.glob(f"{final.name}.*.part"):
         sidecar = part.with_suffix(".jvm")
         try:
             pid = int(sidecar.read_text().strip())
@@ -139,10 +144,10 @@ def plan() -> Plan | None:
         promote_finished(directory, key)
     except OSError:
         return None  # no writable cache: start as usual
-    final = directory / f"spark-{key}.jsa"
+    final = archive_path(directory, key)
     if final.is_file():
         return Plan(" ".join((*COMMON, f"-XX:SharedArchiveFile={final}")))
-    part = directory / f"spark-{key}.jsa.{os.getpid()}.part"
+    part = directory / f"{final.name}.{os.getpid()}.part"
     return Plan(" ".join((*COMMON, f"-XX:ArchiveClassesAtExit={part}")), writing=part)
 
 

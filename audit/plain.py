@@ -10,15 +10,14 @@ cross-check of the Spark jobs' answers.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from audit.logread import cluster_name, iter_batches, log_info
+from audit.logread import cluster_name, log_info
 from audit.rules import LogChecker, Violation
-from audit.transactions import committed
-from metadata_log.records import PartitionChangeRecord, UncleanRecoveryRecord, decode_batch
+from audit.transactions import committed_batches
+from metadata_log.records import PartitionChangeRecord, UncleanRecoveryRecord
 
 
 @dataclass
@@ -53,12 +52,6 @@ def _margin(r: UncleanRecoveryRecord) -> tuple[str, int | None, int | None]:
     return "tie", 0, runner.broker_id
 
 
-def _decoded(path: str | Path, start: int, end: int) -> Iterator[tuple[int, int, list[Any]]]:
-    for chunk in iter_batches(path, start, end):
-        for base, _count, ts, payload in chunk:
-            yield base, ts, decode_batch(payload)
-
-
 def run(
     data_dir: str | Path,
     *,
@@ -74,7 +67,7 @@ def run(
     went_offline: dict[tuple[str, int], int] = {}
     checker = LogChecker(name)
     n = 0
-    for base, ts, records in committed(_decoded(info.path, info.start_offset, info.end_offset)):
+    for base, ts, records in committed_batches(info.path, info.start_offset, info.end_offset):
         n += len(records)
         if invariants:
             checker.feed(base, ts, records)

@@ -132,11 +132,7 @@ class JobProgress:
         if self._bars is not None:
             self._bars.stop()
         if not interrupted:
-            for key in (
-                "spark.jobGroup.id",
-                "spark.job.description",
-                "spark.job.interruptOnCancel",
-            ):
+            for key in _GROUP_PROPERTIES:
                 self.sc.setLocalProperty(key, None)
 
     # --- polling ------------------------------------------------------------------------------

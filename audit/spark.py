@@ -223,8 +223,8 @@ class AuditInput:
     since_ms: int | None = None
     until_ms: int | None = None
     options: dict[str, str] = field(default_factory=dict)
-    _aborted: dict[str, dict[str, list[tuple[int, int]]]] = field(
-        default_factory=dict, init=False, compare=False, repr=False
+    _aborted: dict[str, list[tuple[int, int]]] | None = field(
+        default=None, init=False, compare=False, repr=False
     )
 
     def __post_init__(self) -> None:
@@ -257,9 +257,12 @@ class AuditInput:
         columns: Sequence[str] | None = None,
         types: Sequence[str] | None = None,
         any_of: str | None = None,
+        *,
+        include_aborted: bool = False,
     ) -> Any:
         """Records up to `until` (state needs the history before `since`; jobs apply it),
-        without those of aborted or unfinished transactions (`audit.transactions`).
+        without those of aborted or unfinished transactions (`audit.transactions`) unless
+        `include_aborted`.
 
         `any_of` keeps only records matching one of its conditions (the data source's
         ``anyOf`` option; a Spark filter on Parquet).
@@ -267,59 +270,27 @@ class AuditInput:
         from pyspark.sql import functions as F
 
         cols = check_columns(list(columns) if columns is not None else None)
-        ranges = self.aborted(spark)
-        if not ranges:
-            return self.load_stored(spark, cols, types, any_of)
-        df = self.load_stored(spark, (*cols, CLUSTER, OFFSET), types, any_of)
-        keep = F.lit(True)
-        offset = F.col(OFFSET)
-        for cluster, spans in ranges.items():
-            inside = F.lit(False)
-            for first, last in spans:
-                inside = inside | offset.between(first, last)
-            keep = keep & ~((F.col(CLUSTER) == F.lit(cluster)) & inside)
-        return df.where(keep).select(*cols)
-
-    def aborted(self, spark: Any) -> dict[str, list[tuple[int, int]]]:
-        """Per cluster, the offset ranges of aborted and unfinished transactions (from a
-        scan of the marker records only; computed once per input)."""
-        if "ranges" not in self._aborted:
-            markers = self.load_stored(spark, (CLUSTER, OFFSET, RECORD_TYPE), MARKER_TYPES)
-            by_cluster: dict[str, list[tuple[int, str]]] = {}
-            for row in markers.collect():
-                by_cluster.setdefault(row[CLUSTER], []).append((row[OFFSET], row[RECORD_TYPE]))
-            found = {c: aborted_ranges(m) for c, m in by_cluster.items()}
-            self._aborted["ranges"] = {c: r for c, r in found.items() if r}
-        return self._aborted["ranges"]
-
-    def load_stored(
-        self,
-        spark: Any,
-        columns: Sequence[str] | None = None,
-        types: Sequence[str] | None = None,
-        any_of: str | None = None,
-    ) -> Any:
-        """`load` with every stored record, aborted transactions included."""
-        from pyspark.sql import functions as F
-
-        cols = check_columns(list(columns) if columns is not None else None)
         wanted = check_types(list(types) if types is not None else None)
-        # The `until` cut needs the timestamp even when the caller did not ask for it.
-        shown = cols
-        if self.until_ms is not None and TIMESTAMP not in cols:
-            cols = check_columns([*cols, TIMESTAMP])
+        ranges = {} if include_aborted else self.aborted(spark)
+        # The cuts need their columns even when the caller did not ask for them.
+        needed = set(cols)
+        if self.until_ms is not None:
+            needed.add(TIMESTAMP)
+        if ranges:
+            needed.update((CLUSTER, OFFSET))
+        read = check_columns(list(needed))
         if self.parquet is not None:
-            df = spark.read.parquet(self.parquet).select(*cols)
+            df = spark.read.parquet(self.parquet).select(*read)
             if wanted is not None:
-                df = df.where(F.col("record_type").isin(sorted(wanted)))
+                df = df.where(F.col(RECORD_TYPE).isin(sorted(wanted)))
             if any_of:
                 df = df.where(_any_of_condition(any_of))
         else:
             reader = self._reader(spark)
             if "partitions" not in self.options and "partitionRecords" not in self.options:
                 reader = reader.option("partitions", str(self.partitions(spark)))
-            if cols != COLUMN_NAMES:
-                reader = reader.option("columns", ",".join(cols))
+            if read != COLUMN_NAMES:
+                reader = reader.option("columns", ",".join(read))
             if wanted is not None:
                 reader = reader.option("types", ",".join(sorted(wanted)))
             if any_of:
@@ -327,7 +298,25 @@ class AuditInput:
             df = reader.load()
         if self.until_ms is not None:
             df = df.where(F.unix_millis(F.col(TIMESTAMP)) < F.lit(self.until_ms))
-        return df if shown == cols else df.select(*shown)
+        if ranges:
+            df = df.where(_outside(ranges))
+        return df.select(*cols)
+
+    def aborted(self, spark: Any) -> dict[str, list[tuple[int, int]]]:
+        """Per cluster, the offset ranges of aborted and unfinished transactions (from a
+        scan of the marker records only; computed once per input)."""
+        ranges = self._aborted
+        if ranges is None:
+            markers = self.load(
+                spark, (CLUSTER, OFFSET, RECORD_TYPE), MARKER_TYPES, include_aborted=True
+            )
+            by_cluster: dict[str, list[tuple[int, str]]] = {}
+            for row in markers.collect():
+                by_cluster.setdefault(row[CLUSTER], []).append((row[OFFSET], row[RECORD_TYPE]))
+            found = {c: aborted_ranges(m) for c, m in by_cluster.items()}
+            ranges = {c: r for c, r in found.items() if r}
+            object.__setattr__(self, "_aborted", ranges)  # a cache on a frozen dataclass
+        return ranges
 
     def partitions(self, spark: Any) -> int:
         """Input partitions per log: a multiple of the cores, of at most ~2M records each."""
@@ -340,6 +329,20 @@ class AuditInput:
         )
         rounds = max(1, -(-largest // (cores * 2_000_000)))
         return cores * rounds
+
+
+def _outside(ranges: dict[str, list[tuple[int, int]]]) -> Any:
+    """A Spark condition: the record is in none of its cluster's offset `ranges`."""
+    from pyspark.sql import functions as F
+
+    keep = F.lit(True)
+    offset = F.col(OFFSET)
+    for cluster, spans in ranges.items():
+        inside = F.lit(False)
+        for first, last in spans:
+            inside = inside | offset.between(first, last)
+        keep = keep & ~((F.col(CLUSTER) == F.lit(cluster)) & inside)
+    return keep
 
 
 def _any_of_condition(text: str) -> Any:

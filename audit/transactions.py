@@ -13,25 +13,38 @@ Two forms of the same rule:
   Spark jobs over rows (`audit.spark.AuditInput.load` filters them out);
 * `committed`: a stream of decoded stored batches with those records left out, for the
   passes that decode every batch (`audit.plain`, the ``invariants`` job's ``logs``
-  method). It holds an open transaction's records until its end or abort marker.
+  method, both through `committed_batches`, which reads and decodes a log's batches).
+  It holds an open transaction's records until its end or abort marker.
 
 Lenient where the controller's replay is strict (an audit reports, it does not refuse):
 an end or abort marker outside a transaction is ignored, a begin inside one is part of
-it. Pure: no IO.
+it. Pure but for `committed_batches` (which reads the log through `audit.logread`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, Final
 
+from audit.logread import iter_batches
 from metadata_log.records import (
     AbortTransactionRecord,
     BeginTransactionRecord,
     EndTransactionRecord,
+    decode_batch,
 )
 
-__all__ = ["ABORT", "BEGIN", "END", "MARKER_TYPES", "OPEN_END", "aborted_ranges", "committed"]
+__all__ = [
+    "ABORT",
+    "BEGIN",
+    "END",
+    "MARKER_TYPES",
+    "OPEN_END",
+    "aborted_ranges",
+    "committed",
+    "committed_batches",
+]
 
 BEGIN: Final = "BeginTransaction"
 END: Final = "EndTransaction"
@@ -93,3 +106,17 @@ def committed(batches: Iterable[Batch]) -> Iterator[Batch]:
             else:
                 yield run
     # A transaction still open here is unfinished: nothing of it is yielded.
+
+
+def committed_batches(
+    path: str | Path, start: int, end: int, until_ms: int | None = None
+) -> Iterator[Batch]:
+    """`committed` over the log file's stored batches in [start, end) (those stored
+    before `until_ms` if given), decoded."""
+    decoded = (
+        (base, ts, decode_batch(payload))
+        for chunk in iter_batches(path, start, end)
+        for base, _count, ts, payload in chunk
+        if until_ms is None or ts < until_ms
+    )
+    return committed(decoded)

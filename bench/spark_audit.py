@@ -350,21 +350,17 @@ def cli_once(path: Path, master: str, cache: Path, cds_on: bool, variant: str) -
 
 
 def _await_archive(cache: Path, bound_s: float = 120.0) -> None:
-    """The first run's JVM writes the archive after the command returned: wait for it."""
+    """The first run's JVM writes the archive after the command returned: wait until
+    `cds.promote_finished` (as the next launch would) turns its part into the archive."""
     from audit import cds
 
+    key = cds.archive_key()
+    if key is None:
+        raise SystemExit("no Java installation found: no CDS archive to wait for")
     deadline = time.monotonic() + bound_s
     while time.monotonic() < deadline:
-        parts = list(cache.glob("*.part"))
-        if not parts and list(cache.glob("*.jsa")):
-            return
-        pids = [p.with_suffix(".jvm") for p in parts]
-        if parts and all(
-            f.exists() and not Path(f"/proc/{f.read_text().strip()}").exists() for f in pids
-        ):
-            key = cds.archive_key()
-            if key is not None:
-                cds.promote_finished(cache, key)
+        cds.promote_finished(cache, key)
+        if cds.archive_path(cache, key).is_file():
             return
         time.sleep(0.5)
     raise SystemExit("the CDS archive was not written in time")

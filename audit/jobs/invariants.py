@@ -21,11 +21,11 @@ import pandas as pd
 import pyarrow as pa
 
 from audit.jobs.common import JobResult, counts_text, fmt_time, source_text, window_text
-from audit.logread import iter_batches, log_info
+from audit.logread import log_info
 from audit.report import bar_chart, section, table_html
 from audit.rules import RULES, LogChecker, PartitionChecker, Violation
 from audit.spark import AuditInput
-from audit.transactions import committed
+from audit.transactions import committed_batches
 
 STATS_RULE = "_checked"
 
@@ -262,21 +262,14 @@ def violations_from_logs(spark: Any, inp: AuditInput, buckets: int | None = None
     until = inp.until_ms
 
     def check(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from metadata_log.records import decode_batch
-
         out: list[tuple[Any, ...]] = []
         for batch in batches:
             for bucket in batch.column("id").to_pylist():
                 for path, cluster in sources:
                     info = log_info(path)
                     lc = LogChecker(cluster, int(bucket), k)
-                    decoded = (
-                        (base, ts, decode_batch(payload))
-                        for chunk in iter_batches(path, info.start_offset, info.end_offset)
-                        for base, _count, ts, payload in chunk
-                        if until is None or ts < until
-                    )
-                    for base, ts, records in committed(decoded):
+                    stored = committed_batches(path, info.start_offset, info.end_offset, until)
+                    for base, ts, records in stored:
                         lc.feed(base, ts, records)
                     for c in lc.finish():
                         _finish(c, out)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-import audit.plain
+import audit.transactions
 from audit import plain
 from audit.jobs import invariants
 from audit.spark import AuditInput
@@ -23,28 +23,14 @@ from audit.transactions import OPEN_END, aborted_ranges, committed
 from controller.runtime.clock import VirtualClock
 from controller.runtime.driver import Controller
 from metactl.errors import StorageError
-from metadata_log.batch_format import StoredBatch
 from metadata_log.records import (
     AbortTransactionRecord,
     BeginTransactionRecord,
     EndTransactionRecord,
     NoOpRecord,
 )
-from metadata_log.sqlite_store import SqliteLogStore
 from protocol.messages import CreateTopic, FenceBroker, RegisterBroker, UnfenceBroker
-
-
-class FailingStore(SqliteLogStore):
-    """A real SQLite store whose medium refuses chosen writes (as a full disk does)."""
-
-    writes = 0
-    fail_on: frozenset[int] = frozenset()
-
-    async def _write_batches(self, batches: list[StoredBatch]) -> None:
-        self.writes += 1
-        if self.writes in self.fail_on:
-            raise StorageError("injected: the disk refused the write")
-        await super()._write_batches(batches)
+from tests.metadata_log.log_fixtures import FailingStore
 
 
 async def _aborted_fence_log(data_dir: Path) -> None:
@@ -107,7 +93,7 @@ def test_plain_audit_ignores_the_aborted_fence(
     res = plain.run(aborted_log)
     assert res.violations == []
     # Planted bug: without the filter, the retry looks like epochs going backwards.
-    monkeypatch.setattr(audit.plain, "committed", lambda batches: batches)
+    monkeypatch.setattr(audit.transactions, "committed", lambda batches: batches)
     naive = plain.run(aborted_log)
     assert _regressions(naive.violations) > 0
     assert naive.records > res.records

@@ -24,7 +24,6 @@ from metactl.errors import (
     UnknownTopicOrPartitionError,
 )
 from metadata_image.delta import MetadataDelta
-from metadata_log.batch_format import StoredBatch
 from metadata_log.records import (
     AbortTransactionRecord,
     BeginTransactionRecord,
@@ -45,21 +44,9 @@ from protocol.messages import (
     RegisterBrokerResponse,
     UnfenceBroker,
 )
+from tests.metadata_log.log_fixtures import FailingStore
 
 LIMIT = 4096  # bytes per batch, lowered so that a 200-partition fence needs several
-
-
-class FailingStore(SqliteLogStore):
-    """A real SQLite store whose medium refuses chosen writes (as a full disk does)."""
-
-    writes = 0
-    fail_on: frozenset[int] = frozenset()
-
-    async def _write_batches(self, batches: list[StoredBatch]) -> None:
-        self.writes += 1
-        if self.writes in self.fail_on:
-            raise StorageError("injected: the disk refused the write")
-        await super()._write_batches(batches)
 
 
 Keep = Callable[[SqliteLogStore], SqliteLogStore]

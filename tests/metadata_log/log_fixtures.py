@@ -1,4 +1,5 @@
-"""Shared record builders and hypothesis strategies for the metadata log tests."""
+"""Shared record builders, hypothesis strategies and a store whose writes fail on demand
+(`FailingStore`) for the metadata log tests and the tests of its readers and writers."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from typing import IO
 
 from hypothesis import strategies as st
 
+from metactl.errors import StorageError
+from metadata_log.batch_format import StoredBatch
 from metadata_log.records import (
     ChangeReason,
     ElectionKind,
@@ -23,9 +26,23 @@ from metadata_log.records import (
     TopicRecord,
     UncleanRecoveryRecord,
 )
+from metadata_log.sqlite_store import SqliteLogStore
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+
+
+class FailingStore(SqliteLogStore):
+    """A real SQLite store whose medium refuses chosen writes (as a full disk does)."""
+
+    writes = 0
+    fail_on: frozenset[int] = frozenset()
+
+    async def _write_batches(self, batches: list[StoredBatch]) -> None:
+        self.writes += 1
+        if self.writes in self.fail_on:
+            raise StorageError("injected: the disk refused the write")
+        await super()._write_batches(batches)
 
 
 def change(i: int, topic: str = "orders") -> PartitionChangeRecord:
