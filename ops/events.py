@@ -308,6 +308,7 @@ def _recovery(r: UncleanRecoveryRecord, before: View) -> str:
 
 _DURATION: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNIT_MS: Final = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_EPOCH_MS: Final = re.compile(r"^\s*-?\d+\s*$")
 
 
 def parse_duration_ms(text: str, flag: str) -> int:
@@ -323,16 +324,21 @@ def parse_duration_ms(text: str, flag: str) -> int:
     return int(float(m.group(1)) * _UNIT_MS[m.group(2)])
 
 
-def parse_since(text: str, now_ms: int) -> int:
-    """`--since`: a duration back from `now_ms` (10m, 2h, 1d) or an ISO 8601 time (UTC
-    unless it says otherwise), in epoch milliseconds."""
+def parse_since(text: str, now_ms: int, flag: str = "--since", *, epoch_ms: bool = False) -> int:
+    """`--since`: a duration back from `now_ms` (10m, 2h, 1d), an ISO 8601 time (UTC
+    unless it says otherwise) or, with `epoch_ms`, epoch milliseconds; in epoch
+    milliseconds. INVALID_CONFIG naming `flag` otherwise."""
     if _DURATION.match(text):
-        return now_ms - parse_duration_ms(text, "--since")
+        return now_ms - parse_duration_ms(text, flag)
+    if epoch_ms and _EPOCH_MS.match(text):
+        return int(text)
     try:
         when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
+        kinds = ["a duration back from now (10m, 2h, 1d)", "an ISO 8601 time"]
+        kinds += ["epoch milliseconds"] if epoch_ms else []
         raise InvalidConfigurationError(
-            f"--since {text!r}: expected a duration (10m, 2h, 1d) or an ISO 8601 time"
+            f"{flag} {text!r}: expected {', '.join(kinds[:-1])} or {kinds[-1]}"
         ) from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)

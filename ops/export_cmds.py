@@ -10,7 +10,6 @@ is the cluster's (``./data``) or the controller's (``./data/controller``), or a 
 from __future__ import annotations
 
 import argparse
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -175,23 +174,11 @@ def input_from_args(args: argparse.Namespace, since: str | None, until: str | No
     )
 
 
-_AGO = re.compile(r"^\s*\d+(?:\.\d+)?\s*(?:ms|s|m|h|d)\s*$")
-
-
 def window_time(text: str, flag: str = "--since", now_ms: int | None = None) -> int:
     """A --since/--until bound in epoch ms: a duration back from now (``10m``, ``2h``,
     ``7d``: as `metactl events --since`), an ISO 8601 time (UTC unless it says
-    otherwise), or epoch milliseconds. ValueError naming `flag` otherwise."""
-    from audit.jobs.brokers import parse_duration_ms
-    from simulation.history_config import parse_time_ms
+    otherwise), or epoch milliseconds. INVALID_CONFIG naming `flag` otherwise."""
+    from ops.events import parse_since
 
-    if _AGO.match(text):
-        now = int(time.time() * 1000) if now_ms is None else now_ms
-        return now - parse_duration_ms(text.strip())
-    try:
-        return parse_time_ms(text)
-    except ValueError:
-        raise ValueError(
-            f"{flag} {text!r}: expected a duration back from now (10m, 2h, 7d), an ISO 8601 "
-            "time or epoch milliseconds"
-        ) from None
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    return parse_since(text, now, flag, epoch_ms=True)
