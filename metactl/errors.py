@@ -284,6 +284,13 @@ class ScenarioError(MetactlError):
     code = "INVALID_SCENARIO"
 
 
+class SparkJobFailedError(MetactlError):
+    """An audit's Spark job failed with an error that is not metactl's (the message is
+    Spark's first telling line)."""
+
+    code = "SPARK_JOB_FAILED"
+
+
 # --- wire protocol ------------------------------------------------------------------------
 
 

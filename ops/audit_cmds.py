@@ -35,7 +35,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from metactl.errors import InvalidConfigurationError, MetactlError, error_for_code
+from metactl.errors import (
+    InvalidConfigurationError,
+    MetactlError,
+    SparkJobFailedError,
+    error_for_code,
+)
 from ops.cli import EXIT_INTERRUPTED, HELP_FORMAT, examples, fail
 from ops.export_cmds import add_source_options, input_from_args
 
@@ -296,12 +301,10 @@ def spark_error(exc: BaseException, *, verbose: bool = False) -> MetactlError:
     found = _WORKER_ERROR.search(text)
     if found is not None:
         return error_for_code(found.group(1), found.group(2).strip())
-    err = MetactlError(
+    return SparkJobFailedError(
         f"{type(exc).__name__}: {_first_line(exc)}"
         + ("" if verbose else " (--verbose shows Spark's log)")
     )
-    err.code = "SPARK_JOB_FAILED"
-    return err
 
 
 def _first_line(exc: BaseException) -> str:
