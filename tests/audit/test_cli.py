@@ -1,7 +1,6 @@
 """`metactl log export`, `metactl audit JOB` and `metactl simulate history` end to end.
 
-The command modules are added to `ops.cli.COMMAND_MODULES` here in case the CLI does not
-list them yet; the audit commands reuse the session-wide Spark session (getOrCreate).
+The audit commands reuse the session-wide Spark session (getOrCreate).
 """
 
 from __future__ import annotations
@@ -10,7 +9,6 @@ import argparse
 import re
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
@@ -27,16 +25,7 @@ from ops.export_cmds import input_from_args, window_time
 
 pytestmark = pytest.mark.slow
 
-MODULES = ("ops.export_cmds", "ops.audit_cmds", "ops.simulate_cmds")
 BALANCED = "worked-5.3.3-balanced-recovery"
-
-
-@pytest.fixture(autouse=True)
-def commands(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    names = list(ops.cli.COMMAND_MODULES)
-    names += [m for m in MODULES if m not in names]
-    monkeypatch.setattr(ops.cli, "COMMAND_MODULES", tuple(names))
-    yield
 
 
 @pytest.fixture
@@ -126,7 +115,7 @@ def test_invariants_exit_status(
 
 
 def test_bad_input_is_an_error_not_a_traceback(
-    spark: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path, no_spark: None
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, no_spark: None
 ) -> None:
     missing = tmp_path / "missing"
     status, _, err = _run(capsys, "audit", "brokers", "--data-dir", str(missing))

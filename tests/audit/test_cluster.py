@@ -172,7 +172,6 @@ def test_every_audit_on_a_standalone_cluster_equals_local(
     exported: Path,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     pq = exported
     cmd = [sys.executable, "-m", "ops.cli", "audit", "all", "--parquet", str(pq)]
@@ -201,9 +200,6 @@ def test_every_audit_on_a_standalone_cluster_equals_local(
     assert apps[0]["state"] == "FINISHED"
 
     # The same command on the suite's local session.
-    names = [*ops.cli.COMMAND_MODULES]
-    names += [m for m in ("ops.export_cmds", "ops.audit_cmds") if m not in names]
-    monkeypatch.setattr(ops.cli, "COMMAND_MODULES", tuple(names))
     local = tmp_path / "local"
     status = ops.cli.main(
         ["audit", "all", "--parquet", str(pq), "--out", str(local), "--progress", "off"]

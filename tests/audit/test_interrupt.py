@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,43 +25,34 @@ ROOT = Path(__file__).resolve().parents[2]
 BOUND_S = 120.0  # a bound on waiting, not a timing assertion
 
 
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command's name (state, ppid, pgrp, session,
+    ...); None once the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _matching(test: Callable[[list[str]], bool]) -> list[int]:
+    """The processes whose stat fields pass `test`."""
+    pids = (int(entry) for entry in os.listdir("/proc") if entry.isdigit())
+    return [pid for pid in pids if (fields := _stat(pid)) is not None and test(fields)]
+
+
 def _children(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(entry))
-    return out
+    return _matching(lambda fields: int(fields[1]) == pid)
 
 
 def _session(sid: int) -> list[int]:
     """Live processes of session `sid`."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":
-            out.append(int(entry))
-    return out
+    return _matching(lambda fields: int(fields[3]) == sid and fields[0] != "Z")
 
 
 def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
 
 
 def _read_until(proc: subprocess.Popen[str], marker: str, seen: list[str]) -> None:
