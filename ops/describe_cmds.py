@@ -43,6 +43,7 @@ from controller.runtime.describe import (
     partition_state,
     topic_description,
 )
+from controller.runtime.driver import snapshot_image
 from metactl.errors import (
     InvalidConfigurationError,
     InvalidRequestError,
@@ -50,7 +51,6 @@ from metactl.errors import (
     UnsupportedVersionError,
 )
 from metadata_image.image import ClusterImage
-from metadata_image.snapshot import ImageSnapshot, from_snapshot
 from metadata_image.transactions import LogReplay, replay_log
 from metadata_log.records import (
     NO_LEADER,
@@ -423,8 +423,7 @@ async def offline_view(data_dir: str | Path) -> tuple[ClusterImage, int, Describ
     counts once its end marker is read, an aborted one never."""
     notes = DescribeNotes()
     async with await open_log(data_dir) as store:
-        snap = await store.load_snapshot(ImageSnapshot)
-        state = LogReplay(from_snapshot(snap[1]) if snap is not None else ClusterImage())
+        state = LogReplay(await snapshot_image(store))  # LogError for a truncated log
         held: list[tuple[MetadataRecord, int]] | None = None
         async for chunk in store.iter_chunks(state.image.end_offset):
             state = replay_log(state, [e.record for e in chunk])

@@ -22,9 +22,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from controller.runtime.driver import load_log
+from controller.runtime.driver import snapshot_image
 from metactl.errors import MetactlError
-from metadata_image.snapshot import ImageSnapshot, from_snapshot
 from metadata_log.records import to_builtins
 from ops.cli import EXIT_OK, HELP_FORMAT, examples
 from ops.client import (
@@ -144,13 +143,9 @@ async def _offline(args: argparse.Namespace, feed: Feed) -> None:
     async with await open_log(args.data_dir) as store:
         position = store.start_offset
         if position > 0:  # records were deleted before a snapshot: start from it
-            snap = await store.load_snapshot(ImageSnapshot)
-            if snap is None:
-                await load_log(store)  # raises the controller's LogError: nothing to start from
-                snap = await store.load_snapshot(ImageSnapshot)  # unless one came meanwhile
-            if snap is not None:
-                feed.start(from_snapshot(snap[1]))
-                position = snap[0]
+            image = await snapshot_image(store)  # LogError if there is none
+            feed.start(image)
+            position = image.end_offset
         while True:
             async for chunk in store.iter_chunks(position):
                 _print(feed.add(chunk), args.json)

@@ -1,6 +1,7 @@
 """`metactl events --data-dir` on a real SQLite log whose records before a snapshot were
 deleted: the lines after it are told against the snapshot's image (the leader and ISR a
 fence took away), and a log that starts past 0 with no snapshot is the named LOG_ERROR
+(for `describe` and `brokers` offline too)
 the controller's own start-up gives."""
 
 from __future__ import annotations
@@ -64,15 +65,16 @@ def test_lines_after_a_snapshot_are_told_against_its_image(
     assert "isr [1,2,3]→[2,3]" in leader, leader
 
 
+@pytest.mark.parametrize("command", [["events"], ["describe"], ["brokers"]])
 def test_a_log_truncated_without_a_snapshot_is_a_named_error(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
 ) -> None:
     start, _ = write_truncated(tmp_path)
     with sqlite3.connect(tmp_path / "metadata.log.sqlite") as db:
         db.execute("DELETE FROM snapshots")
     db.close()
     capsys.readouterr()
-    assert main(["events", "--data-dir", str(tmp_path)]) == 1
+    assert main([*command, "--data-dir", str(tmp_path)]) == 1
     out, err = capsys.readouterr()
     assert out == ""
     assert err == (
