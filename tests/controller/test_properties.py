@@ -266,6 +266,7 @@ class Model:
         p.pe += 1
         self.reached_min[p.tp] = len(p.isr) >= p.min_isr  # a new history starts
         self.tainted[p.tp].discard(chosen)
+        self.offline_since.pop(p.tp, None)  # the outage ends: a later loss starts a new one
 
     def fence_changes(self, b: int) -> int:
         return sum(self.change(p, p.isr - {b}) for p in self.hosted_by(b) if b in p.isr)
