@@ -211,6 +211,8 @@ def concat_batches(payloads: Sequence[bytes], count: int) -> bytes:
     A payload is a MessagePack array: a header giving its length, then the elements. The
     merged payload is a header for `count` elements followed by every payload's elements.
     """
+    if len(payloads) == 1 and _msgpack_array_length(payloads[0]) == count:
+        return payloads[0]  # already one array of them: no copy
     parts: list[bytes | memoryview] = [_msgpack_array_header(count)]
     for payload in payloads:
         head = payload[0]

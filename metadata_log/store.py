@@ -119,11 +119,18 @@ class LogStore(LogReads):
     # --- appending -----------------------------------------------------------------------
 
     async def append(
-        self, records: Sequence[MetadataRecord], *, timestamp_ms: int | None = None
+        self,
+        records: Sequence[MetadataRecord],
+        *,
+        timestamp_ms: int | None = None,
+        payload: bytes | None = None,
     ) -> range:
         """Append records as one batch; return their offsets once durable.
 
         `timestamp_ms` defaults to wall-clock time; callers in virtual time pass theirs.
+        `payload`, when given, must be `encode_batch(records)`, which the caller has at
+        hand (the controller encodes each step's records to size its batch): it is
+        stored as given rather than encoded a second time.
         An append that fails with `StorageError` (the medium refused its commit, or an
         earlier fatal failure stopped writes) counts in `append_failures`.
         """
@@ -142,7 +149,8 @@ class LogStore(LogReads):
             timestamp_ms = _now_ms()
         elif timestamp_ms < 0:
             raise InvalidRequestError(f"negative timestamp {timestamp_ms}")
-        payload = encode_batch(batch)
+        if payload is None:
+            payload = encode_batch(batch)
         if len(payload) > self.max_batch_bytes:
             raise InvalidRequestError(
                 f"batch of {len(payload)} bytes exceeds the {self.max_batch_bytes}-byte limit"

@@ -134,9 +134,11 @@ class View:
                     ),
                 )
         elif isinstance(r, PartitionRecord):
-            self._partitions[(r.topic, r.partition)] = PartitionState(
+            tp = (r.topic, r.partition)
+            self._partitions[tp] = PartitionState(
                 topic=r.topic,
                 partition=r.partition,
+                tp=tp,
                 replicas=tuple(r.replicas),
                 isr=frozenset(r.isr),
                 elr=frozenset(r.elr),

@@ -125,10 +125,9 @@ class _Txn:
         self.records.append(record)
 
     def partition_changes(self, changes: Iterable[PartitionChangeRecord | None]) -> None:
-        for c in changes:
-            if c is not None:
-                self.records.append(c)
-                self.changes.append(c)
+        kept = [c for c in changes if c is not None]
+        self.records += kept
+        self.changes += kept
 
 
 def _require_broker(image: ClusterImage, broker_id: int, epoch: int | None = None) -> None:

@@ -17,6 +17,8 @@ leader), and clean election is from the ISR only.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from metadata_image.image import EMPTY, ClusterImage, PartitionState
@@ -146,6 +148,9 @@ def build_change(
     )
 
 
+_UNPLANNED: Any = object()
+
+
 def remove_from_isrs(
     image: ClusterImage, broker_id: int, *, reason: ChangeReason, elr_enabled: bool = True
 ) -> list[PartitionChangeRecord]:
@@ -175,8 +180,8 @@ def remove_from_isrs(
             p.min_isr,
             p.recovery_state,
         )
-        if shape in plans:
-            plan = plans[shape]
+        plan = plans.get(shape, _UNPLANNED)
+        if plan is not _UNPLANNED:
             if plan is not None:
                 append(
                     replace(

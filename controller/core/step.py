@@ -54,6 +54,7 @@ from metactl.errors import InvalidRequestError
 from metadata_image.delta import MetadataDelta
 from metadata_image.image import EMPTY_INDEX, ClusterImage, TopicPartition, common
 from metadata_image.replay import apply
+from metadata_log.batch_format import concat_batches
 from metadata_log.records import (
     MAX_BATCH_BYTES,
     BeginTransactionRecord,
@@ -142,7 +143,11 @@ class StepResult(msgspec.Struct, frozen=True):
     # The transaction stays open: the driver steps this next, before any other event that
     # writes records, and releases the response of the last slice only.
     follow_up: CreateTopicSlice | None = None
-    encoded_bytes: int = 0  # len(encode_batch(records)), 0 without records
+    encoded: bytes = b""  # encode_batch(records), empty without records
+
+    @property
+    def encoded_bytes(self) -> int:
+        return len(self.encoded)
 
 
 def step(state: ControllerState, event: Event, now_ms: int, rules: Rules) -> StepResult:
@@ -197,7 +202,7 @@ def _step(state: ControllerState, event: Event, now_ms: int, rules: Rules) -> St
         delta=delta,
         recovery_records=len(recovery.records),
         follow_up=follow_up,
-        encoded_bytes=len(encode_batch(records)) if records else 0,
+        encoded=encode_batch(records) if records else b"",
     )
 
 
@@ -228,7 +233,9 @@ def _as_transaction(
         next_deadline_ms=result.next_deadline_ms,
         delta=delta,
         recovery_records=result.recovery_records,
-        encoded_bytes=result.encoded_bytes + len(encode_batch(begin + end)),
+        encoded=concat_batches(
+            [encode_batch(begin), result.encoded, encode_batch(end)], len(records)
+        ),
     )
 
 

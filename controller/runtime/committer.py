@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import msgspec
@@ -36,6 +36,7 @@ from metactl.errors import LogError, MetactlError
 from metadata_image.delta import MetadataDelta
 from metadata_image.image import ClusterImage
 from metadata_image.replay import apply
+from metadata_log.batch_format import concat_batches
 from metadata_log.records import (
     AbortTransactionRecord,
     BeginTransactionRecord,
@@ -89,6 +90,7 @@ class Commit:
         "image_after",
         "now_ms",
         "opens",
+        "payload",
         "records",
         "response",
         "size",
@@ -103,7 +105,7 @@ class Commit:
         delta: MetadataDelta,
         future: asyncio.Future[ControllerResponse] | None,
         now_ms: int,
-        size: int,
+        payload: bytes,
         barrier: bool = False,
     ) -> None:
         self.records = records
@@ -112,7 +114,8 @@ class Commit:
         self.delta = delta
         self.future = future
         self.now_ms = now_ms
-        self.size = size  # encoded bytes of `records`
+        self.payload = payload  # encode_batch(records), or empty without records
+        self.size = len(payload)
         self.barrier = barrier  # no records: only to release `future` in order (drain)
         # Answers of events that wrote nothing, released once this commit is durable
         # (`Committer.when_durable`), before any listener is told.
@@ -134,7 +137,7 @@ def abort_commit(image: ClusterImage, reason: str, now_ms: int) -> Commit:
         delta=delta,
         future=None,
         now_ms=now_ms,
-        size=len(encode_batch(records)),
+        payload=encode_batch(records),
     )
 
 
@@ -233,11 +236,19 @@ class Committer:
             return
         size = sum(c.size for c in group)
         limit = self.max_batch_bytes
-        chunks = [records] if size <= limit else split(records, limit, size)
+        if size <= limit:
+            # One batch: the steps' own encodings, joined, are its payload.
+            chunks: Iterable[list[MetadataRecord]] = [records]
+            payload: bytes | None = concat_batches(
+                [c.payload for c in group if c.records], len(records)
+            )
+        else:
+            chunks = split(records, limit, size)
+            payload = None
         position = 0
         for chunk in chunks:
             started = time.perf_counter()
-            offsets = await self.store.append(chunk, timestamp_ms=group[-1].now_ms)
+            offsets = await self.store.append(chunk, timestamp_ms=group[-1].now_ms, payload=payload)
             elapsed = time.perf_counter() - started
             if offsets.start != self.log_end:
                 raise LogError(

@@ -1269,7 +1269,7 @@ def test_rule_1_laws(
 def test_best_candidate_is_the_maximum_and_independent_of_order(
     replicas: list[int], raw: list[tuple[int, int, int]], data: st.DataObject
 ) -> None:
-    p = PartitionState(topic="t", partition=0, replicas=tuple(replicas), isr=EMPTY)
+    p = PartitionState(topic="t", partition=0, tp=("t", 0), replicas=tuple(replicas), isr=EMPTY)
     answers = list(
         {
             b: RecoveryCandidate(broker_id=b, last_leader_epoch=e, log_end_offset=o)

@@ -124,7 +124,7 @@ def lkelr_cluster(strategy: str | None = "balanced", *, at: int = 0) -> Cluster:
 
 
 class TestBestCandidate:
-    P = PartitionState(topic="t", partition=0, replicas=(3, 1, 2), isr=EMPTY)
+    P = PartitionState(topic="t", partition=0, tp=("t", 0), replicas=(3, 1, 2), isr=EMPTY)
 
     def test_none_without_answers(self) -> None:
         assert best_candidate(self.P, []) is None
@@ -802,7 +802,7 @@ class TestRecordAnswer:
 class TestEvaluateBookkeeping:
     def test_pending_recovery_of_a_partition_that_no_longer_exists_is_dropped(self) -> None:
         c = Cluster()
-        p = PartitionState(topic="gone", partition=0, replicas=(1,), isr=EMPTY)
+        p = PartitionState(topic="gone", partition=0, tp=("gone", 0), replicas=(1,), isr=EMPTY)
         tracker = RecoveryTracker(immutables.Map({("gone", 0): pending_for(p)}))
         c.state = ControllerState(c.image, tracker, frozenset())
         step = c.evaluate(now=1)

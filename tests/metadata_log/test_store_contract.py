@@ -27,7 +27,7 @@ from metactl.errors import (
 from metadata_log.batch_format import LogEntry
 from metadata_log.etcd.store import EtcdLogStore
 from metadata_log.memory_store import MemoryLogStore
-from metadata_log.records import MetadataRecord, NoOpRecord
+from metadata_log.records import MetadataRecord, NoOpRecord, encode_batch
 from metadata_log.sqlite_store import SqliteLogStore
 from metadata_log.store import LogStore
 from ops.etcd_local import LocalEtcd
@@ -103,6 +103,16 @@ class LogStoreContract:
         assert [e.record for e in entries] == first + second
         assert [e.timestamp_ms for e in entries] == [1_000] * 3 + [2_000] * 2
         assert entries[0].crc == entries[2].crc != entries[3].crc
+
+    async def test_an_append_given_its_encoding_stores_it_as_given(self) -> None:
+        # The controller hands over the payload its step encoded (issue 9: one encoding
+        # per change): what reads back is those records, framed and checked as any other.
+        store = await self.open()
+        batch = records(4)
+        assert await store.append(batch, timestamp_ms=5, payload=encode_batch(batch)) == range(4)
+        entries = await store.read(0)
+        assert [e.record for e in entries] == batch
+        assert (await store.verify()).records == 4
 
     async def test_read_bounds(self) -> None:
         store = await self.open()
