@@ -8,18 +8,18 @@ Why not one HAMT keyed by (topic, partition) (`immutables.Map`, which the image 
 before): a fence at 100,000 partitions changes 10,000 of them, and 10,000 HAMT inserts
 copied and re-linked nodes at about 0.8 µs each (7.5 ms of a 32 ms step, measured with
 `bench/controller_ops.py`'s cluster), and every key was a tuple object kept alive for the
-life of the image. Partition numbers are dense within a topic, so here a topic holds its
-partitions in chunks of `CHUNK` consecutive numbers: a dict from chunk number to a tuple
-of states, with `None` in the holes. A topic map (a HAMT, by name) points at each topic's
-chunk dict. Changing a partition copies its chunk (at most 256 pointers) and, once per
-mutation, its topic's chunk dict; copying a whole 100,000-partition image this way costs
-about 0.4 ms. Lookups cost a HAMT lookup by name, a dict lookup and a tuple index, and no
-key tuple is hashed.
+life of the image. Partition numbers are dense within a topic, so here partitions sit in
+chunks of `CHUNK` consecutive numbers of one topic: one HAMT maps (topic, chunk number)
+to a tuple of states, with `None` in the holes. Changing a partition copies its chunk
+(at most 256 pointers) once per mutation, and finishing the mutation inserts each
+changed chunk once: copying every chunk of a 100,000-partition image this way costs
+about 0.4 ms, where the fence's 10,000 inserts cost 7.5. A topic of a few partitions is
+one chunk, one HAMT entry, as it was one entry per partition before.
 
-Chunks are stored canonically (no trailing `None`, no empty chunk, no empty topic), so
-two maps with the same content compare equal by comparing their parts. Iteration visits
-topics in the topic map's order and each topic's partitions in chunk order; like the HAMT
-before it, it is not sorted, and callers that need an order sort.
+Chunks are stored canonically (no trailing `None`, no empty chunk), so two maps with the
+same content compare equal by comparing their chunks. Iteration visits chunks in the
+HAMT's order and partitions in chunk order; like the HAMT before it, it is not sorted,
+and callers that need an order sort.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ CHUNK: Final = 1 << CHUNK_BITS
 CHUNK_MASK: Final = CHUNK - 1
 
 Chunk: TypeAlias = "tuple[PartitionState | None, ...]"
-Chunks: TypeAlias = dict[int, Chunk]
+ChunkKey: TypeAlias = tuple[str, int]  # (topic, partition >> CHUNK_BITS)
 
 _MISSING: Any = object()
 
@@ -45,9 +45,9 @@ _MISSING: Any = object()
 class PartitionMap(Mapping["TopicPartition", "PartitionState"]):
     """An immutable map (topic, partition) -> PartitionState; `mutate()` edits a copy."""
 
-    __slots__ = ("_len", "_topics")
+    __slots__ = ("_chunks", "_len")
 
-    _topics: immutables.Map[str, Chunks]
+    _chunks: immutables.Map[ChunkKey, Chunk]
     _len: int
 
     def __init__(
@@ -59,12 +59,12 @@ class PartitionMap(Mapping["TopicPartition", "PartitionState"]):
         pairs = items.items() if isinstance(items, Mapping) else items
         for key, value in pairs:
             m[key] = value
-        self._topics, self._len = m.parts()
+        self._chunks, self._len = m.parts()
 
     @classmethod
-    def _of(cls, topics: immutables.Map[str, Chunks], size: int) -> PartitionMap:
+    def _of(cls, chunks: immutables.Map[ChunkKey, Chunk], size: int) -> PartitionMap:
         out = cls.__new__(cls)
-        out._topics = topics
+        out._chunks = chunks
         out._len = size
         return out
 
@@ -73,10 +73,7 @@ class PartitionMap(Mapping["TopicPartition", "PartitionState"]):
     def get(self, key: Any, default: Any = None) -> Any:
         try:
             topic, i = key
-            chunks = self._topics.get(topic)
-            if chunks is None:
-                return default
-            chunk = chunks.get(i >> CHUNK_BITS)
+            chunk = self._chunks.get((topic, i >> CHUNK_BITS))
         except (TypeError, ValueError):
             return default
         if chunk is None:
@@ -101,12 +98,8 @@ class PartitionMap(Mapping["TopicPartition", "PartitionState"]):
         return self._len
 
     def __iter__(self) -> Iterator[TopicPartition]:
-        for topic, chunks in self._topics.items():
-            for c, chunk in chunks.items():
-                first = c << CHUNK_BITS
-                for j, value in enumerate(chunk):
-                    if value is not None:
-                        yield (topic, first + j)
+        for value in self._values():
+            yield value.tp
 
     def keys(self) -> KeysView[TopicPartition]:
         return KeysView(self)
@@ -118,24 +111,24 @@ class PartitionMap(Mapping["TopicPartition", "PartitionState"]):
         return _Items(self)
 
     def _values(self) -> Iterator[PartitionState]:
-        for chunks in self._topics.values():
-            for chunk in chunks.values():
-                for value in chunk:
-                    if value is not None:
-                        yield value
+        for chunk in self._chunks.values():
+            for value in chunk:
+                if value is not None:
+                    yield value
 
     def of_topic(self, topic: str, numbers: Iterable[int]) -> Iterator[PartitionState]:
         """The partitions `numbers` of `topic`, in that order; KeyError for one missing.
 
-        `ClusterImage.partitions_of` walks a broker's replicas with this: one topic lookup
-        for all of a topic's partitions rather than one per partition."""
-        chunks = self._topics.get(topic)
-        if chunks is None:
-            for i in numbers:
-                raise KeyError((topic, i))
-            return
+        `ClusterImage.partitions_of` walks a broker's replicas with this: one chunk
+        lookup per run of numbers in the same chunk rather than one per partition."""
+        chunks = self._chunks
+        last_c = None
+        chunk: Chunk | None = None
         for i in numbers:
-            chunk = chunks.get(i >> CHUNK_BITS)
+            c = i >> CHUNK_BITS
+            if c != last_c:
+                chunk = chunks.get((topic, c))
+                last_c = c
             j = i & CHUNK_MASK
             value = None if chunk is None or j >= len(chunk) else chunk[j]
             if value is None:
@@ -144,7 +137,7 @@ class PartitionMap(Mapping["TopicPartition", "PartitionState"]):
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, PartitionMap):
-            return self._len == other._len and self._topics == other._topics
+            return self._len == other._len and self._chunks == other._chunks
         if isinstance(other, Mapping):
             return len(self) == len(other) and all(
                 other.get(k, _MISSING) == v for k, v in self.items()
@@ -154,7 +147,7 @@ class PartitionMap(Mapping["TopicPartition", "PartitionState"]):
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"PartitionMap(<{self._len} partitions in {len(self._topics)} topics>)"
+        return f"PartitionMap(<{self._len} partitions in {len(self._chunks)} chunks>)"
 
     # --- new maps -----------------------------------------------------------------------
 
@@ -184,33 +177,29 @@ class _Items(ItemsView["TopicPartition", "PartitionState"]):
 
     def __iter__(self) -> Iterator[tuple[TopicPartition, PartitionState]]:
         for value in self._mapping._values():
-            yield (value.topic, value.partition), value
+            yield value.tp, value
 
 
 class _Mutation:
     """The copy-on-write editing shared by `PartitionMapMutation` and the constructor.
 
-    `_work` holds the topics edited so far: a private copy of each one's chunk dict, in
-    which a chunk this mutation has written is a list (its own) and any other chunk is the
-    shared tuple."""
+    `_work` holds the chunks edited so far, each as this mutation's own list."""
 
-    __slots__ = ("_len", "_topics", "_work")
+    __slots__ = ("_chunks", "_len", "_work")
 
-    def __init__(self, topics: immutables.Map[str, Chunks], size: int) -> None:
-        self._topics = topics
+    def __init__(self, chunks: immutables.Map[ChunkKey, Chunk], size: int) -> None:
+        self._chunks = chunks
         self._len = size
-        self._work: dict[str, dict[int, Chunk | list[PartitionState | None]]] = {}
+        self._work: dict[ChunkKey, list[PartitionState | None]] = {}
 
     def get(self, key: TopicPartition, default: Any = None) -> Any:
         topic, i = key
-        chunks: Mapping[int, Any] | None = self._work.get(topic)
-        if chunks is None:
-            chunks = self._topics.get(topic)
-            if chunks is None:
-                return default
-        chunk = chunks.get(i >> CHUNK_BITS)
+        c = (topic, i >> CHUNK_BITS)
+        chunk: Any = self._work.get(c)
         if chunk is None:
-            return default
+            chunk = self._chunks.get(c)
+            if chunk is None:
+                return default
         j = i & CHUNK_MASK
         if j < len(chunk):
             value = chunk[j]
@@ -235,33 +224,30 @@ class _Mutation:
         read and replace entries in place; None if it holds no partition. For replay's
         loop over many changes: it saves a lookup per partition, and the caller must
         store only PartitionStates, over existing entries (the size does not change)."""
-        chunks = self._work.get(topic)
-        if chunks is None:
-            base = self._topics.get(topic)
-            if base is None or c not in base:
-                return None
-        elif c not in chunks:
+        key = (topic, c)
+        own = self._work.get(key)
+        if own is not None:
+            return own
+        chunk = self._chunks.get(key)
+        if chunk is None:
             return None
-        return self._chunk(topic, c)
+        own = self._work[key] = list(chunk)
+        return own
 
-    def _chunk(self, topic: str, c: int) -> list[PartitionState | None]:
-        """Chunk `c` of `topic`, as this mutation's own list."""
-        chunks = self._work.get(topic)
-        if chunks is None:
-            base = self._topics.get(topic)
-            chunks = self._work[topic] = {} if base is None else dict(base)
-        chunk = chunks.get(c)
-        if type(chunk) is list:
-            return chunk
-        own: list[PartitionState | None] = [] if chunk is None else list(chunk)
-        chunks[c] = own
+    def _own(self, topic: str, c: int) -> list[PartitionState | None]:
+        """Chunk `c` of `topic` as this mutation's own list, empty if it is new."""
+        own = self.chunk(topic, c)
+        if own is None:
+            own = self._work[(topic, c)] = []
         return own
 
     def __setitem__(self, key: TopicPartition, value: PartitionState) -> None:
         if value is None:
             raise TypeError("a PartitionMap holds PartitionStates, not None")
+        if value.tp is not key and value.tp != key:
+            raise ValueError(f"the state of {value.tp} stored under {key}")
         topic, i = key
-        chunk = self._chunk(topic, i >> CHUNK_BITS)
+        chunk = self._own(topic, i >> CHUNK_BITS)
         j = i & CHUNK_MASK
         n = len(chunk)
         if j < n:
@@ -278,31 +264,23 @@ class _Mutation:
         if key not in self:
             raise KeyError(key)
         topic, i = key
-        self._chunk(topic, i >> CHUNK_BITS)[i & CHUNK_MASK] = None
+        self._own(topic, i >> CHUNK_BITS)[i & CHUNK_MASK] = None
         self._len -= 1
 
-    def parts(self) -> tuple[immutables.Map[str, Chunks], int]:
-        """The edited topics, made canonical and immutable, folded into the topic map."""
+    def parts(self) -> tuple[immutables.Map[ChunkKey, Chunk], int]:
+        """The edited chunks, made canonical and immutable, folded into the chunk map."""
         if self._work:
-            with self._topics.mutate() as m:
-                for topic, chunks in self._work.items():
-                    out: Chunks = {}
-                    for c, chunk in chunks.items():
-                        if type(chunk) is list:
-                            while chunk and chunk[-1] is None:
-                                chunk.pop()
-                            if not chunk:
-                                continue
-                            out[c] = tuple(chunk)
-                        else:
-                            out[c] = chunk  # type: ignore[assignment]
-                    if out:
-                        m[topic] = out
-                    elif topic in m:
-                        del m[topic]
-                self._topics = m.finish()
+            with self._chunks.mutate() as m:
+                for key, chunk in self._work.items():
+                    while chunk and chunk[-1] is None:
+                        chunk.pop()
+                    if chunk:
+                        m[key] = tuple(chunk)
+                    elif key in m:
+                        del m[key]
+                self._chunks = m.finish()
             self._work = {}
-        return self._topics, self._len
+        return self._chunks, self._len
 
 
 class PartitionMapMutation(_Mutation):
@@ -311,15 +289,15 @@ class PartitionMapMutation(_Mutation):
     __slots__ = ("_base",)
 
     def __init__(self, base: PartitionMap) -> None:
-        super().__init__(base._topics, base._len)
+        super().__init__(base._chunks, base._len)
         self._base = base
 
     def finish(self) -> PartitionMap:
         """The edited map (the base itself if nothing was edited); editing may go on."""
         if not self._work:
             return self._base
-        topics, size = self.parts()
-        self._base = PartitionMap._of(topics, size)
+        chunks, size = self.parts()
+        self._base = PartitionMap._of(chunks, size)
         return self._base
 
 

@@ -110,7 +110,7 @@ class TestAgainstADict:
                 del m[extra]
         other = m.finish()
         assert other == forward
-        assert other._topics == forward._topics  # canonical: no trailing holes, no empties
+        assert other._chunks == forward._chunks  # canonical: no trailing holes, no empties
 
 
 class TestReads:
@@ -118,7 +118,7 @@ class TestReads:
         m = PartitionMap({("t", 0): state("t", 0), ("t", 2): state("t", 2)})
         m = m.delete(("t", 2))  # leaves nothing past ("t", 0): the chunk is trimmed
         m = m.set(("t", 2), state("t", 2))
-        assert repr(m) == "PartitionMap(<2 partitions in 1 topics>)"
+        assert repr(m) == "PartitionMap(<2 partitions in 1 chunks>)"
         malformed = ["t", ("t",), None, ("t", "0")]
         for key in [("t", 1), ("u", 0), ("t", CHUNK), ("t", -1), *malformed]:
             assert key not in m
@@ -150,9 +150,11 @@ class TestReads:
         assert list(fewer) == [("t", 1)]
         assert m.mutate().finish() is m  # nothing edited: the same map
 
-    def test_holds_only_partition_states(self) -> None:
+    def test_holds_only_partition_states_under_their_own_key(self) -> None:
         with pytest.raises(TypeError, match="not None"):
             EMPTY_PARTITIONS.mutate()[("t", 0)] = None  # type: ignore[assignment]
+        with pytest.raises(ValueError, match=r"the state of \('t', 1\) stored under \('t', 0\)"):
+            EMPTY_PARTITIONS.mutate()[("t", 0)] = state("t", 1)
 
     def test_chunk_is_writable_in_place_and_absent_where_nothing_is(self) -> None:
         base = PartitionMap({("t", 1): state("t", 1)})
