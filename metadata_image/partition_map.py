@@ -42,7 +42,37 @@ ChunkKey: TypeAlias = tuple[str, int]  # (topic, partition >> CHUNK_BITS)
 _MISSING: Any = object()
 
 
-class PartitionMap(Mapping["TopicPartition", "PartitionState"]):
+def _at(chunk: Any, i: int, default: Any) -> Any:
+    """Partition `i`'s entry in its chunk (a tuple, a list or None), else `default`."""
+    if chunk is not None:
+        j = i & CHUNK_MASK
+        if j < len(chunk):
+            value = chunk[j]
+            if value is not None:
+                return value
+    return default
+
+
+class _Reads:
+    """Item access and membership, for the map and its mutation, on top of `get`."""
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:
+
+        def get(self, key: Any, default: Any = None) -> Any: ...
+
+    def __getitem__(self, key: TopicPartition) -> PartitionState:
+        value = self.get(key, _MISSING)
+        if value is _MISSING:
+            raise KeyError(key)
+        return value  # type: ignore[no-any-return]
+
+    def __contains__(self, key: object) -> bool:
+        return self.get(key, _MISSING) is not _MISSING
+
+
+class PartitionMap(_Reads, Mapping["TopicPartition", "PartitionState"]):
     """An immutable map (topic, partition) -> PartitionState; `mutate()` edits a copy."""
 
     __slots__ = ("_chunks", "_len")
@@ -76,23 +106,7 @@ class PartitionMap(Mapping["TopicPartition", "PartitionState"]):
             chunk = self._chunks.get((topic, i >> CHUNK_BITS))
         except (TypeError, ValueError):
             return default
-        if chunk is None:
-            return default
-        j = i & CHUNK_MASK
-        if j < len(chunk):
-            value = chunk[j]
-            if value is not None:
-                return value
-        return default
-
-    def __getitem__(self, key: TopicPartition) -> PartitionState:
-        value = self.get(key, _MISSING)
-        if value is _MISSING:
-            raise KeyError(key)
-        return value  # type: ignore[no-any-return]
-
-    def __contains__(self, key: object) -> bool:
-        return self.get(key, _MISSING) is not _MISSING
+        return _at(chunk, i, default)
 
     def __len__(self) -> int:
         return self._len
@@ -129,8 +143,7 @@ class PartitionMap(Mapping["TopicPartition", "PartitionState"]):
             if c != last_c:
                 chunk = chunks.get((topic, c))
                 last_c = c
-            j = i & CHUNK_MASK
-            value = None if chunk is None or j >= len(chunk) else chunk[j]
+            value = _at(chunk, i, None)
             if value is None:
                 raise KeyError((topic, i))
             yield value
@@ -180,7 +193,7 @@ class _Items(ItemsView["TopicPartition", "PartitionState"]):
             yield value.tp, value
 
 
-class _Mutation:
+class _Mutation(_Reads):
     """The copy-on-write editing shared by `PartitionMapMutation` and the constructor.
 
     `_work` holds the chunks edited so far, each as this mutation's own list."""
@@ -196,25 +209,7 @@ class _Mutation:
         topic, i = key
         c = (topic, i >> CHUNK_BITS)
         chunk: Any = self._work.get(c)
-        if chunk is None:
-            chunk = self._chunks.get(c)
-            if chunk is None:
-                return default
-        j = i & CHUNK_MASK
-        if j < len(chunk):
-            value = chunk[j]
-            if value is not None:
-                return value
-        return default
-
-    def __getitem__(self, key: TopicPartition) -> PartitionState:
-        value = self.get(key, _MISSING)
-        if value is _MISSING:
-            raise KeyError(key)
-        return value  # type: ignore[no-any-return]
-
-    def __contains__(self, key: TopicPartition) -> bool:
-        return self.get(key, _MISSING) is not _MISSING
+        return _at(self._chunks.get(c) if chunk is None else chunk, i, default)
 
     def __len__(self) -> int:
         return self._len
