@@ -54,7 +54,6 @@ from metactl.errors import InvalidRequestError
 from metadata_image.delta import MetadataDelta
 from metadata_image.image import EMPTY_INDEX, ClusterImage, TopicPartition, common
 from metadata_image.replay import apply
-from metadata_log.batch_format import concat_batches
 from metadata_log.records import (
     MAX_BATCH_BYTES,
     BeginTransactionRecord,
@@ -143,11 +142,11 @@ class StepResult(msgspec.Struct, frozen=True):
     # The transaction stays open: the driver steps this next, before any other event that
     # writes records, and releases the response of the last slice only.
     follow_up: CreateTopicSlice | None = None
-    encoded: bytes = b""  # encode_batch(records), empty without records
-
-    @property
-    def encoded_bytes(self) -> int:
-        return len(self.encoded)
+    encoded_bytes: int = 0  # len(encode_batch(records)), 0 without records
+    # encode_batch(records), for the log to store as is; None where the records are too
+    # many for one batch (a transaction the committer splits and encodes chunk by chunk:
+    # holding a 100 MB encoding until it is durable would only cost memory).
+    encoded: bytes | None = None
 
 
 def step(state: ControllerState, event: Event, now_ms: int, rules: Rules) -> StepResult:
@@ -193,6 +192,7 @@ def _step(state: ControllerState, event: Event, now_ms: int, rules: Rules) -> St
         image, more = apply(image, end)
         delta.update(more)
         records = records + end
+    encoded = encode_batch(records) if records else b""
     return StepResult(
         records=records,
         response=response,
@@ -202,7 +202,8 @@ def _step(state: ControllerState, event: Event, now_ms: int, rules: Rules) -> St
         delta=delta,
         recovery_records=len(recovery.records),
         follow_up=follow_up,
-        encoded=encode_batch(records) if records else b"",
+        encoded_bytes=len(encoded),
+        encoded=encoded,
     )
 
 
@@ -233,9 +234,7 @@ def _as_transaction(
         next_deadline_ms=result.next_deadline_ms,
         delta=delta,
         recovery_records=result.recovery_records,
-        encoded=concat_batches(
-            [encode_batch(begin), result.encoded, encode_batch(end)], len(records)
-        ),
+        encoded_bytes=result.encoded_bytes + len(encode_batch(begin + end)),
     )
 
 

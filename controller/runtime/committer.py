@@ -105,7 +105,8 @@ class Commit:
         delta: MetadataDelta,
         future: asyncio.Future[ControllerResponse] | None,
         now_ms: int,
-        payload: bytes,
+        size: int,
+        payload: bytes | None = None,
         barrier: bool = False,
     ) -> None:
         self.records = records
@@ -114,8 +115,8 @@ class Commit:
         self.delta = delta
         self.future = future
         self.now_ms = now_ms
-        self.payload = payload  # encode_batch(records), or empty without records
-        self.size = len(payload)
+        self.size = size  # encoded bytes of `records`
+        self.payload = payload  # encode_batch(records), when the step kept it
         self.barrier = barrier  # no records: only to release `future` in order (drain)
         # Answers of events that wrote nothing, released once this commit is durable
         # (`Committer.when_durable`), before any listener is told.
@@ -137,7 +138,7 @@ def abort_commit(image: ClusterImage, reason: str, now_ms: int) -> Commit:
         delta=delta,
         future=None,
         now_ms=now_ms,
-        payload=encode_batch(records),
+        size=len(encode_batch(records)),
     )
 
 
@@ -236,15 +237,15 @@ class Committer:
             return
         size = sum(c.size for c in group)
         limit = self.max_batch_bytes
+        payload: bytes | None = None
         if size <= limit:
-            # One batch: the steps' own encodings, joined, are its payload.
             chunks: Iterable[list[MetadataRecord]] = [records]
-            payload: bytes | None = concat_batches(
-                [c.payload for c in group if c.records], len(records)
-            )
+            encoded = [c.payload for c in group if c.records]
+            if all(p is not None for p in encoded):
+                # One batch: the steps' own encodings, joined, are its payload.
+                payload = concat_batches(encoded, len(records))  # type: ignore[arg-type]
         else:
             chunks = split(records, limit, size)
-            payload = None
         position = 0
         for chunk in chunks:
             started = time.perf_counter()

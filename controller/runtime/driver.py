@@ -493,6 +493,7 @@ class Controller:
             delta=result.delta,
             future=future,
             now_ms=now,
+            size=result.encoded_bytes,
             payload=result.encoded,
             barrier=barrier,
         )

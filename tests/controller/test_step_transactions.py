@@ -16,6 +16,7 @@ from metadata_log.records import (
     PartitionRecord,
     RegisterBrokerRecord,
     TopicRecord,
+    encode_batch,
 )
 from protocol.messages import (
     Ack,
@@ -53,6 +54,9 @@ def test_records_that_fit_in_a_batch_are_not_a_transaction() -> None:
     result = c.submit(FenceBroker(broker_id=1))
     assert _markers(result.records) == []
     assert 0 < result.encoded_bytes <= c.rules.max_batch_bytes
+    # The step's encoding is the batch the log stores (it is not encoded again).
+    assert result.encoded == encode_batch(result.records)
+    assert result.encoded_bytes == len(result.encoded)
 
 
 def test_a_fence_too_large_for_one_batch_is_one_transaction() -> None:
@@ -62,6 +66,7 @@ def test_a_fence_too_large_for_one_batch_is_one_transaction() -> None:
     expected = plain.submit(FenceBroker(broker_id=1))
     result = wrapped.submit(FenceBroker(broker_id=1))
     assert result.encoded_bytes > 2000
+    assert result.encoded is None  # split into batches by the committer, encoded there
     begin, *inner, end = result.records
     assert begin == BeginTransactionRecord(name="FenceBroker 1")
     assert isinstance(end, EndTransactionRecord)
