@@ -74,10 +74,7 @@ def stored_batches(
             count += group[j].count
             size += len(group[j].payload)
             j += 1
-        if j == i + 1:
-            payload = group[i].payload
-        else:
-            payload = concat_batches([item.payload for item in group[i:j]], count)
+        payload = concat_batches([item.payload for item in group[i:j]], count)
         crc = batch_crc(offset, count, timestamp_ms, payload)
         batches.append(StoredBatch(offset, count, timestamp_ms, crc, payload))
         offset += count

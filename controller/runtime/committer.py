@@ -131,6 +131,7 @@ def abort_commit(image: ClusterImage, reason: str, now_ms: int) -> Commit:
     """An AbortTransactionRecord written after `image` (whose end offset is the abort's)."""
     records: list[MetadataRecord] = [AbortTransactionRecord(reason=reason)]
     after, delta = apply(image, records)
+    payload = encode_batch(records)
     return Commit(
         records,
         Ack(),
@@ -138,7 +139,8 @@ def abort_commit(image: ClusterImage, reason: str, now_ms: int) -> Commit:
         delta=delta,
         future=None,
         now_ms=now_ms,
-        size=len(encode_batch(records)),
+        size=len(payload),
+        payload=payload,
     )
 
 
@@ -237,17 +239,17 @@ class Committer:
             return
         size = sum(c.size for c in group)
         limit = self.max_batch_bytes
-        payload: bytes | None = None
+        batches: Iterable[tuple[list[MetadataRecord], bytes | None]]
         if size <= limit:
-            chunks: Iterable[list[MetadataRecord]] = [records]
-            encoded = [c.payload for c in group if c.records]
-            if all(p is not None for p in encoded):
-                # One batch: the steps' own encodings, joined, are its payload.
-                payload = concat_batches(encoded, len(records))  # type: ignore[arg-type]
+            # One batch: the steps' own encodings, joined, are its payload.
+            with_records = [c for c in group if c.records]
+            encoded = [c.payload for c in with_records if c.payload is not None]
+            whole = len(encoded) == len(with_records)
+            batches = [(records, concat_batches(encoded, len(records)) if whole else None)]
         else:
-            chunks = split(records, limit, size)
+            batches = split(records, limit, size)
         position = 0
-        for chunk in chunks:
+        for chunk, payload in batches:
             started = time.perf_counter()
             offsets = await self.store.append(chunk, timestamp_ms=group[-1].now_ms, payload=payload)
             elapsed = time.perf_counter() - started
@@ -361,19 +363,20 @@ def groups(batch: list[Commit], max_bytes: int) -> Iterator[list[Commit]]:
 
 def split(
     records: list[MetadataRecord], max_bytes: int, size: int
-) -> Iterator[list[MetadataRecord]]:
+) -> Iterator[tuple[list[MetadataRecord], bytes]]:
     """Cut `records` (about `size` bytes encoded) into consecutive chunks that each encode
-    to at most `max_bytes`. The chunk length starts from the average record size and
-    shrinks where records are larger; each chunk is encoded once to check it."""
+    to at most `max_bytes`, each with its encoding (the payload the store keeps). The
+    chunk length starts from the average record size and shrinks where records are
+    larger."""
     i, n = 0, len(records)
     per = max(1, n * max_bytes // max(size, 1) * 15 // 16)
     while i < n:
         chunk = records[i : i + per]
-        encoded = len(encode_batch(chunk))
-        if encoded > max_bytes and len(chunk) > 1:
-            per = max(1, len(chunk) * max_bytes // encoded * 15 // 16)
+        encoded = encode_batch(chunk)
+        if len(encoded) > max_bytes and len(chunk) > 1:
+            per = max(1, len(chunk) * max_bytes // len(encoded) * 15 // 16)
             continue
-        yield chunk  # a single record over the limit: the store refuses it, by name
+        yield chunk, encoded  # a single record over the limit: the store refuses it, by name
         i += len(chunk)
 
 

@@ -30,6 +30,7 @@ from metadata_log.records import (
     EndTransactionRecord,
     FenceBrokerRecord,
     MetadataRecord,
+    encode_batch,
 )
 from metadata_log.sqlite_format import resolve_log_path
 from metadata_log.sqlite_store import SqliteLogStore
@@ -129,6 +130,41 @@ async def test_a_fence_larger_than_a_batch_commits_as_several_batches(
     assert (await load_image(store)).same_state(image)
     assert image.brokers[1].fenced
     await store.close()
+
+
+class _Watching(SqliteLogStore):
+    """A real SQLite store that notes, per append, whether the caller handed over the
+    records' encoding (and checks it is theirs)."""
+
+    given: list[bool]
+
+    async def append(
+        self,
+        records: Sequence[MetadataRecord],
+        *,
+        timestamp_ms: int | None = None,
+        payload: bytes | None = None,
+    ) -> range:
+        assert payload is None or payload == encode_batch(list(records))
+        self.given.append(payload is not None)
+        return await super().append(records, timestamp_ms=timestamp_ms, payload=payload)
+
+
+async def test_every_append_stores_the_encoding_the_controller_made(
+    tmp_path: Path, keep: Keep
+) -> None:
+    # One encoding per change: a step's own (joined across a group commit), or for a
+    # transaction split into batches, the one `split` made to fit each batch.
+    store = keep(await _Watching.open(tmp_path))
+    assert isinstance(store, _Watching)
+    store.given = []
+    ctl = await _open(store, max_batch_bytes=LIMIT)
+    await ctl.submit(CreateTopic(name="t", partitions=20, replication_factor=3, min_isr=2))
+    small = len(store.given)
+    await ctl.submit(CreateTopic(name="u", partitions=200, replication_factor=3, min_isr=2))
+    await ctl.submit(FenceBroker(broker_id=1))
+    assert small >= 7 and len(store.given) >= small + 6  # the fence took several batches
+    assert all(store.given), store.given
 
 
 async def test_a_failed_append_between_batches_reverts_and_aborts(
