@@ -54,10 +54,15 @@ class ReplicaIndex(msgspec.Struct, frozen=True, gc=False, eq=False):
         return any(tp[1] in c for c in chunks)
 
     def __iter__(self) -> Iterator[TopicPartition]:
+        for topic, numbers in self.by_topic():
+            for i in numbers:
+                yield (topic, i)
+
+    def by_topic(self) -> Iterator[tuple[str, frozenset[int]]]:
+        """Each topic (in name order) with its partition numbers: the iteration order."""
         topics = self.topics
         for topic in sorted(topics.keys()):
-            for i in _whole(topics[topic]):
-                yield (topic, i)
+            yield topic, _whole(topics[topic])
 
     def __len__(self) -> int:
         return self.size
@@ -199,9 +204,8 @@ class ClusterImage(msgspec.Struct, frozen=True, kw_only=True):
     def partitions_of(self, broker_id: int) -> Iterator[PartitionState]:
         """Partitions that have a replica on the broker, in the order of its index."""
         partitions = self.partitions
-        topics = self.replicas_by_broker.get(broker_id, EMPTY_INDEX).topics
-        for topic in sorted(topics.keys()):
-            yield from partitions.of_topic(topic, _whole(topics[topic]))
+        for topic, numbers in self.replicas_by_broker.get(broker_id, EMPTY_INDEX).by_topic():
+            yield from partitions.of_topic(topic, numbers)
 
     def offline_partitions(self) -> Iterator[PartitionState]:
         for tp in self.offline:

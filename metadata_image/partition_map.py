@@ -24,7 +24,7 @@ and callers that need an order sort.
 
 from __future__ import annotations
 
-from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
+from collections.abc import Iterable, Iterator, Mapping, ValuesView
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import immutables
@@ -80,16 +80,10 @@ class PartitionMap(_Reads, Mapping["TopicPartition", "PartitionState"]):
     _chunks: immutables.Map[ChunkKey, Chunk]
     _len: int
 
-    def __init__(
-        self,
-        items: Mapping[TopicPartition, PartitionState]
-        | Iterable[tuple[TopicPartition, PartitionState]] = (),
-    ) -> None:
-        m = _Mutation(immutables.Map(), 0)
-        pairs = items.items() if isinstance(items, Mapping) else items
-        for key, value in pairs:
-            m[key] = value
-        self._chunks, self._len = m.parts()
+    def __init__(self) -> None:
+        """The empty map (`EMPTY_PARTITIONS`); others come from `mutate()`."""
+        self._chunks = immutables.Map()
+        self._len = 0
 
     @classmethod
     def _of(cls, chunks: immutables.Map[ChunkKey, Chunk], size: int) -> PartitionMap:
@@ -115,14 +109,8 @@ class PartitionMap(_Reads, Mapping["TopicPartition", "PartitionState"]):
         for value in self._values():
             yield value.tp
 
-    def keys(self) -> KeysView[TopicPartition]:
-        return KeysView(self)
-
     def values(self) -> ValuesView[PartitionState]:
-        return _Values(self)
-
-    def items(self) -> ItemsView[TopicPartition, PartitionState]:
-        return _Items(self)
+        return _Values(self)  # walks the chunks, where Mapping's would look up every key
 
     def _values(self) -> Iterator[PartitionState]:
         for chunk in self._chunks.values():
@@ -151,11 +139,7 @@ class PartitionMap(_Reads, Mapping["TopicPartition", "PartitionState"]):
     def __eq__(self, other: object) -> bool:
         if isinstance(other, PartitionMap):
             return self._len == other._len and self._chunks == other._chunks
-        if isinstance(other, Mapping):
-            return len(self) == len(other) and all(
-                other.get(k, _MISSING) == v for k, v in self.items()
-            )
-        return NotImplemented
+        return super().__eq__(other)
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -166,11 +150,6 @@ class PartitionMap(_Reads, Mapping["TopicPartition", "PartitionState"]):
 
     def mutate(self) -> PartitionMapMutation:
         return PartitionMapMutation(self)
-
-    def set(self, key: TopicPartition, value: PartitionState) -> PartitionMap:
-        m = self.mutate()
-        m[key] = value
-        return m.finish()
 
     def delete(self, key: TopicPartition) -> PartitionMap:
         m = self.mutate()
@@ -185,24 +164,17 @@ class _Values(ValuesView["PartitionState"]):
         return self._mapping._values()
 
 
-class _Items(ItemsView["TopicPartition", "PartitionState"]):
-    _mapping: PartitionMap
-
-    def __iter__(self) -> Iterator[tuple[TopicPartition, PartitionState]]:
-        for value in self._mapping._values():
-            yield value.tp, value
-
-
-class _Mutation(_Reads):
-    """The copy-on-write editing shared by `PartitionMapMutation` and the constructor.
+class PartitionMapMutation(_Reads):
+    """A working copy of a `PartitionMap`: read, set and delete, then `finish()`.
 
     `_work` holds the chunks edited so far, each as this mutation's own list."""
 
-    __slots__ = ("_chunks", "_len", "_work")
+    __slots__ = ("_base", "_chunks", "_len", "_work")
 
-    def __init__(self, chunks: immutables.Map[ChunkKey, Chunk], size: int) -> None:
-        self._chunks = chunks
-        self._len = size
+    def __init__(self, base: PartitionMap) -> None:
+        self._base = base
+        self._chunks = base._chunks
+        self._len = base._len
         self._work: dict[ChunkKey, list[PartitionState | None]] = {}
 
     def get(self, key: TopicPartition, default: Any = None) -> Any:
@@ -262,37 +234,24 @@ class _Mutation(_Reads):
         self._own(topic, i >> CHUNK_BITS)[i & CHUNK_MASK] = None
         self._len -= 1
 
-    def parts(self) -> tuple[immutables.Map[ChunkKey, Chunk], int]:
-        """The edited chunks, made canonical and immutable, folded into the chunk map."""
-        if self._work:
-            with self._chunks.mutate() as m:
-                for key, chunk in self._work.items():
-                    while chunk and chunk[-1] is None:
-                        chunk.pop()
-                    if chunk:
-                        m[key] = tuple(chunk)
-                    elif key in m:
-                        del m[key]
-                self._chunks = m.finish()
-            self._work = {}
-        return self._chunks, self._len
-
-
-class PartitionMapMutation(_Mutation):
-    """A working copy of a `PartitionMap`: read, set and delete, then `finish()`."""
-
-    __slots__ = ("_base",)
-
-    def __init__(self, base: PartitionMap) -> None:
-        super().__init__(base._chunks, base._len)
-        self._base = base
-
     def finish(self) -> PartitionMap:
-        """The edited map (the base itself if nothing was edited); editing may go on."""
+        """The edited map (the base itself if nothing was edited); editing may go on.
+
+        Edited chunks are made canonical (a deletion may leave trailing holes or empty a
+        chunk) and immutable, and folded into the chunk map."""
         if not self._work:
             return self._base
-        chunks, size = self.parts()
-        self._base = PartitionMap._of(chunks, size)
+        with self._chunks.mutate() as m:
+            for key, chunk in self._work.items():
+                while chunk and chunk[-1] is None:
+                    chunk.pop()
+                if chunk:
+                    m[key] = tuple(chunk)
+                elif key in m:
+                    del m[key]
+            self._chunks = m.finish()
+        self._work = {}
+        self._base = PartitionMap._of(self._chunks, self._len)
         return self._base
 
 

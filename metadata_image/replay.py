@@ -490,8 +490,8 @@ def iter_image_records(image: ClusterImage) -> Iterator[MetadataRecord]:
             min_isr=t.min_isr,
             recovery_strategy=t.recovery_strategy,
         )
-        for i in range(t.partitions):
-            yield partition_record(image.partitions[(t.name, i)])
+        for p in image.partitions.of_topic(t.name, range(t.partitions)):
+            yield partition_record(p)
 
 
 def partition_record(p: PartitionState) -> PartitionRecord:

@@ -32,6 +32,20 @@ def state(topic: str, partition: int, epoch: int = 0) -> PartitionState:
     )
 
 
+def pmap(items: dict[TopicPartition, PartitionState]) -> PartitionMap:
+    """A map holding `items`, built as replay builds one (through a mutation)."""
+    m = EMPTY_PARTITIONS.mutate()
+    for key, value in items.items():
+        m[key] = value
+    return m.finish()
+
+
+def with_one(m: PartitionMap, value: PartitionState) -> PartitionMap:
+    edit = m.mutate()
+    edit[value.tp] = value
+    return edit.finish()
+
+
 # Partition numbers around chunk boundaries, far apart (sparse chunks) and negative.
 numbers = st.one_of(
     st.integers(0, 2 * CHUNK + 3),
@@ -54,7 +68,7 @@ def check(m: PartitionMap, model: dict[TopicPartition, PartitionState]) -> None:
     assert sorted(m.keys()) == sorted(model)
     assert sorted(m.items(), key=lambda kv: kv[0]) == sorted(model.items())
     assert sorted(v.tp for v in m.values()) == sorted(model)
-    assert m == PartitionMap(model)
+    assert m == pmap(model)
     assert m == model and model == m  # against any Mapping
     for k, v in model.items():
         assert m[k] is v and m.get(k) is v and k in m
@@ -97,7 +111,7 @@ class TestAgainstADict:
         self, content: list[TopicPartition], rnd: object
     ) -> None:
         values = {k: state(*k) for k in content}
-        forward = PartitionMap(values)
+        forward = pmap(values)
         shuffled = list(values.items())
         rnd.shuffle(shuffled)  # type: ignore[attr-defined]
         # Built in another order, with extra partitions set and deleted on the way.
@@ -115,9 +129,9 @@ class TestAgainstADict:
 
 class TestReads:
     def test_missing_and_malformed_keys(self) -> None:
-        m = PartitionMap({("t", 0): state("t", 0), ("t", 2): state("t", 2)})
+        m = pmap({("t", 0): state("t", 0), ("t", 2): state("t", 2)})
         m = m.delete(("t", 2))  # leaves nothing past ("t", 0): the chunk is trimmed
-        m = m.set(("t", 2), state("t", 2))
+        m = with_one(m, state("t", 2))
         assert repr(m) == "PartitionMap(<2 partitions in 1 chunks>)"
         malformed = ["t", ("t",), None, ("t", "0")]
         for key in [("t", 1), ("u", 0), ("t", CHUNK), ("t", -1), *malformed]:
@@ -132,7 +146,7 @@ class TestReads:
         assert m != 3
 
     def test_of_topic_follows_the_numbers_and_names_a_missing_one(self) -> None:
-        m = PartitionMap({("t", i): state("t", i) for i in range(0, 3 * CHUNK, 7)})
+        m = pmap({("t", i): state("t", i) for i in range(0, 3 * CHUNK, 7)})
         wanted = [14, 0, 2 * CHUNK + 6]  # multiples of 7
         assert [p.partition for p in m.of_topic("t", wanted)] == wanted
         with pytest.raises(KeyError, match="'t', 1"):
@@ -142,8 +156,8 @@ class TestReads:
         assert list(m.of_topic("u", [])) == []
 
     def test_set_and_delete_leave_the_original(self) -> None:
-        m = PartitionMap({("t", 0): state("t", 0)})
-        more = m.set(("t", 1), state("t", 1))
+        m = pmap({("t", 0): state("t", 0)})
+        more = with_one(m, state("t", 1))
         fewer = more.delete(("t", 0))
         assert list(m) == [("t", 0)]
         assert sorted(more) == [("t", 0), ("t", 1)]
@@ -157,7 +171,7 @@ class TestReads:
             EMPTY_PARTITIONS.mutate()[("t", 0)] = state("t", 1)
 
     def test_chunk_is_writable_in_place_and_absent_where_nothing_is(self) -> None:
-        base = PartitionMap({("t", 1): state("t", 1)})
+        base = pmap({("t", 1): state("t", 1)})
         m = base.mutate()
         assert m.chunk("t", 1) is None and m.chunk("u", 0) is None
         chunk = m.chunk("t", 0)
