@@ -182,7 +182,8 @@ def evaluate(
         offline = tracker.offline.mutate()
     for p in candidates:
         since = tracker.offline_since(p)
-        offline[p.tp] = (p.leader_epoch, now_ms if since is None else since)
+        if since is None or touched is None:  # else its note is there already, unchanged
+            offline[p.tp] = (p.leader_epoch, now_ms if since is None else since)
     for p in candidates:
         if p.tp in pending:
             continue
