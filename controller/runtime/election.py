@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 import structlog
@@ -37,27 +36,17 @@ from controller.runtime.standby import Standby
 from metactl.errors import MetactlError, StoreUnavailableError
 from metadata_log.etcd.client import Etcd, EtcdTarget
 from metadata_log.etcd.layout import open_meta
-from metadata_log.etcd.lease import DEFAULT_LEASE_TTL_S, LeaderInfo, Leadership, current_leader
+from metadata_log.etcd.lease import LeaderInfo, Leadership, current_leader
 from metadata_log.etcd.store import EtcdLogStore
 
 if TYPE_CHECKING:
     from controller.runtime.service import ControllerService
 
-__all__ = ["Election", "HaSettings"]
+__all__ = ["Election"]
 
 log = structlog.get_logger("metactl.controller.election")
 
 RETRY_S: Final = 0.5
-
-
-@dataclass(frozen=True)
-class HaSettings:
-    """How a controller takes part in an etcd log's election (docs/ha.md)."""
-
-    lease_ttl_s: int = DEFAULT_LEASE_TTL_S
-    advertised_listener: str | None = None  # HOST:PORT clients are sent to; default: bound
-    node_id: str | None = None  # the name in the leadership key; default: the address
-    cluster_id: str | None = None  # checked against the log's (or given to a new log)
 
 
 class Election:

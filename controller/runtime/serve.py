@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from controller.core.config import ControllerConfig
-from controller.runtime.election import HaSettings
 from controller.runtime.process import configure_process, freeze_heap
 from controller.runtime.quota import (
     DEFAULT_BURST_WINDOW_S,
@@ -26,11 +25,11 @@ from controller.runtime.quota import (
     DEFAULT_MUTATION_RATE,
     MutationLimits,
 )
-from controller.runtime.service import ControllerService
+from controller.runtime.service import ControllerService, HaSettings
 from metactl.errors import InvalidConfigurationError, MetactlError
 from metactl.logs import configure
 from metactl.settings import layered, resolve
-from metadata_log.etcd.lease import DEFAULT_LEASE_TTL_S
+from metadata_log.etcd import DEFAULT_LEASE_TTL_S
 from protocol.codec import DEFAULT_MAX_FRAME_BYTES
 from protocol.flags import add_limit_arguments, add_tls_arguments, server_limits, tls_identity
 from protocol.tls import CONTROLLER

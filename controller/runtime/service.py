@@ -26,8 +26,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 
@@ -37,7 +38,6 @@ from controller.core.recovery.tracker import Inspection
 from controller.runtime.clock import Clock, SystemClock
 from controller.runtime.describe import DescribeNotes, describe_page, partition_state
 from controller.runtime.driver import Controller
-from controller.runtime.election import Election, HaSettings
 from controller.runtime.metrics import ControllerMetrics, MetricsServer, RoleMetrics
 from controller.runtime.quota import MutationLimits, MutationQuota, requested_partitions
 from controller.runtime.sessions import BrokerSessions
@@ -56,7 +56,7 @@ from metadata_image.image import ClusterImage, TopicPartition
 from metadata_image.snapshot import ImageSnapshot
 from metadata_image.transactions import LogReplay
 from metadata_log.backends import is_etcd_url, open_store
-from metadata_log.etcd.lease import Leadership
+from metadata_log.etcd import DEFAULT_LEASE_TTL_S
 from metadata_log.store import LogStore
 from protocol.client import RetryPolicy, RpcClient
 from protocol.codec import DEFAULT_MAX_FRAME_BYTES
@@ -89,6 +89,10 @@ from protocol.messages import (
 from protocol.server import FrameServer, Peer, ServerLimits
 from protocol.tls import TlsIdentity, broker_principal
 
+if TYPE_CHECKING:  # the etcd client library (and gRPC) loads only for an etcd log
+    from controller.runtime.election import Election
+    from metadata_log.etcd.lease import Leadership
+
 log = structlog.get_logger("metactl.controller.service")
 
 # GetReplicaLogInfo: up to 20 attempts, backoff capped at 2 s, while the broker stays
@@ -96,6 +100,16 @@ log = structlog.get_logger("metactl.controller.service")
 INSPECTION_RETRY = RetryPolicy(attempts=20, base_s=0.1, cap_s=2.0)
 # Stepping down waits this long for in-flight commits (fenced ones fail at once).
 STEP_DOWN_S = 10.0
+
+
+@dataclass(frozen=True)
+class HaSettings:
+    """How a controller takes part in an etcd log's election (docs/ha.md)."""
+
+    lease_ttl_s: int = DEFAULT_LEASE_TTL_S
+    advertised_listener: str | None = None  # HOST:PORT clients are sent to; default: bound
+    node_id: str | None = None  # the name in the leadership key; default: the address
+    cluster_id: str | None = None  # checked against the log's (or given to a new log)
 
 
 class ControllerService:
@@ -209,6 +223,8 @@ class ControllerService:
         self.address = await self.server.start(self.listen)
         self._spawn(self._session_loop(), "sessions")
         if self.replicated:
+            from controller.runtime.election import Election  # loads the etcd client
+
             assert self.metadata_log is not None
             self.election = await Election.start(self, self.metadata_log, verify_all=verify_all)
             self._spawn(self.election.run(), "election")

@@ -4,6 +4,15 @@ that elects the one controller allowed to append to it (docs/ha.md).
 `client` wraps the etcd client library (one gRPC channel to every endpoint, deadlines,
 errors mapped to metactl's); `lease` is leadership (campaign, keep-alive, resign);
 `store` is `EtcdLogStore`, a `LogStore` backend whose appends are fenced by leadership.
-Importing this package loads the etcd client library, so only `metadata_log.backends`
-(on an ``etcd://`` URL) and the controller's HA runtime import it.
+Importing any of those modules loads the etcd client library (and gRPC), so only
+`metadata_log.backends` (on an ``etcd://`` URL) and the controller's election import
+them, when the log is on etcd. This package itself holds only what the command line
+needs without them (`DEFAULT_LEASE_TTL_S`).
 """
+
+from typing import Final
+
+__all__ = ["DEFAULT_LEASE_TTL_S"]
+
+DEFAULT_LEASE_TTL_S: Final = 2
+"""The leadership lease's TTL in seconds unless `--lease-ttl-s` says otherwise."""

@@ -41,6 +41,7 @@ import msgspec
 import structlog
 
 from metactl.errors import LogError, MetactlError, StoreUnavailableError
+from metadata_log.etcd import DEFAULT_LEASE_TTL_S
 from metadata_log.etcd.client import (
     Etcd,
     compare_create_revision,
@@ -48,11 +49,10 @@ from metadata_log.etcd.client import (
     op_put,
 )
 
-__all__ = ["DEFAULT_LEASE_TTL_S", "LeaderInfo", "Leadership", "current_leader"]
+__all__ = ["LeaderInfo", "Leadership", "current_leader"]
 
 log = structlog.get_logger("metadata_log.etcd")
 
-DEFAULT_LEASE_TTL_S: Final = 2
 LEADER_KEY: Final = "leader"
 CAMPAIGN_RECHECK_S: Final = 5.0
 """A waiting campaign re-reads the key at least this often (a watch can be cut off)."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,44 @@ def write_log(url: str) -> int:
             await store.close()
 
     return asyncio.run(run())
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Builds metactl's parser and starts and stops a controller on a SQLite log, then names
+# the etcd client's modules that were loaded.
+ETCD_FREE = """
+import asyncio, sys, tempfile
+from pathlib import Path
+from controller.runtime.service import ControllerService
+from ops.cli import build_parser
+
+build_parser()
+
+async def serve(d):
+    service = ControllerService(Path(d), "127.0.0.1:0")
+    await service.start()
+    await service.stop()
+
+with tempfile.TemporaryDirectory() as d:
+    asyncio.run(serve(d))
+print(sorted(m for m in ("grpc", "etcd3aio") if m in sys.modules))
+"""
+
+
+def test_the_etcd_client_loads_only_for_an_etcd_log() -> None:
+    """The etcd client library and gRPC (tens of ms per process) are not loaded by the
+    metactl parser, nor by a controller whose log is SQLite."""
+    done = subprocess.run(
+        [sys.executable, "-c", ETCD_FREE],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout
 
 
 @pytest.fixture

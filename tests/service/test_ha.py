@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 
 from controller.core.config import ControllerConfig
-from controller.runtime.election import HaSettings
-from controller.runtime.service import ControllerService
+from controller.runtime.service import ControllerService, HaSettings
 from metactl.errors import NotControllerError
 from metadata_log.etcd.client import Etcd, EtcdTarget
 from metadata_log.etcd.lease import current_leader
