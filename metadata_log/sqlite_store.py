@@ -55,7 +55,7 @@ import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import Any, cast
 
 import aiosqlite
 import structlog
@@ -98,9 +98,6 @@ from metadata_log.store import LogStore
 __all__ = ["SqliteLogStore"]
 
 log = structlog.get_logger("metadata_log")
-
-VERIFY_PROGRESS_S: Final = 1.0
-"""`open(verify_all=True)` logs its progress at most this often."""
 
 
 def _lock_writer(path: Path) -> int:
@@ -276,7 +273,7 @@ class SqliteLogStore(LogStore):
             store._data_version = int(rows[0][0])
         if verify_all:
             try:
-                await _verify_all(store)
+                await store.verify_logged()
             except BaseException:
                 await store.close()
                 raise
@@ -470,43 +467,6 @@ class SqliteLogStore(LogStore):
                 rows = list(await writer.execute_fetchall("PRAGMA page_count"))
                 limit = int(rows[0][0]) + extra_pages
             await writer.execute_fetchall(f"PRAGMA max_page_count = {int(limit)}")
-
-
-async def _verify_all(store: SqliteLogStore) -> None:
-    """`store.verify()`, with a progress line about every `VERIFY_PROGRESS_S` seconds and
-    one when it is done."""
-    started = last = time.monotonic()
-    log.info(
-        "verifying the whole metadata log",
-        path=store.location,
-        start_offset=store.start_offset,
-        end_offset=store.end_offset,
-    )
-
-    def progress(offset: int, end: int) -> None:
-        nonlocal last
-        now = time.monotonic()
-        if now - last >= VERIFY_PROGRESS_S:
-            last = now
-            done = offset - store.start_offset
-            total = max(1, end - store.start_offset)
-            log.info(
-                "verifying the metadata log",
-                path=store.location,
-                offset=offset,
-                end_offset=end,
-                percent=round(100 * done / total, 1),
-            )
-
-    report = await store.verify(progress)
-    log.info(
-        "metadata log verified",
-        path=store.location,
-        batches=report.batches,
-        records=report.records,
-        snapshots=len(report.snapshot_offsets),
-        seconds=round(time.monotonic() - started, 3),
-    )
 
 
 async def _check_tail(conn: aiosqlite.Connection, location: str, start: int, end: int) -> None:

@@ -91,6 +91,8 @@ log = structlog.get_logger("metadata_log")
 
 _RECORD_CLASSES: Final = frozenset(RECORD_TYPES.values())
 _VERIFY_CHUNK: Final = 64  # batches per scan step in verify()
+VERIFY_PROGRESS_S: Final = 1.0
+"""`verify_logged` logs its progress at most this often."""
 
 
 def _now_ms() -> int:
@@ -368,3 +370,41 @@ class LogStore(LogReads):
             payload_bytes=payload_bytes,
             snapshot_offsets=offsets,
         )
+
+    async def verify_logged(self) -> VerifyReport:
+        """`verify()`, with a progress line about every `VERIFY_PROGRESS_S` seconds and one
+        when it is done: what every backend's ``open(verify_all=True)`` runs (`controller
+        serve --verify-log full`)."""
+        started = last = time.monotonic()
+        log.info(
+            "verifying the whole metadata log",
+            path=self.location,
+            start_offset=self.start_offset,
+            end_offset=self.end_offset,
+        )
+
+        def progress(offset: int, end: int) -> None:
+            nonlocal last
+            now = time.monotonic()
+            if now - last >= VERIFY_PROGRESS_S:
+                last = now
+                done = offset - self.start_offset
+                total = max(1, end - self.start_offset)
+                log.info(
+                    "verifying the metadata log",
+                    path=self.location,
+                    offset=offset,
+                    end_offset=end,
+                    percent=round(100 * done / total, 1),
+                )
+
+        report = await self.verify(progress)
+        log.info(
+            "metadata log verified",
+            path=self.location,
+            batches=report.batches,
+            records=report.records,
+            snapshots=len(report.snapshot_offsets),
+            seconds=round(time.monotonic() - started, 3),
+        )
+        return report

@@ -52,26 +52,25 @@ RETRY_S: Final = 0.5
 class Election:
     """One controller's campaign loop. Create with `Election.start`."""
 
-    def __init__(
-        self, service: ControllerService, url: str, etcd: Etcd, *, verify_all: bool
-    ) -> None:
+    def __init__(self, service: ControllerService, url: str, etcd: Etcd) -> None:
         self.service = service
         self.url = url
         self.etcd = etcd
-        self.verify_all = verify_all
         self.settings = service.ha
         self._last_warning = 0.0
 
     @classmethod
     async def start(cls, service: ControllerService, url: str, *, verify_all: bool) -> Election:
         """Connect, create the log if its prefix is empty (or check that it is this
-        cluster's), and become a standby. An unreachable etcd, another cluster's log or
-        a damaged one is raised here, before the controller says it is ready."""
+        cluster's), and become a standby. With `verify_all` (`--verify-log full`) the
+        standby's store checks every batch and snapshot first, once: a later standby or
+        takeover checks the tail only. An unreachable etcd, another cluster's log or a
+        damaged one is raised here, before the controller says it is ready."""
         etcd = await Etcd.connect(EtcdTarget.parse(url))
         try:
             await open_meta(etcd, create=True, cluster_id=service.ha.cluster_id)
-            election = cls(service, url, etcd, verify_all=verify_all)
-            await election._start_standby()
+            election = cls(service, url, etcd)
+            await election._start_standby(verify_all=verify_all)
         except BaseException:
             await etcd.close()
             raise
@@ -107,9 +106,13 @@ class Election:
             await leadership.resign()
             await self.service._deactivate(reason)
 
-    async def _start_standby(self) -> None:
+    async def _start_standby(self, *, verify_all: bool = False) -> None:
         store = await EtcdLogStore.open(
-            self.url, read_only=True, cluster_id=self.settings.cluster_id, client=self.etcd
+            self.url,
+            read_only=True,
+            cluster_id=self.settings.cluster_id,
+            verify_all=verify_all,
+            client=self.etcd,
         )
         try:
             self.service.standby = await Standby.open(store)
@@ -138,7 +141,6 @@ class Election:
             self.url,
             leadership=leadership,
             cluster_id=self.settings.cluster_id,
-            verify_all=self.verify_all,
             client=self.etcd,
         )
         standby, self.service.standby = self.service.standby, None

@@ -171,7 +171,8 @@ class EtcdLogStore(LogStore):
         `leadership` (the controller's election), or takes the key for itself without
         waiting (a tool, a test), failing with LogError if another holds it. `cluster_id`
         is checked against the log's (InconsistentClusterIdError), or becomes the new
-        log's. `verify_all` checks every batch and snapshot before returning.
+        log's. `verify_all` checks every batch and snapshot before returning, logging its
+        progress (`LogStore.verify_logged`).
         """
         target = EtcdTarget.parse(url)
         if client is not None and client.target != target:
@@ -209,7 +210,7 @@ class EtcdLogStore(LogStore):
             raise
         if verify_all:
             try:
-                await store.verify()
+                await store.verify_logged()
             except BaseException:
                 await store.close()
                 raise

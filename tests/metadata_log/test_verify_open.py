@@ -11,7 +11,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from metactl.errors import CorruptLogError, FatalStorageError, StorageError
-from metadata_log import sqlite_store
+from metadata_log import store as log_store
 from metadata_log.records import MetadataRecord, NoOpRecord, TopicRecord
 from metadata_log.sqlite_format import LOG_FILE_NAME
 from metadata_log.sqlite_store import SqliteLogStore
@@ -37,7 +37,7 @@ async def test_verify_all_logs_progress_and_a_summary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await write_log(tmp_path, [[change(i)] for i in range(300)])  # 300 batches, 5 chunks
-    monkeypatch.setattr(sqlite_store, "VERIFY_PROGRESS_S", 0.0)  # a line per chunk
+    monkeypatch.setattr(log_store, "VERIFY_PROGRESS_S", 0.0)  # a line per chunk
     with capture_logs() as logs:
         store = await SqliteLogStore.open(tmp_path, verify_all=True)
     await store.close()

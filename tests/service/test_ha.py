@@ -10,16 +10,19 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
 from controller.core.config import ControllerConfig
+from controller.runtime.clock import VirtualClock
+from controller.runtime.driver import Controller
 from controller.runtime.service import ControllerService, HaSettings
-from metactl.errors import NotControllerError
-from metadata_log.etcd.client import Etcd, EtcdTarget
+from metactl.errors import CorruptLogError, NotControllerError
+from metadata_log.etcd.client import Etcd, EtcdTarget, op_put
 from metadata_log.etcd.lease import current_leader
 from metadata_log.etcd.store import EtcdLogStore
+from metadata_log.records import NoOpRecord
 from ops.etcd_local import LocalEtcd
 from protocol.client import Endpoints, RetryPolicy, RpcClient
 from protocol.messages import (
@@ -45,11 +48,14 @@ def url(etcd: LocalEtcd) -> str:
     return etcd.url(f"ha/{uuid.uuid4().hex[:10]}")
 
 
-def controller(tmp_path: object, url: str, name: str) -> ControllerService:
+def controller(
+    tmp_path: object, url: str, name: str, verify_log: Literal["tail", "full"] = "tail"
+) -> ControllerService:
     return ControllerService(
         tmp_path / name,  # type: ignore[operator]
         "127.0.0.1:0",
         config=ControllerConfig(broker_session_timeout_ms=600_000),
+        verify_log=verify_log,
         metadata_log=url,
         ha=HaSettings(lease_ttl_s=2, node_id=name, cluster_id="ha-test"),
     )
@@ -250,3 +256,39 @@ async def create_once(address: str, name: str) -> Message:
     async with RpcClient(address) as c:
         topic = CreateTopic(name=name, partitions=1, replication_factor=1)
         return await c.request(CreateTopicsRequest(topics=[topic]), timeout_s=BOUND_S)
+
+
+async def test_verify_log_full_checks_the_whole_etcd_log_before_serving(
+    tmp_path: object, url: str
+) -> None:
+    """A batch damaged before the newest snapshot and before the tail: replay does not
+    read it and the tail check does not reach it, so `--verify-log tail` serves (and
+    takes over); `--verify-log full` refuses to start, naming the offset."""
+    store = await EtcdLogStore.open(url, cluster_id="ha-test")
+    try:
+        for _ in range(100):  # a group key each, more than the tail check reads
+            await store.append([NoOpRecord()])
+        ctl = await Controller.open(store, clock=VirtualClock())
+        await ctl.write_snapshot()
+        await ctl.close()
+    finally:
+        await store.close()
+    raw = await Etcd.connect(EtcdTarget.parse(url))
+    try:
+        key = raw.target.key(f"log/{3:020d}")
+        kv, _ = await raw.get(key)
+        value = bytearray(kv.value)
+        value[-1] ^= 0x01
+        await raw.txn("damage", [], [op_put(key, bytes(value))])
+    finally:
+        await raw.close()
+    full = controller(tmp_path, url, "c1", verify_log="full")
+    with pytest.raises(CorruptLogError) as e:
+        await full.start()
+    assert e.value.offset == 3
+    tail = controller(tmp_path, url, "c2")
+    await tail.start()
+    try:
+        await eventually(lambda: tail.acting, timeout_s=BOUND_S, what="it taking over")
+    finally:
+        await tail.stop()
