@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import selectors
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,24 +43,53 @@ def start_process(cmd: list[str], log_path: Path) -> tuple[subprocess.Popen[str]
     return proc, log_file
 
 
-def ready_line(proc: subprocess.Popen[str], timeout_s: float) -> str | None:
-    """The process's READY line, or None if it exits first; TimeoutError if it stays
-    silent past `timeout_s` (the wait is bounded even if it prints nothing)."""
-    assert proc.stdout is not None
+def _is_ready(line: str) -> bool:
+    return line.startswith("READY")
+
+
+def ready_line(
+    proc: subprocess.Popen[str],
+    timeout_s: float,
+    *,
+    stream: IO[str] | None = None,
+    until: Callable[[str], bool] = _is_ready,
+    seen: list[str] | None = None,
+) -> str | None:
+    """The first line of the process's `stream` (its stdout) that passes `until` (its
+    READY line), stripped; None if the stream ends first; TimeoutError if none comes
+    within `timeout_s` (the wait is bounded even if it prints nothing). Every line read,
+    that one included, is appended to `seen`.
+
+    A thread reads the lines and hands them over through a queue: select() on the pipe
+    would miss lines already pulled into the stream's buffer by an earlier readline().
+    The thread stops after the line it waited for, so later lines stay in `stream`."""
+    source = proc.stdout if stream is None else stream
+    assert source is not None
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
+        try:
+            for line in source:
+                lines.put(line)
+                if until(line):
+                    return
+        except (OSError, ValueError):
+            pass  # closed under it (the process is being stopped): the end of its lines
+        lines.put(None)
+
+    threading.Thread(target=pump, name=f"lines-of-{proc.pid}", daemon=True).start()
     deadline = time.monotonic() + timeout_s
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"not ready within {timeout_s:.0f} s")
-            if not sel.select(left):
-                continue
-            line = proc.stdout.readline()
-            if not line:
-                return None
-            if line.startswith("READY"):
-                return line.strip()
+    while True:
+        try:
+            line = lines.get(timeout=max(deadline - time.monotonic(), 0.0))
+        except queue.Empty:
+            raise TimeoutError(f"not ready within {timeout_s:.0f} s") from None
+        if line is None:
+            return None
+        if seen is not None:
+            seen.append(line)
+        if until(line):
+            return line.strip()
 
 
 def await_ready(proc: subprocess.Popen[str], what: str, timeout_s: float = 60) -> str:
