@@ -25,7 +25,9 @@ How it supervises:
   SIGKILL if it outlives the bound.
 * **If `cluster up` itself dies** (SIGKILL), its children do not outlive it: each is
   started through util-linux's ``setpriv --pdeathsig SIGTERM``, so the kernel sends them
-  SIGTERM when their parent goes.
+  SIGTERM when their parent goes (strictly, when the parent *thread* that started them
+  ends: `cluster up` starts them from a worker thread, and stops them in order before
+  that thread ends).
 
 The children are the real processes (`python -m controller`, `python -m brokers_stub`,
 `etcd`); this module decides nothing about metadata.
@@ -400,6 +402,16 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
 
     async def run() -> int:
+        # The children are started from an executor thread, and `setpriv --pdeathsig`
+        # signals a child when the *thread* that forked it exits, which asyncio.run's
+        # executor shutdown does once this returns: every child would get SIGTERM at once.
+        # So they are stopped here, in order, while that thread is still alive.
+        try:
+            return await supervised()
+        finally:
+            await asyncio.to_thread(up.stop)
+
+    async def supervised() -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)

@@ -7,16 +7,21 @@ SIGKILLed its children go with it; and `--controllers 3 --etcd 3` runs an HA quo
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from ops.cli import main
+from ops.cluster_up import ClusterUp
 from tests.ops.test_cluster_up import CLI, REPO, Up, env, free_port, metactl
 
 pytestmark = pytest.mark.slow
@@ -49,6 +54,30 @@ def read_until(up: Up, text: str) -> list[str]:
             return seen
         assert time.monotonic() < deadline, seen
     raise AssertionError(f"cluster up ended without {text!r}: {seen}")
+
+
+def logged(log: Path) -> list[tuple[str, str]]:
+    """(timestamp, event) of each JSON line of a child's log, in order."""
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            doc = json.loads(line)
+            out.append((doc.get("timestamp", ""), doc.get("event", "")))
+    return out
+
+
+def assert_stopped_in_order(data: Path, brokers: list[int]) -> None:
+    """Each broker was told once to stop, finished its controlled shutdown with the
+    controller still there, and stopped before the controller did."""
+    controller = logged(data / "logs" / "controller.log")
+    controller_stopped = next(t for t, e in controller if e == "controller stopped")
+    for b in brokers:
+        events = logged(data / "logs" / f"broker-{b}.log")
+        names = [e for _, e in events]
+        assert "controlled shutdown complete" in names, names
+        assert not any(e.startswith("second stop signal") for e in names), names
+        assert not any(e.startswith("controller unreachable") for e in names), names
+        assert max(t for t, e in events if e == "stopped cleanly") < controller_stopped
 
 
 def gone(pid: int) -> bool:
@@ -84,6 +113,38 @@ def test_a_dead_broker_is_reported_and_the_feed_tells_the_fence(three: Up) -> No
     assert three.proc.poll() is None
     assert three.stop() == 0
     assert all(gone(pid) for pid in children.values())
+    # Ctrl-C stopped the brokers first, each with a controlled shutdown, then the controller.
+    assert_stopped_in_order(three.data, [1, 3])
+
+
+def test_children_are_stopped_while_the_thread_that_started_them_lives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `setpriv --pdeathsig` signals a child when the thread that forked it ends: were the
+    # children stopped after that (asyncio.run ends its worker threads), every child would
+    # get SIGTERM at once, the controller with the brokers. In-process, to see the threads.
+    spawners: list[threading.Thread] = []
+    alive_at_stop: list[bool] = []
+    real_spawn, real_stop = ClusterUp.spawn, ClusterUp.stop
+
+    def spawn(self: ClusterUp, name: str, kind: str, cmd: list[str]) -> Any:
+        spawners.append(threading.current_thread())
+        return real_spawn(self, name, kind, cmd)
+
+    def stop(self: ClusterUp) -> None:
+        alive_at_stop.append(all(t.is_alive() for t in spawners))
+        real_stop(self)
+
+    monkeypatch.setattr(ClusterUp, "spawn", spawn)
+    monkeypatch.setattr(ClusterUp, "stop", stop)
+    status = main(
+        ["cluster", "up", "--data-dir", str(tmp_path / "data"), "--insecure", "--brokers", "1",
+         "--listen", f"127.0.0.1:{free_port()}", "--metrics", "127.0.0.1:0",
+         "--partitions", "1", "--min-isr", "1", "--exit-after-ready"]
+    )  # fmt: skip
+    assert status == 0, capsys.readouterr().err
+    assert len(spawners) == 2 and alive_at_stop[:1] == [True], alive_at_stop
+    assert_stopped_in_order(tmp_path / "data", [1])
 
 
 def test_a_child_that_cannot_start_fails_the_start_with_its_log(tmp_path: Path) -> None:

@@ -48,6 +48,7 @@ def metactl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 class Up:
     def __init__(self, data: Path, *extra: str) -> None:
+        self.data = data
         self.proc = subprocess.Popen(
             [*CLI, "cluster", "up", "--brokers", "1", "--data-dir", str(data),
              "--listen", f"127.0.0.1:{free_port()}", "--metrics", "127.0.0.1:0",
