@@ -34,6 +34,7 @@ import structlog
 
 from controller.runtime.standby import Standby
 from metactl.errors import MetactlError, StoreUnavailableError
+from metadata_image.transactions import LogReplay
 from metadata_log.etcd.client import Etcd, EtcdTarget
 from metadata_log.etcd.layout import open_meta
 from metadata_log.etcd.lease import LeaderInfo, Leadership, current_leader
@@ -114,11 +115,16 @@ class Election:
             verify_all=verify_all,
             client=self.etcd,
         )
+        # After stepping down, replay from the last term's committed image, not the log's.
+        last = self.service.last_image
         try:
-            self.service.standby = await Standby.open(store)
+            self.service.standby = await Standby.open(
+                store, start=LogReplay(last) if last is not None else None
+            )
         except BaseException:
             await store.close()
             raise
+        self.service.last_image = None  # the standby's image answers reads now
         if self.service.role == "starting":
             self.service.role = "standby"
 

@@ -136,7 +136,9 @@ class ControllerService:
         self.ha = ha if ha is not None else HaSettings()
         self.role: Literal["starting", "standby", "active"] = "starting"
         self.standby: Standby | None = None
-        self.last_image: ClusterImage | None = None  # the last term's, after stepping down
+        # The last term's committed image, after stepping down: reads answer from it
+        # until a standby, which replays the log on from it, replaces it.
+        self.last_image: ClusterImage | None = None
         self.leadership: Leadership | None = None
         self.leader_hint: str | None = None  # the active controller's address, if known
         self.election: Election | None = None

@@ -4,7 +4,8 @@ writes, kept current by tailing it.
 A standby controller answers reads from it (describe; metadata fetches are served from
 its read-only store) and, once elected, starts the driver from it, reading only the
 records it has not replayed yet (`driver.load_log(start=...)`), so a failover does not
-replay the whole log. The image is always at a transaction boundary, like every reader's
+replay the whole log; a controller that steps down opens its standby from its last
+term's image the same way. The image is always at a transaction boundary, like every reader's
 (`metadata_image.transactions`).
 
 This module must not write to the log, decide anything, or know how the standby was
@@ -41,8 +42,10 @@ class Standby:
         self._task: asyncio.Task[None] | None = None
 
     @classmethod
-    async def open(cls, store: LogStore) -> Standby:
-        standby = cls(store, await load_log(store))
+    async def open(cls, store: LogStore, *, start: LogReplay | None = None) -> Standby:
+        """Replay the log (after `start`, an image already replayed, when the log still
+        holds what follows it) and follow it."""
+        standby = cls(store, await load_log(store, start=start))
         standby._task = asyncio.create_task(standby._follow(), name="standby-follow")
         return standby
 

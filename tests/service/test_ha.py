@@ -222,6 +222,7 @@ async def test_an_append_in_flight_when_the_term_ends_is_refused_by_the_fence(
     append is refused by the fence: the request is answered NOT_CONTROLLER, nothing of
     it is in the log, and no offset holds two batches."""
     active, standby = roles(pair)
+    await create(active.address, "before")
     store = active.store
     assert isinstance(store, EtcdLogStore) and active.leadership is not None
     gate, held = asyncio.Event(), asyncio.Event()
@@ -250,6 +251,19 @@ async def test_an_append_in_flight_when_the_term_ends_is_refused_by_the_fence(
         lambda: not active.acting, timeout_s=BOUND_S, what="the old term stepping down"
     )
     assert await log_written_once(url) == standby.controller.committed_image.end_offset
+    # Stepped down, it is a standby again: its image (replayed on from its last term's)
+    # is the log's, and follows the new term's writes.
+    await create(standby.address, "after")
+    await eventually(
+        lambda: (
+            active.standby is not None
+            and set(active.standby.image.topics) == set(standby.controller.committed_image.topics)
+        ),
+        timeout_s=BOUND_S,
+        what="the old active's standby image",
+    )
+    assert active.last_image is None
+    assert {"before", "after"} <= set(active.standby.image.topics)  # type: ignore[union-attr]
 
 
 async def create_once(address: str, name: str) -> Message:
