@@ -354,7 +354,7 @@ class ControllerService:
         try:
             return await self._handle(body, peer)
         except (LogClosedError, FatalStorageError) as exc:
-            if not self.replicated and self.acting:
+            if not self.replicated:
                 raise
             # On etcd a store that stops taking writes means this controller steps down
             # (fenced by a newer term, or an append's outcome unknown): send the client on.

@@ -19,8 +19,9 @@ Keys, all under the log's prefix (``etcd://host:port/metactl/demo`` → ``/metac
 * ``leader``: the leadership key (`metadata_log.etcd.lease`).
 
 **Appends are fenced.** A group commit is one etcd transaction that succeeds only if
-``state/end`` still holds the offset the writer expects and, for a writer elected through
-`Leadership`, the leadership key's create revision is still its token. A writer that lost
+``state/end`` still holds the offset the writer expects and the leadership key's create
+revision is still the writer's token (every writer holds a `Leadership`: one handed to
+it, or one it took at open). A writer that lost
 its leadership (its lease expired while it was paused, say) cannot append, however late
 its request arrives, and its store raises `WriterFencedError`. This is the equivalent of
 Raft's term check, done by the store that runs Raft.
@@ -135,7 +136,7 @@ class EtcdLogStore(LogStore):
         self.etcd = etcd
         self.meta = meta
         self.keys = Keys(etcd.target)
-        self.leadership = leadership
+        self.leadership = leadership  # None only for a read-only store
         self._owns_leadership = owns_leadership
         self._owns_client = owns_client  # a client shared with an election stays open
         self._revision = revision
@@ -257,6 +258,7 @@ class EtcdLogStore(LogStore):
         keys = self.keys
         expected, new_end = batches[0].base_offset, batches[-1].end_offset
         value = self._value(batches)
+        leadership = self._writer_leadership
         compares = [compare_value(keys.end, b"%d" % expected), *self._fenced()]
         success = [op_put(keys.batch(expected), value), op_put(keys.end, b"%d" % new_end)]
         failure = [op_get(keys.leader), op_get(keys.end), op_get(keys.batch(expected))]
@@ -269,8 +271,7 @@ class EtcdLogStore(LogStore):
                 )
             except StoreUnavailableError as exc:
                 doubt = exc
-                lapsed = self.leadership is not None and not self.leadership.valid
-                if lapsed or time.monotonic() >= deadline:
+                if not leadership.valid or time.monotonic() >= deadline:
                     raise FatalStorageError(
                         f"the append at offset {expected} to {self.location} may or may not "
                         f"have been applied ({exc.message}); reopen the log to read which"
@@ -282,12 +283,10 @@ class EtcdLogStore(LogStore):
             leader_kvs, end_kvs, mine = (op.response_range.kvs for op in r.responses)
             if doubt is not None and mine and bytes(mine[0].value) == value:
                 return  # an earlier attempt of this very transaction was applied
-            if self.leadership is not None and (
-                not leader_kvs or int(leader_kvs[0].create_revision) != self.leadership.token
-            ):
+            if not leader_kvs or int(leader_kvs[0].create_revision) != leadership.token:
                 raise WriterFencedError(
                     f"append at offset {expected} refused: this writer's leadership "
-                    f"(token {self.leadership.token}) has ended; the log's leadership is "
+                    f"(token {leadership.token}) has ended; the log's leadership is "
                     f"now {holder(leader_kvs)}"
                 )
             found = bytes(end_kvs[0].value).decode() if end_kvs else "nothing"
@@ -353,10 +352,15 @@ class EtcdLogStore(LogStore):
         group = self._group(kv)
         return group[0].base_offset if group[-1].last_offset >= offset else group[-1].end_offset
 
+    @property
+    def _writer_leadership(self) -> Leadership:
+        """The leadership a write is fenced by: every writable store has one (`open`),
+        and `LogStore` refuses writes on a read-only one before they get here."""
+        assert self.leadership is not None
+        return self.leadership
+
     def _fenced(self) -> list[Any]:
-        if self.leadership is None:
-            return []
-        return [compare_create_revision(self.keys.leader, self.leadership.token)]
+        return [compare_create_revision(self.keys.leader, self._writer_leadership.token)]
 
     async def _fenced_txn(self, what: str, ops: Sequence[Any]) -> int:
         """A write outside appends (deletion, snapshots): fenced like an append, attempted
@@ -531,8 +535,8 @@ class EtcdLogStore(LogStore):
                 self._follow_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._follow_task
-            if self._owns_leadership and self.leadership is not None:
-                await self.leadership.resign()
+            if self._owns_leadership:
+                await self._writer_leadership.resign()
         finally:
             if self._owns_client:
                 await self.etcd.close()
