@@ -47,32 +47,27 @@ class PendingAppend:
         self.future = future
 
 
-def stored_batches(
-    group: list[PendingAppend], offset: int, max_bytes: int | None = None
-) -> list[StoredBatch]:
+def stored_batches(group: list[PendingAppend], offset: int) -> list[StoredBatch]:
     """Assign offsets to a group commit and cut it into stored batches.
 
     Consecutive appends with the same timestamp become one stored batch of at most
     `MERGED_BATCH_RECORDS` records: the group is one transaction anyway, and fewer, larger
     batches replay much faster (see sqlite_store). The cap keeps a read that starts inside
-    a batch from decoding a huge one. With `max_bytes`, a merged batch's payload also
-    stays within it (each append's own payload already does).
+    a batch from decoding a huge one. A merged batch is no larger than its group (bar a
+    byte of array header), which is no larger than one append may be (`LogStoreBase`).
     """
     batches: list[StoredBatch] = []
     i = 0
     while i < len(group):
         timestamp_ms = group[i].timestamp_ms
         count = group[i].count
-        size = len(group[i].payload)
         j = i + 1
         while (
             j < len(group)
             and group[j].timestamp_ms == timestamp_ms
             and count + group[j].count <= MERGED_BATCH_RECORDS
-            and (max_bytes is None or size + len(group[j].payload) <= max_bytes)
         ):
             count += group[j].count
-            size += len(group[j].payload)
             j += 1
         payload = concat_batches([item.payload for item in group[i:j]], count)
         crc = batch_crc(offset, count, timestamp_ms, payload)

@@ -178,12 +178,7 @@ class LogStore(LogReads):
                 continue
             group = [self._pending.popleft()]
             size = len(group[0].payload)
-            most = self.group_commit_appends
-            while (
-                self._pending
-                and size + len(self._pending[0].payload) <= self.group_commit_bytes
-                and (most is None or len(group) < most)
-            ):
+            while self._pending and size + len(self._pending[0].payload) <= self.group_commit_bytes:
                 item = self._pending.popleft()
                 group.append(item)
                 size += len(item.payload)
@@ -194,7 +189,7 @@ class LogStore(LogReads):
         if self._failure is not None:
             fail_all(group, self._failure)
             return
-        batches = stored_batches(group, self._end_offset, self.max_batch_bytes)
+        batches = stored_batches(group, self._end_offset)
         offset = batches[-1].end_offset
         try:
             await self._write_batches(batches)

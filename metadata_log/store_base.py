@@ -41,15 +41,20 @@ class LogStoreBase(ABC):
     """State, lifecycle and backend primitives of a `LogStore` (see `metadata_log.store`)."""
 
     # What one backend transaction can carry (a backend with tighter limits, such as
-    # etcd's request size and operation count, lowers them): an append's payload, the
-    # payload bytes of one group commit, and the appends in one group commit.
+    # etcd's request size, lowers them before calling __init__): an append's payload, and
+    # the payload bytes of one group commit. A group commit is never larger than one
+    # append may be, so neither are the batches it merges its appends into.
     max_batch_bytes: int = MAX_BATCH_BYTES
     group_commit_bytes: int = GROUP_COMMIT_BYTES
-    group_commit_appends: int | None = None  # None: no limit
 
     def __init__(
         self, *, location: str, start_offset: int, end_offset: int, read_only: bool = False
     ) -> None:
+        if self.group_commit_bytes > self.max_batch_bytes:
+            raise ValueError(
+                f"group_commit_bytes {self.group_commit_bytes} exceeds max_batch_bytes "
+                f"{self.max_batch_bytes}: a merged batch could exceed what one append may hold"
+            )
         self.location = location
         self.read_only = read_only
         self.commits = 0

@@ -127,6 +127,8 @@ class EtcdLogStore(LogStore):
         max_request_bytes: int,
         owns_client: bool = True,
     ) -> None:
+        self.max_batch_bytes = max(64 * 1024, max_request_bytes - REQUEST_OVERHEAD)
+        self.group_commit_bytes = self.max_batch_bytes
         super().__init__(
             location=etcd.target.url,
             start_offset=start_offset,
@@ -140,8 +142,6 @@ class EtcdLogStore(LogStore):
         self._owns_leadership = owns_leadership
         self._owns_client = owns_client  # a client shared with an election stays open
         self._revision = revision
-        self.max_batch_bytes = max(64 * 1024, max_request_bytes - REQUEST_OVERHEAD)
-        self.group_commit_bytes = self.max_batch_bytes
         self.settle_s = SETTLE_S
         self._follow_task: asyncio.Task[None] | None = None
 

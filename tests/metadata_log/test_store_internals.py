@@ -118,3 +118,15 @@ async def test_a_group_commit_merges_same_timestamp_appends_into_capped_batches(
     assert [b.count for b in stored] == [MERGED_BATCH_RECORDS] * 2 + [3000 - 2048, 1]
     assert [e.record for e in await store.read(1020, 10)] == [change(i) for i in range(1020, 1030)]
     await store.close()
+
+
+def test_a_group_commit_may_not_exceed_what_one_append_may_hold() -> None:
+    """Merged appends form one stored batch: a backend whose group commits could be
+    larger than its append limit is refused when the store is built."""
+
+    class Misconfigured(MemoryLogStore):
+        max_batch_bytes = 1000
+        group_commit_bytes = 1001
+
+    with pytest.raises(ValueError, match="exceeds max_batch_bytes"):
+        Misconfigured()
