@@ -22,12 +22,19 @@ at start-up, the brokers tailing it, offline tools) replays through `replay_log`
 inside a transaction, an end or abort outside one) raises `ReplayError`: the controller
 never writes one.
 
+Readers that report rather than rebuild (the CLI's event lines, describe's notes) need
+the same rule over entries that carry more than a record (an offset, a commit time):
+`EffectiveEntries` passes on the entries that take effect, in the same order, and is
+lenient where `replay_log` is strict (a begin inside a transaction is part of it, an end
+or abort outside one is dropped).
+
 Pure: no IO, and nothing here changes an image except through `metadata_image.replay`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Generic, Protocol, TypeVar
 
 import msgspec
 
@@ -39,10 +46,11 @@ from metadata_log.records import (
     TRANSACTION_MARKERS,
     AbortTransactionRecord,
     BeginTransactionRecord,
+    EndTransactionRecord,
     MetadataRecord,
 )
 
-__all__ = ["LogReplay", "OpenTransaction", "apply_log", "replay_log"]
+__all__ = ["EffectiveEntries", "LogReplay", "OpenTransaction", "apply_log", "replay_log"]
 
 
 class OpenTransaction(msgspec.Struct, frozen=True, gc=False):
@@ -141,3 +149,45 @@ def _advance(
     if rest:
         txn = OpenTransaction(txn.name, txn.begin_offset, (*txn.held, rest), txn.count + len(rest))
     return LogReplay(image, txn)
+
+
+class HasRecord(Protocol):
+    """A committed record with whatever its reader keeps beside it (offset, time)."""
+
+    @property
+    def record(self) -> MetadataRecord: ...
+
+
+E = TypeVar("E", bound=HasRecord)
+
+
+class EffectiveEntries(Generic[E]):
+    """Which entries of the committed log take effect, read in log order in any chunks.
+
+    `add` returns, in log order, the entries that take effect: one outside any
+    transaction at once; a transaction's entries, its markers included, all together
+    when its end marker is read; none of an aborted one. An open transaction is held
+    across calls, and one the log ends inside gives nothing (yet). Lenient, for readers
+    that report rather than refuse: a begin marker inside a transaction is part of it,
+    and an end or abort marker outside one is dropped.
+    """
+
+    def __init__(self) -> None:
+        self._held: list[E] | None = None  # the open transaction, its begin marker first
+
+    def add(self, entries: Iterable[E]) -> list[E]:
+        out: list[E] = []
+        held = self._held
+        for e in entries:
+            kind = type(e.record)
+            if kind is BeginTransactionRecord and held is None:
+                held = [e]
+            elif kind not in TRANSACTION_MARKERS or kind is BeginTransactionRecord:
+                (out if held is None else held).append(e)
+            elif held is not None:  # its end or abort marker
+                if kind is EndTransactionRecord:
+                    out.extend(held)
+                    out.append(e)
+                held = None
+        self._held = held
+        return out

@@ -51,14 +51,9 @@ from metactl.errors import (
     UnsupportedVersionError,
 )
 from metadata_image.image import ClusterImage
-from metadata_image.transactions import LogReplay, replay_log
-from metadata_log.records import (
-    NO_LEADER,
-    AbortTransactionRecord,
-    BeginTransactionRecord,
-    EndTransactionRecord,
-    MetadataRecord,
-)
+from metadata_image.transactions import EffectiveEntries, LogReplay, replay_log
+from metadata_log.batch_format import LogEntry
+from metadata_log.records import NO_LEADER
 from ops.cli import HELP_FORMAT, examples
 from ops.client import (
     add_source_arguments,
@@ -424,23 +419,11 @@ async def offline_view(data_dir: str | Path) -> tuple[ClusterImage, int, Describ
     notes = DescribeNotes()
     async with await open_log(data_dir) as store:
         state = LogReplay(await snapshot_image(store))  # LogError for a truncated log
-        held: list[tuple[MetadataRecord, int]] | None = None
+        effective = EffectiveEntries[LogEntry]()
         async for chunk in store.iter_chunks(state.image.end_offset):
             state = replay_log(state, [e.record for e in chunk])
-            for e in chunk:
-                r = e.record
-                if isinstance(r, BeginTransactionRecord):
-                    held = []
-                elif held is None:
-                    notes.observe((r,), e.timestamp_ms)
-                elif isinstance(r, AbortTransactionRecord):
-                    held = None
-                elif isinstance(r, EndTransactionRecord):
-                    for h, ts in held:
-                        notes.observe((h,), ts)
-                    held = None
-                else:
-                    held.append((r, e.timestamp_ms))
+            for e in effective.add(chunk):
+                notes.observe((e.record,), e.timestamp_ms)
         return state.image, store.end_offset, notes
 
 

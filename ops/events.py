@@ -8,10 +8,11 @@ image the records build, because a line says what changed ("1→2") and the reco
 only the new value.
 
 A metadata transaction (KIP-868) takes effect whole: its records give lines only once its
-end marker is read, and an aborted or unfinished one gives none (as
-`metadata_image.transactions` applies them). Records older than `since_ms` are replayed
-without lines. Transaction markers, no-ops and the PartitionRecords of a topic creation
-(summed up by the topic's line) give no line of their own.
+end marker is read, and an aborted or unfinished one gives none
+(`metadata_image.transactions.EffectiveEntries` says which entries take effect).
+Records older than `since_ms` are replayed without lines. Transaction markers, no-ops
+and the PartitionRecords of a topic creation (summed up by the topic's line) give no line
+of their own.
 
 Pure: no IO, no clock. `parse_since` reads `--since` (10m, 2h, 1d, an ISO time).
 """
@@ -29,6 +30,7 @@ import msgspec
 from metactl.errors import InvalidConfigurationError
 from metadata_image.image import ClusterImage, PartitionState, TopicPartition
 from metadata_image.replay import image_from_records, replay
+from metadata_image.transactions import EffectiveEntries
 from metadata_log.records import (
     NO_LEADER,
     AbortTransactionRecord,
@@ -163,7 +165,7 @@ class Feed:
         """Start (again) from `image`, e.g. a snapshot's: lines are told against it, and
         whatever was read before is forgotten."""
         self.image = image
-        self._held: list[Entry] | None = None  # an open transaction, its begin marker first
+        self._effective = EffectiveEntries[Entry]()  # holds an open transaction
         self._pending: list[MetadataRecord] = []  # taken, not yet replayed into the image
         self._view = View(image)
 
@@ -174,21 +176,8 @@ class Feed:
     def add(self, entries: Iterable[Entry]) -> list[Event]:
         """The events of these entries (read in log order), in log order."""
         out: list[Event] = []
-        for e in entries:
-            r = e.record
-            if isinstance(r, BeginTransactionRecord):
-                self._held = [e]
-            elif self._held is not None:
-                if isinstance(r, AbortTransactionRecord):
-                    self._held = None  # none of it ever takes effect
-                    continue
-                self._held.append(e)
-                if isinstance(r, EndTransactionRecord):
-                    held, self._held = self._held, None
-                    for h in held:
-                        self._take(h, out)
-            else:
-                self._take(e, out)
+        for e in self._effective.add(entries):
+            self._take(e, out)
         self._flush()
         return out
 
