@@ -24,10 +24,12 @@ from metactl.errors import InvalidRequestError, StorageError
 from metadata_log.batch_format import StoredBatch, StoredSnapshot
 from metadata_log.sqlite_format import (
     INSERT_BATCH_SQL,
+    INSERT_SNAPSHOT_SQL,
     LOG_FILE_NAME,
-    MAGIC,
-    SCHEMA_SQL,
-    SCHEMA_VERSION,
+    SET_START_OFFSET_SQL,
+    batch_row,
+    schema_script,
+    snapshot_row,
 )
 from metadata_log.store import LogStore
 
@@ -46,35 +48,25 @@ class MirrorReport:
 
 
 class _Writer:
-    """The mirror file, written in one SQLite transaction per chunk (plain sqlite3; the
-    calls are short and run on the event loop's thread)."""
+    """The mirror file, written in one SQLite transaction per chunk, with the SQLite
+    store's schema and statements (`metadata_log.sqlite_format`). Plain sqlite3 in its
+    default rollback-journal mode rather than a `SqliteLogStore`, whose WAL mode would
+    stay in the file's header and whose writer lock would leave a file beside it: the
+    audits open the copy read-only on Spark's executors. The calls are short and run on
+    the event loop's thread."""
 
     def __init__(self, path: Path, start_offset: int) -> None:
         self.conn = sqlite3.connect(path, isolation_level=None)
-        created_ms = time.time_ns() // 10**6
-        self.conn.executescript(
-            SCHEMA_SQL.format(magic=MAGIC, version=SCHEMA_VERSION, created_ms=created_ms)
-        )
-        self.conn.execute("UPDATE meta SET value = ? WHERE key = 'start_offset'", (start_offset,))
+        self.conn.executescript(schema_script(time.time_ns() // 10**6))
+        self.conn.execute(SET_START_OFFSET_SQL, (start_offset,))
 
     def batches(self, batches: Iterable[StoredBatch]) -> None:
-        rows = [
-            (b.base_offset, b.last_offset, b.count, b.timestamp_ms, b.crc, b.payload)
-            for b in batches
-        ]
         self.conn.execute("BEGIN")
-        self.conn.executemany(INSERT_BATCH_SQL, rows)
+        self.conn.executemany(INSERT_BATCH_SQL, [batch_row(b) for b in batches])
         self.conn.execute("COMMIT")
 
     def snapshot(self, s: StoredSnapshot) -> None:
-        self.conn.execute(
-            "INSERT INTO snapshots (snap_offset, timestamp_ms, crc, payload) VALUES (?, ?, ?, ?)",
-            (s.offset, s.timestamp_ms, s.crc, s.payload),
-        )
-
-    def close(self) -> None:
-        self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        self.conn.close()
+        self.conn.execute(INSERT_SNAPSHOT_SQL, snapshot_row(s))
 
 
 async def mirror_to_sqlite(source: LogStore, out_dir: str | os.PathLike[str]) -> MirrorReport:
@@ -97,7 +89,7 @@ async def mirror_to_sqlite(source: LogStore, out_dir: str | os.PathLike[str]) ->
             if snap is not None:
                 writer.snapshot(snap)
                 snapshots += 1
-        writer.close()
+        writer.conn.close()
         os.replace(partial, target)
     except BaseException as exc:
         writer.conn.close()

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from metactl.errors import CorruptLogError, LogError, LogSchemaError, StorageError
-from metadata_log.batch_format import StoredBatch
+from metadata_log.batch_format import StoredBatch, StoredSnapshot
 
 LOG_FILE_NAME: Final = "metadata.log.sqlite"
 MAGIC: Final = "metactl-metadata-log"
@@ -60,6 +60,10 @@ COMMIT;
 TABLES_SQL: Final = "SELECT name FROM sqlite_master WHERE type = 'table'"
 COLUMNS: Final = "base_offset, last_offset, record_count, timestamp_ms, crc, payload"
 INSERT_BATCH_SQL: Final = f"INSERT INTO batches ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)"
+INSERT_SNAPSHOT_SQL: Final = (
+    "INSERT OR REPLACE INTO snapshots (snap_offset, timestamp_ms, crc, payload) VALUES (?, ?, ?, ?)"
+)
+SET_START_OFFSET_SQL: Final = "UPDATE meta SET value = ? WHERE key = 'start_offset'"
 FETCH_BATCHES_SQL: Final = (
     f"SELECT {COLUMNS} FROM batches WHERE base_offset >= "
     "coalesce((SELECT max(base_offset) FROM batches WHERE base_offset <= ?1), ?1) "
@@ -109,6 +113,21 @@ def wrap_sqlite_error(
     if code == sqlite3.SQLITE_FULL:
         return StorageError(f"disk full writing {location}: {exc}")
     return StorageError(f"SQLite error on {location}: {exc}")
+
+
+def schema_script(created_ms: int) -> str:
+    """The script that creates a new log's tables and header (one transaction)."""
+    return SCHEMA_SQL.format(magic=MAGIC, version=SCHEMA_VERSION, created_ms=created_ms)
+
+
+def batch_row(b: StoredBatch) -> tuple[int, int, int, int, int, bytes]:
+    """The parameters of `INSERT_BATCH_SQL` for a stored batch."""
+    return (b.base_offset, b.last_offset, b.count, b.timestamp_ms, b.crc, b.payload)
+
+
+def snapshot_row(s: StoredSnapshot) -> tuple[int, int, int, bytes]:
+    """The parameters of `INSERT_SNAPSHOT_SQL` for a stored snapshot."""
+    return (s.offset, s.timestamp_ms, s.crc, s.payload)
 
 
 def batch_from_row(row: Any, location: str) -> StoredBatch:

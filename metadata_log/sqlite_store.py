@@ -80,17 +80,21 @@ from metadata_log.sqlite_format import (
     FETCH_BATCHES_SQL,
     FOLLOWER_POLL_INTERVAL,
     INSERT_BATCH_SQL,
+    INSERT_SNAPSHOT_SQL,
     MAGIC,
     RECOVERABLE_WRITE_ERRORS,
     SCAN_BATCHES_SQL,
-    SCHEMA_SQL,
     SCHEMA_VERSION,
+    SET_START_OFFSET_SQL,
     TABLES_SQL,
     TAIL_BATCHES_SQL,
     TAIL_CHECK_BATCHES,
     batch_from_row,
+    batch_row,
     error_code,
     resolve_log_path,
+    schema_script,
+    snapshot_row,
     wrap_sqlite_error,
 )
 from metadata_log.store import LogStore
@@ -145,11 +149,7 @@ async def _check_schema(conn: aiosqlite.Connection, path: Path, *, create: bool)
     if not tables:
         if not create:
             raise LogSchemaError(f"{path} is not a metactl metadata log (the database is empty)")
-        await conn.executescript(
-            SCHEMA_SQL.format(
-                magic=MAGIC, version=SCHEMA_VERSION, created_ms=time.time_ns() // 10**6
-            )
-        )
+        await conn.executescript(schema_script(time.time_ns() // 10**6))
         log.info("created metadata log", path=str(path), schema_version=SCHEMA_VERSION)
         return
     if "meta" not in tables:
@@ -288,10 +288,7 @@ class SqliteLogStore(LogStore):
         return self._writer
 
     async def _write_batches(self, batches: list[StoredBatch]) -> None:
-        rows = [
-            (b.base_offset, b.last_offset, b.count, b.timestamp_ms, b.crc, b.payload)
-            for b in batches
-        ]
+        rows = [batch_row(b) for b in batches]
         await self._write(lambda conn: conn.executemany(INSERT_BATCH_SQL, rows), "appending")
 
     async def _write(self, statements: Callable[[sqlite3.Connection], object], doing: str) -> None:
@@ -356,19 +353,14 @@ class SqliteLogStore(LogStore):
     async def _delete_batches_before(self, new_start: int) -> None:
         def statements(conn: sqlite3.Connection) -> None:
             conn.execute("DELETE FROM batches WHERE base_offset < ?", (new_start,))
-            conn.execute("UPDATE meta SET value = ? WHERE key = 'start_offset'", (new_start,))
+            conn.execute(SET_START_OFFSET_SQL, (new_start,))
 
         await self._write(statements, "deleting records before a snapshot")
 
     async def _put_snapshot(self, snapshot: StoredSnapshot) -> None:
-        params = (snapshot.offset, snapshot.timestamp_ms, snapshot.crc, snapshot.payload)
+        params = snapshot_row(snapshot)
         await self._write(
-            lambda conn: conn.execute(
-                "INSERT OR REPLACE INTO snapshots (snap_offset, timestamp_ms, crc, payload) "
-                "VALUES (?, ?, ?, ?)",
-                params,
-            ),
-            "writing a snapshot",
+            lambda conn: conn.execute(INSERT_SNAPSHOT_SQL, params), "writing a snapshot"
         )
 
     async def _get_snapshot(self, offset: int) -> StoredSnapshot | None:

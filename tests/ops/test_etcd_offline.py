@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,10 @@ import pytest
 
 from controller.runtime.clock import VirtualClock
 from controller.runtime.driver import Controller
+from metadata_log.batch_format import StoredBatch
 from metadata_log.etcd.client import Etcd, EtcdTarget, op_put
 from metadata_log.etcd.store import EtcdLogStore
+from metadata_log.mirror import MirrorReport, mirror_to_sqlite
 from metadata_log.sqlite_store import SqliteLogStore
 from ops.cli import main
 from ops.etcd_local import LocalEtcd
@@ -158,6 +161,55 @@ def test_a_mirror_is_the_same_log_batch_for_batch(
     # A second mirror into the same place is refused; the first stays intact.
     assert main(["log", "mirror", "--data-dir", url, "--to", str(tmp_path / "m")]) != 0
     assert "exists" in capsys.readouterr().err
+
+
+def test_a_mirror_copies_the_snapshots_and_start_of_a_truncated_log(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A log deleted up to a snapshot: the copy starts where it starts and holds that
+    snapshot. A snapshot taken while the copy is made, past its end, is left out."""
+    write_log(url)
+    out = tmp_path / "m"
+
+    async def run() -> tuple[MirrorReport, int, int]:
+        store = await EtcdLogStore.open(url)
+        ctl = await Controller.open(store, clock=VirtualClock(1_700_000_001_000))
+        try:
+            snapshot = await ctl.write_snapshot()
+            await ctl.submit(CreateTopic(name="later", partitions=1, replication_factor=3))
+            assert await store.delete_before_snapshot() > 0
+            async with await EtcdLogStore.open(url, read_only=True) as source:
+                copy = source.iter_stored
+
+                async def copy_then_write(chunk: int = 64) -> AsyncIterator[list[StoredBatch]]:
+                    async for batches in copy(chunk):
+                        yield batches
+                    # The copy's end is fixed; the log moves on and is snapshotted past it.
+                    await ctl.submit(CreateTopic(name="during", partitions=1, replication_factor=3))
+                    await ctl.write_snapshot()
+
+                source.iter_stored = copy_then_write  # type: ignore[method-assign]
+                report = await mirror_to_sqlite(source, out)
+            return report, snapshot, store.start_offset
+        finally:
+            await ctl.close()
+            await store.close()
+
+    report, snapshot, start = asyncio.run(run())
+    assert start == snapshot > 0
+    assert (report.start_offset, report.snapshots) == (start, 1)
+
+    async def mirrored() -> tuple[int, list[int], int]:
+        async with await SqliteLogStore.open(out, read_only=True) as m:
+            return m.start_offset, await m.snapshot_offsets(), m.end_offset
+
+    assert asyncio.run(mirrored()) == (start, [snapshot], report.end_offset)
+    assert main(["log", "verify", "--data-dir", str(out)]) == 0
+    assert main(["describe", "--data-dir", str(out), "--json"]) == 0
+    topics = {
+        p["topic"] for p in json.loads(capsys.readouterr().out.splitlines()[-1])["partitions"]
+    }
+    assert topics == {"orders", "later"}
 
 
 def test_an_etcd_log_exports_to_parquet_through_a_mirror(
