@@ -155,7 +155,11 @@ class View:
 
 
 class Feed:
-    """Turns committed entries into events, keeping the image they build."""
+    """Turns committed entries into events, keeping the image they build.
+
+    `next_offset` is the offset of the next entry to read (after the last one added, or
+    the start image's end): a reader that stops (an error, a reconnection) continues from
+    it with the same feed, and tells nothing twice."""
 
     def __init__(self, image: ClusterImage | None = None, *, since_ms: int | None = None) -> None:
         self.since_ms = since_ms
@@ -165,6 +169,7 @@ class Feed:
         """Start (again) from `image`, e.g. a snapshot's: lines are told against it, and
         whatever was read before is forgotten."""
         self.image = image
+        self.next_offset = image.end_offset
         self._effective = EffectiveEntries[Entry]()  # holds an open transaction
         self._pending: list[MetadataRecord] = []  # taken, not yet replayed into the image
         self._view = View(image)
@@ -175,8 +180,11 @@ class Feed:
 
     def add(self, entries: Iterable[Entry]) -> list[Event]:
         """The events of these entries (read in log order), in log order."""
+        batch = entries if isinstance(entries, list) else list(entries)
+        if batch:
+            self.next_offset = batch[-1].offset + 1
         out: list[Event] = []
-        for e in self._effective.add(entries):
+        for e in self._effective.add(batch):
             self._take(e, out)
         self._flush()
         return out

@@ -117,43 +117,35 @@ async def follow_events(
     timeout_s: float,
 ) -> None:
     """Read the committed log from the controller (any of a quorum: standbys serve the
-    fetch too) through `feed`, handing each answer's events to `emit`; with `follow`,
-    long-poll for new commits until cancelled."""
-    position = 0
+    fetch too) through `feed`, from `feed.next_offset` (0 for a new feed: a feed followed
+    again after an error continues where it stopped), handing each answer's events to
+    `emit`; with `follow`, long-poll for new commits until cancelled."""
     while True:
         wait = FOLLOW_WAIT_MS if follow else 0
         request = FetchMetadataRequest(
-            from_offset=position, max_records=READ_RECORDS, max_wait_ms=wait
+            from_offset=feed.next_offset, max_records=READ_RECORDS, max_wait_ms=wait
         )
         r = await ask(client, request, timeout_s + wait / 1000)
         if not isinstance(r, FetchMetadataResponse):
             raise MetactlError(f"unexpected answer {type(r).__name__} from {client.address}")
         if r.snapshot is not None:
             feed.reset(r.snapshot.records, r.snapshot.offset)
-            position = r.snapshot.offset
             continue
         emit(feed.add(r.records))
-        if r.records:
-            position = r.records[-1].offset + 1
-        if not follow and position >= r.end_offset:
+        if not follow and feed.next_offset >= r.end_offset:
             return
 
 
 async def _offline(args: argparse.Namespace, feed: Feed) -> None:
     async with await open_log(args.data_dir) as store:
-        position = store.start_offset
-        if position > 0:  # records were deleted before a snapshot: start from it
-            image = await snapshot_image(store)  # LogError if there is none
-            feed.start(image)
-            position = image.end_offset
+        if store.start_offset > 0:  # records were deleted before a snapshot: start from it
+            feed.start(await snapshot_image(store))  # LogError if there is none
         while True:
-            async for chunk in store.iter_chunks(position):
+            async for chunk in store.iter_chunks(feed.next_offset):
                 _print(feed.add(chunk), args.json)
-                if chunk:
-                    position = chunk[-1].offset + 1
             if not args.follow:
                 return
-            await store.wait_for(position)
+            await store.wait_for(feed.next_offset)
 
 
 def cmd_events(args: argparse.Namespace) -> int:

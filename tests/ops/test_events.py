@@ -97,9 +97,12 @@ def test_a_transaction_gives_its_lines_only_at_its_end_and_an_aborted_one_none()
         PartitionRecord(topic="big", partition=0, replicas=[1], isr=[1], leader=1),
         PartitionRecord(topic="big", partition=1, replicas=[1], isr=[1], leader=1),
     ]
-    # The transaction arrives in two reads: nothing before its end marker.
+    # The transaction arrives in two reads: nothing before its end marker; reading goes on
+    # after what was read, held or not.
     assert feed.add(entries(created[:2], start=2)) == []
+    assert feed.next_offset == 4
     assert feed.add(entries(created[2:], start=4)) == []
+    assert feed.next_offset == 6
     assert "big" not in feed.image.topics
     done = feed.add(entries([EndTransactionRecord()], start=6))
     assert [(e.offset, e.text) for e in done] == [

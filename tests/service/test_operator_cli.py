@@ -294,6 +294,33 @@ async def test_events_follow_prints_what_commits_until_ctrl_c(service: Controlle
     assert proc.returncode == 130 and b"Traceback" not in err
 
 
+async def test_a_feed_followed_again_continues_where_it_stopped(
+    service: ControllerService,
+) -> None:
+    # As `cluster up`'s event feed does after an error: the same Feed, a new connection.
+    from ops.events import Event, Feed
+    from ops.events_cmds import follow_events
+    from protocol.messages import FenceBroker
+
+    feed = Feed()
+    told: list[Event] = []
+    async with RpcClient(service.address) as client:
+        await follow_events(client, feed, told.extend, follow=False, timeout_s=10)
+    assert [e.text for e in told] == [
+        line
+        for b, epoch in ((1, 0), (2, 2), (3, 4))
+        for line in (
+            f"broker {b} registered at epoch {epoch} (first registration)",
+            f"broker {b} unfenced (caught up with the log)",
+        )
+    ]
+    told.clear()
+    await service.controller.submit(FenceBroker(broker_id=2, reason="operator"))
+    async with RpcClient(service.address) as client:
+        await follow_events(client, feed, told.extend, follow=False, timeout_s=10)
+    assert [e.text for e in told] == ["broker 2 fenced (operator)"]
+
+
 async def test_elect_every_partition_and_from_a_json_file(
     service: ControllerService, tmp_path: Path
 ) -> None:
