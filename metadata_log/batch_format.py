@@ -2,7 +2,8 @@
 
 This module owns what a backend stores and how it is checked and decoded: `StoredBatch`
 and `StoredSnapshot`, the CRC over each (`batch_crc`, `snapshot_crc`), the checks that
-name the first bad offset (`check_batch`, `check_batch_frame`, `check_continuity`), the
+name the first bad offset (`check_batch`, `check_batch_frame`, `check_continuity`, and
+`check_tail`, what every backend checks at open), the
 replay hot path that turns stored batches into `LogEntry` values (`decode_entries`), and
 how payloads of `records.encode_batch` join into one (`concat_batches`). The layout and
 CRC scope are described in `metadata_log.store`.
@@ -25,6 +26,7 @@ from metactl.errors import CorruptLogError
 from metadata_log.records import MetadataRecord, decode_batch
 
 __all__ = [
+    "TAIL_CHECK_BATCHES",
     "LogEntry",
     "StoredBatch",
     "StoredSnapshot",
@@ -32,10 +34,14 @@ __all__ = [
     "check_batch",
     "check_batch_frame",
     "check_continuity",
+    "check_tail",
     "concat_batches",
     "decode_entries",
     "snapshot_crc",
 ]
+
+TAIL_CHECK_BATCHES: Final = 64
+"""Opening a log checks its last this many batches (etcd: group keys), `check_tail`."""
 
 _BATCH_HEADER: Final = struct.Struct(">qiq")  # base_offset, record_count, timestamp_ms
 _SNAPSHOT_HEADER: Final = struct.Struct(">qq")  # offset, timestamp_ms
@@ -153,6 +159,24 @@ def check_continuity(batches: Sequence[StoredBatch], expected: int, location: st
             )
         expected = batch.end_offset
     return expected
+
+
+def check_tail(
+    batches: Sequence[StoredBatch], start: int, end: int, location: str, *, whole: bool
+) -> None:
+    """The check at open of a log's last batches, read back from its end offset `end`:
+    they follow each other up to `end`, and each one's CRC and framing hold
+    (`check_batch_frame`: not decoded). `whole` says they are every batch the log holds
+    (fewer than `TAIL_CHECK_BATCHES` were found), so they must also begin at `start`."""
+    if not batches:
+        if end != start:
+            raise CorruptLogError("log holds no batch", path=location, offset=start)
+        return
+    first = start if whole else batches[0].base_offset
+    if check_continuity(batches, first, location) != end:
+        raise CorruptLogError("log tail does not end at its end offset", path=location, offset=end)
+    for batch in batches:
+        check_batch_frame(batch, location)
 
 
 def decode_entries(

@@ -28,7 +28,6 @@ from metadata_log.batch_format import StoredBatch, StoredSnapshot
 LOG_FILE_NAME: Final = "metadata.log.sqlite"
 MAGIC: Final = "metactl-metadata-log"
 SCHEMA_VERSION: Final = 1
-TAIL_CHECK_BATCHES: Final = 64
 FOLLOWER_POLL_INTERVAL: Final = 0.05
 BUSY_TIMEOUT_MS: Final = 5000
 

@@ -69,10 +69,10 @@ from metactl.errors import (
     StorageError,
 )
 from metadata_log.batch_format import (
+    TAIL_CHECK_BATCHES,
     StoredBatch,
     StoredSnapshot,
-    check_batch_frame,
-    check_continuity,
+    check_tail,
 )
 from metadata_log.sqlite_format import (
     BOUNDS_SQL,
@@ -88,7 +88,6 @@ from metadata_log.sqlite_format import (
     SET_START_OFFSET_SQL,
     TABLES_SQL,
     TAIL_BATCHES_SQL,
-    TAIL_CHECK_BATCHES,
     batch_from_row,
     batch_row,
     error_code,
@@ -476,10 +475,4 @@ async def _check_tail(conn: aiosqlite.Connection, location: str, start: int, end
     except sqlite3.Error as exc:
         raise wrap_sqlite_error(exc, location) from exc
     batches = [batch_from_row(row, location) for row in reversed(rows)]
-    if not batches:
-        return
-    first = start if len(batches) < TAIL_CHECK_BATCHES else batches[0].base_offset
-    if check_continuity(batches, first, location) != end:
-        raise CorruptLogError("log tail does not end at its end offset", path=location, offset=end)
-    for batch in batches:
-        check_batch_frame(batch, location)
+    check_tail(batches, start, end, location, whole=len(batches) < TAIL_CHECK_BATCHES)

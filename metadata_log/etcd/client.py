@@ -238,6 +238,19 @@ class Etcd:
         )
         return r.kvs, bool(r.more), int(r.header.revision)
 
+    async def range_pages(
+        self, start: bytes, end: bytes, *, page: int, keys_only: bool = False
+    ) -> AsyncGenerator[Sequence[Kv], None]:
+        """The keys in [start, end) by key, `page` per range read (each at the newest
+        revision: for keys that never change once written)."""
+        while True:
+            kvs, more, _ = await self.range(start, end, limit=page, keys_only=keys_only)
+            if kvs:
+                yield kvs
+            if not more or not kvs:
+                return
+            start = bytes(kvs[-1].key) + b"\0"
+
     # --- writes --------------------------------------------------------------------------
 
     async def txn(

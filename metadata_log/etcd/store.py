@@ -76,10 +76,10 @@ from metactl.errors import (
     WriterFencedError,
 )
 from metadata_log.batch_format import (
+    TAIL_CHECK_BATCHES,
     StoredBatch,
     StoredSnapshot,
-    check_batch_frame,
-    check_continuity,
+    check_tail,
 )
 from metadata_log.etcd.client import (
     Etcd,
@@ -103,7 +103,6 @@ log = structlog.get_logger("metadata_log")
 DEFAULT_MAX_REQUEST_BYTES: Final = 1_572_864  # etcd's --max-request-bytes default
 REQUEST_OVERHEAD: Final = 64 * 1024  # keys, batch headers, compares, gRPC framing
 PAGE: Final = 64  # group keys (or snapshot chunks) per range read
-TAIL_CHECK_BATCHES: Final = 64
 SETTLE_S: Final = 10.0
 RETRY_BACKOFF_S: Final = 0.2
 _BATCH: Final = struct.Struct(">IqII")  # record count, timestamp ms, CRC, payload bytes
@@ -317,13 +316,10 @@ class EtcdLogStore(LogStore):
         the newest revision: a group key never changes once written, so only a deletion
         before a snapshot can come between two pages, and it removes keys before the
         ones being read (a read of those fails in `LogReads` as out of range)."""
-        while True:
-            kvs, more, _ = await self.etcd.range(start, end, limit=PAGE)
-            for b in self._groups(kvs):
-                yield b
-            if not more or not kvs:
-                return
-            start = bytes(kvs[-1].key) + b"\0"
+        async with contextlib.aclosing(self.etcd.range_pages(start, end, page=PAGE)) as pages:
+            async for kvs in pages:
+                for b in self._groups(kvs):
+                    yield b
 
     async def _scan_batches(self, after: int | None, limit: int, near: int) -> list[StoredBatch]:
         keys = self.keys
@@ -411,14 +407,12 @@ class EtcdLogStore(LogStore):
         if len(value) != _MANIFEST.size:
             raise CorruptLogError("malformed snapshot manifest", path=self.location, offset=offset)
         timestamp_ms, crc, chunks, size = _MANIFEST.unpack(value)
-        parts: list[bytes] = []
-        start, end = prefix + b"chunk/", prefix_end(prefix + b"chunk/")
-        while True:
-            kvs, more, _ = await self.etcd.range(start, end, limit=PAGE)
-            parts.extend(bytes(c.value) for c in kvs)
-            if not more or not kvs:
-                break
-            start = bytes(kvs[-1].key) + b"\0"
+        chunk = prefix + b"chunk/"
+        parts = [
+            bytes(kv.value)
+            async for kvs in self.etcd.range_pages(chunk, prefix_end(chunk), page=PAGE)
+            for kv in kvs
+        ]
         payload = b"".join(parts)
         if len(parts) != chunks or len(payload) != size:
             raise CorruptLogError(
@@ -430,29 +424,40 @@ class EtcdLogStore(LogStore):
 
     async def _snapshot_offsets(self) -> list[int]:
         snap = self.keys.snap
-        start, end = snap, prefix_end(snap)
         offsets: list[int] = []
-        while True:
-            kvs, more, _ = await self.etcd.range(start, end, limit=1000, keys_only=True)
+        async for kvs in self.etcd.range_pages(snap, prefix_end(snap), page=1000, keys_only=True):
             for kv in kvs:
                 rest = bytes(kv.key)[len(snap) :]
                 if rest.endswith(b"/manifest") and rest[:20].isdigit():
                     offsets.append(int(rest[:20]))
-            if not more or not kvs:
-                return offsets
-            start = bytes(kvs[-1].key) + b"\0"
+        return offsets
 
     # --- checks --------------------------------------------------------------------------
 
     async def _check_tail(self) -> None:
-        """CRCs, record counts and continuity of the last `TAIL_CHECK_BATCHES` batches
-        before the end offset (as SQLite's open does), and no batch at or past it."""
+        """CRCs, record counts and continuity of the batches of the last
+        `TAIL_CHECK_BATCHES` group keys before the end offset (`check_tail`, as SQLite's
+        open does), and no batch at or past it."""
         keys = self.keys
-        start, end = self._start_offset, self._end_offset
+        end = self._end_offset
         kvs, _, revision = await self.etcd.range(
             keys.log, keys.batch(end), limit=TAIL_CHECK_BATCHES, descending=True
         )
-        batches = self._groups(list(reversed(kvs)))
+        await self._check_nothing_past(end, revision)
+        check_tail(
+            self._groups(list(reversed(kvs))),
+            self._start_offset,
+            end,
+            self.location,
+            whole=len(kvs) < TAIL_CHECK_BATCHES,
+        )
+
+    async def _verify_storage(self) -> None:
+        await self._check_nothing_past(self._end_offset)
+
+    async def _check_nothing_past(self, end: int, revision: int = 0) -> None:
+        """No group key at or past the end offset `end` (as of `revision`; 0: now)."""
+        keys = self.keys
         beyond, _, _ = await self.etcd.range(
             keys.batch(end), keys.log_end, limit=1, revision=revision, keys_only=True
         )
@@ -461,28 +466,6 @@ class EtcdLogStore(LogStore):
                 f"a batch lies at or past the log's end offset {end}: {bytes(beyond[0].key)!r}",
                 path=self.location,
                 offset=end,
-            )
-        if not batches:
-            if end != start:
-                raise CorruptLogError("log holds no batch", path=self.location, offset=start)
-            return
-        first = start if len(kvs) < TAIL_CHECK_BATCHES else batches[0].base_offset
-        if check_continuity(batches, first, self.location) != end:
-            raise CorruptLogError(
-                "log tail does not end at its end offset", path=self.location, offset=end
-            )
-        for batch in batches:
-            check_batch_frame(batch, self.location)
-
-    async def _verify_storage(self) -> None:
-        kvs, _, _ = await self.etcd.range(
-            self.keys.batch(self._end_offset), self.keys.log_end, limit=1, keys_only=True
-        )
-        if kvs:
-            raise CorruptLogError(
-                "a batch lies past the log's end offset",
-                path=self.location,
-                offset=self._end_offset,
             )
 
     # --- following another writer ---------------------------------------------------------
