@@ -106,12 +106,15 @@ class LogStoreContract:
 
     async def test_an_append_given_its_encoding_stores_it_as_given(self) -> None:
         # The controller hands over the payload its step encoded (issue 9: one encoding
-        # per change): what reads back is those records, framed and checked as any other.
+        # per change): the store keeps those bytes, framed and checked as any other, and
+        # does not encode the records again. Handed the encoding of other records of the
+        # same count (which a caller must not do), it shows which of the two it stored.
         store = await self.open()
-        batch = records(4)
-        assert await store.append(batch, timestamp_ms=5, payload=encode_batch(batch)) == range(4)
+        batch, encoded = records(4), records(4, first=100)
+        assert batch != encoded
+        assert await store.append(batch, timestamp_ms=5, payload=encode_batch(encoded)) == range(4)
         entries = await store.read(0)
-        assert [e.record for e in entries] == batch
+        assert [e.record for e in entries] == encoded
         assert (await store.verify()).records == 4
 
     async def test_read_bounds(self) -> None:
