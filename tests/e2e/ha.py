@@ -124,17 +124,24 @@ class HaCluster:
         return r
 
     async def wait_until(
-        self, check: Callable[[DescribeClusterResponse], bool], what: str
+        self,
+        check: Callable[[DescribeClusterResponse], bool],
+        what: str,
+        *,
+        address: str | None = None,
+        timeout_s: float = TIMEOUT_S,
     ) -> DescribeClusterResponse:
+        """Until a describe answer from `address` (default: any controller) passes
+        `check`; after `timeout_s`, AssertionError naming `what` and the last answer."""
+        deadline = time.monotonic() + timeout_s
         last: DescribeClusterResponse | None = None
-        async with asyncio.timeout(TIMEOUT_S):
-            while True:
-                with contextlib.suppress(MetactlError):
-                    last = await self.describe()
-                    if check(last):
-                        return last
-                await asyncio.sleep(0.1)  # polling interval of an observable condition
-        raise AssertionError(f"timed out waiting for {what}; last {last}")  # pragma: no cover
+        while time.monotonic() < deadline:
+            with contextlib.suppress(MetactlError):  # no controller active yet, say
+                last = await self.describe(address)
+                if check(last):
+                    return last
+            await asyncio.sleep(0.1)  # polling interval of an observable condition
+        raise AssertionError(f"timed out waiting for {what}; last state: {last}")
 
     async def log_written_once(self) -> int:
         return await log_written_once(self.url)

@@ -16,7 +16,7 @@ import pytest
 
 from metactl.errors import MetactlError, NotControllerError
 from protocol.codec import decode_frame, encode_frame, parse_address
-from protocol.messages import CreateTopic, CreateTopicsRequest
+from protocol.messages import CreateTopic, CreateTopicsRequest, DescribeClusterResponse
 from protocol.transport import read_frame
 from tests.e2e.ha import HaCluster, Writer
 
@@ -27,21 +27,14 @@ async def brokers_on(c: HaCluster, address: str, ids: set[int]) -> None:
     """Until the controller at `address` (the active one) has every broker unfenced and
     heartbeating to it (only the active controller holds sessions)."""
 
-    async def ok() -> bool:
-        try:
-            d = await c.describe(address)
-        except MetactlError:
-            return False
-        live = {
+    def live(d: DescribeClusterResponse) -> set[int]:
+        return {
             b.broker_id for b in d.brokers if not b.fenced and b.last_heartbeat_age_ms is not None
         }
-        return ids <= live
 
-    async with asyncio.timeout(60):
-        while True:
-            if await ok():
-                return
-            await asyncio.sleep(0.1)  # polling interval of an observable condition
+    await c.wait_until(
+        lambda d: ids <= live(d), f"brokers {sorted(ids)} on {address}", address=address
+    )
 
 
 async def test_sigkill_the_active_controller_under_load(tmp_path: Path) -> None:
@@ -127,12 +120,11 @@ async def test_etcd_members_die_and_come_back(tmp_path: Path) -> None:
         for i in range(3):
             await writer.one(f"before-{i}")
         for address in c.addresses:  # the standby has them too (it follows by watch)
-            async with asyncio.timeout(60):
-                while True:
-                    d = await c.describe(address)
-                    if "before-2" in {p.topic for p in d.partitions}:
-                        break
-                    await asyncio.sleep(0.05)  # polling interval of an observable condition
+            await c.wait_until(
+                lambda d: "before-2" in {p.topic for p in d.partitions},
+                f"before-2 on {address}",
+                address=address,
+            )
         c.etcd.kill_member(2)
         r = await writer.one("one-member-down", timeout_s=15)
         assert r.results[0].error_code is None  # type: ignore[attr-defined]
