@@ -50,6 +50,7 @@ from metadata_log.records import (
     UnfenceBrokerRecord,
     record_type,
 )
+from simulation.history_config import parse_time_ms
 
 # What a fence reason means to an operator.
 FENCE_REASONS: Final = {
@@ -326,19 +327,19 @@ def parse_duration_ms(text: str, flag: str) -> int:
 def parse_since(text: str, now_ms: int, flag: str = "--since", *, epoch_ms: bool = False) -> int:
     """`--since`: a duration back from `now_ms` (10m, 2h, 1d), an ISO 8601 time (UTC
     unless it says otherwise) or, with `epoch_ms`, epoch milliseconds; in epoch
-    milliseconds. INVALID_CONFIG naming `flag` otherwise."""
+    milliseconds (`simulation.history_config.parse_time_ms` reads the times).
+    INVALID_CONFIG naming `flag` otherwise."""
     if _DURATION.match(text):
         return now_ms - parse_duration_ms(text, flag)
-    if epoch_ms and _EPOCH_MS.match(text):
-        return int(text)
+    when = text
+    if not epoch_ms and _EPOCH_MS.match(text):
+        # A bare number is no epoch time here; as an ISO date (YYYYMMDD) it is midnight.
+        when = text.strip() + "T00"
     try:
-        when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+        return parse_time_ms(when)
     except ValueError:
         kinds = ["a duration back from now (10m, 2h, 1d)", "an ISO 8601 time"]
         kinds += ["epoch milliseconds"] if epoch_ms else []
         raise InvalidConfigurationError(
             f"{flag} {text!r}: expected {', '.join(kinds[:-1])} or {kinds[-1]}"
         ) from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return int(when.timestamp() * 1000)

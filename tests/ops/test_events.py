@@ -156,6 +156,12 @@ def test_since_takes_a_duration_or_a_time() -> None:
     assert parse_since("1.5s", now) == now - 1_500
     assert parse_since("2023-11-14T22:13:20Z", now) == 1_700_000_000_000
     assert parse_since("2023-11-14T22:13:20", now) == 1_700_000_000_000  # UTC by default
+    assert parse_since("20231114", now) == parse_since("2023-11-14", now) == 1_699_920_000_000
+    # The audits' windows also take epoch milliseconds; a bare number is a date or nothing.
+    assert parse_since(" 1700000000000 ", now, epoch_ms=True) == 1_700_000_000_000
+    assert parse_since("2023-11-14T22:13:20+01:00", now, epoch_ms=True) == 1_699_996_400_000
+    with pytest.raises(InvalidConfigurationError, match=r"--until 'x': .* or epoch milli"):
+        parse_since("x", now, "--until", epoch_ms=True)
     assert parse_duration_ms("500ms", "--x") == 500
     assert parse_duration_ms("0", "--x") == parse_duration_ms("0s", "--x") == 0  # no unit
     with pytest.raises(InvalidConfigurationError, match="--x '5'"):
