@@ -16,7 +16,6 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Coroutine
-from datetime import UTC, datetime
 from typing import Any, TextIO
 
 import msgspec
@@ -30,6 +29,7 @@ from metactl.logs import configure
 from metadata_log.batch_format import LogEntry
 from metadata_log.records import RECORD_TYPES, record_type, to_builtins
 from ops.cli import EXIT_OK, EXIT_REFUSED, HELP_FORMAT, examples
+from ops.events import iso_ms
 from ops.paths import open_log
 
 EXIT_ERROR = EXIT_REFUSED  # a damaged log (`verify`)
@@ -177,8 +177,7 @@ def format_entry(entry: LogEntry, *, as_json: bool) -> str:
         }
         row.update(to_builtins(entry.record))
         return json.dumps(row, separators=(",", ":"))
-    when = datetime.fromtimestamp(entry.timestamp_ms / 1000, tz=UTC)
-    stamp = when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    stamp = iso_ms(entry.timestamp_ms)
     # to_builtins of the struct itself omits defaults: only the fields that say something.
     fields = msgspec.to_builtins(entry.record)
     fields.pop("type", None)
