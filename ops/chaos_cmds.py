@@ -24,7 +24,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from controller.runtime.serve import add_rule_mode_arguments, rule_mode
 from metactl.errors import InvalidRequestError, MetactlError
 from ops.cli import HELP_FORMAT, examples
 
@@ -32,6 +31,8 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_SILENT_LOSS, EXIT_INTERRUPTED = 0, 1, 2, 3
 
 
 def register(sub: Any) -> None:
+    from controller.runtime.serve import add_rule_mode_arguments
+
     c = sub.add_parser(
         "chaos",
         help="fault injection with real processes",
@@ -122,6 +123,7 @@ def _usage(msg: str) -> int:
 
 
 def cmd_chaos_run(args: argparse.Namespace) -> int:
+    from controller.runtime.serve import rule_mode
     from ops.chaos import ChaosConfig, ChaosRun
     from ops.chaos_plan import check_brokers, load_schedule
     from ops.chaos_procs import Timing

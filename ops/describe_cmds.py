@@ -43,7 +43,6 @@ from controller.runtime.describe import (
     partition_state,
     topic_description,
 )
-from controller.runtime.driver import snapshot_image
 from metactl.errors import (
     InvalidConfigurationError,
     InvalidRequestError,
@@ -416,6 +415,8 @@ async def offline_view(data_dir: str | Path) -> tuple[ClusterImage, int, Describ
     controller's own), its end offset, and the notes its records after the newest
     snapshot give (recoveries with their commit times, fence reasons). A transaction
     counts once its end marker is read, an aborted one never."""
+    from controller.runtime.driver import snapshot_image  # offline only: not at start-up
+
     notes = DescribeNotes()
     async with await open_log(data_dir) as store:
         state = LogReplay(await snapshot_image(store))  # LogError for a truncated log

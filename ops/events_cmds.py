@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from controller.runtime.driver import snapshot_image
 from metactl.errors import MetactlError
 from metadata_log.records import to_builtins
 from ops.cli import EXIT_OK, HELP_FORMAT, examples
@@ -137,6 +136,8 @@ async def follow_events(
 
 
 async def _offline(args: argparse.Namespace, feed: Feed) -> None:
+    from controller.runtime.driver import snapshot_image  # offline only: not at start-up
+
     async with await open_log(args.data_dir) as store:
         if store.start_offset > 0:  # records were deleted before a snapshot: start from it
             feed.start(await snapshot_image(store))  # LogError if there is none

@@ -22,7 +22,6 @@ import asyncio
 import sys
 from pathlib import Path
 
-from controller.runtime.serve import add_rule_mode_arguments, rule_mode
 from metactl.errors import InvalidConfigurationError, MetactlError
 from ops.cli import EXIT_REFUSED, EXIT_USAGE, HELP_FORMAT, examples, fail
 
@@ -103,6 +102,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _register_faults(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from controller.runtime.serve import add_rule_mode_arguments
+
     faults = commands.add_parser(
         "faults",
         help="seeded crashes, page-cache loss and network faults; count lost acknowledged data",
@@ -181,6 +182,7 @@ def _faults(args: argparse.Namespace) -> int:
     import msgspec
 
     from controller.core.config import ControllerConfig
+    from controller.runtime.serve import rule_mode
     from simulation.faults import Mode, replay, run_faults
     from simulation.faults_schedule import load_replay
 
