@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import random
 import signal
-import socket
 import sys
 import time
 import urllib.request
@@ -49,6 +48,7 @@ from ops.chaos_procs import Proc, Processes, Timing
 from ops.chaos_read import POLL_S, fetch_metadata, read_logs
 from ops.data_client import Connections, Leaders, leader_request
 from ops.data_cmds import AckedLog
+from ops.etcd_local import free_ports
 from ops.procs import await_active_brokers
 from protocol.client import RetryPolicy, request_once
 from protocol.messages import (
@@ -127,12 +127,6 @@ class ChaosConfig:
         return "classic+unclean-election" if self.unclean_leader_election else "classic"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class ChaosRun:
     def __init__(
         self,
@@ -145,10 +139,11 @@ class ChaosRun:
         self.progress = progress
         self.on_started = on_started
         self.root = cfg.data_dir.resolve()
+        controller_port, metrics_port = free_ports(2)
         self.procs = Processes(
             root=self.root,
-            address=f"127.0.0.1:{free_port()}",
-            metrics=f"127.0.0.1:{free_port()}",
+            address=f"127.0.0.1:{controller_port}",
+            metrics=f"127.0.0.1:{metrics_port}",
             brokers=cfg.brokers,
             strategy=cfg.strategy,
             elr=cfg.eligible_leader_replicas,

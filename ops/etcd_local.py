@@ -25,10 +25,18 @@ from typing import Final
 
 from metactl.errors import InvalidConfigurationError, StoreUnavailableError
 
-__all__ = ["ETCD_BINARY", "EtcdMember", "LocalEtcd", "dies_with_parent", "etcd_binary"]
+__all__ = [
+    "ETCD_BINARY",
+    "EtcdMember",
+    "LocalEtcd",
+    "dies_with_parent",
+    "etcd_binary",
+    "free_ports",
+]
 
 ETCD_BINARY: Final = "etcd"
 HEALTH_TIMEOUT_S: Final = 30.0
+CLUSTER_TOKEN: Final = "metactl"
 
 
 def etcd_binary() -> str:
@@ -51,7 +59,8 @@ def dies_with_parent() -> list[str]:
     return [found, "--pdeathsig", "SIGTERM", "--"] if found else []
 
 
-def _free_ports(n: int) -> list[int]:
+def free_ports(n: int) -> list[int]:
+    """`n` distinct TCP ports free on 127.0.0.1 now (all held at once while choosing)."""
     socks = []
     try:
         for _ in range(n):
@@ -100,12 +109,11 @@ class EtcdMember:
 class LocalEtcd:
     """`members` etcd processes forming one cluster under `base_dir`."""
 
-    def __init__(self, base_dir: Path, members: int = 1, *, token: str = "metactl") -> None:
+    def __init__(self, base_dir: Path, members: int = 1) -> None:
         if not 1 <= members <= 9:
             raise InvalidConfigurationError(f"an etcd cluster of {members} members: use 1 to 9")
         self.base_dir = base_dir
-        self.token = token
-        ports = _free_ports(2 * members)
+        ports = free_ports(2 * members)
         self.members = [
             EtcdMember(
                 name=f"etcd-{i + 1}",
@@ -124,12 +132,9 @@ class LocalEtcd:
     def url(self, prefix: str) -> str:
         return f"etcd://{self.endpoints}/{prefix.strip('/')}"
 
-    def command(self, i: int) -> list[str]:
-        """Member `i`'s command line (prefixed, where util-linux's setpriv is there, so
-        that it gets SIGTERM when the process that started it dies)."""
-        return self._command(self.members[i])
-
     def _command(self, m: EtcdMember) -> list[str]:
+        """Member `m`'s command line (prefixed, where util-linux's setpriv is there, so
+        that it gets SIGTERM when the process that started it dies)."""
         initial = ",".join(f"{x.name}={x.peer_url}" for x in self.members)
         state = "existing" if (m.data_dir / "member").exists() else "new"
         return [
@@ -143,7 +148,7 @@ class LocalEtcd:
             "--initial-advertise-peer-urls", m.peer_url,
             "--initial-cluster", initial,
             "--initial-cluster-state", state,
-            "--initial-cluster-token", self.token,
+            "--initial-cluster-token", CLUSTER_TOKEN,
             "--logger", "zap",
         ]  # fmt: skip
 
@@ -169,16 +174,11 @@ class LocalEtcd:
                 start_new_session=True,  # its own process group: a Ctrl-C is ours to pass on
             )
 
-    def wait_healthy(
-        self, timeout_s: float = HEALTH_TIMEOUT_S, members: list[int] | None = None
-    ) -> None:
-        """Until every running member (or those listed) answers healthy; a member that
-        exits meanwhile, or the timeout, is StoreUnavailableError naming its log."""
-        wanted = [
-            self.members[i] for i in (members if members is not None else range(len(self.members)))
-        ]
+    def wait_healthy(self, timeout_s: float = HEALTH_TIMEOUT_S) -> None:
+        """Until every running member answers healthy; a member that exits meanwhile, or
+        the timeout, is StoreUnavailableError naming its log."""
         deadline = time.monotonic() + timeout_s
-        pending = [m for m in wanted if m.running]
+        pending = [m for m in self.members if m.running]
         while pending:
             for m in list(pending):
                 if m.proc is not None and m.proc.poll() is not None:

@@ -28,7 +28,7 @@ from metadata_log.etcd.client import (
     op_put,
     prefix_end,
 )
-from metadata_log.etcd.lease import LEADER_KEY, LeaderInfo
+from metadata_log.etcd.lease import LEADER_KEY, decode_leader
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "Keys", "LogMeta", "holder", "open_meta", "read_state"]
 
@@ -72,11 +72,11 @@ class Keys:
 
 
 def holder(kvs: Sequence[Kv]) -> str:
+    """Who holds the leadership key, from a read of it, for error messages."""
     if not kvs:
         return "free (nobody holds it)"
-    try:
-        info = msgspec.msgpack.decode(bytes(kvs[0].value), type=LeaderInfo)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    info = decode_leader(bytes(kvs[0].value))
+    if info is None:
         return f"held under token {kvs[0].create_revision}"
     return f"held by {info.node} (token {kvs[0].create_revision})"
 

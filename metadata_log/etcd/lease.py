@@ -49,7 +49,7 @@ from metadata_log.etcd.client import (
     op_put,
 )
 
-__all__ = ["LeaderInfo", "Leadership", "current_leader"]
+__all__ = ["LeaderInfo", "Leadership", "current_leader", "decode_leader"]
 
 log = structlog.get_logger("metadata_log.etcd")
 
@@ -66,7 +66,8 @@ class LeaderInfo(msgspec.Struct, frozen=True):
     since_ms: int = 0
 
 
-def _decode(value: bytes) -> LeaderInfo | None:
+def decode_leader(value: bytes) -> LeaderInfo | None:
+    """The leadership key's value, or None if it does not decode as a `LeaderInfo`."""
     try:
         return msgspec.msgpack.decode(value, type=LeaderInfo)
     except (msgspec.DecodeError, msgspec.ValidationError):
@@ -79,7 +80,7 @@ async def current_leader(etcd: Etcd) -> tuple[LeaderInfo | None, int]:
     kv, _ = await etcd.get(etcd.target.key(LEADER_KEY))
     if kv is None:
         return None, 0
-    return _decode(kv.value), int(kv.create_revision)
+    return decode_leader(kv.value), int(kv.create_revision)
 
 
 class Leadership:
@@ -94,7 +95,6 @@ class Leadership:
         self.ttl_s = ttl_s
         self.token = token
         """The create revision of the leadership key: the fencing token of this term."""
-        self.key = etcd.target.key(LEADER_KEY)
         self.safety_s = max(0.25, ttl_s / 4)
         self.valid_until = sent + ttl_s - self.safety_s
         self.lost = asyncio.Event()
@@ -153,7 +153,7 @@ class Leadership:
             with contextlib.suppress(MetactlError):
                 await etcd.revoke(lease_id, timeout_s=1.0)
             kvs = r.responses[0].response_range.kvs
-            holder = _decode(kvs[0].value) if kvs else None
+            holder = decode_leader(kvs[0].value) if kvs else None
             if not wait:
                 who = holder.node if holder is not None else "another writer"
                 raise LogError(
