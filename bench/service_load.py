@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -251,8 +252,12 @@ async def apply_latency(
     return from_send, from_ack
 
 
-def pct(xs: list[float], q: float) -> float:
-    return statistics.quantiles(xs, n=100)[int(q) - 1] if len(xs) > 1 else xs[0]
+def pct(
+    xs: list[float], q: float, method: Literal["exclusive", "inclusive"] = "exclusive"
+) -> float:
+    """The `q`th percentile (`statistics.quantiles`' `method`: "inclusive" stays within
+    the sample, for small samples whose extremes are all there is)."""
+    return statistics.quantiles(xs, n=100, method=method)[int(q) - 1] if len(xs) > 1 else xs[0]
 
 
 async def echo_latency(address: str, n: int) -> list[float]:
