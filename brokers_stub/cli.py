@@ -21,7 +21,7 @@ import structlog
 from brokers_stub.config import BrokerConfig
 from metactl.errors import MetactlError
 from metactl.logs import configure
-from metactl.settings import layered, resolve
+from metactl.settings import layered, resolve_settings
 from protocol.flags import add_limit_arguments, add_tls_arguments, server_limits, tls_identity
 from protocol.tls import broker_principal
 
@@ -112,7 +112,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_tls_arguments(parser)
     add_limit_arguments(parser)
     layered(parser)  # --config FILE and METACTL_* variables (docs/configuration.md)
-    parser.set_defaults(settings_parser=parser)
 
 
 def config_from_args(args: argparse.Namespace) -> BrokerConfig:
@@ -146,13 +145,8 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
 
 def run(args: argparse.Namespace) -> int:
     """Run the broker until it stops; return its exit status."""
-    parser = getattr(args, "settings_parser", None)
-    if parser is not None:
-        try:
-            resolve(parser, args)
-        except MetactlError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+    if not resolve_settings(args):
+        return 2
     configure(json=True, level=getattr(logging, str(args.log_level).upper()))
     try:
         config = config_from_args(args)

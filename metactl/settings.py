@@ -6,6 +6,8 @@ before, over the built-in defaults.
 ``--config`` and marks every option's default as not given, so that after parsing,
 `resolve(parser, args)` can tell a flag given on the command line from one left at its
 default, and fill the latter from the environment, then the file, then the default.
+The parsed arguments name their parser (``settings_parser``), so an entry point only
+calls `resolve_settings(args)`, which prints a mistake as one ``error:`` line.
 
 * A file key is an option's long name without the dashes, either spelling:
   ``heartbeat-interval-ms = 2000`` or ``heartbeat_interval_ms = 2000``. TOML types must
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,7 +35,7 @@ from typing import Any, Final
 
 from metactl.errors import InvalidConfigurationError
 
-__all__ = ["ENV_PREFIX", "NotGiven", "layered", "resolve"]
+__all__ = ["ENV_PREFIX", "NotGiven", "layered", "resolve", "resolve_settings"]
 
 ENV_PREFIX: Final = "METACTL_"
 _SKIP: Final = ("help", "config")
@@ -61,7 +64,8 @@ def _options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 
 
 def layered(parser: argparse.ArgumentParser) -> None:
-    """Add ``--config FILE`` and defer every option's default to `resolve`."""
+    """Add ``--config FILE``, defer every option's default to `resolve`, and have the
+    parsed arguments name this parser (``settings_parser``, for `resolve_settings`)."""
     parser.add_argument(
         "--config",
         metavar="FILE",
@@ -75,6 +79,7 @@ def layered(parser: argparse.ArgumentParser) -> None:
         if a.required:
             a.required = False
             a.__dict__["_metactl_required"] = True
+    parser.set_defaults(settings_parser=parser)
 
 
 def keys_of(a: argparse.Action) -> list[str]:
@@ -125,6 +130,21 @@ def resolve(
             value = current.value
         setattr(args, a.dest, value)
     return args
+
+
+def resolve_settings(args: argparse.Namespace) -> bool:
+    """`resolve` the arguments of a `layered` parser (those of another parser are left
+    as they are). A mistake is printed on stderr as ``error: CODE: message`` and False
+    returned: the entry point exits with status 2, as argparse does for a bad flag."""
+    parser = getattr(args, "settings_parser", None)
+    if parser is None:
+        return True
+    try:
+        resolve(parser, args)
+    except InvalidConfigurationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return False
+    return True
 
 
 def _load(path: Path) -> dict[str, Any]:

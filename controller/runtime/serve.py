@@ -28,7 +28,7 @@ from controller.runtime.quota import (
 from controller.runtime.service import ControllerService, HaSettings
 from metactl.errors import InvalidConfigurationError, MetactlError
 from metactl.logs import configure
-from metactl.settings import layered, resolve
+from metactl.settings import layered, resolve_settings
 from metadata_log.etcd import DEFAULT_LEASE_TTL_S
 from protocol.codec import DEFAULT_MAX_FRAME_BYTES
 from protocol.flags import add_limit_arguments, add_tls_arguments, server_limits, tls_identity
@@ -109,7 +109,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_tls_arguments(p)
     add_limit_arguments(p)
     layered(p)
-    p.set_defaults(settings_parser=p)
 
 
 def add_ha_arguments(p: argparse.ArgumentParser) -> None:
@@ -283,13 +282,8 @@ async def serve(args: Any) -> int:
 
 
 def run(args: Any) -> int:
-    parser = getattr(args, "settings_parser", None)
-    if parser is not None:
-        try:
-            resolve(parser, args)  # --config file and METACTL_* variables under the flags
-        except MetactlError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+    if not resolve_settings(args):  # --config file and METACTL_* variables under the flags
+        return 2
     configure(json=True, level=getattr(logging, str(args.log_level).upper(), logging.INFO))
     configure_process()
     return asyncio.run(serve(args))
