@@ -30,15 +30,23 @@ from protocol.messages import (
 
 
 class Leaders:
-    """Where each partition of one topic is led, as the controller last said."""
+    """Where each partition of one topic is led, as the controller last said (within
+    `timeout_s` per refresh, retries included)."""
 
     def __init__(
-        self, controller: str, topic: str, retry: RetryPolicy, security: Security = INSECURE
+        self,
+        controller: str,
+        topic: str,
+        retry: RetryPolicy,
+        security: Security = INSECURE,
+        *,
+        timeout_s: float = 10.0,
     ) -> None:
         self.controller = controller
         self.topic = topic
         self.retry = retry
         self.security = security
+        self.timeout_s = timeout_s
         self.partitions: dict[int, PartitionState] = {}
         self.endpoints: dict[int, str] = {}
 
@@ -46,7 +54,7 @@ class Leaders:
         r = await call(
             self.controller,
             DescribeClusterRequest(topic=self.topic),
-            10.0,
+            self.timeout_s,
             retry=self.retry,
             security=self.security,
         )

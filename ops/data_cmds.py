@@ -47,10 +47,15 @@ from metactl.errors import (
     UnknownTopicOrPartitionError,
 )
 from ops.cli import HELP_FORMAT, examples, fail
-from ops.client import DEFAULT_CONTROLLER, INSECURE, Security, security_from
+from ops.client import (
+    INSECURE,
+    Security,
+    add_controller_arguments,
+    controller_address,
+    security_from,
+)
 from ops.data_client import Connections, Leaders, leader_request
 from protocol.client import RetryPolicy
-from protocol.flags import add_tls_arguments
 from protocol.messages import (
     ACKS_ALL,
     ACKS_LEADER,
@@ -81,7 +86,7 @@ def register(sub: Any) -> None:
         ),
         formatter_class=HELP_FORMAT,
     )
-    _controller_arg(p)
+    add_controller_arguments(p)
     p.add_argument("--topic", required=True, help="the topic to produce to (required)")
     p.add_argument(
         "--partition", type=int, default=None, help="one partition (default: round-robin over all)"
@@ -122,7 +127,7 @@ def register(sub: Any) -> None:
         ),
         formatter_class=HELP_FORMAT,
     )
-    _controller_arg(c)
+    add_controller_arguments(c)
     c.add_argument("--topic", required=True, help="the topic to read (required)")
     c.add_argument(
         "--partition", type=int, default=None, help="one partition (default: every partition)"
@@ -142,18 +147,6 @@ def register(sub: Any) -> None:
     )
     c.add_argument("--json", action="store_true", help="print the ranges as JSON")
     c.set_defaults(func=cmd_consume)
-
-
-def _controller_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--controller",
-        "--bootstrap-controller",
-        dest="controller",
-        default=DEFAULT_CONTROLLER,
-        metavar="HOST:PORT",
-        help=f"the controller service (default {DEFAULT_CONTROLLER})",
-    )
-    add_tls_arguments(p, client=True)
 
 
 # --- produce ----------------------------------------------------------------------------
@@ -229,8 +222,10 @@ async def produce(
     timeout_ms: int | None = None,
     retry: RetryPolicy = DATA_RETRY,
     security: Security = INSECURE,
+    timeout_s: float = 10.0,
 ) -> ProduceSummary:
-    leaders = Leaders(controller, topic, retry, security)
+    """Produce `count` records; `timeout_s` bounds each answer of the controller."""
+    leaders = Leaders(controller, topic, retry, security, timeout_s=timeout_s)
     await leaders.refresh()
     targets = [partition] if partition is not None else sorted(leaders.partitions)
     for t in targets:
@@ -292,10 +287,11 @@ def cmd_produce(args: argparse.Namespace) -> int:
         return _usage("--timeout-ms must be >= 0")
     acks = ACKS_ALL if args.acks in ("all", "-1") else ACKS_LEADER
     try:
+        controller = controller_address(args)
         security = security_from(args)
         summary = asyncio.run(
             produce(
-                controller=args.controller,
+                controller=controller,
                 topic=args.topic,
                 partition=args.partition,
                 acks=acks,
@@ -307,6 +303,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
                 timeout_ms=args.timeout_ms,
                 retry=dataclasses.replace(DATA_RETRY, attempts=args.retries + 1),
                 security=security,
+                timeout_s=args.timeout,
             )
         )
     except (MetactlError, OSError) as exc:
@@ -380,8 +377,11 @@ async def consume(
     partition: int | None,
     retry: RetryPolicy = DATA_RETRY,
     security: Security = INSECURE,
+    timeout_s: float = 10.0,
 ) -> list[tuple[PartitionState, ReadLogResponse | MetactlError]]:
-    leaders = Leaders(controller, topic, retry, security)
+    """Each partition's committed ranges, or the error reading it; `timeout_s` bounds
+    each answer of the controller and of a leader."""
+    leaders = Leaders(controller, topic, retry, security, timeout_s=timeout_s)
     await leaders.refresh()
     targets = [partition] if partition is not None else sorted(leaders.partitions)
     conns = Connections(security)
@@ -392,7 +392,7 @@ async def consume(
                 raise UnknownTopicOrPartitionError(f"no partition {topic}-{t}")
             req = ReadLogRequest(topic=topic, partition=t)
             try:
-                r = await leader_request(leaders, conns, t, req, timeout_s=10.0, retry=retry)
+                r = await leader_request(leaders, conns, t, req, timeout_s=timeout_s, retry=retry)
                 if not isinstance(r, ReadLogResponse):
                     raise InvalidRequestError(f"unexpected {type(r).__name__}")
             except MetactlError as exc:
@@ -407,13 +407,15 @@ async def consume(
 def cmd_consume(args: argparse.Namespace) -> int:
     try:
         acked = read_acked_log(args.check_acked, args.topic) if args.check_acked else None
+        controller = controller_address(args)
         security = security_from(args)
         results = asyncio.run(
             consume(
-                controller=args.controller,
+                controller=controller,
                 topic=args.topic,
                 partition=args.partition,
                 security=security,
+                timeout_s=args.timeout,
             )
         )
     except (MetactlError, OSError) as exc:

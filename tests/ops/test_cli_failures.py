@@ -29,6 +29,8 @@ COMMANDS = [
     ("events", ["events"]),
     ("topics create", ["topics", "create", "--topic", "t", "--partitions", "1"]),
     ("elect", ["elect", "--election-type", "preferred", "--topic", "t", "--partition", "0"]),
+    ("produce", ["produce", "--topic", "t", "--count", "1", "--acked-log", os.devnull]),
+    ("consume", ["consume", "--topic", "t"]),
 ]
 
 
