@@ -44,7 +44,8 @@ SQLite's larger limit. Reads are paged.
 **Bounded keyspace.** `delete_before_snapshot` deletes the group keys before the snapshot in
 one fenced transaction and then compacts etcd's history up to that revision, so that the
 deleted values and old versions of ``state/end`` are freed (etcd's own defragmentation
-returns the disk space; see docs/ha.md).
+returns the disk space; see docs/ha.md). Compaction covers the whole etcd keyspace, not
+this prefix only: other users of the same etcd cluster lose their older revisions too.
 
 **Tailing.** A read-only store (a standby controller, `metactl log tail`) watches
 ``state/`` from the revision it read at open, so `wait_for` wakes on each commit without
