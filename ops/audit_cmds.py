@@ -189,15 +189,30 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         p.set_defaults(func=_run)
 
 
-def _options(args: argparse.Namespace, job: str) -> dict[str, object]:
-    from audit.jobs.brokers import parse_duration_ms
+_BARE_OR_MIN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(min)?\s*$")
 
+
+def flap_window_ms(text: str) -> int:
+    """``--flap-window``: a duration as ``--since`` spells one (30s, 10m, 1h, 1d; the
+    same parser); a bare number is seconds and ``min`` minutes, as they always were here.
+    Longer than 0; INVALID_CONFIG naming the flag otherwise."""
+    from ops.events import parse_duration_ms
+
+    bare = _BARE_OR_MIN.match(text)
+    spelled = f"{bare[1]}{'m' if bare[2] else 's'}" if bare else text
+    window = parse_duration_ms(spelled, "--flap-window")
+    if window <= 0:
+        raise InvalidConfigurationError(f"--flap-window {text!r}: must be longer than 0")
+    return window
+
+
+def _options(args: argparse.Namespace, job: str) -> dict[str, object]:
     options: dict[str, object] = {}
     if job == "elections":
         options["bucket"] = args.bucket
     elif job == "brokers":
         options["flap_fences"] = args.flap_fences
-        options["flap_window_ms"] = parse_duration_ms(args.flap_window)
+        options["flap_window_ms"] = flap_window_ms(args.flap_window)
     elif job == "unclean-recoveries":
         options["show"] = args.show
     elif job == "invariants":

@@ -9,7 +9,6 @@ ending at each fence).
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import pandas as pd
@@ -29,17 +28,6 @@ from audit.spark import AuditInput
 
 COLUMNS = ("cluster", "offset", "timestamp", "record_type", "broker", "clean", "reason")
 TYPES = ("RegisterBroker", "FenceBroker", "UnfenceBroker", "BrokerRegistrationChange")
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*$")
-_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
-
-
-def parse_duration_ms(text: str) -> int:
-    """``10m``, ``90s``, ``1.5h``, ``250ms``, ``2d``; a bare number is seconds."""
-    m = _DURATION.match(text)
-    if m is None:
-        raise ValueError(f"not a duration: {text!r} (e.g. 10m, 90s, 1h)")
-    return int(float(m.group(1)) * _UNIT_MS[m.group(2) or "s"])
 
 
 def run(

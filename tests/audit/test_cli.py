@@ -19,8 +19,10 @@ import pytest
 import ops.cli
 from audit.jobs.common import fmt_time
 from audit.logread import iter_batches, log_info, log_time_bounds
+from metactl.errors import InvalidConfigurationError
 from metadata_log.records import decode_batch, record_type
 from metadata_log.sqlite_format import LOG_FILE_NAME
+from ops.audit_cmds import flap_window_ms
 from ops.export_cmds import input_from_args, window_time
 
 pytestmark = pytest.mark.slow
@@ -139,12 +141,32 @@ def test_a_parquet_url_is_left_to_spark() -> None:
         input_from_args(args, None, None)
 
 
+def test_flap_window_takes_since_durations_and_bare_seconds() -> None:
+    # --since's durations (one parser), and what --flap-window always took besides.
+    assert [flap_window_ms(t) for t in ("10m", "1h", "30s", "1d", "250ms")] == [
+        600_000,
+        3_600_000,
+        30_000,
+        86_400_000,
+        250,
+    ]
+    assert flap_window_ms("90") == 90_000 and flap_window_ms(" 1.5 ") == 1_500
+    assert flap_window_ms("10min") == flap_window_ms("10 min") == 600_000
+    for bad in ("0", "-5m", "10 minutes", "m", "", "1e3"):
+        with pytest.raises(InvalidConfigurationError, match=r"^INVALID_CONFIG: --flap-window "):
+            flap_window_ms(bad)
+
+
 def test_bad_options_are_usage_errors(
     capsys: pytest.CaptureFixture[str], scenario_logs: dict[str, Path], no_spark: None
 ) -> None:
     data = str(scenario_logs["manual-operator-election"])
     status, _, err = _run(capsys, "audit", "brokers", "--data-dir", data, "--flap-window", "soon")
-    assert status == 2 and err.startswith("error: INVALID_CONFIG:") and "duration" in err
+    assert status == 2 and err.startswith("error: INVALID_CONFIG: --flap-window 'soon': expected")
+    assert "duration" in err
+    # Zero is refused before Spark starts (the job itself would refuse it only then).
+    status, _, err = _run(capsys, "audit", "brokers", "--data-dir", data, "--flap-window", "0s")
+    assert status == 2 and err.startswith("error: INVALID_CONFIG: --flap-window '0s':")
     status, _, err = _run(capsys, "audit", "elections", "--data-dir", data, "--since", "noon")
     assert status == 2 and err.startswith("error: INVALID_CONFIG: --since 'noon': expected")
 
