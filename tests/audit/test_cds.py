@@ -9,15 +9,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from audit import cds
+from tests.processes import BOUND_S, wait_exit, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-BOUND_S = 120.0  # a bound on waiting, not a timing assertion
 
 
 @pytest.fixture
@@ -49,10 +48,8 @@ def test_a_part_still_being_written_or_damaged_is_not_used(cache: Path) -> None:
     writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(busy)])
     try:
         # Its command line names the part once it has exec'd (as a JVM's does).
-        deadline = time.monotonic() + BOUND_S
         cmdline = Path(f"/proc/{writer.pid}/cmdline")
-        while str(busy).encode() not in cmdline.read_bytes() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for("its exec", lambda: str(busy).encode() in cmdline.read_bytes(), every=0.01)
         busy.with_suffix(".jvm").write_text(str(writer.pid))
         damaged = cache / f"spark-{key}.jsa.2.part"
         damaged.write_bytes(b"\0" * 64)  # killed before its header was written
@@ -102,10 +99,7 @@ def test_a_real_jvm_writes_the_archive_and_the_next_one_maps_it(tmp_path: Path) 
 
     pid, mapped = probe()
     assert not mapped  # the first JVM writes the archive at its exit
-    deadline = time.monotonic() + BOUND_S
-    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not Path(f"/proc/{pid}").exists()
+    assert wait_exit(pid), "the first JVM did not exit"  # it writes the archive as it does
     _, mapped = probe()
     assert mapped
     archives = list(tmp_path.iterdir())

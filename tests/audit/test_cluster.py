@@ -18,7 +18,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +28,7 @@ import pytest
 
 import ops.cli
 from audit.export import export_parquet
+from tests.processes import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -41,16 +41,6 @@ def _spark_home() -> Path:
     import pyspark
 
     return Path(pyspark.__file__).parent
-
-
-def _wait_for(what: str, probe: Any, bound: float = BOUND_S) -> Any:
-    deadline = time.monotonic() + bound
-    while time.monotonic() < deadline:
-        found = probe()
-        if found:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"no {what} within {bound} s")
 
 
 class Standalone:
@@ -98,7 +88,7 @@ class Standalone:
             ui = re.search(r"MasterWebUI to \S+ and started at http://\S+:(\d+)", text)
             return (url[1], f"http://127.0.0.1:{ui[1]}") if url and ui else None
 
-        self.url, self.ui = _wait_for("master address in its log", bound)
+        self.url, self.ui = wait_for("master address in its log", bound, BOUND_S)
         for i in range(workers):
             work = self.root / f"work-{i}"
             self._start(
@@ -107,7 +97,7 @@ class Standalone:
                 *("--host", "127.0.0.1", "--cores", "1", "--memory", "1g"),
                 *("--webui-port", "0", "--work-dir", str(work), self.url),
             )
-        _wait_for(f"{workers} workers registered", lambda: self.alive_workers() == workers)
+        wait_for(f"{workers} workers registered", lambda: self.alive_workers() == workers, BOUND_S)
         return self
 
     def status(self) -> dict[str, Any]:
@@ -192,7 +182,7 @@ def test_every_audit_on_a_standalone_cluster_equals_local(
     assert f"s on {standalone.url}, of which" in done.stdout
 
     # It ran on the cluster: the master saw the application finish, with executors.
-    apps = _wait_for(
+    apps = wait_for(
         "the finished application",
         lambda: [a for a in standalone.status()["completedapps"] if a["name"] == "metactl-audit"],
         bound=30,

@@ -11,7 +11,6 @@ the log says.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from metadata_log.records import (
 from ops.chaos_check import Ack, Recovery, classify, counter_sum, leaderless_seconds
 from ops.chaos_report import table
 from protocol.messages import FetchedRecord
+from tests.processes import alive
 
 FENCE = ChangeReason.FENCE
 CLI = [sys.executable, "-m", "ops.cli", "chaos", "run"]
@@ -42,19 +42,6 @@ KEYS = {
     "potential_data_loss_metric",
     "acked_records_per_s",
 }
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is no process of ours to worry about: it holds nothing.
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return False
 
 
 # --- the checker ------------------------------------------------------------------------
