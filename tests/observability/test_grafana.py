@@ -15,6 +15,7 @@ from types import ModuleType
 
 import pytest
 import yaml
+from prometheus_client import Metric
 
 from controller.runtime.metrics import RoleMetrics
 from tests.observability.kit import (
@@ -109,13 +110,20 @@ def metric_names(text: str) -> set[str]:
     return set(re.findall(r"\bmetactl_[a-z_]*[a-z]", text))
 
 
-async def exported_names(tmp_path: Path) -> set[str]:
+async def served(tmp_path: Path) -> list[Metric]:
+    """What an active controller's `/metrics` serves: its role's registry, delegating to
+    the controller's metrics."""
     c = await Cluster.open(tmp_path)
     try:
-        families = list(c.registry.collect())
+        role = RoleMetrics()
+        role.active(c.metrics)
+        return list(role.registry.collect())
     finally:
         await c.close()
-    families += [m for m in RoleMetrics().registry.collect() if m.name != "metactl_build_info"]
+
+
+async def exported_names(tmp_path: Path) -> set[str]:
+    families = await served(tmp_path)
     names = {m.name for m in families} | {s.name for m in families for s in m.samples}
     return names | {m.name + "_total" for m in families if m.type == "counter"}
 
@@ -135,13 +143,9 @@ async def test_every_metric_named_in_grafana_exists(tmp_path: Path) -> None:
 
 
 async def test_readme_documents_every_exported_metric(tmp_path: Path) -> None:
-    c = await Cluster.open(tmp_path)
-    try:
-        collected = [*c.registry.collect(), *RoleMetrics().registry.collect()]
-        families = {m.name for m in collected}
-        kinds = {m.name: m.type for m in collected}
-    finally:
-        await c.close()
+    collected = await served(tmp_path)
+    families = {m.name for m in collected}
+    kinds = {m.name: m.type for m in collected}
     readme = (GRAFANA / "README.md").read_text()
     for name in families:
         full = name + "_total" if kinds[name] == "counter" else name
