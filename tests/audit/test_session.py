@@ -110,12 +110,16 @@ def test_progress_sees_each_job_of_its_group(spark: Any, scenario_logs: dict[str
 
     out = io.StringIO()
     inp = AuditInput.of(str(scenario_logs["worked-5.3.3-balanced-recovery"]))
-    spark.range(3).count()  # a job outside the block: not reported
     with JobProgress(spark, "test-progress", mode="lines", stream=out) as progress:
         unclean.run(spark, inp)
     assert progress.jobs and all(j.status == "SUCCEEDED" for j in progress.jobs.values())
     tracker = spark.sparkContext.statusTracker()
     assert sorted(progress.jobs) == sorted(tracker.getJobIdsForGroup("test-progress"))
+    # A job after the block is in no group: the block's group ended with it.
+    ungrouped = set(tracker.getJobIdsForGroup(None))
+    spark.range(3).count()
+    after = set(tracker.getJobIdsForGroup(None)) - ungrouped
+    assert after and not after & set(tracker.getJobIdsForGroup("test-progress"))
     lines = out.getvalue().splitlines()
     assert len(lines) == 2 * len(progress.jobs)
     assert spark.sparkContext.getLocalProperty("spark.jobGroup.id") is None  # cleared
