@@ -6,25 +6,24 @@ files are kept, so running it again keeps the CA (and every certificate it signe
 only adds what is missing, e.g. a new broker. Prints what it made and what it kept, and
 how the processes and the CLI find the directory.
 
-Exit status: 0 done; 1 the directory could not be written or holds an unusable CA; 2 bad
-flags. Errors are named (`error: CODE: ...`), never a traceback. This module only parses
-and prints: the certificates themselves are `ops.certs`'.
+Exit status: 0 done; 2 bad flags, a directory that cannot be written or one that holds
+an unusable CA (INVALID_CONFIG); otherwise docs/cli.md's table. Errors are named (`error:
+CODE: ...`), never a traceback. This module only parses and prints: the certificates
+themselves are `ops.certs`'.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
-from metactl.errors import InvalidConfigurationError, MetactlError
+from metactl.errors import InvalidConfigurationError
 from ops.certs import default_names, init_certs
-from ops.cli import HELP_FORMAT, examples
+from ops.cli import EXIT_OK, HELP_FORMAT, examples
 from protocol.flags import ENV_TLS_DIR
 from protocol.tls import CA_CERT, MAX_BROKER_ID
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 DEFAULT_BROKERS = "1,2,3"
 
 
@@ -79,23 +78,14 @@ def parse_broker_ids(text: str) -> list[int]:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    try:
-        ids = parse_broker_ids(args.brokers)
-    except MetactlError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    ids = parse_broker_ids(args.brokers)
     certs = (args.data_dir / "certs").resolve()
     names = default_names(ids)
     had_ca = (certs / CA_CERT).exists()
     try:
         created = init_certs(certs, names)
-    except MetactlError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
     except OSError as exc:
-        err = InvalidConfigurationError(f"cannot write certificates in {certs}: {exc}")
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_ERROR
+        raise InvalidConfigurationError(f"cannot write certificates in {certs}: {exc}") from None
     kept = [n for n in names if n not in created]
     print(f"certificates in {certs}")
     print(f"  CA:       {CA_CERT} ({'kept' if had_ca else 'created'})")

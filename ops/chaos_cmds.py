@@ -6,9 +6,10 @@ stopped and a partial report printed, exit 130), prints the table or, with `--js
 ends stdout with exactly one JSON object, and writes `--report FILE`.
 
 Exit status: 0 no silent loss (with `--expect-silent-loss`: 0 iff some silent loss was
-found); 3 a silent loss (or, with `--expect-silent-loss`, none); 1 an error; 2 bad flags;
-130 interrupted. The first line on stdout is always `STARTED {json}` once the cluster
-is up (data dir, controller address, pids).
+found); 3 a silent loss (or, with `--expect-silent-loss`, none); 1 an error during the
+run (after its partial report); 2 bad flags; 130 interrupted (docs/chaos.md); a failure
+before the run starts has docs/cli.md's status. The first line on stdout is always
+`STARTED {json}` once the cluster is up (data dir, controller address, pids).
 
 Only the CLI lives here: nothing of the run itself.
 """
@@ -22,12 +23,12 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
-from metactl.errors import InvalidRequestError, MetactlError
-from ops.cli import HELP_FORMAT, examples
+from metactl.errors import InvalidConfigurationError, InvalidRequestError, MetactlError
+from ops.cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, HELP_FORMAT, error_line, examples
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_SILENT_LOSS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_SILENT_LOSS: Final = 3  # the command's own verdict (docs/cli.md)
 
 
 def register(sub: Any) -> None:
@@ -40,6 +41,7 @@ def register(sub: Any) -> None:
         epilog=examples("metactl chaos run --duration 30 --seed 1"),
         formatter_class=HELP_FORMAT,
     )
+    c.set_defaults(help_parser=c)
     csub = c.add_subparsers(dest="chaos_command", metavar="SUBCOMMAND")
     r = csub.add_parser(
         "run",
@@ -114,12 +116,6 @@ def register(sub: Any) -> None:
         help="exit 0 iff silent losses were found (classic mode)",
     )
     r.set_defaults(func=cmd_chaos_run)
-    c.set_defaults(func=lambda args: c.print_help() or EXIT_USAGE)
-
-
-def _usage(msg: str) -> int:
-    print(f"error: {InvalidRequestError(msg)}", file=sys.stderr)
-    return EXIT_USAGE
 
 
 def cmd_chaos_run(args: argparse.Namespace) -> int:
@@ -131,41 +127,43 @@ def cmd_chaos_run(args: argparse.Namespace) -> int:
 
     for name in ("flush_interval_ms", "session_timeout_ms", "heartbeat_interval_ms"):
         if getattr(args, name) <= 0:
-            return _usage(f"--{name.replace('_', '-')} must be > 0")
+            raise InvalidConfigurationError(f"--{name.replace('_', '-')} must be > 0")
     if args.heartbeat_interval_ms >= args.session_timeout_ms:
-        return _usage("--heartbeat-interval-ms must be below --session-timeout-ms")
-    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="metactl-chaos-"))
-    try:
-        schedule = load_schedule(args.schedule) if args.schedule else None
-        if schedule is not None:
-            check_brokers(schedule, args.brokers)
-        cfg = ChaosConfig(
-            data_dir=data_dir,
-            brokers=args.brokers,
-            partitions=args.partitions,
-            rf=args.rf,
-            min_isr=args.min_isr,
-            strategy=args.strategy,
-            **rule_mode(args),
-            lossy_kills=args.lossy_kills,
-            duration_s=args.duration,
-            seed=args.seed,
-            schedule=schedule,
-            producers=args.producers,
-            batch=args.batch,
-            operator_elect=args.operator_elect,
-            timing=Timing(
-                heartbeat_ms=args.heartbeat_interval_ms,
-                session_ms=args.session_timeout_ms,
-                flush_ms=args.flush_interval_ms,
-            ),
+        raise InvalidConfigurationError(
+            "--heartbeat-interval-ms must be below --session-timeout-ms"
         )
+    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="metactl-chaos-"))
+    schedule = load_schedule(args.schedule) if args.schedule else None
+    if schedule is not None:
+        check_brokers(schedule, args.brokers)
+    cfg = ChaosConfig(
+        data_dir=data_dir,
+        brokers=args.brokers,
+        partitions=args.partitions,
+        rf=args.rf,
+        min_isr=args.min_isr,
+        strategy=args.strategy,
+        **rule_mode(args),
+        lossy_kills=args.lossy_kills,
+        duration_s=args.duration,
+        seed=args.seed,
+        schedule=schedule,
+        producers=args.producers,
+        batch=args.batch,
+        operator_elect=args.operator_elect,
+        timing=Timing(
+            heartbeat_ms=args.heartbeat_interval_ms,
+            session_ms=args.session_timeout_ms,
+            flush_ms=args.flush_interval_ms,
+        ),
+    )
+    try:
         cfg.validate()
-    except MetactlError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    except InvalidRequestError as exc:
+        # ops.chaos names a bad flag INVALID_REQUEST; to this command it is a usage error.
+        raise InvalidConfigurationError(exc.message) from None
     if data_dir.exists() and any(data_dir.iterdir()):
-        return _usage(f"--data-dir {data_dir} is not empty")
+        raise InvalidConfigurationError(f"--data-dir {data_dir} is not empty")
 
     def started(info: dict[str, Any]) -> None:
         print("STARTED " + json.dumps(info, separators=(",", ":")), flush=True)
@@ -198,8 +196,8 @@ def cmd_chaos_run(args: argparse.Namespace) -> int:
     else:
         print(table(report))
     if error is not None:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_ERROR
+        print(error_line(error), file=sys.stderr)
+        return EXIT_REFUSED  # docs/chaos.md: 1 for an error during the run, whatever it was
     if run.interrupted:
         return EXIT_INTERRUPTED
     silent = bool(report["lost_silent"])

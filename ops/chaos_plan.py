@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from metactl.errors import InvalidRequestError
+from metactl.errors import InvalidConfigurationError
 
 OPS = ("kill", "term", "pause", "restart", "kill_controller", "sleep")
 
@@ -81,22 +81,26 @@ BUILTIN: dict[str, list[Step]] = {
 def parse_steps(doc: Any, source: str) -> list[Step]:
     items = doc.get("steps") if isinstance(doc, dict) else doc
     if not isinstance(items, list):
-        raise InvalidRequestError(f"{source}: a schedule is a list of steps or {{'steps': [...]}}")
+        raise InvalidConfigurationError(
+            f"{source}: a schedule is a list of steps or {{'steps': [...]}}"
+        )
     fields = set(Step.__dataclass_fields__)
     out = []
     for i, item in enumerate(items):
         where = f"{source}: step {i + 1}"
         if not isinstance(item, dict) or item.get("op") not in OPS:
-            raise InvalidRequestError(f"{where}: 'op' must be one of {', '.join(OPS)}")
+            raise InvalidConfigurationError(f"{where}: 'op' must be one of {', '.join(OPS)}")
         unknown = set(item) - fields
         if unknown:
-            raise InvalidRequestError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+            raise InvalidConfigurationError(
+                f"{where}: unknown field(s) {', '.join(sorted(unknown))}"
+            )
         try:
             step = Step(**item)
         except TypeError as exc:
-            raise InvalidRequestError(f"{where}: {exc}") from None
+            raise InvalidConfigurationError(f"{where}: {exc}") from None
         if step.op in ("kill", "term", "pause", "restart") and not isinstance(step.broker, int):
-            raise InvalidRequestError(f"{where}: {step.op} needs an integer 'broker'")
+            raise InvalidConfigurationError(f"{where}: {step.op} needs an integer 'broker'")
         out.append(step)
     return out
 
@@ -107,19 +111,21 @@ def load_schedule(spec: str) -> list[Step]:
         name = spec.removeprefix("builtin:")
         if name not in BUILTIN:
             names = ", ".join(sorted(BUILTIN))
-            raise InvalidRequestError(f"no built-in schedule {name!r} (known: {names})")
+            raise InvalidConfigurationError(f"no built-in schedule {name!r} (known: {names})")
         return list(BUILTIN[name])
     try:
         doc = json.loads(Path(spec).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise InvalidRequestError(f"cannot read the schedule {spec}: {exc}") from None
+        raise InvalidConfigurationError(f"cannot read the schedule {spec}: {exc}") from None
     return parse_steps(doc, spec)
 
 
 def check_brokers(steps: list[Step], brokers: int) -> None:
     for s in steps:
         if s.broker is not None and not 1 <= s.broker <= brokers:
-            raise InvalidRequestError(f"the schedule names broker {s.broker}; ids are 1..{brokers}")
+            raise InvalidConfigurationError(
+                f"the schedule names broker {s.broker}; ids are 1..{brokers}"
+            )
 
 
 def random_plan(

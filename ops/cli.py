@@ -36,7 +36,7 @@ EXIT_UNAVAILABLE: Final = 5  # no answer (in time), or a retriable error outlast
 EXIT_INTERNAL: Final = 70  # a bug (EX_SOFTWARE): please report it
 EXIT_INTERRUPTED: Final = 130  # Ctrl-C (128 + SIGINT)
 
-USAGE_CODES: Final = frozenset({"INVALID_CONFIG"})
+USAGE_CODES: Final = frozenset({"INVALID_CONFIG", "INVALID_SCENARIO"})
 NOT_FOUND_CODES: Final = frozenset(
     {"UNKNOWN_TOPIC_OR_PARTITION", "BROKER_ID_NOT_REGISTERED", "LOG_DIR_NOT_FOUND"}
 )

@@ -56,6 +56,7 @@ from metactl.errors import (
     StoreUnavailableError,
 )
 from ops.certs import default_names, init_certs
+from ops.cli import EXIT_INTERRUPTED
 from ops.client import INSECURE, Security, call
 from ops.etcd_local import LocalEtcd, dies_with_parent
 from ops.events import Event, Feed
@@ -382,8 +383,6 @@ class ClusterUp:
 
 
 def cmd_cluster_up(args: argparse.Namespace) -> int:
-    from ops.cli import fail
-
     settings = UpSettings(
         data_dir=Path(args.data_dir).resolve(),
         brokers=args.brokers,
@@ -424,7 +423,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             with contextlib.suppress(BaseException):
                 await starting
             print("interrupted during start-up; stopped everything", file=sys.stderr)
-            return 130
+            return EXIT_INTERRUPTED
         waiter.cancel()
         starting.result()
         topic = await up.create_demo_topic()
@@ -451,7 +450,5 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
 
     try:
         return asyncio.run(run())
-    except (MetactlError, OSError) as exc:
-        return fail(exc)
     finally:
-        up.stop()
+        up.stop()  # done already, unless asyncio.run itself failed

@@ -33,20 +33,20 @@ import dataclasses
 import hashlib
 import json
 import os
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Final
 
 from metactl.errors import (
+    InvalidConfigurationError,
     InvalidRequestError,
     MetactlError,
     UnknownTopicOrPartitionError,
 )
-from ops.cli import HELP_FORMAT, examples, fail
+from ops.cli import EXIT_OK, HELP_FORMAT, examples
 from ops.client import (
     INSECURE,
     Security,
@@ -66,7 +66,7 @@ from protocol.messages import (
     ReadLogResponse,
 )
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
+EXIT_INCOMPLETE: Final = 3  # the commands' own verdict (docs/cli.md)
 # A leader moves within a session timeout (9 s by default): retry for about that long.
 DATA_RETRY = RetryPolicy(attempts=12, base_s=0.05, cap_s=1.0)
 Range = tuple[int, int, int]  # [start, end) offsets, all in one leader epoch
@@ -278,36 +278,33 @@ async def produce(
 def cmd_produce(args: argparse.Namespace) -> int:
     for name in ("count", "batch", "in_flight"):
         if getattr(args, name) < 1:
-            return _usage(f"--{name.replace('_', '-')} must be >= 1")
+            raise InvalidConfigurationError(f"--{name.replace('_', '-')} must be >= 1")
     if args.rate is not None and args.rate <= 0:
-        return _usage("--rate must be > 0")
+        raise InvalidConfigurationError("--rate must be > 0")
     if args.retries < 0:
-        return _usage("--retries must be >= 0")
+        raise InvalidConfigurationError("--retries must be >= 0")
     if args.timeout_ms is not None and args.timeout_ms < 0:
-        return _usage("--timeout-ms must be >= 0")
+        raise InvalidConfigurationError("--timeout-ms must be >= 0")
     acks = ACKS_ALL if args.acks in ("all", "-1") else ACKS_LEADER
-    try:
-        controller = controller_address(args)
-        security = security_from(args)
-        summary = asyncio.run(
-            produce(
-                controller=controller,
-                topic=args.topic,
-                partition=args.partition,
-                acks=acks,
-                count=args.count,
-                batch=args.batch,
-                acked_log=args.acked_log,
-                rate=args.rate,
-                in_flight=args.in_flight,
-                timeout_ms=args.timeout_ms,
-                retry=dataclasses.replace(DATA_RETRY, attempts=args.retries + 1),
-                security=security,
-                timeout_s=args.timeout,
-            )
+    controller = controller_address(args)
+    security = security_from(args)
+    summary = asyncio.run(
+        produce(
+            controller=controller,
+            topic=args.topic,
+            partition=args.partition,
+            acks=acks,
+            count=args.count,
+            batch=args.batch,
+            acked_log=args.acked_log,
+            rate=args.rate,
+            in_flight=args.in_flight,
+            timeout_ms=args.timeout_ms,
+            retry=dataclasses.replace(DATA_RETRY, attempts=args.retries + 1),
+            security=security,
+            timeout_s=args.timeout,
         )
-    except (MetactlError, OSError) as exc:
-        return fail(exc)
+    )
     if args.json:
         print(json.dumps(summary.to_json()))
     else:
@@ -405,21 +402,18 @@ async def consume(
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
-    try:
-        acked = read_acked_log(args.check_acked, args.topic) if args.check_acked else None
-        controller = controller_address(args)
-        security = security_from(args)
-        results = asyncio.run(
-            consume(
-                controller=controller,
-                topic=args.topic,
-                partition=args.partition,
-                security=security,
-                timeout_s=args.timeout,
-            )
+    acked = read_acked_log(args.check_acked, args.topic) if args.check_acked else None
+    controller = controller_address(args)
+    security = security_from(args)
+    results = asyncio.run(
+        consume(
+            controller=controller,
+            topic=args.topic,
+            partition=args.partition,
+            security=security,
+            timeout_s=args.timeout,
         )
-    except (MetactlError, OSError) as exc:
-        return fail(exc)
+    )
     committed = {
         r.partition: ranges(r.leader_epochs, r.high_watermark)
         for _, r in results
@@ -461,8 +455,3 @@ def cmd_consume(args: argparse.Namespace) -> int:
                 f"Digest: {digest(rs)}{extra}"
             )
     return EXIT_INCOMPLETE if failed or any(missing.values()) else EXIT_OK
-
-
-def _usage(message: str) -> int:
-    print(f"error: {InvalidRequestError(message)}", file=sys.stderr)
-    return EXIT_USAGE

@@ -67,16 +67,13 @@ DATA_DIR_HELP = (
 
 def _export(args: argparse.Namespace) -> int:
     from audit.export import export_parquet
-    from metactl.errors import InvalidConfigurationError, MetactlError
-    from ops.cli import fail
+    from metactl.errors import InvalidConfigurationError
 
-    try:
-        dirs, clusters = resolve_data_dirs(_split(args.data_dir), _split(args.cluster))
-        report = export_parquet(dirs, args.parquet, clusters=clusters, overwrite=args.overwrite)
-    except ValueError as exc:
-        return fail(InvalidConfigurationError(str(exc)))
-    except (MetactlError, OSError) as exc:
-        return fail(exc)
+    given = _split(args.data_dir)
+    if not given:
+        raise InvalidConfigurationError("--data-dir names no data directory")
+    dirs, clusters = resolve_data_dirs(given, _split(args.cluster))
+    report = export_parquet(dirs, args.parquet, clusters=clusters, overwrite=args.overwrite)
     for line in report.lines():
         print(line)
     return 0
@@ -108,11 +105,18 @@ def resolve_data_dirs(given: list[str], clusters: list[str]) -> tuple[list[str],
     """The log of each given path (`ops.paths.resolve_log_dir`; a log file stays as
     given), checked to be a metactl log, and the cluster names: the given ones, else
     each path's name as typed (``./data`` is ``data``, not ``controller``), else, when
-    two names clash, the full paths. Raises LOG_DIR_NOT_FOUND naming the places tried."""
+    two names clash, the full paths. Raises LOG_DIR_NOT_FOUND naming the places tried,
+    and INVALID_CONFIG unless the names are distinct, one per path."""
     from audit.logread import cluster_name, log_info
+    from metactl.errors import InvalidConfigurationError
     from metadata_log.backends import is_etcd_url
     from ops.paths import resolve_log_dir
 
+    if given and clusters and len(clusters) != len(given):
+        raise InvalidConfigurationError(
+            f"--cluster names {len(clusters)} cluster(s) for {len(given)} data "
+            "directories: give one name per data directory"
+        )
     dirs = []
     for path in given:
         if is_etcd_url(path):
@@ -121,11 +125,13 @@ def resolve_data_dirs(given: list[str], clusters: list[str]) -> tuple[list[str],
             found = Path(path) if Path(path).is_file() else resolve_log_dir(path)
         log_info(found)  # a metactl log, of a schema this reader knows
         dirs.append(str(found))
-    if clusters:
-        return dirs, clusters
-    names = [p.rstrip("/").rsplit("/", 1)[-1] if is_etcd_url(p) else cluster_name(p) for p in given]
-    if len(set(names)) != len(names):
+    names = clusters or [
+        p.rstrip("/").rsplit("/", 1)[-1] if is_etcd_url(p) else cluster_name(p) for p in given
+    ]
+    if not clusters and len(set(names)) != len(names):
         names = [str(Path(p).resolve()) for p in given]
+    if given and len(set(names)) != len(names):
+        raise InvalidConfigurationError(f"cluster names must be distinct, got {names}")
     return dirs, names
 
 

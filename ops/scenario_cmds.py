@@ -15,10 +15,9 @@ from typing import Any
 
 import msgspec
 
-from metactl.errors import ScenarioError
 from metadata_image.image import parse_tp
 from metadata_log.records import NO_LEADER
-from ops.cli import EXIT_USAGE, HELP_FORMAT, examples, fail
+from ops.cli import EXIT_OK, EXIT_REFUSED, HELP_FORMAT, examples
 from ops.describe_cmds import partition_line
 from protocol.messages import PartitionState
 from simulation.scenario import run_scenario
@@ -133,11 +132,7 @@ def _json_step(report: StepReport) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    try:
-        scenario = load_scenario(args.file)
-    except ScenarioError as exc:
-        fail(exc)
-        return EXIT_USAGE
+    scenario = load_scenario(args.file)  # INVALID_SCENARIO: exit 2 (ops.cli.USAGE_CODES)
 
     def on_step(report: StepReport) -> None:
         if args.json:
@@ -145,13 +140,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             _print_human(report)
 
-    try:
-        _, summary = asyncio.run(run_scenario(scenario, args.data_dir, on_step))
-    except ScenarioError as exc:
-        fail(exc)
-        return EXIT_USAGE
+    _, summary = asyncio.run(run_scenario(scenario, args.data_dir, on_step))
     _print_summary(summary, args.json)
-    return 0 if summary.failed_expectations == 0 else 1
+    return EXIT_OK if summary.failed_expectations == 0 else EXIT_REFUSED
 
 
 def _print_summary(summary: Summary, as_json: bool) -> None:

@@ -21,9 +21,13 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from metactl.errors import InvalidConfigurationError, MetactlError
-from ops.cli import EXIT_REFUSED, EXIT_USAGE, HELP_FORMAT, examples, fail
+from metactl.errors import InvalidConfigurationError
+from ops.cli import EXIT_REFUSED, HELP_FORMAT, examples, fail
+
+if TYPE_CHECKING:
+    from simulation.faults_schedule import ReplayFile
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -179,20 +183,19 @@ def _register_faults(commands: argparse._SubParsersAction[argparse.ArgumentParse
 def _faults(args: argparse.Namespace) -> int:
     import json
 
-    import msgspec
-
     from controller.core.config import ControllerConfig
     from controller.runtime.serve import rule_mode
     from simulation.faults import Mode, replay, run_faults
-    from simulation.faults_schedule import load_replay
 
     try:
         if args.replay is not None:
-            doc = load_replay(args.replay)
+            doc = _load_replay(args.replay)
             summary = replay(doc.schedule, doc.mode)
         else:
             if args.schedules < 1 or args.lossy_kills < 0:
-                raise ValueError("--schedules must be positive and --lossy-kills not negative")
+                raise InvalidConfigurationError(
+                    "--schedules must be positive and --lossy-kills not negative"
+                )
             rules = rule_mode(args)
             # The config refuses a bad combination (InvalidConfigurationError) before a run.
             ControllerConfig(unclean_recovery_strategy=args.strategy, **rules)
@@ -213,10 +216,7 @@ def _faults(args: argparse.Namespace) -> int:
                 shrink_max=args.shrink_max,
                 progress=progress,
             )
-    except (MetactlError, ValueError, msgspec.ValidationError) as exc:
-        fail(exc if isinstance(exc, MetactlError) else InvalidConfigurationError(str(exc)))
-        return EXIT_USAGE
-    except OSError as exc:
+    except OSError as exc:  # docs/safety.md: 1 when a file cannot be read or written
         fail(exc)
         return EXIT_REFUSED
     if args.json:
@@ -230,34 +230,41 @@ def _faults(args: argparse.Namespace) -> int:
     return 3 if silent or summary.invariant_violations else 0
 
 
+def _load_replay(path: Path) -> ReplayFile:
+    """The replay file at `path`; INVALID_CONFIG (exit 2) for one that is not valid."""
+    from simulation.faults_schedule import load_replay
+
+    try:
+        return load_replay(path)
+    except ValueError as exc:  # msgspec's decode errors are ValueErrors too
+        raise InvalidConfigurationError(str(exc)) from None
+
+
 def _history(args: argparse.Namespace) -> int:
     from simulation.history import simulate_history
     from simulation.history_config import HistoryConfig, parse_time_ms
 
+    if args.brokers < 1 or args.partitions < 1 or args.days <= 0:
+        raise InvalidConfigurationError("--brokers, --partitions and --days must be positive")
+    if args.replication_factor > args.brokers:
+        raise InvalidConfigurationError("--replication-factor cannot exceed --brokers")
     try:
-        if args.brokers < 1 or args.partitions < 1 or args.days <= 0:
-            raise InvalidConfigurationError("--brokers, --partitions and --days must be positive")
-        if args.replication_factor > args.brokers:
-            raise InvalidConfigurationError("--replication-factor cannot exceed --brokers")
-        try:
-            extra = {} if args.start is None else {"start_ms": parse_time_ms(args.start)}
-        except ValueError as exc:
-            raise InvalidConfigurationError(f"--start {args.start!r}: {exc}") from None
-        cfg = HistoryConfig(
-            brokers=args.brokers,
-            partitions=args.partitions,
-            days=args.days,
-            seed=args.seed,
-            topics=args.topics,
-            replication_factor=args.replication_factor,
-            min_isr=args.min_isr,
-            strategy=args.strategy,
-            intensity=args.intensity,
-            **extra,
-        )
-        progress = None if args.quiet else (lambda line: print(line, file=sys.stderr))
-    except ValueError as exc:  # the config refuses a value
-        return fail(InvalidConfigurationError(str(exc)))
+        extra = {} if args.start is None else {"start_ms": parse_time_ms(args.start)}
+    except ValueError as exc:
+        raise InvalidConfigurationError(f"--start {args.start!r}: {exc}") from None
+    cfg = HistoryConfig(
+        brokers=args.brokers,
+        partitions=args.partitions,
+        days=args.days,
+        seed=args.seed,
+        topics=args.topics,
+        replication_factor=args.replication_factor,
+        min_isr=args.min_isr,
+        strategy=args.strategy,
+        intensity=args.intensity,
+        **extra,
+    )
+    progress = None if args.quiet else (lambda line: print(line, file=sys.stderr))
     report = asyncio.run(simulate_history(cfg, args.out, progress=progress))
     for line in report.lines():
         print(line)

@@ -67,7 +67,7 @@ def test_half_a_ca_is_a_named_error(tmp_path: Path, capsys: pytest.CaptureFixtur
     (tmp_path / "certs").mkdir()
     (tmp_path / "certs" / CA_CERT).write_text("not a CA")
     status, _, err = run(capsys, "--data-dir", str(tmp_path))
-    assert status == 1
+    assert status == 2  # INVALID_CONFIG: the usage status of docs/cli.md's table
     assert err.startswith("error: INVALID_CONFIG:") and "half a CA" in err
     assert "Traceback" not in err
 
@@ -78,6 +78,6 @@ def test_an_unwritable_directory_is_a_named_error(
     blocker = tmp_path / "file"
     blocker.write_text("a file where the data directory should be")
     status, _, err = run(capsys, "--data-dir", str(blocker))
-    assert status == 1
+    assert status == 2
     assert err.startswith("error: INVALID_CONFIG: cannot write certificates in")
     assert "Traceback" not in err

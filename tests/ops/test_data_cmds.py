@@ -44,7 +44,7 @@ def test_bad_input_is_a_named_error_without_traceback(
     base = ["produce", "--controller", "127.0.0.1:1", "--insecure", "--topic", "t",
             "--acked-log", log]  # fmt: skip
     assert main([*base, "--count", "0"]) == 2
-    assert "error: INVALID_REQUEST: --count must be >= 1" in capsys.readouterr().err
+    assert "error: INVALID_CONFIG: --count must be >= 1" in capsys.readouterr().err
     assert main([*base, "--count", "5", "--rate", "0"]) == 2
     assert "--rate must be > 0" in capsys.readouterr().err
     # Nobody listens on port 1: a named network error, exit 5 (unavailable, docs/cli.md).
