@@ -136,6 +136,26 @@ def test_a_missing_log_is_not_found_and_names_both_places(
         assert f"in {tmp_path} nor in {tmp_path / 'controller'}" in err
 
 
+def test_log_export_wants_one_distinct_cluster_name_per_data_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "d"
+    scenario = REPO / "simulation" / "scenarios" / "worked-5.3.3-balanced-recovery.yaml"
+    assert main(["scenario", "run", str(scenario), "--data-dir", str(data)]) == 0
+    out = tmp_path / "pq"
+    for extra, message in (
+        (["--cluster", "x"], "--cluster names 1 cluster(s) for 2 data directories"),
+        ([], "cluster names must be distinct"),
+    ):
+        capsys.readouterr()
+        argv = ["log", "export", "--data-dir", f"{data},{data}", "--parquet", str(out), *extra]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert_one_line(err, "INVALID_CONFIG")
+        assert message in err
+    assert not out.exists()
+
+
 # --- Ctrl-C --------------------------------------------------------------------------------
 
 
