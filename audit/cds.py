@@ -4,7 +4,7 @@ Most of an audit's fixed cost on a small log is the JVM loading and verifying Sp
 classes (issue 13: ~6 s of a ~15 s ``audit elections``). HotSpot can map them from an
 archive instead (AppCDS, JDK 13+; Spark 4 needs 17+). The first audit on a machine runs
 with ``-XX:ArchiveClassesAtExit``: its JVM writes the archive when it exits, after the
-command has returned (in the background, ~150 MB, some seconds). Later audits start with
+command has returned (in the background, ~160 MB, some seconds). Later audits start with
 ``-XX:SharedArchiveFile``. Nothing else changes; a stale or damaged archive is refused
 by the JVM (``-XX:+VerifySharedSpaces``, ``-Xshare:auto``) and the audit just starts
 without it.
@@ -16,10 +16,14 @@ Where: ``$METACTL_CACHE_DIR``, else ``$XDG_CACHE_HOME/metactl``, else
 A JVM writes ``spark-KEY.jsa.PID.part`` (PID: the creating process), and a sidecar
 ``.jvm`` file names that JVM's pid once it runs; the next launch promotes a finished part
 (its JVM gone, the archive's magic number in place) to ``spark-KEY.jsa`` atomically.
+Each launch that maps an archive marks it used (its mtime); the files of other keys (an
+earlier pyspark or Java) unused for ``STALE_ARCHIVE_S`` are removed, so upgrades leave no
+archive behind, while two installations sharing the cache keep theirs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -33,6 +37,7 @@ ENV_DIR: Final = "METACTL_CACHE_DIR"
 # A dynamic archive's header starts with this magic number (HotSpot, little-endian).
 DYNAMIC_MAGIC: Final = (0xF00BABA8).to_bytes(4, "little")
 STALE_PART_S: Final = 3600.0  # a part with no JVM noted after this long was abandoned
+STALE_ARCHIVE_S: Final = 7 * 86400.0  # another key's files, unused this long, are removed
 COMMON: Final = (
     "-XX:+IgnoreUnrecognizedVMOptions",  # a JVM without CDS still starts
     "-Xshare:auto",  # an unusable archive is skipped, never fatal
@@ -131,6 +136,21 @@ def promote_finished(directory: Path, key: str) -> None:
             continue  # another launch got there first
 
 
+def drop_unused(directory: Path, key: str) -> None:
+    """Remove the archives of other keys (and their parts) not used for STALE_ARCHIVE_S:
+    an earlier pyspark's or Java's, ~160 MB each. (A JVM mapping one keeps its mapping.)"""
+    mine = archive_path(directory, key).name
+    now = time.time()
+    for path in directory.glob("spark-*.jsa*"):
+        if path.name.startswith(mine):
+            continue
+        try:
+            if now - path.stat().st_mtime > STALE_ARCHIVE_S:
+                path.unlink()
+        except OSError:
+            continue  # another launch got there first
+
+
 def plan() -> Plan | None:
     """The options for the next driver JVM, or None when CDS is off or impossible."""
     if not enabled():
@@ -142,10 +162,13 @@ def plan() -> Plan | None:
     try:
         directory.mkdir(parents=True, exist_ok=True)
         promote_finished(directory, key)
+        drop_unused(directory, key)
     except OSError:
         return None  # no writable cache: start as usual
     final = archive_path(directory, key)
     if final.is_file():
+        with contextlib.suppress(OSError):
+            os.utime(final)  # used: kept while its installation is (`drop_unused`)
         return Plan(" ".join((*COMMON, f"-XX:SharedArchiveFile={final}")))
     part = directory / f"{final.name}.{os.getpid()}.part"
     return Plan(" ".join((*COMMON, f"-XX:ArchiveClassesAtExit={part}")), writing=part)

@@ -21,7 +21,7 @@ from audit.cds import ENV_SWITCH
 from tests.audit.logs import SCENARIOS, crafted_violations, run_scenario_log
 
 # No class-data sharing archive for the suite's JVMs (the one in the pytest process, the
-# audits it runs as subprocesses): each would write ~150 MB to the user's cache at its
+# audits it runs as subprocesses): each would write ~160 MB to the user's cache at its
 # exit. tests/audit/test_cds.py turns it on, with a cache directory of its own.
 os.environ[ENV_SWITCH] = "off"
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,24 @@ def test_a_part_still_being_written_or_damaged_is_not_used(cache: Path) -> None:
         writer.wait()
 
 
+def test_archives_of_other_versions_go_once_unused(cache: Path) -> None:
+    key = cds.archive_key()
+    assert key is not None
+    mine = cache / f"spark-{key}.jsa"
+    mine.write_bytes(cds.DYNAMIC_MAGIC)
+    old = [cache / f"spark-0123456789abcdef.jsa{suffix}" for suffix in ("", ".7.part", ".7.jvm")]
+    recent = cache / "spark-fedcba9876543210.jsa"  # another installation's, in use
+    long_ago = time.time() - cds.STALE_ARCHIVE_S - 60
+    for path in (*old, recent):
+        path.write_bytes(cds.DYNAMIC_MAGIC)
+    for path in (*old, mine):
+        os.utime(path, (long_ago, long_ago))
+    plan = cds.plan()
+    assert plan is not None and plan.writing is None  # it maps its own archive
+    assert sorted(p.name for p in cache.iterdir()) == sorted([mine.name, recent.name])
+    assert mine.stat().st_mtime > long_ago + 60  # marked used: kept as long as it is
+
+
 def test_off_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(cds.ENV_SWITCH, "off")
     assert cds.plan() is None
@@ -69,6 +88,7 @@ def test_off_switch(monkeypatch: pytest.MonkeyPatch) -> None:
 
 PROBE = """
 import sys
+import time
 from audit.spark import get_session
 from pyspark import SparkContext
 spark = get_session("local[1]", driver_memory="1g")
