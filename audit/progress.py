@@ -172,7 +172,7 @@ class JobProgress:
                     state.done = state.total  # skipped stages (reused shuffles) never run
                 if state.status in _DONE:
                     state.ended = time.monotonic()
-                    self._ended(state)
+                    self._ended(state, state.ended - state.started)
                 elif self._bars is not None:
                     self._bars.update(state.task, completed=state.done, total=state.total)
 
@@ -184,8 +184,7 @@ class JobProgress:
         elif self.mode == "lines":
             self._line(f"spark job {state.job_id} started: {state.name} ({state.total} tasks)")
 
-    def _ended(self, state: JobState) -> None:
-        took = (state.ended or state.started) - state.started
+    def _ended(self, state: JobState, took: float) -> None:
         if self._bars is not None:
             # The last finished job's bar stays; older finished bars make way.
             for other in self.jobs.values():

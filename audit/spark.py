@@ -12,8 +12,8 @@ The session is an operator's tool, not a service (issue 13):
   to 127.0.0.1 (``spark.driver.host``/``bindAddress`` and ``SPARK_LOCAL_IP``), so an
   audit opens no port on the machine's external interface;
 * the JVM gets its own session (process group), so a terminal's Ctrl-C reaches only this
-  process, which cancels the jobs and stops the session (`stop_quickly`); the JVM and
-  its Python workers never print a stack of their own;
+  process, which cancels the jobs and stops the session (`stop_in_background`); the JVM
+  and its Python workers never print a stack of their own;
 * Spark's own output (the JVM's stdout and stderr, log4j) is discarded unless
   ``verbose``; errors still reach the caller as exceptions;
 * the driver JVM maps Spark's classes from a class-data sharing archive that the first
