@@ -12,11 +12,6 @@ import pytest
 from metactl.settings import NotGiven
 from ops.cli import build_parser
 
-# Parsers whose options another change fills in (the start-up work of issue 13): listed so
-# that this test shows them as expected failures, and fails once they are done (strict).
-LATER: dict[str, str] = {}
-LATER_OPTIONS: set[str] = set()
-
 
 def parsers() -> Iterator[tuple[str, argparse.ArgumentParser]]:
     def walk(
@@ -31,7 +26,7 @@ def parsers() -> Iterator[tuple[str, argparse.ArgumentParser]]:
     return walk(build_parser(), ())
 
 
-def problems(p: argparse.ArgumentParser, skip: set[str]) -> list[str]:
+def problems(p: argparse.ArgumentParser) -> list[str]:
     found = []
     if not (p.epilog and "Examples:" in p.epilog):
         found.append("no 'Examples:' epilog")
@@ -44,7 +39,7 @@ def problems(p: argparse.ArgumentParser, skip: set[str]) -> list[str]:
             a, argparse._HelpAction | argparse._SubParsersAction | argparse._VersionAction
         ):
             continue
-        if a.help == argparse.SUPPRESS or set(a.option_strings) & skip:
+        if a.help == argparse.SUPPRESS:
             continue
         name = "/".join(a.option_strings) or a.dest
         default = a.default.value if isinstance(a.default, NotGiven) else a.default
@@ -62,21 +57,10 @@ def problems(p: argparse.ArgumentParser, skip: set[str]) -> list[str]:
 ALL = list(parsers())
 
 
-@pytest.mark.parametrize(
-    "path",
-    [
-        pytest.param(
-            path,
-            marks=pytest.mark.xfail(strict=True, reason=f"filled in by {LATER[path]}"),
-        )
-        if path in LATER
-        else path
-        for path, _ in ALL
-    ],
-)
+@pytest.mark.parametrize("path", [path for path, _ in ALL])
 def test_every_command_has_examples_and_every_option_help_with_its_default(path: str) -> None:
     parser = dict(ALL)[path]
-    assert problems(parser, LATER_OPTIONS) == []
+    assert problems(parser) == []
 
 
 def test_the_walk_sees_every_command() -> None:
@@ -95,11 +79,11 @@ def test_the_checker_catches_a_missing_help_and_an_unstated_default() -> None:
     )
     p.add_argument("--a", default=3, help="something")
     p.add_argument("--b")
-    assert problems(p, set()) == [
+    assert problems(p) == [
         "--a: the help does not state the default 3",
         "--b: no help",
     ]
-    assert problems(argparse.ArgumentParser(), set()) == ["no 'Examples:' epilog"]
+    assert problems(argparse.ArgumentParser()) == ["no 'Examples:' epilog"]
 
 
 def test_help_shows_examples_one_per_line(capsys: pytest.CaptureFixture[str]) -> None:

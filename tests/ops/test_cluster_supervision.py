@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -44,16 +45,21 @@ def pids(banner: list[str]) -> dict[str, int]:
 
 
 def read_until(up: Up, text: str) -> list[str]:
-    """Lines `cluster up` prints after its banner, up to one containing `text`."""
-    assert up.proc.stdout is not None
+    """Lines `cluster up` prints after its banner, up to one containing `text`, which
+    must come within BOUND_S."""
+    lines = up.lines()
     seen: list[str] = []
     deadline = time.monotonic() + BOUND_S
-    for line in up.proc.stdout:
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError(f"no {text!r} within {BOUND_S:.0f} s: {seen}") from None
+        if line is None:
+            raise AssertionError(f"cluster up ended without {text!r}: {seen}")
         seen.append(line.rstrip("\n"))
         if text in line:
             return seen
-        assert time.monotonic() < deadline, seen
-    raise AssertionError(f"cluster up ended without {text!r}: {seen}")
 
 
 def logged(log: Path) -> list[tuple[str, str]]:

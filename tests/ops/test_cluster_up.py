@@ -6,11 +6,13 @@ refused with a named error; /metrics needs a client certificate. Ctrl-C stops it
 from __future__ import annotations
 
 import os
+import queue
 import shlex
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,6 +59,7 @@ class Up:
             start_new_session=True,
         )  # fmt: skip
         self.banner: list[str] = []
+        self._lines: queue.Queue[str | None] | None = None
 
     def await_banner(self) -> list[str]:
         """Its output up to 'Ctrl-C stops everything cleanly.' (the test's timeout bounds
@@ -68,6 +71,23 @@ class Up:
                 return self.banner
         _, err = self.proc.communicate(timeout=30)
         raise AssertionError(f"cluster up exited {self.proc.returncode}: {err}")
+
+    def lines(self) -> queue.Queue[str | None]:
+        """What it prints from now on (after `await_banner`), line by line and None at its
+        end, read by a thread of its own so that a wait for a line can be bounded."""
+        if self._lines is None:
+            lines: queue.Queue[str | None] = queue.Queue()
+            stdout = self.proc.stdout
+            assert stdout is not None
+
+            def read() -> None:
+                for line in stdout:
+                    lines.put(line)
+                lines.put(None)
+
+            threading.Thread(target=read, daemon=True).start()
+            self._lines = lines
+        return self._lines
 
     def command(self, name: str) -> list[str]:
         """The printed `metactl <name> ...` suggestion, as arguments."""

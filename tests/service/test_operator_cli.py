@@ -60,6 +60,16 @@ async def metactl(*args: str) -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
+def usage_error(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """`metactl` in this process, for input refused before anything is sent (or run):
+    its status and stderr."""
+    from ops.cli import main
+
+    capsys.readouterr()
+    status = main([*args, "--insecure"])
+    return status, capsys.readouterr().err
+
+
 async def test_create_describe_brokers_and_elect(
     service: ControllerService, tmp_path: Path
 ) -> None:
@@ -121,11 +131,6 @@ async def test_create_describe_brokers_and_elect(
     # Offline, from the data directory, while the controller keeps writing it.
     rc, out, _ = await metactl("describe", "--data-dir", str(tmp_path), "--json")
     assert rc == 0 and len(json.loads(out)["partitions"]) == 2
-
-
-async def test_unreachable_controller_is_a_clear_error() -> None:
-    rc, _, err = await metactl("describe", "--controller", "127.0.0.1:1")
-    assert rc == 5 and err.startswith("error: NETWORK_EXCEPTION: ") and err.count("\n") == 1
 
 
 async def test_alter_partition_over_the_wire_returns_the_committed_state(
@@ -322,7 +327,7 @@ async def test_a_feed_followed_again_continues_where_it_stopped(
 
 
 async def test_elect_every_partition_and_from_a_json_file(
-    service: ControllerService, tmp_path: Path
+    service: ControllerService, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from protocol.messages import FenceBroker
 
@@ -361,17 +366,20 @@ async def test_elect_every_partition_and_from_a_json_file(
         (["--topic", "p", "--partition", "x"], "the partition's index"),
         (["--partition", "p-0", "--replica", "2"], "--replica is for UNCLEAN"),
     ):
-        rc, _, err = await metactl(
-            "elect", "--bootstrap-controller", ctl, "--election-type", "preferred", *args
+        rc, err = usage_error(
+            capsys, "elect", "--bootstrap-controller", ctl, "--election-type", "preferred", *args
         )
         assert rc == 2 and err.startswith("error: INVALID_CONFIG: ") and message in err, err
-    rc, _, err = await metactl(
-        "elect", "--bootstrap-controller", ctl, "--election-type", "unclean", "--partition", "p-0"
-    )
+    rc, err = usage_error(
+        capsys,
+        "elect", "--bootstrap-controller", ctl, "--election-type", "unclean", "--partition", "p-0",
+    )  # fmt: skip
     assert rc == 2 and "names the replica" in err
 
 
-async def test_topic_configs_and_their_aliases(service: ControllerService) -> None:
+async def test_topic_configs_and_their_aliases(
+    service: ControllerService, capsys: pytest.CaptureFixture[str]
+) -> None:
     ctl = service.address
     rc, out, err = await metactl(
         "topics", "create", "--bootstrap-controller", ctl, "--topic", "c", "--partitions", "1",
@@ -389,8 +397,8 @@ async def test_topic_configs_and_their_aliases(service: ControllerService) -> No
         (["--config", "min.insync.replicas"], "expected KEY=VALUE"),
         (["--config", "min.insync.replicas=two"], "is not a number"),
     ):
-        rc, _, err = await metactl(
-            "topics", "create", "--bootstrap-controller", ctl, "--topic", "d", *args
+        rc, err = usage_error(
+            capsys, "topics", "create", "--bootstrap-controller", ctl, "--topic", "d", *args
         )
         assert rc == 2 and err.startswith("error: INVALID_CONFIG: ") and message in err, err
     # --min-isr is an alias: the same value twice is fine.
