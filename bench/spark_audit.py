@@ -83,16 +83,21 @@ def parse_size(text: str) -> int:
 # --- logs -----------------------------------------------------------------------------------
 
 
-def base_log(root: Path) -> Path:
-    path = root / "base"
+def _simulated(root: Path, name: str, cfg: HistoryConfig) -> Path:
+    """A simulated history in ``root/name``, made by the first run and reused by later ones."""
+    path = root / name
     if not (path / LOG_FILE_NAME).exists():
         shutil.rmtree(path, ignore_errors=True)
-        # A power outage every other day: hundreds of offline partitions and recoveries each.
-        cfg = HistoryConfig(brokers=30, partitions=5000, days=BASE_DAYS, seed=966, outages=0.5)
-        print(f"simulating the base history ({cfg.days:g} days) into {path} ...", flush=True)
+        print(f"simulating a history ({cfg.days:g} days) into {path} ...", flush=True)
         report = asyncio.run(simulate_history(cfg, path))
         print("  " + "; ".join(report.lines()[:2]), flush=True)
     return path
+
+
+def base_log(root: Path) -> Path:
+    # A power outage every other day: hundreds of offline partitions and recoveries each.
+    cfg = HistoryConfig(brokers=30, partitions=5000, days=BASE_DAYS, seed=966, outages=0.5)
+    return _simulated(root, "base", cfg)
 
 
 def _shift(r: MetadataRecord, k: int, shift: int) -> MetadataRecord:
@@ -312,13 +317,8 @@ _TIMES = re.compile(r"\((\d+\.\d+) s on \S+, of which (\d+\.\d+) s starting Spar
 
 def small_log(root: Path) -> Path:
     """A simulated history of about 30k records (30 brokers, 5000 partitions, ~7 h)."""
-    path = root / "cli-30k"
-    if not (path / LOG_FILE_NAME).exists():
-        shutil.rmtree(path, ignore_errors=True)
-        cfg = HistoryConfig(brokers=30, partitions=5000, days=0.29, seed=13)
-        report = asyncio.run(simulate_history(cfg, path))
-        print("  " + "; ".join(report.lines()[:1]), flush=True)
-    return path
+    cfg = HistoryConfig(brokers=30, partitions=5000, days=0.29, seed=13)
+    return _simulated(root, "cli-30k", cfg)
 
 
 @dataclass
@@ -334,9 +334,9 @@ def cli_once(path: Path, master: str, cache: Path, cds_on: bool, variant: str) -
     the command's own total, and Spark's start-up within it (from its last line)."""
     import subprocess
 
-    env = dict(
-        os.environ, METACTL_CACHE_DIR=str(cache), METACTL_SPARK_CDS="on" if cds_on else "off"
-    )
+    from audit import cds
+
+    env = dict(os.environ, **{cds.ENV_DIR: str(cache), cds.ENV_SWITCH: "on" if cds_on else "off"})
     cmd = [sys.executable, "-m", "ops.cli", "audit", "elections", "--data-dir", str(path)]
     started = time.perf_counter()
     done = subprocess.run(
@@ -401,9 +401,15 @@ def cli_bench(root: Path, master: str, repeat: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="1M,10M", help="comma-separated, e.g. 200k,1M,10M")
-    parser.add_argument("--master", default="local[2]")
+    parser.add_argument(
+        "--master", help="default local[2]; with --cli local[*], the audit command's default"
+    )
     parser.add_argument("--dir", type=Path, default=Path("bench/out/spark-audit"))
-    parser.add_argument("--repeat", type=int, default=1, help="best of N runs (default 1)")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        help="best of N runs (default 1); with --cli, N runs of each variant (default 3)",
+    )
     parser.add_argument(
         "--cli",
         action="store_true",
@@ -411,12 +417,14 @@ def main(argv: list[str] | None = None) -> int:
         "command (wall time beside Spark's start-up), with and without the CDS archive",
     )
     args = parser.parse_args(argv)
+    if args.repeat is not None and args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     configure(json=False, level=logging.WARNING)
     if args.cli:
         args.dir.mkdir(parents=True, exist_ok=True)
-        master = "local[*]" if args.master == parser.get_default("master") else args.master
-        cli_bench(args.dir, master, max(args.repeat, 3))
+        cli_bench(args.dir, args.master or "local[*]", args.repeat or 3)
         return 0
+    master, repeat = args.master or "local[2]", args.repeat or 1
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     args.dir.mkdir(parents=True, exist_ok=True)
     logs = {size: sized_log(args.dir, size) for size in sizes}
@@ -425,13 +433,13 @@ def main(argv: list[str] | None = None) -> int:
     from audit.spark import AuditInput, get_session
 
     started = time.perf_counter()
-    spark = get_session(args.master, app_name="metactl-bench", shuffle_partitions=8)
+    spark = get_session(master, app_name="metactl-bench", shuffle_partitions=8)
     unclean.run(spark, AuditInput.of(str(base_log(args.dir))))  # warm the Python workers
     print(f"Spark session up and warm in {time.perf_counter() - started:.1f} s")
     rows: list[Row] = []
     for size in sizes:
-        rows.extend(measure(spark, logs[size], size, args.repeat))
-        print_table(rows, args.master)
+        rows.extend(measure(spark, logs[size], size, repeat))
+        print_table(rows, master)
     spark.stop()
     return 0
 
