@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from controller_ops import CONFIG, cluster_records
 
-from controller.core.step import CREATE_SLICE_PARTITIONS
+from controller.core.work import WORK_BUDGET as CREATE_SLICE_PARTITIONS
 from controller.runtime.clock import SystemClock
 from controller.runtime.driver import Controller, load_image
 from controller.runtime.process import freeze_heap
@@ -284,7 +284,7 @@ async def bench_in_process(
 ) -> tuple[float, list[float]]:
     store = await SqliteLogStore.open(tmp)
     ctl = await Controller.open(
-        store, config=CONFIG, clock=SystemClock(), create_slice_partitions=slice_partitions
+        store, config=CONFIG, clock=SystemClock(), work_budget=slice_partitions
     )
     for b in (1, 2, 3):
         r = await ctl.submit(RegisterBroker(broker_id=b, incarnation_id=f"b{b}"))

@@ -39,7 +39,7 @@ from brokers_stub.replica_log import ReplicaLog, epoch_at
 from controller.core.config import ControllerConfig
 from controller.core.recovery.policy import RecoveryPolicy
 from controller.core.recovery.registry import load_policies
-from controller.core.step import ControllerState, Event, Rules, StepResult, Tick, step
+from controller.core.step import ControllerState, Event, Rules, StepResult, Tick, settle
 from controller.runtime.sessions import BrokerSessions
 from metactl.errors import MetactlError
 from metadata_image.image import ClusterImage, TopicPartition
@@ -152,7 +152,7 @@ class FaultSim(Cluster):
     def _step(self, event: Event) -> Any:
         """One controller event step; returns the response, or the coded refusal."""
         try:
-            result = step(self.core, event, self.now, self.rules)
+            result = settle(self.core, event, self.now, self.rules)
         except MetactlError as exc:
             self.out.refused_requests += 1
             return exc

@@ -22,7 +22,7 @@ from typing import Any
 from controller.core.config import ControllerConfig
 from controller.core.recovery.registry import load_policies
 from controller.core.recovery.tracker import Inspection, RecoveryTracker
-from controller.core.step import ControllerState, Event, Rules, Tick, step
+from controller.core.step import ControllerState, Event, Rules, Tick, settle
 from metactl.errors import MetactlError
 from metadata_image.delta import MetadataDelta
 from metadata_image.image import ClusterImage, PartitionState, TopicPartition
@@ -95,7 +95,7 @@ class _Sim:
 
     def _step(self, event: Event) -> bool:
         try:
-            result = step(self.core, event, self.now, self.rules)
+            result = settle(self.core, event, self.now, self.rules)
         except MetactlError:
             self.refused += 1
             return False

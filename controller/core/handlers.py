@@ -12,6 +12,7 @@ Rules 1-6, 8 and 9 of the controller issue live here (rule 1 through
 
 from __future__ import annotations
 
+import enum
 import uuid
 from collections.abc import Iterable
 from typing import Final
@@ -21,6 +22,7 @@ import msgspec
 from controller.core import validation
 from controller.core.config import ControllerConfig
 from controller.core.partition_change import build_change, remove_from_isrs
+from controller.core.work import PartitionPlan
 from metactl.errors import (
     BrokerIdNotRegisteredError,
     DuplicateBrokerRegistrationError,
@@ -96,12 +98,44 @@ class CreateTopicSlice(msgspec.Struct, frozen=True, gc=False):
     placed: tuple[list[list[int]], ...] = ()
 
 
+class BrokerOp(enum.Enum):
+    """What a `Continue` does to each partition of its broker."""
+
+    FENCE = "fence"  # leave the ISR (rule 2), re-elect where it led
+    CONTROLLED_SHUTDOWN = "controlled_shutdown"  # the same, as rule 5
+    UNFENCE = "unfence"  # elect where its ELR/ISR membership makes it possible (rule 4)
+    UNCLEAN_REGISTRATION = "unclean_registration"  # ELR -> LastKnownELR (rule 3)
+
+
+class Continue(msgspec.Struct, frozen=True, gc=False):
+    """The rest of an operation on one broker's partitions, stepped after its first slice
+    inside the transaction that slice opened (see `controller.core.work`).
+
+    An event for `controller.core.step.step` that only the controller submits to itself,
+    never the wire. The broker-level record was written by the first slice; each
+    continuation writes the partition changes of the next `WORK_BUDGET` partitions of
+    `plan` (re-reading each partition from the image, so the changes are exactly those
+    the unsliced operation would write). `response` is the operation's answer, released
+    after the last slice; for a controlled shutdown `still_leads` accumulates whether the
+    broker still leads a partition once its changes apply.
+    """
+
+    op: BrokerOp
+    broker_id: int
+    plan: PartitionPlan
+    response: ControllerResponse
+    still_leads: bool = False
+
+
+FollowUp = CreateTopicSlice | Continue
+
+
 class HandlerResult(msgspec.Struct, frozen=True):
     records: list[MetadataRecord]
     response: ControllerResponse
-    # A topic created in slices: the slice to step next (the response is then a
-    # placeholder; the last slice's response is the request's).
-    follow_up: CreateTopicSlice | None = None
+    # Work larger than the budget: the continuation to step next (the response is then a
+    # placeholder; the last continuation's response is the request's).
+    follow_up: FollowUp | None = None
 
 
 class _Txn:
@@ -151,7 +185,8 @@ def _fence_changes(
     txn: _Txn, broker_id: int, reason: ChangeReason, config: ControllerConfig
 ) -> None:
     """Rule 2 / rule 5: leave every ISR (classic rules: but the last); re-elect where the
-    broker led."""
+    broker led. Unsliced: used where the broker is in few ISRs (retiring an incarnation
+    that is already in controlled shutdown)."""
     txn.partition_changes(
         remove_from_isrs(
             txn.image, broker_id, reason=reason, elr_enabled=config.eligible_leader_replicas
@@ -159,9 +194,119 @@ def _fence_changes(
     )
 
 
-def fence_broker(
-    image: ClusterImage, req: FenceBroker, now_ms: int, config: ControllerConfig
+_OP_REASONS: Final = {
+    BrokerOp.FENCE: ChangeReason.FENCE,
+    BrokerOp.CONTROLLED_SHUTDOWN: ChangeReason.CONTROLLED_SHUTDOWN,
+    BrokerOp.UNFENCE: ChangeReason.UNFENCE,
+    BrokerOp.UNCLEAN_REGISTRATION: ChangeReason.UNCLEAN_REGISTRATION,
+}
+
+
+def _op_changes(
+    image: ClusterImage,
+    op: BrokerOp,
+    broker_id: int,
+    partitions: list[PartitionState],
+    config: ControllerConfig,
+) -> list[PartitionChangeRecord]:
+    """The changes `op` makes to `partitions` (some of the broker's), in `image`, where
+    the broker-level record is already applied."""
+    reason = _OP_REASONS[op]
+    elr = config.eligible_leader_replicas
+    if op is BrokerOp.FENCE or op is BrokerOp.CONTROLLED_SHUTDOWN:
+        return remove_from_isrs(
+            image, broker_id, reason=reason, elr_enabled=elr, partitions=partitions
+        )
+    out: list[PartitionChangeRecord] = []
+    for p in partitions:
+        if op is BrokerOp.UNFENCE:
+            if p.leader != NO_LEADER or (broker_id not in p.elr and broker_id not in p.isr):
+                continue
+            change = build_change(image, p, reason=reason, broker=broker_id, elr_enabled=elr)
+        else:  # UNCLEAN_REGISTRATION
+            if broker_id not in p.elr:
+                continue
+            change = build_change(
+                image,
+                p,
+                reason=reason,
+                unclean_excluded=frozenset((broker_id,)),
+                broker=broker_id,
+            )
+        if change is not None:
+            out.append(change)
+    return out
+
+
+def _broker_slice(
+    image: ClusterImage, c: Continue, budget: int | None, config: ControllerConfig
+) -> tuple[list[PartitionChangeRecord], Continue]:
+    """The changes of the next slice of `c`, and `c` after it (its plan advanced and, for
+    a controlled shutdown, `still_leads` updated); the operation is done once the
+    returned plan is."""
+    tps, plan = c.plan.take(budget if budget is not None else 1 << 62)
+    parts = image.partitions
+    partitions = [p for p in (parts.get(tp) for tp in tps) if p is not None]
+    changes = _op_changes(image, c.op, c.broker_id, partitions, config)
+    still = c.still_leads
+    if c.op is BrokerOp.CONTROLLED_SHUTDOWN and not still:
+        moved = {(ch.topic, ch.partition) for ch in changes if ch.leader is not None}
+        still = any(p.leader == c.broker_id and p.tp not in moved for p in partitions)
+    return changes, msgspec.structs.replace(c, plan=plan, still_leads=still)
+
+
+def _final_response(c: Continue) -> ControllerResponse:
+    """The operation's answer once every slice is written."""
+    r = c.response
+    if c.op is BrokerOp.CONTROLLED_SHUTDOWN:
+        if isinstance(r, BrokerHeartbeatResponse):  # asked for by a heartbeat
+            return msgspec.structs.replace(r, should_shut_down=not c.still_leads)
+        return ControlledShutdownResponse(can_stop=not c.still_leads)
+    return r
+
+
+def _sliced(
+    records: list[MetadataRecord], changes: list[PartitionChangeRecord], after: Continue
 ) -> HandlerResult:
+    records = records + list(changes)
+    if after.plan.done:
+        return HandlerResult(records, _final_response(after))
+    return HandlerResult(records, Ack(), after)
+
+
+def _broker_op(
+    txn: _Txn,
+    op: BrokerOp,
+    broker_id: int,
+    response: ControllerResponse,
+    *,
+    config: ControllerConfig,
+    budget: int | None,
+) -> HandlerResult:
+    """`op` on the broker's partitions after the broker record `txn` holds: the first
+    slice now, the rest (if any) as the result's `follow_up`. `response` is what the
+    operation answers (a controlled shutdown's `can_stop` is filled in at the end)."""
+    c = Continue(op, broker_id, PartitionPlan.of_broker(txn.image, broker_id), response)
+    changes, after = _broker_slice(txn.image, c, budget, config)
+    return _sliced(txn.records, changes, after)
+
+
+def continue_op(
+    image: ClusterImage, c: Continue, budget: int | None, config: ControllerConfig
+) -> HandlerResult:
+    """The next slice of an operation a broker handler began (see `Continue`)."""
+    changes, after = _broker_slice(image, c, budget, config)
+    return _sliced([], changes, after)
+
+
+def fence_broker(
+    image: ClusterImage,
+    req: FenceBroker,
+    now_ms: int,
+    config: ControllerConfig,
+    budget: int | None = None,
+) -> HandlerResult:
+    """Rule 2, in slices of `budget` partitions (None: all at once)."""
     validation.check_fence_broker(req)
     _require_broker(image, req.broker_id)
     b = image.brokers[req.broker_id]
@@ -171,12 +316,15 @@ def fence_broker(
     txn.broker_record(
         FenceBrokerRecord(broker_id=b.broker_id, broker_epoch=b.epoch, reason=req.reason)
     )
-    _fence_changes(txn, b.broker_id, ChangeReason.FENCE, config)
-    return HandlerResult(txn.records, Ack())
+    return _broker_op(txn, BrokerOp.FENCE, b.broker_id, Ack(), config=config, budget=budget)
 
 
 def register_broker(
-    image: ClusterImage, req: RegisterBroker, now_ms: int, config: ControllerConfig
+    image: ClusterImage,
+    req: RegisterBroker,
+    now_ms: int,
+    config: ControllerConfig,
+    budget: int | None = None,
 ) -> HandlerResult:
     """Rule 3. Clean only if the presented epoch equals the last registered one.
 
@@ -230,25 +378,25 @@ def register_broker(
             fenced=True,
         )
     )
+    response = RegisterBrokerResponse(broker_epoch=epoch, clean=clean)
     if not clean:
-        excluded = frozenset((req.broker_id,))
-        img = txn.image
-        txn.partition_changes(
-            build_change(
-                img,
-                p,
-                reason=ChangeReason.UNCLEAN_REGISTRATION,
-                unclean_excluded=excluded,
-                broker=req.broker_id,
-            )
-            for p in img.partitions_of(req.broker_id)
-            if req.broker_id in p.elr
+        return _broker_op(
+            txn,
+            BrokerOp.UNCLEAN_REGISTRATION,
+            req.broker_id,
+            response,
+            config=config,
+            budget=budget,
         )
-    return HandlerResult(txn.records, RegisterBrokerResponse(broker_epoch=epoch, clean=clean))
+    return HandlerResult(txn.records, response)
 
 
 def unfence_broker(
-    image: ClusterImage, req: UnfenceBroker, now_ms: int, config: ControllerConfig
+    image: ClusterImage,
+    req: UnfenceBroker,
+    now_ms: int,
+    config: ControllerConfig,
+    budget: int | None = None,
 ) -> HandlerResult:
     """Rule 4: unfence, then elect wherever the broker's ELR membership makes it possible
     (classic rules: its ISR membership, as the last ISR member stays in the ISR)."""
@@ -259,52 +407,49 @@ def unfence_broker(
         return HandlerResult([], Ack())
     txn = _Txn(image)
     txn.broker_record(UnfenceBrokerRecord(broker_id=b.broker_id, broker_epoch=b.epoch))
-    img = txn.image
-    txn.partition_changes(
-        build_change(
-            img,
-            p,
-            reason=ChangeReason.UNFENCE,
-            broker=b.broker_id,
-            elr_enabled=config.eligible_leader_replicas,
-        )
-        for p in img.partitions_of(b.broker_id)
-        if p.leader == NO_LEADER and (b.broker_id in p.elr or b.broker_id in p.isr)
-    )
-    return HandlerResult(txn.records, Ack())
+    return _broker_op(txn, BrokerOp.UNFENCE, b.broker_id, Ack(), config=config, budget=budget)
 
 
 def controlled_shutdown(
-    image: ClusterImage, req: ControlledShutdown, now_ms: int, config: ControllerConfig
+    image: ClusterImage,
+    req: ControlledShutdown,
+    now_ms: int,
+    config: ControllerConfig,
+    budget: int | None = None,
 ) -> HandlerResult:
     """Rule 5: no longer eligible; leadership moves away and the ISRs shrink (rule 1 may
-    keep the cleanly stopping replica in the ELR)."""
+    keep the cleanly stopping replica in the ELR). The answer says whether the broker
+    still leads anything once the changes apply."""
     validation.check_broker_epoch(req)
     _require_broker(image, req.broker_id, req.broker_epoch)
     b = image.brokers[req.broker_id]
+    if b.in_controlled_shutdown:
+        # Its shutdown's changes are committed (they are one transaction with the record
+        # that set the flag), and they moved leadership off every partition it led; no
+        # election ever picks an inactive broker (rules 2, 7, 8), so it leads nothing.
+        return HandlerResult([], ControlledShutdownResponse(can_stop=True))
     txn = _Txn(image)
-    if not b.in_controlled_shutdown:
-        txn.broker_record(
-            BrokerRegistrationChangeRecord(
-                broker_id=b.broker_id, broker_epoch=b.epoch, in_controlled_shutdown=True
-            )
+    txn.broker_record(
+        BrokerRegistrationChangeRecord(
+            broker_id=b.broker_id, broker_epoch=b.epoch, in_controlled_shutdown=True
         )
-        _fence_changes(txn, b.broker_id, ChangeReason.CONTROLLED_SHUTDOWN, config)
-    return HandlerResult(
-        txn.records, ControlledShutdownResponse(can_stop=not _leads_after(txn, b.broker_id))
     )
-
-
-def _leads_after(txn: _Txn, broker_id: int) -> bool:
-    """Whether the broker still leads a partition once the request's changes apply."""
-    moved = {(c.topic, c.partition) for c in txn.changes if c.leader is not None}
-    return any(
-        p.leader == broker_id and p.tp not in moved for p in txn.image.partitions_of(broker_id)
+    return _broker_op(
+        txn,
+        BrokerOp.CONTROLLED_SHUTDOWN,
+        b.broker_id,
+        ControlledShutdownResponse(can_stop=False),
+        config=config,
+        budget=budget,
     )
 
 
 def heartbeat(
-    image: ClusterImage, req: BrokerHeartbeatRequest, now_ms: int, config: ControllerConfig
+    image: ClusterImage,
+    req: BrokerHeartbeatRequest,
+    now_ms: int,
+    config: ControllerConfig,
+    budget: int | None = None,
 ) -> HandlerResult:
     """A live broker's heartbeat: rule 5 when it asks to stop, rule 4 once it has caught up.
 
@@ -320,25 +465,47 @@ def heartbeat(
             f"heartbeat from broker {req.broker_id} at epoch {req.broker_epoch}, "
             f"current epoch is {b.epoch}"
         )
-    fenced, shutting_down, should_stop = b.fenced, b.in_controlled_shutdown, False
-    records: list[MetadataRecord] = []
+    fenced, shutting_down = b.fenced, b.in_controlled_shutdown
     if req.want_shutdown:
         result = controlled_shutdown(
-            image, ControlledShutdown(broker_id=b.broker_id, broker_epoch=b.epoch), now_ms, config
+            image,
+            ControlledShutdown(broker_id=b.broker_id, broker_epoch=b.epoch),
+            now_ms,
+            config,
+            budget,
         )
-        assert isinstance(result.response, ControlledShutdownResponse)
-        records, shutting_down, should_stop = result.records, True, result.response.can_stop
-    elif b.fenced and not req.want_fence and req.metadata_offset > b.epoch:
+        return _as_heartbeat(result, fenced=fenced, shutting_down=True)
+    if b.fenced and not req.want_fence and req.metadata_offset > b.epoch:
         result = unfence_broker(
-            image, UnfenceBroker(broker_id=b.broker_id, broker_epoch=b.epoch), now_ms, config
+            image,
+            UnfenceBroker(broker_id=b.broker_id, broker_epoch=b.epoch),
+            now_ms,
+            config,
+            budget,
         )
-        records, fenced = result.records, False
+        return _as_heartbeat(result, fenced=False, shutting_down=shutting_down)
     return HandlerResult(
-        records,
+        [],
         BrokerHeartbeatResponse(
-            is_fenced=fenced, in_controlled_shutdown=shutting_down, should_shut_down=should_stop
+            is_fenced=fenced, in_controlled_shutdown=shutting_down, should_shut_down=False
         ),
     )
+
+
+def _as_heartbeat(result: HandlerResult, *, fenced: bool, shutting_down: bool) -> HandlerResult:
+    """A controlled shutdown or unfence, answered as the heartbeat that asked for it (its
+    continuation, if sliced, answers the same way at the end)."""
+    r = result.response
+    stop = isinstance(r, ControlledShutdownResponse) and r.can_stop
+    answer = BrokerHeartbeatResponse(
+        is_fenced=fenced, in_controlled_shutdown=shutting_down, should_shut_down=stop
+    )
+    follow_up = result.follow_up
+    if isinstance(follow_up, Continue):
+        return HandlerResult(
+            result.records, Ack(), msgspec.structs.replace(follow_up, response=answer)
+        )
+    return HandlerResult(result.records, answer)
 
 
 def alter_partition(

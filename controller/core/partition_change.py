@@ -17,6 +17,7 @@ leader), and clean election is from the ISR only.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -152,10 +153,17 @@ _UNPLANNED: Any = object()
 
 
 def remove_from_isrs(
-    image: ClusterImage, broker_id: int, *, reason: ChangeReason, elr_enabled: bool = True
+    image: ClusterImage,
+    broker_id: int,
+    *,
+    reason: ChangeReason,
+    elr_enabled: bool = True,
+    partitions: Iterable[PartitionState] | None = None,
 ) -> list[PartitionChangeRecord]:
     """`build_change` for every partition whose ISR holds `broker_id`, with the broker
-    removed from the ISR (fence and controlled shutdown; rule 2 and rule 5).
+    removed from the ISR (fence and controlled shutdown; rule 2 and rule 5); only among
+    `partitions` when given (one slice of the broker's partitions, see
+    `controller.core.work`).
 
     A fence of one broker changes thousands of partitions that fall into a handful of
     shapes (replicas, ISR, ELR, LastKnownELR, leader, MinISR, recovery state). Within one
@@ -168,7 +176,7 @@ def remove_from_isrs(
     out: list[PartitionChangeRecord] = []
     append = out.append
     replace = msgspec.structs.replace
-    for p in image.partitions_of(broker_id):
+    for p in image.partitions_of(broker_id) if partitions is None else partitions:
         if broker_id not in p.isr:
             continue
         shape = (

@@ -28,9 +28,12 @@ import msgspec
 from controller.core import validation
 from controller.core.config import ControllerConfig
 from controller.core.handlers import (
+    Continue,
     CreateTopicSlice,
+    FollowUp,
     HandlerResult,
     alter_partition,
+    continue_op,
     controlled_shutdown,
     create_topic,
     create_topic_slice,
@@ -45,11 +48,14 @@ from controller.core.recovery.policy import RecoveryPolicy
 from controller.core.recovery.registry import require
 from controller.core.recovery.tracker import (
     Inspection,
+    RecoveryStep,
     RecoveryTracker,
     evaluate,
     manual_election,
     record_answer,
+    take_due,
 )
+from controller.core.work import EMPTY_BACKLOG, EVERYTHING, WORK_BUDGET, Backlog, PartitionPlan
 from metactl.errors import InvalidRequestError
 from metadata_image.delta import MetadataDelta
 from metadata_image.image import EMPTY_INDEX, ClusterImage, TopicPartition, common
@@ -79,29 +85,28 @@ from protocol.messages import (
 
 
 class Tick(msgspec.Struct, frozen=True):
-    """Time moved: timers (recovery windows) may be due. Decides nothing by itself."""
+    """Time moved, or work is queued: timers (recovery windows) may be due and the
+    recovery backlog gets its next slice. Decides nothing by itself."""
 
 
-# An event is a request, a Tick, or the next slice of a topic created in slices (which
+# An event is a request, a Tick, or the next slice of work larger than the budget (which
 # only the controller submits to itself, from a StepResult's `follow_up`).
-Event = ControllerRequest | Tick | CreateTopicSlice
+Event = ControllerRequest | Tick | CreateTopicSlice | Continue
 
-CREATE_SLICE_PARTITIONS: Final = 1_000
-"""Partitions per slice of a large topic creation: 5 to 20 ms of step each (bench/
-large_cluster.py), so the driver answers heartbeats and describes between slices."""
+CONTINUATIONS: Final = (CreateTopicSlice, Continue)
 
 
 class Rules(msgspec.Struct, frozen=True):
     """What the step is configured with: the controller config and the recovery policies,
     the largest batch the log takes (`max_batch_bytes`: an event whose records encode
-    larger becomes a transaction) and the slice size of a large topic creation (None:
-    never sliced; the driver slices by `CREATE_SLICE_PARTITIONS`, callers that step
-    synchronously, like the simulators, need not)."""
+    larger becomes a transaction) and the work budget (`controller.core.work`): how many
+    partitions one event may change, create or evaluate (None: unbounded, everything in
+    one step, as a test of the unsliced rules wants)."""
 
     config: ControllerConfig
     policies: Mapping[str, RecoveryPolicy]
     max_batch_bytes: int = MAX_BATCH_BYTES
-    create_slice_partitions: int | None = None
+    work_budget: int | None = WORK_BUDGET
 
     def __post_init__(self) -> None:
         require(self.policies, self.config.unclean_recovery_strategy)  # fail fast on a typo
@@ -110,21 +115,29 @@ class Rules(msgspec.Struct, frozen=True):
 class ControllerState(msgspec.Struct, frozen=True):
     """The image plus the controller's soft state.
 
-    `dirty` holds the partitions whose recovery status may have changed since the last
-    evaluation; None asks for a look at every leaderless partition (a fresh controller,
-    or one that reverted to its committed image).
+    `backlog` holds the partitions whose recovery status may have changed and that are
+    not evaluated yet (`controller.core.work.Backlog`); a fresh controller, or one that
+    reverted to its committed image, starts with every leaderless partition in it.
+    `hold` says a transaction is open and this state is the image before it (the driver
+    steps events that arrive meanwhile against it): recovery evaluation then waits.
     """
 
     image: ClusterImage
     tracker: RecoveryTracker = RecoveryTracker()
-    dirty: frozenset[TopicPartition] | None = None
+    backlog: Backlog = EVERYTHING
+    hold: bool = False
 
     def absorb(self, records: Sequence[MetadataRecord]) -> tuple[ControllerState, MetadataDelta]:
         """Replay records that did not come from a step (a test's or a tool's own), so that
         the next step evaluates what they changed."""
         image, delta = apply(self.image, records)
-        dirty = None if self.dirty is None else self.dirty | touched(image, delta)
-        return ControllerState(image, self.tracker, dirty), delta
+        backlog = queue_touched(self.backlog, image, delta)
+        return ControllerState(image, self.tracker, backlog, self.hold), delta
+
+    @property
+    def idle(self) -> bool:
+        """Nothing is queued for a later step (the driver steps Ticks until it is)."""
+        return self.backlog.empty
 
 
 class StepResult(msgspec.Struct, frozen=True):
@@ -141,7 +154,7 @@ class StepResult(msgspec.Struct, frozen=True):
     recovery_records: int = 0
     # The transaction stays open: the driver steps this next, before any other event that
     # writes records, and releases the response of the last slice only.
-    follow_up: CreateTopicSlice | None = None
+    follow_up: FollowUp | None = None
     encoded_bytes: int = 0  # len(encode_batch(records)), 0 without records
     # encode_batch(records), for the log to store as is; None where the records are too
     # many for one batch (a transaction the committer splits and encodes chunk by chunk:
@@ -150,44 +163,123 @@ class StepResult(msgspec.Struct, frozen=True):
 
 
 def step(state: ControllerState, event: Event, now_ms: int, rules: Rules) -> StepResult:
-    """One event: decide, replay, evaluate recoveries, replay.
+    """One event: decide, replay, evaluate recoveries (at most the work budget), replay.
 
     Transactions (KIP-868): the records of one event normally fit in one stored batch and
     commit atomically as one. When they encode larger than `rules.max_batch_bytes`, the
     step wraps them in `BeginTransactionRecord` ... `EndTransactionRecord`, so the driver
-    may write them as several batches and readers apply them at the end marker only. A
-    topic of more than `rules.create_slice_partitions` partitions is created in slices:
-    the first step opens the transaction and returns the next slice as `follow_up`, the
-    last slice's step closes it. The markers take offsets, so the step (not the driver)
-    places them: broker epochs are offsets.
+    may write them as several batches and readers apply them at the end marker only.
+    Work larger than `rules.work_budget` partitions (a topic creation; a fence, unfence,
+    controlled shutdown or unclean registration of a broker with many partitions) is done
+    in slices: the first step opens the transaction and returns the next slice as
+    `follow_up`, each continuation returns the one after, and the last closes the
+    transaction. Recovery evaluation waits while a transaction is open: the slices queue
+    their scope, and the steps after the end marker evaluate it, a budget at a time. The
+    markers take offsets, so the step (not the driver) places them: broker epochs are
+    offsets.
     """
     result = _step(state, event, now_ms, rules)
     if (
         result.encoded_bytes <= rules.max_batch_bytes
         or result.follow_up is not None
-        or isinstance(event, CreateTopicSlice)  # already inside a transaction
+        or isinstance(event, CONTINUATIONS)  # already inside a transaction
     ):
         return result
     return _as_transaction(state, event, now_ms, rules, result)
 
 
+def settle(state: ControllerState, event: Event, now_ms: int, rules: Rules) -> StepResult:
+    """`event`, its continuations and the Ticks that drain the recovery backlog, stepped
+    back to back at `now_ms`, as one result (records in log order; the last response).
+
+    For callers that step synchronously with nothing to interleave (the scenario runner,
+    the simulators, tests): the driver interleaves other events between the same steps.
+    A refusal of the first step raises; nothing was stepped."""
+    results = [step(state, event, now_ms, rules)]
+    while True:
+        last = results[-1]
+        if last.follow_up is not None:
+            results.append(step(last.state, last.follow_up, now_ms, rules))
+        elif not last.state.idle:
+            results.append(step(last.state, Tick(), now_ms, rules))
+        else:
+            break
+    if len(results) == 1:
+        return results[0]
+    delta = MetadataDelta()
+    for r in results:
+        delta.update(r.delta)
+    records = [rec for r in results for rec in r.records]
+    last = results[-1]
+    return StepResult(
+        records=records,
+        response=results[0].response if results[0].follow_up is None else _answer(results),
+        state=last.state,
+        inspections=[i for r in results for i in r.inspections],
+        next_deadline_ms=last.next_deadline_ms,
+        delta=delta,
+        recovery_records=sum(r.recovery_records for r in _after_transaction(results)),
+        encoded_bytes=sum(r.encoded_bytes for r in results),
+    )
+
+
+def _answer(results: list[StepResult]) -> ControllerResponse:
+    """The response of the step that closed the first step's transaction."""
+    return next(r.response for r in results if r.follow_up is None)
+
+
+def _after_transaction(results: list[StepResult]) -> list[StepResult]:
+    """The results whose recovery records end the settled list: the first step's (when it
+    opened no transaction) and every Tick's after it. Steps inside a transaction write
+    none."""
+    return [r for r in results if r.follow_up is None]
+
+
 def _step(state: ControllerState, event: Event, now_ms: int, rules: Rules) -> StepResult:
+    budget = rules.work_budget
+    inside = isinstance(event, CONTINUATIONS)
     records, response, tracker, follow_up = decide(state.image, state.tracker, event, now_ms, rules)
-    if follow_up is not None and not isinstance(event, CreateTopicSlice):
-        records = [BeginTransactionRecord(name=transaction_name(event)), *records]
+    if follow_up is not None and not inside:
+        # It opens a transaction, whose begin marker goes first.
+        begin: list[MetadataRecord] = [BeginTransactionRecord(name=transaction_name(event))]
+        if isinstance(event, RegisterBroker):
+            # A registration's record carries its own offset (the broker epoch): decide
+            # again with the marker in place. Nothing else a handler writes depends on
+            # offsets.
+            begun, _ = apply(state.image, begin)
+            records, response, tracker, follow_up = decide(
+                begun, state.tracker, event, now_ms, rules
+            )
+        records = begin + records
     if records:
         image, delta = apply(state.image, records)
     else:
         image, delta = state.image, MetadataDelta()
-    scope = None if state.dirty is None else state.dirty | touched(image, delta)
-    recovery = evaluate(
-        image, tracker, now_ms, policies=rules.policies, config=rules.config, touched=scope
-    )
+    backlog = state.backlog
+    if follow_up is not None or inside or state.hold:
+        # A transaction is open: nothing is evaluated until its end marker. Its changes
+        # all lie in the scope its first step queues (the broker's partitions), or are
+        # new partitions that have a leader (a created topic).
+        if not inside:
+            backlog = queue_touched(backlog, image, delta, budget)
+        recovery = RecoveryStep(
+            records=[], tracker=tracker, inspections=[], next_deadline_ms=tracker.next_wake
+        )
+    else:
+        due, tracker = take_due(tracker, now_ms)
+        backlog = backlog.resolve(state.image, tracker.offline, tracker.pending)
+        backlog = queue_touched(backlog, image, delta, budget).with_partitions(due)
+        scope, backlog = backlog.take(budget)
+        recovery = evaluate(
+            image, tracker, now_ms, policies=rules.policies, config=rules.config, scope=scope
+        )
     if recovery.records:
         image, more = apply(image, recovery.records)
         delta.update(more)
         records = records + recovery.records
-    if follow_up is None and isinstance(event, CreateTopicSlice):
+    if follow_up is None and inside:
+        if isinstance(event, Continue):
+            backlog = _queue_broker(backlog, image, event.broker_id, budget)
         end: list[MetadataRecord] = [EndTransactionRecord()]
         image, more = apply(image, end)
         delta.update(more)
@@ -196,7 +288,7 @@ def _step(state: ControllerState, event: Event, now_ms: int, rules: Rules) -> St
     return StepResult(
         records=records,
         response=response,
-        state=ControllerState(image, recovery.tracker, frozenset()),
+        state=ControllerState(image, recovery.tracker, backlog, state.hold),
         inspections=recovery.inspections,
         next_deadline_ms=recovery.next_deadline_ms,
         delta=delta,
@@ -216,7 +308,9 @@ def _as_transaction(
     if isinstance(event, RegisterBroker):
         # A registration's record carries its own offset (the broker epoch): decide again
         # with the begin marker in place.
-        result = _step(ControllerState(begun, state.tracker, state.dirty), event, now_ms, rules)
+        result = _step(
+            ControllerState(begun, state.tracker, state.backlog, state.hold), event, now_ms, rules
+        )
         image = result.state.image
     else:
         # Nothing else a handler writes depends on offsets: the records move up by one.
@@ -229,7 +323,7 @@ def _as_transaction(
     return StepResult(
         records=records,
         response=result.response,
-        state=ControllerState(image, result.state.tracker, result.state.dirty),
+        state=ControllerState(image, result.state.tracker, result.state.backlog, state.hold),
         inspections=result.inspections,
         next_deadline_ms=result.next_deadline_ms,
         delta=delta,
@@ -240,7 +334,12 @@ def _as_transaction(
 
 def transaction_name(event: Event) -> str:
     """What a transaction does, for people reading the log: the event and what it names."""
-    kind = "CreateTopic" if isinstance(event, CreateTopicSlice) else type(event).__name__
+    if isinstance(event, CreateTopicSlice):
+        kind = "CreateTopic"
+    elif isinstance(event, Continue):
+        kind = event.op.name.title().replace("_", "")
+    else:
+        kind = type(event).__name__
     for attr in ("name", "topic", "broker_id"):
         value = getattr(event, attr, None)
         if value is not None:
@@ -254,24 +353,27 @@ def decide(
     event: Event,
     now_ms: int,
     rules: Rules,
-) -> tuple[list[MetadataRecord], ControllerResponse, RecoveryTracker, CreateTopicSlice | None]:
+) -> tuple[list[MetadataRecord], ControllerResponse, RecoveryTracker, FollowUp | None]:
     """Route one event to its handler: the records, the response, the soft state and the
-    next slice of a topic created in slices."""
+    continuation of work larger than the budget."""
     config = rules.config
+    budget = rules.work_budget
     result: HandlerResult
     match event:
         case Tick():
             return [], Ack(), tracker, None
         case BrokerHeartbeatRequest():
-            result = heartbeat(image, event, now_ms, config)
+            result = heartbeat(image, event, now_ms, config, budget)
         case RegisterBroker():
-            result = register_broker(image, event, now_ms, config)
+            result = register_broker(image, event, now_ms, config, budget)
         case FenceBroker():
-            result = fence_broker(image, event, now_ms, config)
+            result = fence_broker(image, event, now_ms, config, budget)
         case UnfenceBroker():
-            result = unfence_broker(image, event, now_ms, config)
+            result = unfence_broker(image, event, now_ms, config, budget)
         case ControlledShutdown():
-            result = controlled_shutdown(image, event, now_ms, config)
+            result = controlled_shutdown(image, event, now_ms, config, budget)
+        case Continue():
+            result = continue_op(image, event, budget, config)
         case AlterPartition():
             result = alter_partition(image, event, now_ms, config)
         case CreateTopic():
@@ -281,10 +383,10 @@ def decide(
                 now_ms,
                 config,
                 frozenset(rules.policies),
-                slice_partitions=rules.create_slice_partitions,
+                slice_partitions=budget,
             )
         case CreateTopicSlice():
-            result = create_topic_slice(image, event, rules.create_slice_partitions)
+            result = create_topic_slice(image, event, budget)
         case ElectLeader(election_type="preferred"):
             result = elect_preferred(image, event, now_ms, config)
         case ElectLeader():
@@ -302,12 +404,43 @@ def decide(
     return result.records, result.response, tracker, result.follow_up
 
 
-def touched(image: ClusterImage, delta: MetadataDelta) -> frozenset[TopicPartition]:
-    """Leaderless partitions whose recovery status a delta may have changed: the ones it
-    changed, and those hosted by a broker whose state changed (fenced, unfenced,
-    registered), since broker activity decides the proactive trigger and who can answer."""
-    offline = image.offline
-    out = set(common(offline, delta.partitions))
+# A broker's offline partitions are queued one by one while there are at most this many
+# budgets of offline partitions in all (probing each in the broker's index); beyond that,
+# the broker's whole plan is queued (its online partitions are then looked at and
+# skipped, a budget per step, rather than probed all in one step).
+_PROBE_BUDGETS: Final = 4
+
+
+def queue_touched(
+    backlog: Backlog, image: ClusterImage, delta: MetadataDelta, budget: int | None = WORK_BUDGET
+) -> Backlog:
+    """`backlog` plus the partitions whose recovery status `delta` may have changed: the
+    ones it changed, and the leaderless ones hosted by a broker whose state changed
+    (fenced, unfenced, registered), since broker activity decides the proactive trigger
+    and who can answer. Costs O(changed partitions + offline partitions of each changed
+    broker), never a walk of all partitions."""
+    if delta.partitions:
+        backlog = backlog.with_partitions(delta.partitions)
     for broker_id in delta.brokers:
-        out.update(common(offline, image.replicas_by_broker.get(broker_id, EMPTY_INDEX)))
-    return frozenset(out)
+        backlog = _queue_broker(backlog, image, broker_id, budget)
+    return backlog
+
+
+def _queue_broker(
+    backlog: Backlog, image: ClusterImage, broker_id: int, budget: int | None
+) -> Backlog:
+    offline = image.offline
+    if not offline:
+        return backlog
+    index = image.replicas_by_broker.get(broker_id, EMPTY_INDEX)
+    probe = _PROBE_BUDGETS * budget if budget is not None else len(offline)
+    if len(offline) <= probe or len(index) <= probe:
+        return backlog.with_partitions(common(offline, index))
+    return backlog.with_plan(PartitionPlan.of_index(index))
+
+
+def touched(image: ClusterImage, delta: MetadataDelta) -> frozenset[TopicPartition]:
+    """The leaderless partitions `queue_touched` would queue for `delta` (for tests)."""
+    offline = image.offline
+    queued = queue_touched(EMPTY_BACKLOG, image, delta)
+    return frozenset(tp for tp in queued if tp in offline)

@@ -51,7 +51,6 @@ from controller.core.recovery.policy import RecoveryPolicy
 from controller.core.recovery.registry import load_policies
 from controller.core.recovery.tracker import Inspection, RecoveryTracker
 from controller.core.step import (
-    CREATE_SLICE_PARTITIONS,
     ControllerState,
     Event,
     Rules,
@@ -59,6 +58,7 @@ from controller.core.step import (
     Tick,
     step,
 )
+from controller.core.work import WORK_BUDGET
 from controller.runtime.clock import Clock, SystemClock
 from controller.runtime.committer import (
     Commit,
@@ -155,7 +155,7 @@ class Controller:
         policies: Mapping[str, RecoveryPolicy] | None = None,
         clock: Clock | None = None,
         max_batch_bytes: int = MAX_BATCH_BYTES,
-        create_slice_partitions: int | None = CREATE_SLICE_PARTITIONS,
+        work_budget: int | None = WORK_BUDGET,
     ) -> None:
         self.store = store
         self.config = config
@@ -163,7 +163,7 @@ class Controller:
             policies if policies is not None else load_policies()
         )
         # Fails fast on an unknown strategy.
-        self.rules = Rules(config, self.policies, max_batch_bytes, create_slice_partitions)
+        self.rules = Rules(config, self.policies, max_batch_bytes, work_budget)
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.state = ControllerState(image)
         self.next_deadline_ms: int | None = None
@@ -180,6 +180,10 @@ class Controller:
             commit_listeners=self.commit_listeners,
             append_listeners=self.append_listeners,
         )
+        # When the event being handled started (time.perf_counter()), None between
+        # events: the metrics read it from their scrape thread, so that a stalled loop
+        # shows while it is stalled (metactl_event_processing_age_seconds).
+        self.busy_since: float | None = None
         self._queue: asyncio.Queue[Queued] = asyncio.Queue()
         self._deferred: deque[Queued] = deque()
         self._slicing: Slicing | None = None
@@ -198,7 +202,7 @@ class Controller:
         policies: Mapping[str, RecoveryPolicy] | None = None,
         clock: Clock | None = None,
         max_batch_bytes: int = MAX_BATCH_BYTES,
-        create_slice_partitions: int | None = CREATE_SLICE_PARTITIONS,
+        work_budget: int | None = WORK_BUDGET,
         replayed: LogReplay | None = None,
     ) -> Controller:
         """Replay the log (or only what follows `replayed`, a standby's image) and start.
@@ -231,7 +235,7 @@ class Controller:
             clock=clock,
             # A change is cut into batches the store's backend can take in one append.
             max_batch_bytes=min(max_batch_bytes, store.max_batch_bytes),
-            create_slice_partitions=create_slice_partitions,
+            work_budget=work_budget,
         )
         ctl.start()
         return ctl
@@ -324,11 +328,41 @@ class Controller:
                     return
             elif self._deferred:
                 self._handle(self._deferred.popleft())
+            elif not self.state.idle and self._queue.empty():
+                # Recovery evaluation has a backlog (a budget per step): work through it
+                # with Ticks while nothing else waits, never far ahead of the committer.
+                item = await self._catch_up()
+                if item is CLOSE:
+                    return
+                if item is None:
+                    item = Queued(Tick(), None, time.perf_counter())
+                self._handle(item)
             else:
                 item = await self._next_event()
                 if item is CLOSE:
                     return
                 self._handle(item)
+
+    async def _catch_up(self) -> Queued | None:
+        """Yield to the event loop (connections queue requests, the committer writes) and
+        wait while the committer is more than `MAX_SLICES_AHEAD` commits behind: the
+        event that arrives meanwhile, if any, else None (time for the next Tick)."""
+        await asyncio.sleep(0)
+        if not self._queue.empty():
+            return self._queue.get_nowait()
+        while self.committer.unpublished > MAX_SLICES_AHEAD:
+            getter = asyncio.ensure_future(self._queue.get())
+            progress = asyncio.ensure_future(self.committer.progress.wait())
+            try:
+                done, _ = await asyncio.wait(
+                    (getter, progress), return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                getter.cancel()
+                progress.cancel()
+            if getter in done:
+                return getter.result()
+        return None
 
     async def _between_slices(self) -> bool:
         """Yield, answer what was queued meanwhile, then step the next slice, once the
@@ -391,6 +425,13 @@ class Controller:
         return Queued(Tick(), None, time.perf_counter())
 
     def _handle(self, item: Queued) -> None:
+        self.busy_since = time.perf_counter()
+        try:
+            self._handle_event(item)
+        finally:
+            self.busy_since = None
+
+    def _handle_event(self, item: Queued) -> None:
         slicing = self._slicing
         if slicing is not None and item.barrier:
             self._deferred.append(item)
@@ -401,7 +442,7 @@ class Controller:
         # While a transaction is open, an event sees the image before it.
         state = self.state
         if slicing is not None:
-            state = ControllerState(slicing.image_before, state.tracker, state.dirty)
+            state = ControllerState(slicing.image_before, state.tracker, state.backlog, hold=True)
         try:
             result = step(state, event, now, self.rules)
         except MetactlError as exc:
@@ -422,7 +463,7 @@ class Controller:
                 return
             # It wrote nothing: keep its soft state, answer once the log before the
             # transaction is durable (nothing of the transaction is in its answer).
-            self.state = ControllerState(self.state.image, result.state.tracker, self.state.dirty)
+            self.state = ControllerState(self.state.image, result.state.tracker, self.state.backlog)
             self._inspect(result)
             slicing.answer(future, result.response)
         elif result.follow_up is not None:
@@ -440,7 +481,13 @@ class Controller:
 
     def _step_slice(self, slicing: Slicing) -> None:
         now = self.clock.now_ms()
-        started = time.perf_counter()
+        started = self.busy_since = time.perf_counter()
+        try:
+            self._step_slice_at(slicing, now, started)
+        finally:
+            self.busy_since = None
+
+    def _step_slice_at(self, slicing: Slicing, now: int, started: float) -> None:
         try:
             result = step(self.state, slicing.follow_up, now, self.rules)
         except MetactlError as exc:  # a slice was validated with the first: a bug
@@ -518,7 +565,7 @@ class Controller:
         base = msgspec.structs.replace(slicing.image_before, end_offset=self.image.end_offset)
         abort = abort_commit(base, reason, self.clock.now_ms())
         assert abort.image_after is not None
-        self.state = ControllerState(abort.image_after, self.state.tracker, None)
+        self.state = ControllerState(abort.image_after, self.state.tracker)
         self._enqueue(abort)
         if slicing.future is not None and not slicing.future.done():
             slicing.future.set_exception(error or LogClosedError(reason))

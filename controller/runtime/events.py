@@ -1,7 +1,9 @@
 """What the driver's event task holds: queued events and the transaction it has open.
 
-`Queued` is an event waiting for the event task (`CLOSE` stops it). `Slicing` is a topic
-being created in slices (a transaction the core opened, `StepResult.follow_up`): the
+`Queued` is an event waiting for the event task (`CLOSE` stops it). `Slicing` is work
+larger than the budget being done in slices (a topic creation, or a fence, unfence,
+controlled shutdown or unclean registration of a large broker: a transaction the core
+opened, `StepResult.follow_up`): the
 next slice to step, the future of the request that started it, the image before it, and
 a watermark future that resolves once everything queued before the transaction is
 durable. Events that write nothing and arrive meanwhile are stepped against the image
@@ -20,7 +22,7 @@ import asyncio
 import gc
 from typing import Any, Final
 
-from controller.core.handlers import CreateTopicSlice
+from controller.core.handlers import FollowUp
 from controller.core.step import Event, Tick
 from controller.runtime.committer import Outcome, settle
 from metactl.errors import LogClosedError
@@ -60,13 +62,13 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
 
 
 class Slicing:
-    """The event task's open transaction: a topic being created in slices."""
+    """The event task's open transaction: work being done in slices."""
 
     __slots__ = ("_gc_was_enabled", "follow_up", "future", "image_before", "watermark")
 
     def __init__(
         self,
-        follow_up: CreateTopicSlice,
+        follow_up: FollowUp,
         future: asyncio.Future[ControllerResponse] | None,
         image_before: ClusterImage,
         watermark: asyncio.Future[ControllerResponse],

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.core.config import ControllerConfig
+from controller.core.work import WORK_BUDGET
 from controller.runtime.process import configure_process, freeze_heap
 from controller.runtime.quota import (
     DEFAULT_BURST_WINDOW_S,
@@ -102,6 +103,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_mutation_arguments(p)
     p.add_argument(
+        "--work-budget",
+        type=positive_int,
+        default=WORK_BUDGET,
+        metavar="PARTITIONS",
+        help="partitions one controller event may change, create or evaluate; larger work "
+        "(a big broker's fence, a big topic) continues in slices inside one metadata "
+        "transaction, with heartbeats answered between them (docs/design.md, The work "
+        f"budget) (default {WORK_BUDGET:,})",
+    )
+    p.add_argument(
         "--log-level",
         default="INFO",
         help="DEBUG, INFO, WARNING or ERROR (default INFO)",
@@ -161,6 +172,17 @@ def ha_settings(args: Any) -> HaSettings:
         node_id=getattr(args, "node_id", None),
         cluster_id=getattr(args, "cluster_id", None),
     )
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (a bad one is a usage error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def add_mutation_arguments(p: argparse.ArgumentParser) -> None:
@@ -256,6 +278,7 @@ async def serve(args: Any) -> int:
             verify_log=getattr(args, "verify_log", "tail"),
             metadata_log=getattr(args, "metadata_log", None),
             ha=ha_settings(args),
+            work_budget=getattr(args, "work_budget", WORK_BUDGET),
         )
     except MetactlError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -35,6 +35,7 @@ import structlog
 from controller.core.authz import AUTHORIZATION_ERRORS, authorize, operation_of
 from controller.core.config import ControllerConfig
 from controller.core.recovery.tracker import Inspection
+from controller.core.work import WORK_BUDGET
 from controller.runtime.clock import Clock, SystemClock
 from controller.runtime.describe import DescribeNotes, describe_page, partition_state
 from controller.runtime.driver import Controller
@@ -128,8 +129,11 @@ class ControllerService:
         verify_log: Literal["tail", "full"] = "tail",
         metadata_log: str | None = None,
         ha: HaSettings | None = None,
+        work_budget: int | None = WORK_BUDGET,
     ) -> None:
         self.data_dir = data_dir
+        # Partitions per controller event (controller.core.work): bulk work is sliced.
+        self.work_budget = work_budget
         # Where the log is: None, a path or sqlite: URL (one controller, always active),
         # or etcd://... (controllers take turns: `ha`).
         self.metadata_log = metadata_log
@@ -254,7 +258,13 @@ class ControllerService:
         """Become the active controller on `store` (open for writing): start the driver
         (from `replayed`, a standby's image, when there is one), its metrics, and fresh
         broker sessions (every registered broker gets a full session timeout of grace)."""
-        ctl = await Controller.open(store, config=self.config, clock=self.clock, replayed=replayed)
+        ctl = await Controller.open(
+            store,
+            config=self.config,
+            clock=self.clock,
+            replayed=replayed,
+            work_budget=self.work_budget,
+        )
         ctl.log_every_record = True
         ctl.inspection_sinks.append(self._on_inspection)
         self.sessions = BrokerSessions(self.config.broker_session_timeout_ms)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import immutables
+import msgspec
 import pytest
 
 from controller.core.config import ControllerConfig
@@ -26,11 +27,13 @@ from controller.core.recovery.tracker import (
     Inspection,
     RecoveryTracker,
     evaluate,
+    evaluate_all,
     record_answer,
     recovery_records,
     strategy_for,
 )
 from controller.core.step import ControllerState, Rules, StepResult
+from controller.core.work import EVERYTHING, Backlog
 from metactl.errors import (
     ElectionNotNeededError,
     IneligibleReplicaError,
@@ -804,7 +807,8 @@ class TestEvaluateBookkeeping:
         c = Cluster()
         p = PartitionState(topic="gone", partition=0, tp=("gone", 0), replicas=(1,), isr=EMPTY)
         tracker = RecoveryTracker(immutables.Map({("gone", 0): pending_for(p)}))
-        c.state = ControllerState(c.image, tracker, frozenset())
+        # The partition's removal queued it (as a changed partition): it is looked at.
+        c.state = ControllerState(c.image, tracker, Backlog().with_partitions([("gone", 0)]))
         step = c.evaluate(now=1)
         assert (step.records, step.inspections, step.next_deadline_ms) == ([], [], None)
         assert not c.tracker.pending
@@ -815,12 +819,12 @@ class TestEvaluateBookkeeping:
         c.rules = Rules(c.config, {"balanced": BalancedPolicy()})
         pr = pending_for(c.p(), strategy="manual")
         tracker = RecoveryTracker(immutables.Map({("t", 0): pr}))
-        c.state = ControllerState(c.image, tracker, None)  # look at every leaderless one
+        c.state = ControllerState(c.image, tracker, EVERYTHING)  # every leaderless one
         step = c.evaluate(now=1)
         assert (step.records, step.inspections) == ([], [])
         assert not c.tracker.pending
 
-    def test_touched_limits_where_new_recoveries_start(self) -> None:
+    def test_scope_limits_what_is_looked_at(self) -> None:
         config = ControllerConfig()
         image = image_of(
             active=[1, 2],
@@ -835,16 +839,19 @@ class TestEvaluateBookkeeping:
         assert view(image.partitions[("b", 0)]) == (NO_LEADER, [], [], [2])
         tracker = RecoveryTracker()
 
-        def run(touched: list[tuple[str, int]] | None) -> set[tuple[str, int]]:
+        def run(scope: list[tuple[str, int]] | None) -> set[tuple[str, int]]:
             nonlocal tracker
-            step = evaluate(image, tracker, 5, policies=POLICIES, config=config, touched=touched)
+            if scope is None:
+                step = evaluate_all(image, tracker, 5, policies=POLICIES, config=config)
+            else:
+                step = evaluate(image, tracker, 5, policies=POLICIES, config=config, scope=scope)
             tracker = step.tracker
             return set(step.tracker.pending)
 
         assert run([]) == set()
-        # A touched partition that is not leaderless (or does not exist) starts nothing.
+        # A partition in scope that is not leaderless (or does not exist) starts nothing.
         assert run([("a", 0), ("a", 0), ("c", 0), ("nope", 3)]) == {("a", 0)}
-        # Pending recoveries are always re-evaluated, touched or not.
+        # A pending recovery with a new answer is looked at, in scope or not.
         tracker = record_answer(
             image,
             tracker,
@@ -857,7 +864,8 @@ class TestEvaluateBookkeeping:
                 log_end_offset=0,
             ),
         )
-        step = evaluate(image, tracker, 6, policies=POLICIES, config=config, touched=[])
+        assert tracker.answered == {("a", 0)}
+        step = evaluate(image, tracker, 6, policies=POLICIES, config=config, scope=[])
         assert [r.topic for r in step.records if isinstance(r, UncleanRecoveryRecord)] == ["a"]
         image = replay(image, step.records)
         tracker = step.tracker
@@ -1028,12 +1036,13 @@ class TestOfflineSince:
     def test_a_fresh_controller_counts_from_its_first_look(self) -> None:
         c = offline_cluster("balanced", at=10)
         c.now = 20
-        c.restart(1, clean=True)  # led by 1 again; the tracker keeps a stale note
+        c.restart(1, clean=True)  # led by 1 again: the step that elected it drops the note
+        assert ("t", 0) not in c.tracker.offline
         c.now = 30
         c.fence(1)
         c.now = 35
         c.restart(2, clean=True)  # led again
-        assert ("t", 0) in c.tracker.offline and c.tracker.offline_since(c.p()) is None
+        assert ("t", 0) not in c.tracker.offline and c.tracker.offline_since(c.p()) is None
         # A restarted controller: no soft state, a full look at the next step.
         c.state = ControllerState(c.image)
         c.now = 50
@@ -1041,10 +1050,11 @@ class TestOfflineSince:
         c.fence(3)
         c.evaluate(now=60)
         assert c.tracker.offline_since(c.p()) == 50
-        # A partition led at a full look (a reverted controller keeps its soft state)
-        # leaves no note behind.
+        # A note left behind (a reverted controller keeps its soft state, and a record
+        # absorbed from outside the step may elect) goes at the next look at it.
         c.restart(2, clean=True)
-        assert c.view()[0] == 2 and ("t", 0) in c.tracker.offline
-        c.state = ControllerState(c.image, c.tracker)
+        assert c.view()[0] == 2 and ("t", 0) not in c.tracker.offline
+        stale = msgspec.structs.replace(c.tracker, offline=c.tracker.offline.set(("t", 0), (0, 1)))
+        c.state = ControllerState(c.image, stale)
         c.evaluate(now=70)
         assert ("t", 0) not in c.tracker.offline

@@ -7,6 +7,7 @@ import pytest
 
 from controller.core.config import ControllerConfig
 from controller.core.step import ControllerState, Rules, Tick, step, touched
+from controller.core.work import EMPTY_BACKLOG
 from metactl.errors import InvalidRequestError, StaleBrokerEpochError
 from metadata_image.image import ClusterImage
 from metadata_image.replay import apply
@@ -192,10 +193,10 @@ def test_the_delta_names_what_changed_and_drives_evaluation() -> None:
     after, d = apply(image, [change])
     assert touched(after, d) == {("t", 1)}  # t-0 is still offline, but the delta spares it
     # Records absorbed from outside a step are evaluated by the next step.
-    state = ControllerState(image, dirty=frozenset())
+    state = ControllerState(image, backlog=EMPTY_BACKLOG)
     absorbed, _ = state.absorb([change])
-    assert absorbed.dirty == {("t", 1)}
-    assert ControllerState(image).absorb([change])[0].dirty is None
+    assert set(absorbed.backlog) == {("t", 1)} and not absorbed.idle
+    assert ControllerState(image).absorb([change])[0].backlog.everything
 
 
 def test_a_heartbeat_from_an_unknown_broker_is_refused() -> None:

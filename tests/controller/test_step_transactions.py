@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from controller.core.handlers import CreateTopicSlice
-from controller.core.step import Rules, Tick, transaction_name
+from controller.core.step import Event, Rules, Tick, transaction_name
 from metadata_image.transactions import LogReplay, replay_log
 from metadata_log.records import (
     BeginTransactionRecord,
@@ -16,11 +16,17 @@ from metadata_log.records import (
     PartitionRecord,
     RegisterBrokerRecord,
     TopicRecord,
+    UncleanRecoveryRecord,
     encode_batch,
 )
 from protocol.messages import (
     Ack,
     AlterPartition,
+    BrokerHeartbeatRequest,
+    BrokerHeartbeatResponse,
+    ControlledShutdown,
+    ControlledShutdownResponse,
+    UnfenceBroker,
     CreateTopic,
     CreateTopicResponse,
     FenceBroker,
@@ -108,11 +114,11 @@ def test_a_large_registration_is_decided_again_after_the_begin_marker() -> None:
 
 def _create_all(c: Cluster, request: CreateTopic) -> tuple[list[MetadataRecord], object, int]:
     """Step a create and every slice it asks for; (records, last response, steps)."""
-    result = c.submit(request)
+    result = c.step_one(request)
     records, steps = list(result.records), 1
     while result.follow_up is not None:
         assert isinstance(result.response, Ack)  # a placeholder: the driver holds the future
-        result = c.submit(result.follow_up)
+        result = c.step_one(result.follow_up)
         records.extend(result.records)
         steps += 1
     return records, result.response, steps
@@ -132,7 +138,7 @@ def test_a_large_topic_is_created_in_slices_inside_one_transaction(
     whole, sliced = Cluster(), Cluster()
     for c in (whole, sliced):
         c.start(1, 2, 3)
-    _limit(sliced, create_slice_partitions=7)
+    _limit(sliced, work_budget=7)
     expected = whole.submit(request_)
     base = sliced.image.end_offset
     records, response, steps = _create_all(sliced, request_)
@@ -155,7 +161,7 @@ def test_a_large_topic_is_created_in_slices_inside_one_transaction(
 def test_slices_are_never_wrapped_again() -> None:
     c = Cluster()
     c.start(1, 2, 3)
-    _limit(c, create_slice_partitions=7, max_batch_bytes=100)
+    _limit(c, work_budget=7, max_batch_bytes=100)
     records, response, steps = _create_all(
         c, CreateTopic(name="big", partitions=20, replication_factor=3)
     )
@@ -164,7 +170,7 @@ def test_slices_are_never_wrapped_again() -> None:
 
 
 def test_a_topic_within_one_slice_or_without_slicing_is_one_step() -> None:
-    for rules in ({"create_slice_partitions": 20}, {"create_slice_partitions": None}):
+    for rules in ({"work_budget": 20}, {"work_budget": None}):
         c = Cluster()
         c.start(1, 2, 3)
         _limit(c, **rules)
@@ -183,3 +189,160 @@ def test_transaction_names_say_what_the_event_names() -> None:
     )
     assert transaction_name(alter) == "AlterPartition t"
     assert transaction_name(Tick()) == "Tick"
+
+
+# --- operations on a broker's partitions, in slices ---------------------------------------
+
+
+def _pair(min_isr: int = 2, partitions: int = 40) -> tuple[Cluster, Cluster]:
+    """Two identical clusters of 4 brokers: one unbounded, one with a budget of 7."""
+    whole, sliced = Cluster(), Cluster()
+    for c in (whole, sliced):
+        c.start(1, 2, 3, 4)
+        c.create("t", partitions=partitions, replication_factor=3, min_isr=min_isr)
+    _limit(whole, work_budget=None)
+    _limit(sliced, work_budget=7)
+    return whole, sliced
+
+
+def _step_all(c: Cluster, event: Event) -> tuple[list[MetadataRecord], object, list[str]]:
+    """One event and its continuations, one step each: (records, response, event kinds)."""
+    result = c.step_one(event)
+    records, kinds = list(result.records), [type(event).__name__]
+    while result.follow_up is not None:
+        assert isinstance(result.response, Ack)  # a placeholder until the last slice
+        kinds.append(type(result.follow_up).__name__)
+        result = c.step_one(result.follow_up)
+        records.extend(result.records)
+    return records, result.response, kinds
+
+
+def _inner(records: list[MetadataRecord]) -> list[MetadataRecord]:
+    assert isinstance(records[0], BeginTransactionRecord)
+    assert isinstance(records[-1], EndTransactionRecord)
+    assert _markers(records) == ["BeginTransactionRecord", "EndTransactionRecord"]
+    return records[1:-1]
+
+
+def test_a_fence_in_slices_writes_what_one_step_writes() -> None:
+    whole, sliced = _pair()
+    expected = whole.step_one(FenceBroker(broker_id=1))
+    records, response, kinds = _step_all(sliced, FenceBroker(broker_id=1))
+    assert records[0] == BeginTransactionRecord(name="FenceBroker 1")
+    assert _inner(records) == expected.records
+    assert kinds == ["FenceBroker"] + ["Continue"] * (30 // 7)  # broker 1 hosts 30
+    assert response == expected.response == Ack()
+    assert sliced.image.partitions == whole.image.partitions
+    # No recovery was evaluated inside the transaction: the scope waits in the backlog,
+    # and the steps after the end marker evaluate it.
+    assert not sliced.state.idle
+    assert not any(isinstance(r, UncleanRecoveryRecord) for r in records)
+
+
+def test_an_unfence_in_slices_elects_where_one_step_does() -> None:
+    whole, sliced = _pair(min_isr=3)
+    for c in (whole, sliced):
+        for b in (1, 2, 3):
+            c.submit(FenceBroker(broker_id=b))  # broker 4 still leads some
+    epoch = whole.epoch(1)
+    expected = whole.step_one(UnfenceBroker(broker_id=1, broker_epoch=epoch))
+    records, response, _ = _step_all(
+        sliced, UnfenceBroker(broker_id=1, broker_epoch=sliced.epoch(1))
+    )
+    assert len(expected.records) > 7  # more than one slice of elections
+    assert [r for r in _inner(records)] == expected.records
+    assert response == Ack()
+    assert sliced.image.partitions == whole.image.partitions
+
+
+@pytest.mark.parametrize("via", ["request", "heartbeat"])
+def test_a_controlled_shutdown_in_slices_answers_at_the_end(via: str) -> None:
+    whole, sliced = _pair()
+
+    def request(c: Cluster) -> Event:
+        if via == "request":
+            return ControlledShutdown(broker_id=2, broker_epoch=c.epoch(2))
+        return BrokerHeartbeatRequest(
+            broker_id=2, broker_epoch=c.epoch(2), metadata_offset=c.image.end_offset,
+            want_shutdown=True,
+        )  # fmt: skip
+
+    expected = whole.step_one(request(whole))
+    records, response, _ = _step_all(sliced, request(sliced))
+    assert _inner(records) == expected.records
+    assert response == expected.response
+    if via == "request":
+        assert response == ControlledShutdownResponse(can_stop=True)
+    else:
+        assert response == BrokerHeartbeatResponse(
+            is_fenced=False, in_controlled_shutdown=True, should_shut_down=True
+        )
+    # Asked again: it leads nothing, and nothing is written.
+    again = sliced.step_one(request(sliced))
+    assert again.records == [] and again.follow_up is None
+
+
+def test_a_controlled_shutdown_with_nobody_to_take_over_can_still_stop() -> None:
+    """With brokers 3 and 4 fenced, broker 1's partitions have no active replica left to
+    lead them: they go leaderless (leadership never stays with an inactive broker), and
+    the sliced answer agrees with the unsliced one that broker 1 leads nothing."""
+    whole, sliced = _pair()
+    for c in (whole, sliced):
+        c.submit(FenceBroker(broker_id=3))
+        c.submit(FenceBroker(broker_id=4))
+    expected = whole.step_one(ControlledShutdown(broker_id=1, broker_epoch=whole.epoch(1)))
+    _, response, _ = _step_all(
+        sliced, ControlledShutdown(broker_id=1, broker_epoch=sliced.epoch(1))
+    )
+    assert response == expected.response == ControlledShutdownResponse(can_stop=True)
+    assert not any(p.leader == 1 for p in sliced.image.partitions_of(1))
+    assert any(not p.has_leader for p in sliced.image.partitions_of(1))
+
+
+def test_an_unclean_registration_in_slices_moves_every_elr_membership() -> None:
+    whole, sliced = _pair(min_isr=3)
+    for c in (whole, sliced):
+        c.fence(1)  # broker 1 joins the ELR of its partitions (ISR below MinISR)
+    whole_base = whole.image.end_offset
+    expected = whole.step_one(RegisterBroker(broker_id=1, incarnation_id="again"))
+    base = sliced.image.end_offset
+    records, response, kinds = _step_all(
+        sliced, RegisterBroker(broker_id=1, incarnation_id="again")
+    )
+    assert kinds[0] == "RegisterBroker" and set(kinds[1:]) == {"Continue"}
+    assert isinstance(response, RegisterBrokerResponse) and not response.clean
+    assert isinstance(expected.response, RegisterBrokerResponse)
+    # The begin marker comes first, so the epoch (the record's offset) is one more.
+    assert response.broker_epoch == base + 1
+    assert expected.response.broker_epoch == whole_base
+    assert isinstance(records[1], RegisterBrokerRecord)
+    assert sliced.image.partitions == whole.image.partitions
+    assert not any(1 in p.elr for p in sliced.image.partitions_of(1))
+    assert replay_log(LogReplay(), sliced.log).image.same_state(sliced.image)
+
+
+def test_continuations_are_named_after_their_operation() -> None:
+    from controller.core.handlers import BrokerOp, Continue
+    from controller.core.work import PartitionPlan
+
+    c = Continue(BrokerOp.UNCLEAN_REGISTRATION, 3, PartitionPlan(), Ack())
+    assert transaction_name(c) == "UncleanRegistration 3"
+
+
+def test_a_large_backlog_is_queued_as_a_plan_and_drained_a_budget_per_step() -> None:
+    """Broker 1 alone hosts 40 leaderless partitions (more than four budgets of 7): its
+    re-registration queues its whole index as one plan, and each Tick evaluates 7."""
+    c = Cluster()
+    c.start(1, 2)
+    c.create("solo", assignments=[[1]] * 40, min_isr=1)
+    _limit(c, work_budget=7)
+    c.fence(1)
+    c.step_one(RegisterBroker(broker_id=1, incarnation_id="again"))  # unclean: LKELR
+    while c.last is not None and c.last.follow_up is not None:
+        c.step_one(c.last.follow_up)
+    ticks = 0
+    while not c.state.idle:
+        c.step_one(Tick())
+        ticks += 1
+    assert ticks >= 40 // 7
+    assert len(c.tracker.pending) == 40  # balanced: waiting for broker 1's answers

@@ -22,7 +22,7 @@ from controller.core.handlers import (
 from controller.core.recovery.builtin import BalancedPolicy, ManualPolicy, ProactivePolicy
 from controller.core.recovery.policy import RecoveryPolicy
 from controller.core.recovery.tracker import RecoveryTracker
-from controller.core.step import ControllerState, Event, Rules, StepResult, Tick, step
+from controller.core.step import ControllerState, Event, Rules, StepResult, Tick, settle, step
 from metadata_image.image import ClusterImage, PartitionState
 from metadata_image.replay import replay
 from metadata_log.records import (
@@ -100,7 +100,16 @@ class Cluster:
         self.log.extend(records)
 
     def submit(self, event: Event) -> StepResult:
-        """One event through the one step; its records join the log."""
+        """One event through the one step, with its continuations and the Ticks that
+        drain the recovery backlog (`settle`); its records join the log."""
+        result = settle(self.state, event, self.now, self.rules)
+        self.state = result.state
+        self.log.extend(result.records)
+        self.last = result
+        return result
+
+    def step_one(self, event: Event) -> StepResult:
+        """Exactly one step, as the driver takes it (a continuation is the caller's)."""
         result = step(self.state, event, self.now, self.rules)
         self.state = result.state
         self.log.extend(result.records)

@@ -251,7 +251,7 @@ async def test_a_sliced_create_keeps_answering_and_shows_nothing_partial(
     tmp_path: Path, keep: Keep
 ) -> None:
     store = keep(await SqliteLogStore.open(tmp_path))
-    ctl = await _open(store, create_slice_partitions=25)
+    ctl = await _open(store, work_budget=25)
     start = store.end_offset
     told: list[tuple[int, int]] = []
     ctl.commit_listeners.append(lambda base, rs, delta, now: told.append((base, len(rs))))
@@ -313,7 +313,7 @@ async def test_a_sliced_create_keeps_answering_and_shows_nothing_partial(
 
 async def test_closing_during_a_sliced_create_aborts_it(tmp_path: Path, keep: Keep) -> None:
     store = keep(await SqliteLogStore.open(tmp_path))
-    ctl = await _open(store, create_slice_partitions=25)
+    ctl = await _open(store, work_budget=25)
     appended = await _first_append(ctl)
     create = asyncio.create_task(
         ctl.submit(CreateTopic(name="big", partitions=1000, replication_factor=3))
@@ -334,7 +334,7 @@ async def test_a_failed_append_during_a_sliced_create_fails_it_and_aborts(
     tmp_path: Path, keep: Keep
 ) -> None:
     store = await _failing(tmp_path, keep)
-    ctl = await _open(store, create_slice_partitions=25)
+    ctl = await _open(store, work_budget=25)
     before = ctl.committed_image
     store.fail_on = frozenset({store.writes + 3})
     request = CreateTopic(name="big", partitions=1000, replication_factor=3)

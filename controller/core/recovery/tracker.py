@@ -6,6 +6,15 @@ recoveries decided now, the log inspections to send (GetReplicaLogInfo), the nex
 deadline, and the new tracker. Answers come back through `record_answer`. An operator's
 unclean election goes through `manual_election`.
 
+Evaluation is incremental: a pass looks only at the partitions it is given (`scope`:
+those an event may have changed, a work budget at a time, see `controller.core.work`),
+those with a log-inspection answer not yet looked at (`RecoveryTracker.answered`), and
+those whose wake-up time has come (`RecoveryTracker.wakes`: a window's end, or a
+policy's `Wait(until_ms)`). A policy's decision may therefore depend only on the
+partition, the state of the brokers that host it, the answers and the time; anything
+else would not be looked at again. `evaluate_all` is the full pass the property tests
+compare it with.
+
 Pending recoveries are not logged: after a controller restart they start over, as in
 Kafka's draft (a proactive window restarts at the new start time). Every decided
 recovery writes an UncleanRecoveryRecord and a PartitionChangeRecord that makes the
@@ -34,6 +43,7 @@ from controller.core.recovery.policy import (
     PendingRecovery,
     RecoveryPolicy,
     RestartWindow,
+    Wait,
 )
 from metactl.errors import (
     ElectionNotNeededError,
@@ -58,6 +68,13 @@ class RecoveryTracker(msgspec.Struct, frozen=True):
     # Leaderless partitions: (the leader epoch the leader was lost at, when). A note whose
     # epoch is not the partition's current one is from an earlier outage.
     offline: immutables.Map[TopicPartition, tuple[int, int]] = immutables.Map()
+    # When to look at a pending recovery again with nothing else changed (its window's
+    # end, or a policy's Wait(until_ms)): time -> partitions, and each partition's time.
+    wakes: immutables.Map[int, immutables.Map[TopicPartition, None]] = immutables.Map()
+    wake_of: immutables.Map[TopicPartition, int] = immutables.Map()
+    next_wake: int | None = None  # min(wakes), kept so that no step scans them
+    # Partitions with a log-inspection answer the next pass must look at.
+    answered: frozenset[TopicPartition] = frozenset()
 
     def offline_since(self, p: PartitionState) -> int | None:
         """When `p` lost its last leader, if it is leaderless and that was noted."""
@@ -141,6 +158,79 @@ def recovery_records(
     ]
 
 
+class _Wakes:
+    """The tracker's wake-ups while one pass changes them: O(log n) per partition, and
+    the earliest time recomputed (O(distinct times)) only when it was removed."""
+
+    def __init__(self, tracker: RecoveryTracker) -> None:
+        self.before = tracker.wakes
+        self.wakes = tracker.wakes.mutate()
+        self.wake_of = tracker.wake_of.mutate()
+        self.next: int | None = tracker.next_wake
+        self.stale = False
+
+    def clear(self, tp: TopicPartition) -> None:
+        when = self.wake_of.pop(tp, None)
+        if when is None:
+            return
+        bucket = self.wakes[when].delete(tp)
+        if len(bucket):
+            self.wakes[when] = bucket
+        else:
+            del self.wakes[when]
+            self.stale = self.stale or when == self.next
+
+    def set(self, tp: TopicPartition, when: int) -> None:
+        self.clear(tp)
+        self.wake_of[tp] = when
+        self.wakes[when] = self.wakes.get(when, immutables.Map()).set(tp, None)
+        if self.next is None or when < self.next:
+            self.next = when
+
+    def due(self, now_ms: int) -> list[TopicPartition]:
+        out: list[TopicPartition] = []
+        for when in sorted(t for t in self.before if t <= now_ms):
+            for tp in sorted(self.wakes.pop(when).keys()):
+                del self.wake_of[tp]
+                out.append(tp)
+            self.stale = True
+        return out
+
+    def finish(self, tracker: RecoveryTracker) -> RecoveryTracker:
+        wakes = self.wakes.finish()
+        nxt = self.next
+        if self.stale:
+            nxt = min(wakes.keys()) if len(wakes) else None
+        return msgspec.structs.replace(
+            tracker, wakes=wakes, wake_of=self.wake_of.finish(), next_wake=nxt
+        )
+
+
+def take_due(tracker: RecoveryTracker, now_ms: int) -> tuple[list[TopicPartition], RecoveryTracker]:
+    """The partitions whose wake-up time has come (for the step to queue: a million
+    recoveries may share one deadline), and the tracker without their wake-ups. O(1)
+    when none is due; else O(due + distinct wake times)."""
+    if tracker.next_wake is None or tracker.next_wake > now_ms:
+        return [], tracker
+    w = _Wakes(tracker)
+    due = w.due(now_ms)
+    return due, w.finish(tracker)
+
+
+def evaluate_all(
+    image: ClusterImage,
+    tracker: RecoveryTracker,
+    now_ms: int,
+    *,
+    policies: Mapping[str, RecoveryPolicy],
+    config: ControllerConfig,
+) -> RecoveryStep:
+    """The full pass: every leaderless partition and every pending recovery. What
+    `evaluate` over the partitions an event changed must agree with (a property test)."""
+    scope = [*image.offline, *tracker.pending]
+    return evaluate(image, tracker, now_ms, policies=policies, config=config, scope=scope)
+
+
 def evaluate(
     image: ClusterImage,
     tracker: RecoveryTracker,
@@ -148,14 +238,15 @@ def evaluate(
     *,
     policies: Mapping[str, RecoveryPolicy],
     config: ControllerConfig,
-    touched: Iterable[TopicPartition] | None = None,
+    scope: Iterable[TopicPartition],
 ) -> RecoveryStep:
-    """One evaluation pass. `touched` limits the search for *new* recoveries to the
-    partitions an event may have changed (None: every leaderless partition, as after a
-    restart); pending recoveries are always re-evaluated."""
+    """One evaluation pass over `scope` and the answered partitions (the step queues the
+    due wake-ups, `take_due`, with what it evaluates):
+    note when each leaderless one lost its leader, drop recoveries no longer needed,
+    start those a policy asks for, then decide or ask for the logs still missing. Costs
+    O(partitions looked at), whatever the number of pending recoveries."""
     records: list[MetadataRecord] = []
     inspections: list[Inspection] = []
-    deadline: int | None = None
 
     def policy_of(topic: str) -> RecoveryPolicy | None:
         if not config.eligible_leader_replicas:
@@ -163,102 +254,115 @@ def evaluate(
             return CLASSIC_UNCLEAN if config.unclean_leader_election else None
         return policies.get(strategy_for(image, topic, config))
 
-    # Pending recoveries are few (leaderless partitions), so a plain dict is the builder.
-    pending: dict[TopicPartition, PendingRecovery] = dict(tracker.pending.items())
-    # Drop recoveries that a clean election (or anything else) made unnecessary.
-    for tp in tracker.pending:
-        p = image.partitions.get(tp)
-        policy = policy_of(tp[0])
-        if p is None or policy is None or policy.trigger(image, p) is None:
-            del pending[tp]
-    # Note when each leaderless partition in scope lost its leader; then start recoveries
-    # for those whose policy asks for one.
-    if touched is None:
-        candidates = list(image.offline_partitions())
-        # A full look (a fresh controller): notes of partitions since led are dropped.
-        offline = immutables.Map[TopicPartition, tuple[int, int]]().mutate()
-    else:
-        candidates = [image.partitions[tp] for tp in set(touched) if tp in image.offline]
-        offline = tracker.offline.mutate()
-    for p in candidates:
-        since = tracker.offline_since(p)
-        if since is None or touched is None:  # else its note is there already, unchanged
-            offline[p.tp] = (p.leader_epoch, now_ms if since is None else since)
-    for p in candidates:
-        if p.tp in pending:
+    # In a fixed order (not hash order), so that a seeded simulation replays exactly.
+    look = sorted({*scope, *tracker.answered})
+    wakes = _Wakes(tracker)
+    pending = tracker.pending.mutate()
+    offline = tracker.offline.mutate()
+    parts = image.partitions
+    for tp in look:
+        wakes.clear(tp)
+        p = parts.get(tp)
+        if p is None or p.has_leader:
+            # Led again (or gone): nothing to recover, nothing to note.
+            pending.pop(tp, None)
+            offline.pop(tp, None)
             continue
+        since = tracker.offline_since(p)
+        if since is None:
+            since = now_ms
+            offline[tp] = (p.leader_epoch, now_ms)
         policy = policy_of(p.topic)
         reason = policy.trigger(image, p) if policy is not None else None
+        pr = pending.get(tp)
         if policy is None or reason is None:
+            # A clean election (or anything else) made it unnecessary, or none is needed.
+            if pr is not None:
+                del pending[tp]
             continue
-        window = policy.window_ms(config.unclean_recovery_window_ms)
-        pending[p.tp] = PendingRecovery(
-            topic=p.topic,
-            partition=p.partition,
-            strategy=policy.name,
-            trigger=reason,
-            since_ms=offline[p.tp][1],
-            started_ms=now_ms,
-            deadline_ms=None if window is None else now_ms + window,
-        )
-    # Decide, or ask for the logs still missing.
-    for tp in list(pending):
-        pr = pending[tp]
-        p = image.partitions[tp]
-        policy = policy_named(policies, pr.strategy)
-        decision = policy.decide(image, p, pr, now_ms)
-        if isinstance(decision, Choose):
-            members = policy.candidates(image, p)
-            records.extend(
-                recovery_records(
-                    image,
-                    p,
-                    decision.broker_id,
-                    strategy=pr.strategy,
-                    candidates=[a for a in pr.valid_answers(image) if a.broker_id in members],
-                    trigger=pr.trigger,
-                    since_ms=pr.since_ms,
-                    election=ElectionKind.UNCLEAN_RECOVERY,
-                )
+        if pr is None:
+            window = policy.window_ms(config.unclean_recovery_window_ms)
+            pr = PendingRecovery(
+                topic=p.topic,
+                partition=p.partition,
+                strategy=policy.name,
+                trigger=reason,
+                since_ms=since,
+                started_ms=now_ms,
+                deadline_ms=None if window is None else now_ms + window,
             )
-            del pending[tp]
+        decided = _decide(image, p, pr, now_ms, policies=policies, config=config)
+        if isinstance(decided, list):
+            records.extend(decided)
+            pending.pop(tp, None)
             offline.pop(tp, None)  # it has a leader now
             continue
-        if isinstance(decision, RestartWindow):
-            window = policy.window_ms(config.unclean_recovery_window_ms) or 0
-            pr = msgspec.structs.replace(
-                pr,
-                started_ms=now_ms,
-                deadline_ms=now_ms + window,
-                requested=immutables.Map(),
-            )
-        answered = {a.broker_id for a in pr.valid_answers(image)}
-        requested = pr.requested.mutate()
-        for r in p.replicas:
-            b = image.brokers.get(r)
-            if (
-                r in policy.candidates(image, p)
-                and b is not None
-                and b.active
-                and r not in answered
-                and requested.get(r) != b.epoch
-            ):
-                inspections.append(
-                    Inspection(
-                        broker_id=r, broker_epoch=b.epoch, topic=p.topic, partition=p.partition
-                    )
-                )
-                requested[r] = b.epoch
-        pr = msgspec.structs.replace(pr, requested=requested.finish())
+        pr, wake, asked = decided
+        inspections.extend(asked)
         pending[tp] = pr
-        if pr.deadline_ms is not None and (deadline is None or pr.deadline_ms < deadline):
-            deadline = pr.deadline_ms
+        if wake is not None and wake > now_ms:
+            wakes.set(tp, wake)
+    after = wakes.finish(RecoveryTracker(pending.finish(), offline.finish(), answered=frozenset()))
     return RecoveryStep(
-        records=records,
-        tracker=RecoveryTracker(immutables.Map(pending), offline.finish()),
-        inspections=inspections,
-        next_deadline_ms=deadline,
+        records=records, tracker=after, inspections=inspections, next_deadline_ms=after.next_wake
     )
+
+
+def _decide(
+    image: ClusterImage,
+    p: PartitionState,
+    pr: PendingRecovery,
+    now_ms: int,
+    *,
+    policies: Mapping[str, RecoveryPolicy],
+    config: ControllerConfig,
+) -> list[MetadataRecord] | tuple[PendingRecovery, int | None, list[Inspection]]:
+    """One pending recovery: its records if the policy chooses now, else the recovery
+    (window restarted, inspections noted), when to look again, and whom to ask."""
+    policy = policy_named(policies, pr.strategy)
+    decision = policy.decide(image, p, pr, now_ms)
+    if isinstance(decision, Choose):
+        members = policy.candidates(image, p)
+        return recovery_records(
+            image,
+            p,
+            decision.broker_id,
+            strategy=pr.strategy,
+            candidates=[a for a in pr.valid_answers(image) if a.broker_id in members],
+            trigger=pr.trigger,
+            since_ms=pr.since_ms,
+            election=ElectionKind.UNCLEAN_RECOVERY,
+        )
+    if isinstance(decision, RestartWindow):
+        window = policy.window_ms(config.unclean_recovery_window_ms) or 0
+        pr = msgspec.structs.replace(
+            pr,
+            started_ms=now_ms,
+            deadline_ms=now_ms + window,
+            requested=immutables.Map(),
+        )
+    answered = {a.broker_id for a in pr.valid_answers(image)}
+    members = policy.candidates(image, p)
+    requested = pr.requested.mutate()
+    asked: list[Inspection] = []
+    for r in p.replicas:
+        b = image.brokers.get(r)
+        if (
+            r in members
+            and b is not None
+            and b.active
+            and r not in answered
+            and requested.get(r) != b.epoch
+        ):
+            asked.append(
+                Inspection(broker_id=r, broker_epoch=b.epoch, topic=p.topic, partition=p.partition)
+            )
+            requested[r] = b.epoch
+    pr = msgspec.structs.replace(pr, requested=requested.finish())
+    wake = pr.deadline_ms
+    if isinstance(decision, Wait) and decision.until_ms is not None:
+        wake = decision.until_ms if wake is None else min(wake, decision.until_ms)
+    return pr, wake, asked
 
 
 def record_answer(
@@ -282,7 +386,9 @@ def record_answer(
         broker_epoch=reply.broker_epoch,
     )
     pr = msgspec.structs.replace(pr, answers=pr.answers.set(reply.broker_id, answer))
-    return msgspec.structs.replace(tracker, pending=tracker.pending.set(tp, pr))
+    return msgspec.structs.replace(
+        tracker, pending=tracker.pending.set(tp, pr), answered=tracker.answered | {tp}
+    )
 
 
 def manual_election(
@@ -313,6 +419,8 @@ def manual_election(
     )
     offline = tracker.offline.mutate()
     offline.pop(p.tp, None)  # it has a leader now
-    return records, RecoveryTracker(
-        tracker.pending.delete(p.tp) if pr is not None else tracker.pending, offline.finish()
+    return records, msgspec.structs.replace(
+        tracker,
+        pending=tracker.pending.delete(p.tp) if pr is not None else tracker.pending,
+        offline=offline.finish(),
     )

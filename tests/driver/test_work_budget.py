@@ -1,0 +1,165 @@
+"""The work budget in the driver, on a real SQLite log: a fence of a broker with many
+partitions is stepped in slices inside one transaction, and a heartbeat that arrives
+meanwhile is handled between two slices (the events' order shows it: no timing); the
+recovery evaluation it leaves behind is drained in Ticks of at most a budget each; a
+controller closed in the middle of such a fence leaves an aborted transaction, and the
+fence, submitted again, completes from the durable state."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from controller.core.config import ControllerConfig
+from controller.core.recovery.tracker import Inspection
+from controller.runtime.clock import VirtualClock
+from controller.runtime.driver import Controller, load_image
+from metadata_log.records import (
+    AbortTransactionRecord,
+    BeginTransactionRecord,
+    EndTransactionRecord,
+    FenceBrokerRecord,
+)
+from metadata_log.sqlite_store import SqliteLogStore
+from protocol.messages import (
+    BrokerHeartbeatRequest,
+    BrokerHeartbeatResponse,
+    CreateTopic,
+    FenceBroker,
+    RegisterBroker,
+    RegisterBrokerResponse,
+    UnfenceBroker,
+)
+
+BUDGET = 50
+PARTITIONS = 1_200  # broker 1 hosts 900 of them at RF 3 on 4 brokers: 18 slices
+
+
+@contextlib.asynccontextmanager
+async def controller(
+    path: Path, budget: int | None = BUDGET, config: ControllerConfig | None = None
+) -> AsyncIterator[Controller]:
+    store = await SqliteLogStore.open(path)
+    ctl = await Controller.open(
+        store, clock=VirtualClock(), work_budget=budget, config=config or ControllerConfig()
+    )
+    try:
+        yield ctl
+    finally:
+        await ctl.close()
+        await store.close()
+
+
+async def start(ctl: Controller, brokers: range) -> dict[int, int]:
+    epochs = {}
+    for b in brokers:
+        r = await ctl.submit(RegisterBroker(broker_id=b, incarnation_id=f"b{b}"))
+        assert isinstance(r, RegisterBrokerResponse)
+        await ctl.submit(UnfenceBroker(broker_id=b, broker_epoch=r.broker_epoch))
+        epochs[b] = r.broker_epoch
+    return epochs
+
+
+async def test_a_large_fence_is_sliced_and_a_heartbeat_is_answered_between_slices(
+    tmp_path: Path,
+) -> None:
+    async with controller(tmp_path / "whole", budget=None) as whole:
+        await start(whole, range(1, 5))
+        await whole.submit(CreateTopic(name="t", partitions=PARTITIONS, replication_factor=3))
+        await whole.submit(FenceBroker(broker_id=1))
+        expected = whole.committed_image
+    async with controller(tmp_path / "sliced") as ctl:
+        epochs = await start(ctl, range(1, 5))
+        await ctl.submit(CreateTopic(name="t", partitions=PARTITIONS, replication_factor=3))
+        start_offset = ctl.committed_image.end_offset
+        order: list[str] = []
+        continued = asyncio.Event()
+
+        def listen(name: str, queued: float, took: float) -> None:
+            order.append(name)
+            if name == "Continue":
+                continued.set()
+
+        ctl.event_listeners.append(listen)
+        fence = asyncio.create_task(ctl.submit(FenceBroker(broker_id=1)))
+        await continued.wait()  # the transaction is open: its first continuation ran
+        assert ctl.in_transaction
+        hb = await ctl.submit(
+            BrokerHeartbeatRequest(broker_id=2, broker_epoch=epochs[2], metadata_offset=0)
+        )
+        assert isinstance(hb, BrokerHeartbeatResponse) and not hb.is_fenced
+        await fence
+        # The heartbeat was handled between two slices of the fence.
+        first, last = order.index("Continue"), len(order) - 1 - order[::-1].index("Continue")
+        assert first < order.index("BrokerHeartbeatRequest") < last
+        assert order.count("Continue") == 900 // BUDGET - 1
+        # One transaction, named after the fence, and the same result as one step.
+        image = ctl.committed_image
+        assert image.partitions == expected.partitions
+        async with await SqliteLogStore.open(tmp_path / "sliced", read_only=True) as reader:
+            records = [e.record for e in await reader.read(start_offset, 100_000)]
+        assert records[0] == BeginTransactionRecord(name="FenceBroker 1")
+        assert isinstance(records[1], FenceBrokerRecord)
+        ends = [i for i, r in enumerate(records) if isinstance(r, EndTransactionRecord)]
+        assert len(ends) == 1
+        assert not any(isinstance(r, BeginTransactionRecord) for r in records[1:])
+
+
+async def test_recovery_evaluation_is_drained_a_budget_per_step(tmp_path: Path) -> None:
+    """600 single-replica partitions on broker 1 lose their leader for good (an unclean
+    restart moves broker 1 from their ELR to the LastKnownELR); once it is back, each
+    needs a log inspection. They are asked for in steps of at most the budget."""
+    config = ControllerConfig(default_min_insync_replicas=1)
+    async with controller(tmp_path, config=config) as ctl:
+        await start(ctl, range(1, 3))
+        await ctl.submit(CreateTopic(name="solo", assignments=[[1]] * 600))
+        await ctl.submit(FenceBroker(broker_id=1))
+        r = await ctl.submit(RegisterBroker(broker_id=1, incarnation_id="again"))
+        assert isinstance(r, RegisterBrokerResponse) and not r.clean
+        per_step: list[int] = []
+        asked: list[Inspection] = []
+        ctl.inspection_sinks.append(asked.append)
+        ctl.event_listeners.append(lambda name, q, t: per_step.append(len(asked) - sum(per_step)))
+        await ctl.submit(UnfenceBroker(broker_id=1, broker_epoch=r.broker_epoch))
+        await ctl.drain()  # drain waits for the open transaction, not for the backlog
+        while not ctl.state.idle:
+            await ctl.tick()
+        assert len({(i.topic, i.partition) for i in asked}) == 600
+        assert max(per_step) <= BUDGET
+        assert sum(1 for n in per_step if n) >= 600 // BUDGET
+
+
+async def test_a_fence_cut_short_is_aborted_and_done_again_from_the_log(tmp_path: Path) -> None:
+    async with controller(tmp_path) as ctl:
+        await start(ctl, range(1, 5))
+        await ctl.submit(CreateTopic(name="t", partitions=PARTITIONS, replication_factor=3))
+        before = ctl.committed_image
+        continued = asyncio.Event()
+        ctl.event_listeners.append(lambda name, q, t: name == "Continue" and continued.set())
+        fence = asyncio.create_task(ctl.submit(FenceBroker(broker_id=1)))
+        await continued.wait()
+        # The controller stops in the middle (as a failover would): the transaction is
+        # aborted and the fence fails with a retriable error.
+    with pytest.raises(Exception) as failed:
+        await fence
+    assert getattr(failed.value, "retriable", False), failed.value
+    store = await SqliteLogStore.open(tmp_path)
+    try:
+        records = [e.record for e in await store.read(before.end_offset, 100_000)]
+        assert isinstance(records[0], BeginTransactionRecord)
+        assert isinstance(records[-1], AbortTransactionRecord)
+        image = await load_image(store)
+        assert image.partitions == before.partitions and not image.brokers[1].fenced
+    finally:
+        await store.close()
+    # Reopened, the controller fences again (the session would expire again) and does all
+    # of it.
+    async with controller(tmp_path) as ctl:
+        await ctl.submit(FenceBroker(broker_id=1))
+        image = ctl.committed_image
+        assert image.brokers[1].fenced
+        assert not any(1 in p.isr for p in image.partitions_of(1))
