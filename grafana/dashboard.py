@@ -135,6 +135,15 @@ def quantiles(metric: str, job: str = CTL) -> list[prom_b.Dataquery]:
     return out
 
 
+def p99_by_event(metric: str) -> prom_b.Dataquery:
+    """The 99th percentile of an event histogram, one line per event type."""
+    return query(
+        "histogram_quantile(0.99, sum by (event, le) "
+        f"(rate({metric}_bucket{CTL}[$__rate_interval])))",
+        "{{event}}",
+    )
+
+
 def build() -> dash_m.Dashboard:
     d = (
         dash_b.Dashboard("metactl controller")
@@ -339,6 +348,59 @@ def build() -> dash_m.Dashboard:
                 )
             ],
             unit="ops",
+        )
+    )
+    d = d.with_row(dash_b.Row("Event loop").id(105))
+    d = d.with_panel(
+        series(
+            19,
+            "Event queue time p99 by event",
+            "How long each type of event waited in the controller queue (99th percentile): "
+            "all types rise together when the loop is saturated or was stalled by one slow "
+            "event. The controller should answer within about 250 ms.",
+            [p99_by_event("metactl_event_queue_time_seconds")],
+            unit="s",
+        )
+    )
+    d = d.with_panel(
+        series(
+            20,
+            "Event processing time p99 by event",
+            "Time to decide and replay one event of each type (99th percentile, commit "
+            "excluded): the type that rises is the one that stalls the loop.",
+            [p99_by_event("metactl_event_processing_time_seconds")],
+            unit="s",
+        )
+    )
+    d = d.with_panel(
+        series(
+            21,
+            "Events by type",
+            "Events handled per second, by type (requests, Tick, and the continuations of "
+            "work larger than one event).",
+            [
+                query(
+                    f"sum by (event) (rate(metactl_events_total{CTL}[$__rate_interval])) > 0",
+                    "{{event}}",
+                )
+            ],
+            unit="ops",
+        )
+    )
+    d = d.with_panel(
+        series(
+            22,
+            "Event in progress",
+            "How long the controller has been on the event it is handling now, read at "
+            "scrape time (metactl_event_processing_age_seconds; 0 between events). It grows "
+            "during a stall, before the histograms can show it.",
+            [
+                query(
+                    f"max by (instance) (metactl_event_processing_age_seconds{CTL})",
+                    "{{instance}}",
+                )
+            ],
+            unit="s",
         )
     )
     d = d.with_row(dash_b.Row("Brokers").id(103))

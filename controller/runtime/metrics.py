@@ -16,8 +16,14 @@ only read.
   per-partition health counts (under MinISR, ELR, LastKnownELR, recovering) are kept in
   sets updated from committed partition records, so a scrape costs O(brokers), never
   O(partitions).
-* Histograms: store-append latency (`Controller.append_listeners`) and the event queue
-  and processing times (`Controller.event_listeners`).
+* Histograms: store-append latency (`Controller.append_listeners`) and, by event type,
+  the event queue and processing times (`Controller.event_listeners`; Kafka's
+  EventQueueTimeMs and EventQueueProcessingTimeMs). Every event type's series exist
+  from 0 (`EVENT_NAMES`), so `rate()` sees the first events of each.
+* A histogram only sees an event once it ends, so a stalled event loop shows nothing
+  there while it is stalled. `metactl_event_processing_age_seconds` is read at scrape
+  time, in the HTTP server's thread, from the start time the driver sets while it
+  handles an event (`Controller.busy_since`): it grows while the loop is stuck.
 
 Must not: decide anything, touch the log, block the event loop for work proportional to
 the cluster on a scrape, register in prometheus_client's global registry (each service,
@@ -28,8 +34,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Final
+from typing import Final, get_args
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -37,6 +44,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from controller.core.recovery.tracker import strategy_for
+from controller.core.step import Event
 from controller.runtime.driver import Controller
 from metactl import __version__
 from metadata_image.delta import MetadataDelta
@@ -77,6 +85,14 @@ LATENCY_BUCKETS: Final = (
     5.0,
     10.0,
 )
+
+# The controller should answer within ~250 ms but may stall for seconds (a large change,
+# a GC pause): the store's buckets, and 30 s for a stall.
+EVENT_BUCKETS: Final = (*LATENCY_BUCKETS, 30.0)
+
+# The `event` label of the event histograms: the class names the driver reports (requests,
+# Tick, and the continuations the controller submits to itself), all created at 0.
+EVENT_NAMES: Final[tuple[str, ...]] = tuple(sorted(t.__name__ for t in get_args(Event)))
 
 
 def broker_state(fenced: bool, in_controlled_shutdown: bool) -> str:
@@ -223,18 +239,23 @@ class ControllerMetrics:
         )
         self.event_queue_time = Histogram(
             "metactl_event_queue_time_seconds",
-            "Time an event waited in the controller queue before it was handled.",
-            buckets=LATENCY_BUCKETS,
+            "Time an event waited in the controller queue before it was handled, by event type.",
+            ["event"],
+            buckets=EVENT_BUCKETS,
             registry=r,
         )
         self.event_processing_time = Histogram(
             "metactl_event_processing_time_seconds",
-            "Time to decide and replay one event (excludes the durable commit).",
-            buckets=LATENCY_BUCKETS,
+            "Time to decide and replay one event (excludes the durable commit), by event type.",
+            ["event"],
+            buckets=EVENT_BUCKETS,
             registry=r,
         )
         for kind in ELECTION_KINDS:
             self.elections.labels(kind=kind)
+        for event in EVENT_NAMES:
+            self.event_queue_time.labels(event=event)
+            self.event_processing_time.labels(event=event)
         for name in sorted(RECORD_TYPES):
             self.committed_records.labels(type=name)
         self.health = PartitionHealth()
@@ -300,8 +321,8 @@ class ControllerMetrics:
 
     def on_event(self, event: str, queue_seconds: float, processing_seconds: float) -> None:
         self.events.labels(event=event).inc()
-        self.event_queue_time.observe(max(0.0, queue_seconds))
-        self.event_processing_time.observe(max(0.0, processing_seconds))
+        self.event_queue_time.labels(event=event).observe(max(0.0, queue_seconds))
+        self.event_processing_time.labels(event=event).observe(max(0.0, processing_seconds))
 
     def on_append(self, seconds: float, record_count: int) -> None:
         self.commit_latency.observe(seconds)
@@ -411,6 +432,23 @@ class _StateCollector(Collector):
         if with_samples:
             failures.add_metric([], ctl.store.append_failures)
         yield failures
+        yield gauge(
+            "event_processing_age_seconds",
+            "Seconds the controller has spent on the event it is handling now (0 while it "
+            "waits for events): grows during a stall, which the histograms see only once "
+            "the event ends.",
+            event_processing_age(ctl),
+        )
+
+
+def event_processing_age(ctl: Controller) -> float:
+    """How long the event being handled has run: now minus `Controller.busy_since` (the
+    `time.perf_counter()` at which the event task started it; None between events). Read
+    in a scrape thread while the event loop may be stuck: one attribute read, no lock."""
+    since = ctl.busy_since
+    if since is None:
+        return 0.0
+    return max(0.0, time.perf_counter() - since)
 
 
 # --- the service's registry: the role, and the active controller's metrics ---------------

@@ -85,6 +85,9 @@ def test_dashboard_has_the_panels_and_the_data_loss_annotation() -> None:
         "Log end offset",
         "Broker metadata lag (records)",
         "Broker metadata lag (seconds)",
+        "Event queue time p99 by event",
+        "Event processing time p99 by event",
+        "Event in progress",
     ):
         assert needed in titles
     loss = next(p for p in panels() if p["title"] == "Potential data-loss events")
@@ -104,6 +107,25 @@ def test_dashboard_has_the_panels_and_the_data_loss_annotation() -> None:
     for p in panels():
         if p["type"] != "row":
             assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+
+
+def test_event_loop_row_shows_p99_by_event_type() -> None:
+    rows = [p["title"] for p in panels() if p["type"] == "row"]
+    assert "Event loop" in rows
+    for title, metric in (
+        ("Event queue time p99 by event", "metactl_event_queue_time_seconds_bucket"),
+        ("Event processing time p99 by event", "metactl_event_processing_time_seconds_bucket"),
+    ):
+        panel = next(p for p in panels() if p["title"] == title)
+        targets = panel["targets"]
+        assert isinstance(targets, list) and len(targets) == 1
+        target = targets[0]
+        assert target["expr"] == (
+            f'histogram_quantile(0.99, sum by (event, le) (rate({metric}{{job=~"$job"}}'
+            "[$__rate_interval])))"
+        )
+        assert target["legendFormat"] == "{{event}}"
+        assert panel["fieldConfig"]["defaults"]["unit"] == "s"  # type: ignore[index]
 
 
 def metric_names(text: str) -> set[str]:
@@ -168,6 +190,7 @@ def test_alert_rules_have_the_required_alerts() -> None:
         "MetactlMetadataLagHigh",
         "MetactlMetadataLogWriteFailing",
         "MetactlNoActiveController",
+        "MetactlControllerStalled",
     }
     loss = rules["MetactlPotentialDataLoss"]
     assert loss["expr"] == "increase(metactl_potential_data_loss_events_total[5m]) > 0"
@@ -178,6 +201,19 @@ def test_alert_rules_have_the_required_alerts() -> None:
     writes = rules["MetactlMetadataLogWriteFailing"]
     assert writes["expr"] == "increase(metactl_log_append_failures_total[1m]) > 0"
     assert writes["labels"]["severity"] == "critical"
+    # Stalled: p99 queue or processing time over 5m, or the age of the event running now
+    # (which grows while the loop is stuck, when the histograms see nothing).
+    stalled = rules["MetactlControllerStalled"]
+    expr = " ".join(stalled["expr"].split())
+    for part in (
+        "histogram_quantile(0.99, sum by (job, instance, le) "
+        "(rate(metactl_event_queue_time_seconds_bucket[5m]))) > 1",
+        "histogram_quantile(0.99, sum by (job, instance, le) "
+        "(rate(metactl_event_processing_time_seconds_bucket[5m]))) > 1",
+        "max by (job, instance) (metactl_event_processing_age_seconds) > 1",
+    ):
+        assert part in expr, part
+    assert stalled["for"] == "2m" and stalled["labels"]["severity"] == "critical"
     for name, rule in rules.items():
         assert re.fullmatch(r"(?:[A-Z][a-z]+)+", name), name
         assert rule["labels"]["severity"] in {"critical", "warning"}
@@ -202,7 +238,7 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_promtool_check_rules() -> None:
     r = promtool("check", "rules", "alerts.yml")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS: 10 rules found" in r.stdout
+    assert "SUCCESS: 11 rules found" in r.stdout
 
 
 @needs_promtool

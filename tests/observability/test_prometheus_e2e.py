@@ -3,8 +3,9 @@ service every second and evaluates grafana/alerts.yml; a power outage followed b
 registrations drives a balanced unclean recovery through the wire protocol (the
 controller asks the brokers' own TCP listeners for their logs), and the
 MetactlPotentialDataLoss alert fires for the right topic and strategy. Every query of the
-dashboard is then run against the same Prometheus. The real-process variant runs the
-whole cluster with mutual TLS, and Prometheus scrapes it with the viewer's certificate."""
+dashboard is then run against the same Prometheus, and the event histograms arrive by
+event type. The real-process variant runs the whole cluster with mutual TLS, and
+Prometheus scrapes it with the viewer's certificate."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import Any, TypeVar
 import pytest
 
 from controller.core.config import ControllerConfig
+from controller.runtime.metrics import EVENT_NAMES
 from controller.runtime.service import ControllerService
 from metadata_log.records import UncleanRecoveryRecord
 from ops.certs import default_names, init_certs
@@ -77,6 +79,15 @@ def firing(prom: PrometheusServer, alertname: str) -> list[dict[str, Any]] | Non
     alerts = prom.api("alerts")["alerts"]
     mine = [a for a in alerts if a["labels"]["alertname"] == alertname and a["state"] == "firing"]
     return mine or None
+
+
+def p99_events(prom: PrometheusServer) -> set[str]:
+    """The event types with a p99 processing time over the last minute."""
+    result = prom.query(
+        "histogram_quantile(0.99, sum by (event, le) "
+        "(rate(metactl_event_processing_time_seconds_bucket[1m])))"
+    )
+    return {r["metric"]["event"] for r in result if r["value"][1] != "NaN"}
 
 
 def dashboard_queries() -> list[str]:
@@ -189,6 +200,15 @@ async def test_unclean_recovery_fires_the_potential_data_loss_alert(tmp_path: Pa
         # Every dashboard query is valid PromQL for this Prometheus; the key ones agree.
         for expr in dashboard_queries():
             await asyncio.to_thread(prom.query, expr)
+        # The event histograms are scraped by event type: the brokers' heartbeats have a
+        # p99 of their own, and every type Prometheus sees is one created at 0.
+        events = await eventually(
+            "a p99 processing time for heartbeats",
+            lambda: e if "BrokerHeartbeatRequest" in (e := p99_events(prom)) else None,
+        )
+        assert events <= set(EVENT_NAMES)
+        age = await asyncio.to_thread(instant_value, prom, "metactl_event_processing_age_seconds")
+        assert age is not None
         stat = 'sum(increase(metactl_potential_data_loss_events_total{job=~".*"}[5m]))'
         assert (await asyncio.to_thread(instant_value, prom, stat) or 0) >= 1
         active = await eventually(
