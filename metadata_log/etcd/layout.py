@@ -100,10 +100,16 @@ async def open_meta(etcd: Etcd, *, create: bool, cluster_id: str | None) -> LogM
     log."""
     keys = Keys(etcd.target)
     url = etcd.target.url
-    kv, _ = await etcd.get(keys.meta)
+    kv, revision = await etcd.get(keys.meta)
     if kv is None:
+        # At the revision the meta was found absent: a log another controller creates
+        # meanwhile is not mistaken for foreign keys (its create is the txn below).
         found, _, _ = await etcd.range(
-            etcd.target.prefix, prefix_end(etcd.target.prefix), limit=2, keys_only=True
+            etcd.target.prefix,
+            prefix_end(etcd.target.prefix),
+            limit=2,
+            keys_only=True,
+            revision=revision,
         )
         # The leadership key may come first: controllers campaign before the log exists.
         others = [kv for kv in found if bytes(kv.key) != keys.leader]

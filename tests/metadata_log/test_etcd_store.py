@@ -127,6 +127,32 @@ async def test_a_prefix_holding_something_else_is_refused(url: str, raw: Etcd) -
         await EtcdLogStore.open(url)
 
 
+async def test_a_log_created_meanwhile_by_another_controller_is_opened(
+    url: str, raw: Etcd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two controllers start on an empty prefix: one finds no meta, and the other creates
+    the log before the first looks for foreign keys. The first opens the log the other
+    made (it used to read the keys at a newer revision than the meta, and refused the
+    log with a contradiction: "holds keys (such as .../meta) but no .../meta")."""
+    from metadata_log.etcd.layout import LogMeta, open_meta
+
+    other = await Etcd.connect(EtcdTarget.parse(url))
+    real_range = raw.range
+    created: list[LogMeta] = []
+
+    async def range_after_the_other_creates(*args: Any, **kwargs: Any) -> Any:
+        if not created:
+            created.append(await open_meta(other, create=True, cluster_id="theirs"))
+        return await real_range(*args, **kwargs)
+
+    monkeypatch.setattr(raw, "range", range_after_the_other_creates)
+    try:
+        meta = await open_meta(raw, create=True, cluster_id=None)
+    finally:
+        await other.close()
+    assert created and meta == created[0] and meta.cluster_id == "theirs"
+
+
 async def test_read_only_on_an_empty_prefix_names_it(url: str) -> None:
     with pytest.raises(LogError, match="no metadata log at etcd://"):
         await open_store(url, read_only=True)
