@@ -1,4 +1,4 @@
-"""Large-cluster benchmarks (issue 11): nothing wedges the controller.
+"""Large-cluster benchmarks (issues 11 and 20): nothing wedges the controller.
 
 (a) Fence one broker hosting 1,000,000 partitions (3 brokers, RF 3) on a real SQLite log.
     Before metadata transactions its 115 MB of records were one batch over the 64 MiB
@@ -17,8 +17,20 @@
     the controller did before), with the same 20 heartbeat sessions: heartbeat latency
     and the create's time, so the cost and the benefit of slicing show side by side.
 
-Run: python bench/large_cluster.py [--fence-partitions 1000000] [--create-partitions 100000]
-     [--skip-fence]
+(t) Issue 20's two topologies through the real controller service (a `python -m
+    controller` process on a seeded SQLite log, `--insecure`, session timeout 3 s), with
+    the healthy brokers heartbeating every 200 ms and an operator describing every 100 ms
+    all along, each request timed from when it was due. offline: N partitions whose only
+    replica is broker 1; broker 1 is killed (its heartbeats stop), the fence commits, it
+    restarts cleanly and every partition is led again, it is killed again, and restarts
+    uncleanly: every partition is recovered from its log (a GetReplicaLogInfo listener
+    answers for broker 1). moving: N partitions at RF 3 on brokers 1-3, broker 1 leading
+    all; it is killed (leadership moves), and restarts cleanly. Prints the time of each
+    phase, heartbeat and describe p99/max, healthy brokers fenced and the controller's
+    peak RSS; `--json` prints one object with the worst of the two.
+
+Run: python bench/large_cluster.py [--partitions 1000000] [--json] [--sections t,a,b,c]
+     [--fence-partitions 1000000] [--create-partitions 100000]
 Prints figures and ratios; asserts nothing. Needs about 4 GiB of memory for (a).
 """
 
@@ -27,6 +39,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
+import json
+import signal
 import sqlite3
 import statistics
 import subprocess
@@ -47,7 +62,14 @@ from controller.runtime.driver import Controller, load_image
 from controller.runtime.process import freeze_heap
 from metadata_image.image import ClusterImage
 from metadata_image.replay import replay
-from metadata_log.records import MAX_BATCH_BYTES
+from metadata_log.records import (
+    MAX_BATCH_BYTES,
+    MetadataRecord,
+    PartitionRecord,
+    RegisterBrokerRecord,
+    TopicRecord,
+    UnfenceBrokerRecord,
+)
 from metadata_log.sqlite_format import resolve_log_path
 from metadata_log.sqlite_store import SqliteLogStore
 from protocol.client import RpcClient
@@ -59,9 +81,12 @@ from protocol.messages import (
     CreateTopicsResponse,
     DescribeClusterRequest,
     FenceBroker,
+    GetReplicaLogInfoRequest,
+    GetReplicaLogInfoResponse,
     Message,
     RegisterBroker,
     RegisterBrokerResponse,
+    ReplicaLogInfoEntry,
     UnfenceBroker,
 )
 
@@ -332,6 +357,372 @@ async def bench_slicing(partitions: int, tmp: Path) -> None:
           f"{pct(l1, 99) / pct(l0, 99):.3f}x, max {max(l1) / max(l0):.3f}x")  # fmt: skip
 
 
+# --- (t) the two topologies of issue 20, through the real service ----------------------
+
+TOPOLOGY_SESSION_MS = 3_000  # the controller's session timeout for the run
+HEALTHY_PERIOD_S = 0.2  # each healthy broker heartbeats this often
+DESCRIBE_EVERY_S = 0.1
+GOAL_P99_MS, GOAL_MAX_MS, GOAL_RSS_MIB = 250.0, 1_000.0, 1_536.0
+
+
+def topology_records(kind: str, partitions: int) -> tuple[list[MetadataRecord], list[int]]:
+    """The seeded log: brokers registered and unfenced (broker b's epoch is its record's
+    offset), topics of up to 10,000 partitions, and a 3-partition `small` topic for the
+    describe probe. offline: broker 1 holds every replica (RF 1, MinISR 1); moving: RF 3
+    on brokers 1-3, broker 1 first in every assignment (so leader and preferred)."""
+    brokers = [1, 2] if kind == "offline" else [1, 2, 3]
+    out: list[MetadataRecord] = []
+    for i, b in enumerate(brokers):
+        out.append(RegisterBrokerRecord(broker_id=b, incarnation_id=f"b{b}-0", broker_epoch=2 * i))
+        out.append(UnfenceBrokerRecord(broker_id=b, broker_epoch=2 * i))
+    replicas = [1] if kind == "offline" else [1, 2, 3]
+    min_isr = 1 if kind == "offline" else 2
+    per_topic = 10_000
+    for t in range(0, partitions, per_topic):
+        n = min(per_topic, partitions - t)
+        name = f"t{t // per_topic:04d}"
+        out.append(TopicRecord(name=name, topic_id=name, partitions=n, min_isr=min_isr))
+        out.extend(
+            PartitionRecord(topic=name, partition=i, replicas=replicas, isr=replicas,
+                            leader=1, min_isr=min_isr)
+            for i in range(n)
+        )  # fmt: skip
+    healthy = brokers[1:]
+    out.append(TopicRecord(name="small", topic_id="small", partitions=3, min_isr=1))
+    for i in range(3):
+        h = healthy[i % len(healthy)]
+        out.append(PartitionRecord(topic="small", partition=i, replicas=[h], isr=[h], leader=h))
+    return out, [2 * i for i in range(len(brokers))]
+
+
+async def seed_log(path: Path, records: list[MetadataRecord]) -> None:
+    store = await SqliteLogStore.open(path)
+    try:
+        for i in range(0, len(records), 50_000):
+            await store.append(records[i : i + 50_000], timestamp_ms=0)
+    finally:
+        await store.close()
+
+
+def start_service(data_dir: Path) -> tuple[subprocess.Popen[str], str, str]:
+    cmd = [sys.executable, "-m", "controller", "--data-dir", str(data_dir),
+           "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0", "--insecure",
+           "--session-timeout-ms", str(TOPOLOGY_SESSION_MS), "--heartbeat-interval-ms", "500",
+           "--log-level", "WARNING", "--max-partitions-per-request", "100000000",
+           "--controller-mutation-rate", "0"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    while True:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the controller exited early")
+        if line.startswith("READY"):
+            fields = dict(f.split("=", 1) for f in line.split()[2:])
+            return proc, fields["listen"], fields["metrics"]
+
+
+def scrape(metrics: str) -> dict[str, float]:
+    """The controller's /metrics, as {name{labels}: value} (plain HTTP with --insecure)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            with contextlib.suppress(ValueError):
+                out[name] = float(value)
+    return out
+
+
+def profile_process(pid: int, label: str) -> subprocess.Popen[bytes] | None:
+    """With METACTL_BENCH_PROFILE=DIR, sample the controller with py-spy (if installed)
+    into DIR/<label>.txt (collapsed stacks, idle frames left out): profile first."""
+    import os
+    import shutil
+
+    out = os.environ.get("METACTL_BENCH_PROFILE")
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not out or not Path(spy).exists():
+        return None
+    Path(out).mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [spy, "record", "--pid", str(pid), "--rate", "200", "--format", "raw",
+         "--output", str(Path(out) / f"{label}.txt")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def peak_rss_of(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class LogInfoBroker:
+    """Broker 1's GetReplicaLogInfo listener: every replica asked for answers with the
+    same log end (it is the only replica, so it is chosen), for the unclean restart."""
+
+    def __init__(self) -> None:
+        from protocol.server import FrameServer
+
+        self.epoch = -1
+        self.asked = 0
+        self.server = FrameServer(self.handle)
+
+    async def handle(self, body: Message, peer: object) -> Message:
+        assert isinstance(body, GetReplicaLogInfoRequest)
+        self.asked += len(body.partitions)
+        return GetReplicaLogInfoResponse(
+            broker_id=1,
+            broker_epoch=body.broker_epoch,
+            partitions=[
+                ReplicaLogInfoEntry(topic=r.topic, partition=r.partition, log_end_offset=100)
+                for r in body.partitions
+            ],
+        )
+
+
+class Tagged(list[float]):
+    """Latencies, each also noted under the phase it was due in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.phase = "idle"
+        self.by_phase: dict[str, list[float]] = {}
+
+    def append(self, ms: float) -> None:
+        super().append(ms)
+        self.by_phase.setdefault(self.phase, []).append(ms)
+
+
+class Probes:
+    """The healthy brokers' heartbeats and an operator's describes, paced, each timed
+    from when it was due; broker 1's heartbeats while it is 'alive'. Counts the healthy
+    heartbeats answered 'fenced' (or refused as not registered at that epoch)."""
+
+    def __init__(self, address: str, healthy: dict[int, int]) -> None:
+        self.address = address
+        self.healthy = healthy
+        self.heartbeats = Tagged()
+        self.describes = Tagged()
+        self.healthy_fenced = 0
+        self.stop = asyncio.Event()
+        self.tasks: list[asyncio.Task[None]] = []
+        self.clients: list[RpcClient] = []
+        self.broker1: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        for i, (b, epoch) in enumerate(sorted(self.healthy.items())):
+            client = RpcClient(self.address)
+            self.clients.append(client)
+            beat = BrokerHeartbeatRequest(broker_id=b, broker_epoch=epoch, metadata_offset=1 << 40)
+
+            async def send(c: RpcClient = client, m: Message = beat) -> None:
+                r = await c.request(m, timeout_s=120)
+                if not isinstance(r, BrokerHeartbeatResponse) or r.is_fenced:
+                    self.healthy_fenced += 1
+
+            offset = HEALTHY_PERIOD_S * i / len(self.healthy)
+            self.tasks.append(
+                asyncio.create_task(
+                    paced(send, HEALTHY_PERIOD_S, offset, self.stop, self.heartbeats)
+                )
+            )
+        operator = RpcClient(self.address)
+        self.clients.append(operator)
+
+        async def describe() -> None:
+            await operator.request(DESCRIBE, timeout_s=120)
+
+        self.tasks.append(
+            asyncio.create_task(paced(describe, DESCRIBE_EVERY_S, 0, self.stop, self.describes))
+        )
+
+    def broker1_alive(self, epoch: int | None) -> None:
+        """Broker 1 heartbeats every 500 ms at `epoch` (None: it is 'killed')."""
+        if self.broker1 is not None:
+            self.broker1.cancel()
+            self.broker1 = None
+        if epoch is None:
+            return
+
+        async def beat() -> None:
+            async with RpcClient(self.address) as c:
+                while True:
+                    with contextlib.suppress(Exception):
+                        await c.request(
+                            BrokerHeartbeatRequest(
+                                broker_id=1, broker_epoch=epoch, metadata_offset=1 << 40
+                            ),
+                            timeout_s=120,
+                        )
+                    await asyncio.sleep(0.5)  # broker 1's heartbeat interval
+
+        self.broker1 = asyncio.create_task(beat())
+
+    def enter(self, phase: str) -> None:
+        self.heartbeats.phase = self.describes.phase = phase
+
+    async def close(self) -> None:
+        self.stop.set()
+        self.broker1_alive(None)
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        for c in self.clients:
+            await c.close()
+
+
+async def wait_metrics(metrics: str, what: str, test: Callable[[dict[str, float]], bool]) -> float:
+    """Scrape every 250 ms until `test` holds; the seconds it took."""
+    began = time.perf_counter()
+    while True:
+        m = await asyncio.to_thread(scrape, metrics)
+        if test(m):
+            return time.perf_counter() - began
+        if time.perf_counter() - began > 1800:
+            raise RuntimeError(f"gave up waiting for {what}")
+        await asyncio.sleep(0.25)  # a poll of the controller's own gauges
+
+
+def fenced(m: dict[str, float]) -> float:
+    return m.get('metactl_brokers{state="fenced"}', 0)
+
+
+async def register_broker1(address: str, endpoint: str, previous: int | None) -> int:
+    async with RpcClient(address) as c:
+        r = await c.request(
+            RegisterBroker(
+                broker_id=1, incarnation_id=f"b1-{time.monotonic_ns()}", endpoint=endpoint,
+                previous_epoch=previous,
+            ),
+            timeout_s=600,
+        )  # fmt: skip
+    assert isinstance(r, RegisterBrokerResponse), r
+    return r.broker_epoch
+
+
+async def bench_topology(kind: str, partitions: int, tmp: Path) -> dict[str, object]:
+    records, epochs = topology_records(kind, partitions)
+    data = tmp / f"topology-{kind}"
+    t = time.perf_counter()
+    await seed_log(data, records)
+    seeded = time.perf_counter() - t
+    del records
+    gc.collect()
+    proc, address, metrics = start_service(data)
+    profiler = profile_process(proc.pid, kind)
+    phases: dict[str, float] = {"seed_log_s": seeded}
+    probes: Probes | None = None
+    info = LogInfoBroker()
+    await info.server.start("127.0.0.1:0")
+    try:
+        healthy = {b: epochs[b - 1] for b in range(2, len(epochs) + 1)}
+        probes = Probes(address, healthy)
+        probes.broker1_alive(epochs[0])
+        probes.start()
+        await asyncio.sleep(2.0)  # an idle window before the first fault
+        # Kill broker 1: its session expires, and the fence commits.
+        probes.enter("kill")
+        probes.broker1_alive(None)
+        phases["kill_to_fence_committed_s"] = await wait_metrics(
+            metrics, "the fence", lambda m: fenced(m) >= 1
+        )
+        if kind == "offline":
+            assert scrape(metrics)["metactl_offline_partitions"] == partitions
+        # A clean restart: the registration presents the epoch, heartbeats unfence it.
+        probes.enter("clean_restart")
+        t = time.perf_counter()
+        epoch = await register_broker1(address, info.server.address, epochs[0])
+        probes.broker1_alive(epoch)
+        if kind == "offline":
+            await wait_metrics(
+                metrics, "leaders again", lambda m: m["metactl_offline_partitions"] == 0
+            )
+        else:
+            await wait_metrics(metrics, "broker 1 unfenced", lambda m: fenced(m) == 0)
+        phases["clean_restart_to_led_s"] = time.perf_counter() - t
+        if kind == "offline":
+            # Kill it again, and restart it uncleanly: every partition is recovered from
+            # its only replica (balanced: ELR -> LastKnownELR, inspection, recovery).
+            probes.enter("second_kill")
+            probes.broker1_alive(None)
+            phases["second_kill_to_fence_committed_s"] = await wait_metrics(
+                metrics, "the second fence", lambda m: fenced(m) >= 1
+            )
+            probes.enter("unclean_restart")
+            t = time.perf_counter()
+            epoch = await register_broker1(address, info.server.address, None)
+            probes.broker1_alive(epoch)
+            await wait_metrics(
+                metrics, "recoveries", lambda m: m["metactl_offline_partitions"] == 0
+            )
+            phases["unclean_restart_to_recovered_s"] = time.perf_counter() - t
+            phases["inspected_partitions"] = info.asked
+        probes.enter("after")
+        await asyncio.sleep(1.0)  # a last window of probes after the work
+    finally:
+        if probes is not None:
+            await probes.close()
+        await info.server.stop()
+        rss = peak_rss_of(proc.pid)
+        if profiler is not None:
+            profiler.send_signal(signal.SIGINT)  # py-spy writes its profile and exits
+            profiler.wait(60)
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(60)
+    assert probes is not None
+    return {
+        "topology": kind,
+        "partitions": partitions,
+        "heartbeat_p99_ms": round(pct(probes.heartbeats, 99), 1),
+        "heartbeat_max_ms": round(max(probes.heartbeats, default=float("nan")), 1),
+        "describe_p99_ms": round(pct(probes.describes, 99), 1),
+        "describe_max_ms": round(max(probes.describes, default=float("nan")), 1),
+        "healthy_fenced": probes.healthy_fenced,
+        "peak_rss_mib": round(rss, 1),
+        "heartbeats": len(probes.heartbeats),
+        "describes": len(probes.describes),
+        **{k: round(v, 2) for k, v in phases.items()},
+        "heartbeat_by_phase": {
+            k: f"p99 {pct(v, 99):.1f} max {max(v):.1f} ms"
+            for k, v in probes.heartbeats.by_phase.items()
+        },
+        "describe_by_phase": {
+            k: f"p99 {pct(v, 99):.1f} max {max(v):.1f} ms"
+            for k, v in probes.describes.by_phase.items()
+        },
+    }
+
+
+def bench_topologies(partitions: int, tmp: Path, as_json: bool) -> None:
+    results = [asyncio.run(bench_topology(kind, partitions, tmp)) for kind in ("offline", "moving")]
+    worst = {
+        "partitions": partitions,
+        "heartbeat_p99_ms": max(r["heartbeat_p99_ms"] for r in results),  # type: ignore[type-var]
+        "heartbeat_max_ms": max(r["heartbeat_max_ms"] for r in results),  # type: ignore[type-var]
+        "describe_p99_ms": max(r["describe_p99_ms"] for r in results),  # type: ignore[type-var]
+        "healthy_fenced": sum(r["healthy_fenced"] for r in results),  # type: ignore[misc]
+        "peak_rss_mib": max(r["peak_rss_mib"] for r in results),  # type: ignore[type-var]
+        "topologies": results,
+    }
+    if as_json:
+        print(json.dumps(worst))
+        return
+    print(f"(t) {partitions:,} partitions through the real service, broker 1 killed and "
+          f"restarted; healthy brokers heartbeat every {HEALTHY_PERIOD_S * 1000:.0f} ms, "
+          f"describe every {DESCRIBE_EVERY_S * 1000:.0f} ms:")  # fmt: skip
+    for r in results:
+        shown = [f"{k} {v}" for k, v in r.items() if k not in ("topology", "partitions")]
+        print(f"    {r['topology']}: " + ", ".join(shown))
+    print(f"    worst: heartbeat p99 {worst['heartbeat_p99_ms']} ms (goal ≤ {GOAL_P99_MS:.0f}), "
+          f"max {worst['heartbeat_max_ms']} ms (≤ {GOAL_MAX_MS:.0f}); describe p99 "
+          f"{worst['describe_p99_ms']} ms; healthy brokers fenced {worst['healthy_fenced']} "
+          f"(0); peak RSS {worst['peak_rss_mib']} MiB (≤ {GOAL_RSS_MIB:.0f})")  # fmt: skip
+
+
 def main() -> None:
     import logging
 
@@ -339,16 +730,27 @@ def main() -> None:
 
     configure(json=False, level=logging.WARNING)
     ap = argparse.ArgumentParser()
+    ap.add_argument(
+        "--partitions", type=int, default=1_000_000, help="(t): partitions of each topology"
+    )
+    ap.add_argument("--json", action="store_true", help="(t) only, as one JSON object")
+    ap.add_argument("--sections", default="t,a,b,c", help="which sections to run (default t,a,b,c)")
     ap.add_argument("--fence-partitions", type=int, default=1_000_000)
     ap.add_argument("--create-partitions", type=int, default=100_000)
-    ap.add_argument("--skip-fence", action="store_true")
     args = ap.parse_args()
+    sections = set(args.sections.split(","))
     with tempfile.TemporaryDirectory(prefix="metactl-bench-") as d:
         tmp = Path(d)
-        if not args.skip_fence:
+        if "t" in sections or args.json:
+            bench_topologies(args.partitions, tmp, args.json)
+        if args.json:
+            return
+        if "a" in sections:
             asyncio.run(bench_fence(args.fence_partitions, tmp))
-        asyncio.run(bench_service(args.create_partitions, tmp))
-        asyncio.run(bench_slicing(args.create_partitions, tmp))
+        if "b" in sections:
+            asyncio.run(bench_service(args.create_partitions, tmp))
+        if "c" in sections:
+            asyncio.run(bench_slicing(args.create_partitions, tmp))
 
 
 if __name__ == "__main__":

@@ -89,9 +89,18 @@ class Tick(msgspec.Struct, frozen=True):
     recovery backlog gets its next slice. Decides nothing by itself."""
 
 
-# An event is a request, a Tick, or the next slice of work larger than the budget (which
-# only the controller submits to itself, from a StepResult's `follow_up`).
-Event = ControllerRequest | Tick | CreateTopicSlice | Continue
+class LogInfoAnswers(msgspec.Struct, frozen=True, gc=False):
+    """One broker's answers to one GetReplicaLogInfo, for many partitions: one event, so
+    that a million inspections after an outage are not a million events. The service
+    builds it from the broker's response (at most a work budget of partitions each)."""
+
+    answers: tuple[ReplicaLogInfo, ...]
+
+
+# An event is a request, a Tick, a batch of log-inspection answers, or the next slice of
+# work larger than the budget (which only the controller submits to itself, from a
+# StepResult's `follow_up`).
+Event = ControllerRequest | Tick | LogInfoAnswers | CreateTopicSlice | Continue
 
 CONTINUATIONS: Final = (CreateTopicSlice, Continue)
 
@@ -399,6 +408,12 @@ def decide(
         case ReplicaLogInfo():
             validation.check_replica_log_info(event)
             return [], Ack(), record_answer(image, tracker, event), None
+        case LogInfoAnswers():
+            for answer in event.answers:  # all valid, or none is taken
+                validation.check_replica_log_info(answer)
+            for answer in event.answers:
+                tracker = record_answer(image, tracker, answer)
+            return [], Ack(), tracker, None
         case _:
             raise InvalidRequestError(f"the controller does not handle {type(event).__name__}")
     return result.records, result.response, tracker, result.follow_up

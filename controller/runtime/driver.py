@@ -15,7 +15,9 @@ Transactions (KIP-868; the core places the markers, see `controller.core.step`):
   (`controller.runtime.committer`).
   The driver, not the store, splits: it alone knows where a change may be cut (inside a
   transaction only) and must know what is durable after each append to recover.
-* A topic created in slices: after each slice the event task yields to the event loop,
+* Work in slices (a topic creation, or a fence, unfence, controlled shutdown or unclean
+  registration of a broker with more partitions than the work budget; see
+  `controller.core.work`): after each slice the event task yields to the event loop,
   handles the events queued meanwhile, waits for the committer if it is more than a
   slice behind, and steps the next slice. While the transaction is open, an event whose
   step writes records is deferred (its result discarded; the step is pure) and stepped
@@ -27,6 +29,10 @@ Transactions (KIP-868; the core places the markers, see `controller.core.step`):
   loaded without it (`metadata_image.transactions`), and the controller appends an
   AbortTransactionRecord before anything else, as Kafka's new leader does.
 
+Recovery evaluation has a backlog when an event changed more than a budget of
+partitions: while nothing else is queued, the event task steps Ticks to drain it, a
+budget each, never more than `MAX_SLICES_AHEAD` commits ahead of the committer.
+
 If an append fails, every event whose records were not committed fails with the store's
 error and the image reverts to the last committed one (the committer says what the log
 now holds). Nothing un-durable is ever acknowledged.
@@ -37,6 +43,7 @@ This module holds the asyncio plumbing only; every decision is made by the pure 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import time
 from collections import deque
@@ -67,7 +74,7 @@ from controller.runtime.committer import (
     Failure,
     abort_commit,
 )
-from controller.runtime.events import CLOSE, Queued, Slicing
+from controller.runtime.events import CLOSE, GcPause, Queued, Slicing
 from metactl.errors import LogClosedError, LogError, MetactlError
 from metadata_image.image import ClusterImage
 from metadata_image.snapshot import ImageSnapshot, from_snapshot, to_snapshot
@@ -187,11 +194,13 @@ class Controller:
         self._queue: asyncio.Queue[Queued] = asyncio.Queue()
         self._deferred: deque[Queued] = deque()
         self._slicing: Slicing | None = None
+        self._holds_gc = False  # a hold on GcPause while the backlog drains
         self._commits: deque[Commit] = deque()
         self._commit_wakeup = asyncio.Event()
         self._closing = False
         self._run_task: asyncio.Task[None] | None = None
         self._commit_task: asyncio.Task[None] | None = None
+        self._publish_task: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(
@@ -267,7 +276,7 @@ class Controller:
 
     @property
     def in_transaction(self) -> bool:
-        """A topic is being created in slices (its transaction is open)."""
+        """Work is being done in slices (its transaction is open)."""
         return self._slicing is not None
 
     # --- public API ---------------------------------------------------------------------
@@ -275,6 +284,9 @@ class Controller:
     def start(self) -> None:
         self._run_task = asyncio.create_task(self._run(), name="controller-events")
         self._commit_task = asyncio.create_task(self._commit_loop(), name="controller-commits")
+        self._publish_task = asyncio.create_task(
+            self.committer.publish_loop(), name="controller-publisher"
+        )
 
     async def submit(self, request: Event) -> ControllerResponse:
         """Handle one request; returns once its records (and all before them) are durable."""
@@ -318,11 +330,32 @@ class Controller:
         if self._commit_task is not None:
             self._commit_wakeup.set()
             await self._commit_task
+        if self._publish_task is not None:
+            await self.committer.told()  # every durable commit told and answered
+            self._publish_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._publish_task
 
     # --- the event loop -----------------------------------------------------------------
 
     async def _run(self) -> None:
+        try:
+            await self._run_events()
+        finally:
+            self._draining(False)
+
+    def _draining(self, draining: bool) -> None:
+        """Hold the GC pause while recovery evaluation has a backlog (`GcPause`)."""
+        if draining != self._holds_gc:
+            self._holds_gc = draining
+            if draining:
+                GcPause.hold()
+            else:
+                GcPause.release()
+
+    async def _run_events(self) -> None:
         while True:
+            self._draining(not self.state.idle)
             if self._slicing is not None:
                 if not await self._between_slices():
                     return

@@ -35,6 +35,7 @@ import structlog
 from controller.core.authz import AUTHORIZATION_ERRORS, authorize, operation_of
 from controller.core.config import ControllerConfig
 from controller.core.recovery.tracker import Inspection
+from controller.core.step import LogInfoAnswers
 from controller.core.work import WORK_BUDGET
 from controller.runtime.clock import Clock, SystemClock
 from controller.runtime.describe import DescribeNotes, describe_page, partition_state
@@ -99,6 +100,8 @@ log = structlog.get_logger("metactl.controller.service")
 # GetReplicaLogInfo: up to 20 attempts, backoff capped at 2 s, while the broker stays
 # active at the same epoch.
 INSPECTION_RETRY = RetryPolicy(attempts=20, base_s=0.1, cap_s=2.0)
+# Partitions per GetReplicaLogInfo request (and per LogInfoAnswers event): one budget.
+INSPECTION_BATCH = WORK_BUDGET
 # Stepping down waits this long for in-flight commits (fenced ones fail at once).
 STEP_DOWN_S = 10.0
 
@@ -177,6 +180,8 @@ class ControllerService:
         self.metrics_server: MetricsServer | None = None
         self.metrics_address = ""
         self._tasks: set[asyncio.Task[None]] = set()
+        # Inspections waiting for their broker's inspecting task: (broker, epoch) -> them.
+        self._inspections: dict[tuple[int, int], list[Inspection]] = {}
         # Authorization refusals are logged at most once per principal per period (the
         # counter has every one): principal -> (ms of its last line, refusals held since).
         self.refusal_log_period_ms = 1000
@@ -578,14 +583,37 @@ class ControllerService:
     # --- unclean recovery: GetReplicaLogInfo --------------------------------------------
 
     def _on_inspection(self, inspection: Inspection) -> None:
-        self._spawn(self._inspect(inspection), f"inspect-{inspection.broker_id}")
+        """Queue an inspection; one task per broker incarnation asks for them in batches
+        (a million partitions recovering after an outage are a thousand requests, not a
+        million connections)."""
+        key = (inspection.broker_id, inspection.broker_epoch)
+        queued = self._inspections.get(key)
+        if queued is not None:
+            queued.append(inspection)
+            return
+        self._inspections[key] = [inspection]
+        self._spawn(self._inspect_queued(key), f"inspect-{inspection.broker_id}")
 
-    async def _inspect(self, insp: Inspection) -> None:
-        """Ask the broker for its replica's log end. The client retries retriable failures
-        with backoff while the broker stays active at the inspected epoch (its endpoint is
-        fixed for that epoch); any other error ends the inspection. A recovery that needs
-        the answer again asks again: a revert restarts pending recoveries."""
+    async def _inspect_queued(self, key: tuple[int, int]) -> None:
+        try:
+            while queued := self._inspections.get(key):
+                await asyncio.sleep(0)  # inspections decided in the same turn join in
+                batch = queued[:INSPECTION_BATCH]
+                del queued[:INSPECTION_BATCH]
+                await self._inspect(*batch)
+        finally:
+            self._inspections.pop(key, None)
+
+    async def _inspect(self, *asked: Inspection) -> None:
+        """Ask a broker for its replicas' log ends (one request; every inspection names
+        the same broker and epoch). The client retries retriable failures with backoff
+        while the broker stays active at the inspected epoch (its endpoint is fixed for
+        that epoch); any other error ends the inspection. A recovery that needs the answer
+        again asks again: a revert restarts pending recoveries. The answers reach the
+        core as one event."""
         ctl = self.controller
+        insp = asked[0]
+        wanted = {(i.topic, i.partition) for i in asked}
 
         def still_wanted() -> bool:
             b = ctl.image.broker(insp.broker_id)
@@ -597,7 +625,7 @@ class ControllerService:
         request = GetReplicaLogInfoRequest(
             broker_id=insp.broker_id,
             broker_epoch=insp.broker_epoch,
-            partitions=[ReplicaRef(insp.topic, insp.partition)],
+            partitions=[ReplicaRef(i.topic, i.partition) for i in asked],
         )
         try:
             async with RpcClient(
@@ -619,8 +647,9 @@ class ControllerService:
                     answered_for=resp.broker_id,
                 )
                 return
+            answers: list[ReplicaLogInfo] = []
             for entry in resp.partitions:
-                if (entry.topic, entry.partition) != (insp.topic, insp.partition):
+                if (entry.topic, entry.partition) not in wanted:
                     log.warning(
                         "replica log info refused: a partition that was not asked",
                         broker=insp.broker_id,
@@ -632,7 +661,7 @@ class ControllerService:
                         "replica log info error", broker=insp.broker_id, code=entry.error_code
                     )
                     continue
-                await ctl.submit(
+                answers.append(
                     ReplicaLogInfo(
                         broker_id=resp.broker_id,
                         broker_epoch=resp.broker_epoch,
@@ -642,6 +671,8 @@ class ControllerService:
                         log_end_offset=entry.log_end_offset,
                     )
                 )
+            if answers:
+                await ctl.submit(LogInfoAnswers(tuple(answers)))
         except StaleBrokerEpochError as exc:
             log.warning("replica log info rejected: stale broker epoch", error=exc.message)
         except MetactlError as exc:

@@ -26,12 +26,12 @@ from protocol.messages import (
     BrokerHeartbeatResponse,
     ControlledShutdown,
     ControlledShutdownResponse,
-    UnfenceBroker,
     CreateTopic,
     CreateTopicResponse,
     FenceBroker,
     RegisterBroker,
     RegisterBrokerResponse,
+    UnfenceBroker,
 )
 from tests.controller.testkit import Cluster
 
@@ -250,7 +250,7 @@ def test_an_unfence_in_slices_elects_where_one_step_does() -> None:
         sliced, UnfenceBroker(broker_id=1, broker_epoch=sliced.epoch(1))
     )
     assert len(expected.records) > 7  # more than one slice of elections
-    assert [r for r in _inner(records)] == expected.records
+    assert _inner(records) == expected.records
     assert response == Ack()
     assert sliced.image.partitions == whole.image.partitions
 

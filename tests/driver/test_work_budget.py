@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -163,3 +164,38 @@ async def test_a_fence_cut_short_is_aborted_and_done_again_from_the_log(tmp_path
         image = ctl.committed_image
         assert image.brokers[1].fenced
         assert not any(1 in p.isr for p in image.partitions_of(1))
+
+
+async def test_the_gc_is_paused_while_bulk_work_runs_and_back_after(tmp_path: Path) -> None:
+    """Full collections over what bulk work builds grow with it (`GcPause`): the cyclic
+    GC is off while a transaction is sliced or the recovery backlog drains, and on again,
+    with what was built frozen, once both are over (and once the controller closes)."""
+    assert gc.isenabled()
+    config = ControllerConfig(default_min_insync_replicas=1)
+    frozen = gc.get_freeze_count()
+    # A budget of one partition: 600 slices, then 600 Ticks, most of them after the last
+    # transaction's own hold on the pause ended (with its answer).
+    async with controller(tmp_path, budget=1, config=config) as ctl:
+        await start(ctl, range(1, 3))
+        await ctl.submit(CreateTopic(name="solo", assignments=[[1]] * 600))
+        # Per event: whether the GC ran, and whether a backlog was left to drain after it.
+        seen: dict[str, list[tuple[bool, bool]]] = {}
+        ctl.event_listeners.append(
+            lambda name, q, t: seen.setdefault(name, []).append(
+                (gc.isenabled(), not ctl.state.idle)
+            )
+        )
+        await ctl.submit(FenceBroker(broker_id=1))
+        r = await ctl.submit(RegisterBroker(broker_id=1, incarnation_id="again"))
+        assert isinstance(r, RegisterBrokerResponse)
+        await ctl.submit(UnfenceBroker(broker_id=1, broker_epoch=r.broker_epoch))
+        await ctl.drain()
+        while not ctl.state.idle:
+            await ctl.tick()
+        await ctl.drain()  # one more event, with nothing left to drain
+        assert {on for on, _ in seen["Continue"]} == {False}  # slices
+        draining = [on for on, more in seen["Tick"] if more]  # the backlog's Ticks
+        assert len(draining) >= 600 and not any(draining)
+        assert gc.isenabled()
+        assert gc.get_freeze_count() > frozen  # what the bulk work built is frozen
+    assert gc.isenabled()

@@ -22,6 +22,7 @@ from structlog.testing import capture_logs
 
 from controller.core.config import ControllerConfig
 from controller.core.recovery.tracker import Inspection
+from controller.core.step import LogInfoAnswers
 from controller.runtime.clock import VirtualClock
 from controller.runtime.service import ControllerService
 from metactl.errors import (
@@ -52,7 +53,6 @@ from protocol.messages import (
     PartitionState,
     RegisterBroker,
     RegisterBrokerResponse,
-    ReplicaLogInfo,
     ReplicaLogInfoEntry,
 )
 from protocol.server import FrameServer, Peer
@@ -485,8 +485,9 @@ async def test_an_inspection_answer_counts_only_for_the_broker_and_partition_ask
         # The planted lie is what the check stops: the honest answer goes through.
         liar.partitions = [entry("demo")]
         await wire.svc._inspect(insp)
-        assert [type(m) for m in submitted] == [ReplicaLogInfo]
-        assert isinstance(submitted[0], ReplicaLogInfo) and submitted[0].broker_id == 4
+        assert [type(m) for m in submitted] == [LogInfoAnswers]
+        assert isinstance(submitted[0], LogInfoAnswers)
+        assert [(a.broker_id, a.topic) for a in submitted[0].answers] == [(4, "demo")]
     finally:
         await liar.server.stop()
 

@@ -9,7 +9,10 @@ partition:
   waiting (optionally until a deadline), or restart the window.
 
 Policies are pure: no IO, no clock reads (time is passed in), no state of their own; the
-tracker keeps the pending recoveries. Register a custom one under the entry-point
+tracker keeps the pending recoveries. Evaluation is incremental (a partition is looked at
+again when it changes, a broker hosting it changes state, an answer arrives, or its
+window's end or `Wait.until_ms` comes), so a decision may depend only on the partition,
+its replicas' brokers, the answers and the time. Register a custom one under the entry-point
 group ``metactl.recovery_policies``, exactly as the built-ins are.
 """
 
