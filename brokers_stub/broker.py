@@ -136,7 +136,7 @@ class Broker:
             case GetReplicaLogInfoRequest():
                 return self.replica_log_info(body)
             case ReplicaFetchRequest():
-                return self.replicas.handle_fetch(body)
+                return await self.replicas.fetch(body)  # long-polled
             case ProduceRequest():
                 return await self.replicas.data.produce(body)
             case ReadLogRequest():

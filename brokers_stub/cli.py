@@ -98,7 +98,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--fetch-interval-ms",
         type=int,
         default=100,
-        help="how often a follower fetches from its leader (default 100)",
+        help="a follower's pause after a refused fetch, or one that brought nothing new "
+        "without being long-polled; the fetch round of partitions beyond 32 per leader "
+        "(default 100)",
     )
     parser.add_argument(
         "--metrics", default=None, metavar="HOST:PORT", help="serve Prometheus metrics here"

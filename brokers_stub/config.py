@@ -31,7 +31,17 @@ class BrokerConfig:
     flush_messages: int | None = None
     max_batch_records: int = 10_000  # a larger Produce batch gets MESSAGE_TOO_LARGE
     replica_lag_time_max_ms: int = 3000
+    # A follower's pause after a fetch that was refused or brought nothing new sooner than
+    # this (a leader that does not long-poll), and the round interval of partitions beyond
+    # `replica_fetch_sessions_max` (see fetcher.py).
     fetch_interval_ms: int = 100
+    # Long poll (Kafka's replica.fetch.wait.max.ms): how long a leader may hold a follower's
+    # fetch while it has nothing new for it. Capped at half the replica lag time (see
+    # `fetch_wait_ms`); 0 turns long polling off.
+    replica_fetch_wait_max_ms: int = 500
+    # Partitions followed from one leader that get a long-polling connection of their own;
+    # the rest share one connection that polls every `fetch_interval_ms`.
+    replica_fetch_sessions_max: int = 32
     replica_tick_ms: int = 100  # ISR checks and high-watermark catch-up
     metadata_max_wait_ms: int = 500
     request_timeout_ms: int = 5000
@@ -51,6 +61,7 @@ class BrokerConfig:
             "flush_interval_ms",
             "replica_lag_time_max_ms",
             "fetch_interval_ms",
+            "replica_fetch_sessions_max",
             "replica_tick_ms",
             "max_batch_records",
             "request_timeout_ms",
@@ -62,6 +73,15 @@ class BrokerConfig:
             raise ValueError(f"--flush-messages must be > 0, got {self.flush_messages}")
         if self.metadata_max_wait_ms < 0:
             raise ValueError("metadata_max_wait_ms must be >= 0")
+        if self.replica_fetch_wait_max_ms < 0:
+            raise ValueError("replica_fetch_wait_max_ms must be >= 0")
+
+    @property
+    def fetch_wait_ms(self) -> int:
+        """The max wait a follower asks for. Below half the replica lag time, as Kafka asks
+        of replica.fetch.wait.max.ms: the leader records a fetch when it arrives, so a
+        follower held longer than the lag time would be dropped from the ISR while idle."""
+        return min(self.replica_fetch_wait_max_ms, self.replica_lag_time_max_ms // 2)
 
     @cached_property
     def server_ssl(self) -> ssl.SSLContext | None:

@@ -1,19 +1,35 @@
-"""Follower fetching: one task per leader this broker follows partitions from.
+"""Follower fetching: one `Fetcher` per leader this broker follows partitions from.
 
-A `Fetcher` sends ReplicaFetch for each partition it follows from its leader, in turn,
-every fetch interval (backing off while the leader is unreachable), and hands each
-answer that still matches the partition's leadership to
-`ReplicaManager.apply_fetch_response`.
+A ReplicaFetch names one partition and a connection carries one request at a time, so a
+`Fetcher` runs *lanes*, each a connection to the leader and a task fetching over it:
 
-This module owns the fetch loop and its connection only. It must not change a replica
-log itself (the replica manager applies answers and writes files), nor decide which
-leaders to fetch from (`ReplicaManager` starts and cancels fetchers as the image moves).
+- a lane of its own for each of the first `replica_fetch_sessions_max` partitions it
+  follows from that leader, which long-polls: its fetch carries `max_wait_ms`
+  (`BrokerConfig.fetch_wait_ms`, Kafka's replica.fetch.wait.max.ms), so the leader holds
+  it until it has something new for the follower (records, a higher high watermark, a
+  leadership change) or the wait ends. An answer that changed the replica is followed by
+  the next fetch at once: that fetch carries the new log end to the leader (advancing its
+  high watermark), and its answer carries the high watermark back;
+- one shared lane for any partitions beyond that, fetching each in turn without waiting
+  on the leader (`max_wait_ms` 0), one round every `fetch_interval_ms` unless a round
+  changed something.
+
+A lane pauses after an answer that changed nothing and came sooner than
+`fetch_interval_ms` (a refusal, or a leader that does not long-poll), and backs off while
+the leader is unreachable. Each answer that still matches the partition's leadership
+goes to `ReplicaManager.apply_fetch_response`.
+
+This module owns the fetch loops and their connections only. It must not change a
+replica log itself (the replica manager applies answers and writes files), nor decide
+which leaders to fetch from (`ReplicaManager` hands each `Fetcher` its partitions as the
+image moves, and cancels the lanes through it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from metactl.errors import MetactlError, NetworkError
@@ -27,63 +43,115 @@ if TYPE_CHECKING:
 
 
 class Fetcher:
-    """Fetches, for every partition this broker follows from one leader, in turn."""
+    """The lanes fetching, from one leader, the partitions this broker follows from it."""
 
     def __init__(self, manager: ReplicaManager, leader_id: int) -> None:
         self.manager = manager
         self.leader_id = leader_id
-        self.client = RpcClient(
-            self._endpoint,
-            connect_timeout=manager.config.request_timeout_ms / 1000,
-            max_frame_bytes=manager.config.max_frame_bytes,
-            ssl=manager.config.client_ssl,
-            expect_principal=broker_principal(leader_id) if manager.config.tls else None,
-        )
-        self.failures = 0
-        self.task = asyncio.ensure_future(self._run())
-        self.task.set_name(f"fetcher-{leader_id}")
+        self.lanes: dict[TopicPartition, FetchLane] = {}  # long-polling, one partition each
+        self.shared: FetchLane | None = None  # the partitions beyond the cap, polled
+        self.unreachable = False  # a lane failed to reach the leader (logged once)
 
-    def _endpoint(self) -> str:
+    def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        """Fetch exactly these partitions from now on: a lane for each new one while
+        there is room, and the rest on the shared lane (a partition keeps its lane)."""
+        wanted = set(partitions)
+        for tp in [tp for tp in self.lanes if tp not in wanted]:
+            self.lanes.pop(tp).close()
+        room = self.manager.config.replica_fetch_sessions_max - len(self.lanes)
+        rest: list[TopicPartition] = []
+        for tp in sorted(wanted - self.lanes.keys()):
+            if room > 0:
+                self.lanes[tp] = FetchLane(self, [tp], long_poll=True)
+                room -= 1
+            else:
+                rest.append(tp)
+        if rest and self.shared is None:
+            self.shared = FetchLane(self, rest, long_poll=False)
+        elif rest and self.shared is not None:
+            self.shared.partitions = rest
+        elif self.shared is not None:
+            self.shared.close()
+            self.shared = None
+
+    def close(self) -> None:
+        """Cancel every lane (the replica manager awaits their tasks at stop)."""
+        for lane in self.lanes.values():
+            lane.close()
+        self.lanes.clear()
+        if self.shared is not None:
+            self.shared.close()
+            self.shared = None
+
+    def endpoint(self) -> str:
         image = self.manager.image
         b = image.broker(self.leader_id) if image is not None else None
         return b.endpoint if b is not None else ""
 
+
+class FetchLane:
+    """One connection to the leader, and the task fetching `partitions` over it."""
+
+    def __init__(
+        self, fetcher: Fetcher, partitions: list[TopicPartition], *, long_poll: bool
+    ) -> None:
+        self.fetcher = fetcher
+        self.partitions = partitions
+        self.long_poll = long_poll
+        m = fetcher.manager
+        self.client = RpcClient(
+            fetcher.endpoint,
+            connect_timeout=m.config.request_timeout_ms / 1000,
+            max_frame_bytes=m.config.max_frame_bytes,
+            ssl=m.config.client_ssl,
+            expect_principal=broker_principal(fetcher.leader_id) if m.config.tls else None,
+        )
+        self.failures = 0
+        name = f"{partitions[0][0]}-{partitions[0][1]}" if long_poll else "shared"
+        self.task = m.spawn(self._run(), f"fetch-{fetcher.leader_id}-{name}")
+
+    def close(self) -> None:
+        self.task.cancel()
+
     async def _run(self) -> None:
-        m = self.manager
+        m = self.fetcher.manager
+        loop = asyncio.get_running_loop()
         try:
             while True:
+                started = loop.time()
+                changed = False
                 try:
-                    await self._round()
+                    for tp in list(self.partitions):
+                        changed |= await self._fetch(tp)
                 except Exception:
-                    m.log.exception("fetcher round failed", leader=self.leader_id)
+                    m.log.exception("replica fetch failed", leader=self.fetcher.leader_id)
                     self.failures += 1
-                delay = m.config.fetch_interval_ms / 1000
+                interval = m.config.fetch_interval_ms / 1000
                 if self.failures:
-                    delay = max(delay, min(0.05 * 2 ** min(self.failures, 5), 1.0))
-                await asyncio.sleep(delay)  # a timer: the fetch interval
+                    delay = max(interval, min(0.05 * 2 ** min(self.failures, 5), 1.0))
+                elif changed:
+                    continue  # carry the new log end (and fetch the high watermark) at once
+                else:  # nothing new, sooner than a long poll would take: do not spin
+                    delay = interval - (loop.time() - started)
+                if delay > 0:
+                    await asyncio.sleep(delay)  # a timer: the fetch interval, or a back-off
         finally:
             with contextlib.suppress(Exception):
                 await self.client.close()
 
-    async def _round(self) -> None:
-        m = self.manager
-        image = m.image
-        if image is None or not self._endpoint():
-            return
-        for p in list(m.followed_partitions(image)):
-            if p.leader == self.leader_id:
-                await self._fetch(p.tp)
-
-    async def _fetch(self, tp: TopicPartition) -> None:
-        m = self.manager
+    async def _fetch(self, tp: TopicPartition) -> bool:
+        """Fetch `tp` once; True if the answer changed the replica."""
+        fetcher = self.fetcher
+        m = fetcher.manager
         epoch = m.broker_epoch()
         image = m.image
-        if epoch is None or image is None:
-            return
+        if epoch is None or image is None or not fetcher.endpoint():
+            return False
         p = image.partition(tp)
         log = m.logs.get(tp)
-        if p is None or log is None or p.leader != self.leader_id:
-            return
+        if p is None or log is None or p.leader != fetcher.leader_id:
+            return False
+        wait_ms = m.config.fetch_wait_ms if self.long_poll else 0
         sent_offset = log.log_end_offset
         req = ReplicaFetchRequest(
             topic=tp[0],
@@ -92,30 +160,33 @@ class Fetcher:
             follower_broker_epoch=epoch,
             fetch_offset=sent_offset,
             last_fetched_epoch=log.last_fetched_epoch,
+            max_wait_ms=wait_ms,
         )
         try:
-            resp = await self.client.request(req, m.config.request_timeout_ms / 1000)
+            resp = await self.client.request(req, (m.config.request_timeout_ms + wait_ms) / 1000)
         except NetworkError as exc:
-            if self.failures == 0:
-                m.log.warning("replica fetch failed", leader=self.leader_id, error=exc.message)
+            if not fetcher.unreachable:
+                m.log.warning("replica fetch failed", leader=fetcher.leader_id, error=exc.message)
+                fetcher.unreachable = True
             self.failures += 1
-            return
+            return False
         except MetactlError as exc:
             m.log.debug("replica fetch refused", partition=log.name, code=exc.code)
-            return
-        if self.failures:
-            m.log.info("replica fetch recovered", leader=self.leader_id)
-            self.failures = 0
+            return False
+        self.failures = 0
+        if fetcher.unreachable:
+            m.log.info("replica fetch recovered", leader=fetcher.leader_id)
+            fetcher.unreachable = False
         if not isinstance(resp, ReplicaFetchResponse):
             m.log.warning("unexpected fetch answer", answer=type(resp).__name__)
-            return
+            return False
         now_image = m.image
         now_p = now_image.partition(tp) if now_image is not None else None
         if (
             now_p is None
-            or now_p.leader != self.leader_id
+            or now_p.leader != fetcher.leader_id
             or now_p.leader_epoch != p.leader_epoch
             or resp.leader_epoch != p.leader_epoch
         ):
-            return  # leadership moved, or the leader has not caught up with it yet
-        m.apply_fetch_response(tp, sent_offset, resp)
+            return False  # leadership moved, or the leader has not caught up with it yet
+        return m.apply_fetch_response(tp, sent_offset, resp)

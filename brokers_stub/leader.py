@@ -2,8 +2,10 @@
 asks the controller for.
 
 `LeaderState` is what this broker knows of one partition it leads, for one leader epoch:
-its followers' fetch positions and where its AlterPartition stands (in flight, accepted
-but not yet in the image, or refused).
+its followers' fetch positions, where its AlterPartition stands (in flight, accepted
+but not yet in the image, or refused), and the event its parked (long-polled) fetches
+wait on: the replica manager signals it when the log end, the high watermark or the
+leadership moves.
 `IsrUpdater` decides with `replication.isr_change` whether a led partition's ISR should
 change (or its recovery be reported) and sends one AlterPartition at a time per
 partition, recording the answer in that partition's `LeaderState`.
@@ -53,6 +55,12 @@ class LeaderState:
     # A refused or failed AlterPartition: retry once the partition changes, or later.
     refused_at_partition_epoch: int | None = None
     retry_at_ms: int = 0
+    # Long-polled fetches: the high watermark last sent to each follower (what it knows),
+    # and the event their parked fetches wait on (see `moved`).
+    hw_sent: dict[int, int] = field(default_factory=dict)
+    ended: bool = False  # this leadership is over (new epoch, another leader, or stopping)
+    parked: int = 0  # fetches held now
+    _moved: asyncio.Event | None = field(default=None, repr=False, compare=False)
 
     @property
     def alter_in_flight(self) -> bool:
@@ -78,6 +86,26 @@ class LeaderState:
 
     def clear_pending(self) -> None:
         self.pending_partition_epoch, self.pending_isr = None, frozenset()
+
+    def moved(self) -> None:
+        """The log end, the high watermark or the leadership moved: wake every parked
+        fetch of the partition (each checks whether it now has something to answer)."""
+        event, self._moved = self._moved, None
+        if event is not None:
+            event.set()
+
+    def end(self) -> None:
+        """This leadership is over: release every parked fetch."""
+        self.ended = True
+        self.moved()
+
+    async def until_moved(self) -> None:
+        """Return at the next `moved` (or at once if the leadership has ended)."""
+        if self.ended:
+            return
+        if self._moved is None:
+            self._moved = asyncio.Event()
+        await self._moved.wait()
 
 
 class IsrUpdater:

@@ -11,6 +11,12 @@ Every change is written through the page cache; changed replicas are fsynced eve
 flush interval, as soon as `flush_messages` records are unflushed (Kafka's
 flush.messages, off by default), and at shutdown.
 
+ReplicaFetch is long-polled (`fetch`): a fetch is recorded (the follower's position, the
+high watermark) when it arrives, and when the leader has nothing new for the follower it
+parks on the partition's `LeaderState` until the log end or the high watermark moves
+past what the follower has, the leadership ends, or its `max_wait_ms` runs out. Every
+append, high-watermark advance and leadership change signals it: no timer is involved.
+
 Nothing acts on the image before it has caught up with the controller's committed end:
 while a restarted broker replays the log from 0, old images would name it leader of
 epochs long gone.
@@ -23,6 +29,7 @@ write files other than the replica files.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
@@ -44,7 +51,11 @@ from brokers_stub.replication import (
     record_fetch,
 )
 from brokers_stub.storage import REPLICAS_DIR
-from metactl.errors import NotLeaderOrFollowerError, UnknownTopicOrPartitionError
+from metactl.errors import (
+    InvalidRequestError,
+    NotLeaderOrFollowerError,
+    UnknownTopicOrPartitionError,
+)
 from metadata_image.delta import MetadataDelta
 from metadata_image.image import EMPTY_INDEX, ClusterImage, PartitionState, TopicPartition, common
 from metadata_log.records import NO_LEADER, LeaderRecoveryState
@@ -95,7 +106,7 @@ class ReplicaManager:
             broker_epoch=broker_epoch,
             controller=controller,
             clock_ms=clock_ms,
-            spawn=self._spawn,
+            spawn=self.spawn,
         )
         self.data = DataPlane(self)  # Produce and ReadLog
 
@@ -156,8 +167,8 @@ class ReplicaManager:
 
     def start(self) -> None:
         self._running = True
-        self._spawn(self._tick_loop(), "replica-ticks")
-        self._spawn(self._flush_loop(), "replica-flush")
+        self.spawn(self._tick_loop(), "replica-ticks")
+        self.spawn(self._flush_loop(), "replica-flush")
         if self.image is not None:
             self._reconcile_fetchers(self.image)
 
@@ -170,10 +181,12 @@ class ReplicaManager:
         self._running = False
         self._stopped = True
         self.data.stop()
-        tasks = list(self._tasks)
+        for st in self.leaders.values():
+            st.end()  # release the parked fetches
         for fetcher in self.fetchers.values():
-            tasks.append(fetcher.task)
+            fetcher.close()
         self.fetchers.clear()
+        tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -181,7 +194,8 @@ class ReplicaManager:
             if task.done() and not task.cancelled() and task.exception() is not None:
                 self.log.error("replica task had failed", task=task.get_name())
 
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """Run `coro` as a task of the replica manager: stop() cancels and awaits it."""
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -228,7 +242,7 @@ class ReplicaManager:
                     self._save(tp)
             else:
                 if tp in self.leaders:
-                    del self.leaders[tp]
+                    self.leaders.pop(tp).end()
                     self.log.info("no longer leader", partition=f"{tp[0]}-{tp[1]}")
                 self.data.partition_changed(p, None)
         if self._running:
@@ -270,6 +284,8 @@ class ReplicaManager:
                 if r != self.broker_id and r not in st.followers:
                     st.followers[r] = FollowerFetchState(last_caught_up_ms=now)
             return True
+        if st is not None:
+            st.end()  # an older epoch's parked fetches
         if log.assign_epoch(p.leader_epoch):
             self._save(p.tp)
         # Kafka: the ISR members start caught up as of now; others must prove it.
@@ -296,21 +312,27 @@ class ReplicaManager:
                 yield p
 
     def _reconcile_fetchers(self, image: ClusterImage) -> None:
-        wanted = {p.leader for p in self.followed_partitions(image)}
+        wanted: dict[int, list[TopicPartition]] = {}
+        for p in self.followed_partitions(image):
+            wanted.setdefault(p.leader, []).append(p.tp)
         for leader_id in list(self.fetchers):
             if leader_id not in wanted:
-                self.fetchers.pop(leader_id).task.cancel()
-        for leader_id in wanted:
-            if leader_id not in self.fetchers:
-                self.fetchers[leader_id] = Fetcher(self, leader_id)
+                self.fetchers.pop(leader_id).close()
+        for leader_id, tps in wanted.items():
+            fetcher = self.fetchers.get(leader_id)
+            if fetcher is None:
+                fetcher = self.fetchers[leader_id] = Fetcher(self, leader_id)
+            fetcher.assign(tps)
 
     # --- leader: appends, high watermark, ISR -----------------------------------------
 
     def appended(self, p: PartitionState, st: LeaderState) -> None:
         """The leader appended a produced batch to `p`'s log: persist it, and advance the
-        high watermark if the ISR allows (a lone ISR member commits at once)."""
+        high watermark if the ISR allows (a lone ISR member commits at once). The parked
+        fetches it wakes run after this returns: the records are written by then."""
         self._update_high_watermark(p, st, self.logs[p.tp])
         self._save(p.tp)
+        st.moved()  # new records for the parked fetches
 
     async def _tick_loop(self) -> None:
         period = self.config.replica_tick_ms / 1000
@@ -347,6 +369,7 @@ class ReplicaManager:
         if not log.advance_high_watermark(hw):
             return False
         self.data.high_watermark_advanced(p.tp, log.high_watermark, st.leader_epoch)
+        st.moved()  # the parked fetches carry it to the followers
         return True
 
     def _maybe_alter_isr(self, tp: TopicPartition, now: int) -> None:
@@ -358,7 +381,69 @@ class ReplicaManager:
 
     # --- leader: serving followers ------------------------------------------------------
 
+    async def fetch(self, req: ReplicaFetchRequest) -> ReplicaFetchResponse:
+        """ReplicaFetch, long-polled: recorded and checked at once (`handle_fetch`), then,
+        unless the answer is news to the follower (a truncation, records past its fetch
+        offset, a high watermark above the one it was last sent), held until it is, until
+        this leadership ends, or for `max_wait_ms` (at most half the replica lag time,
+        since an idle follower counts as caught up as of its fetch's arrival)."""
+        if req.max_wait_ms < 0:
+            raise InvalidRequestError(f"max_wait_ms must be >= 0, got {req.max_wait_ms}")
+        resp = self.handle_fetch(req)
+        tp = (req.topic, req.partition)
+        st = self.leaders[tp]
+        wait_ms = min(req.max_wait_ms, self.config.replica_lag_time_max_ms // 2)
+        if resp.truncate_to is None and wait_ms > 0 and not self._news(req, st):
+            st.parked += 1
+            try:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait_ms / 1000):
+                        while not self._news(req, st):
+                            await st.until_moved()
+            finally:
+                st.parked -= 1
+            resp = self._answer_parked(req, st)
+        st.hw_sent[req.follower_id] = resp.high_watermark
+        return resp
+
+    def _news(self, req: ReplicaFetchRequest, st: LeaderState) -> bool:
+        """Whether a fetch has something to answer: records past its offset, a high
+        watermark the follower has not been sent, or the end of the leadership."""
+        if st.ended or self._stopped:
+            return True
+        log = self.logs[(req.topic, req.partition)]
+        known = st.hw_sent.get(req.follower_id)
+        return log.log_end_offset > req.fetch_offset or known is None or log.high_watermark > known
+
+    def _answer_parked(self, req: ReplicaFetchRequest, st: LeaderState) -> ReplicaFetchResponse:
+        """The answer to a fetch that was held: the log as it is now, if this broker still
+        leads the epoch it was recorded in (the log only grew since, so it cannot diverge
+        where it did not); NOT_LEADER_OR_FOLLOWER otherwise."""
+        tp = (req.topic, req.partition)
+        image = self.image
+        p = image.partition(tp) if image is not None else None
+        if (
+            st.ended
+            or self._stopped
+            or self.leaders.get(tp) is not st
+            or p is None
+            or p.leader != self.broker_id
+            or p.leader_epoch != st.leader_epoch
+        ):
+            raise NotLeaderOrFollowerError(
+                f"broker {self.broker_id} no longer leads {req.topic}-{req.partition} "
+                f"in leader epoch {st.leader_epoch}"
+            )
+        log = self.logs[tp]
+        return ReplicaFetchResponse(
+            leader_epoch=st.leader_epoch,
+            log_end_offset=log.log_end_offset,
+            high_watermark=log.high_watermark,
+            leader_epochs=list(log.leader_epochs),
+        )
+
     def handle_fetch(self, req: ReplicaFetchRequest) -> ReplicaFetchResponse:
+        """ReplicaFetch answered at once: checked, recorded, and the log as it is."""
         tp = (req.topic, req.partition)
         image = self.image
         if image is None:
@@ -421,11 +506,12 @@ class ReplicaManager:
         tp: TopicPartition,
         sent_offset: int,
         resp: ReplicaFetchResponse,
-    ) -> None:
-        """Apply a leader's answer to our fetch from `sent_offset`."""
+    ) -> bool:
+        """Apply a leader's answer to our fetch from `sent_offset`; True if the replica
+        changed (or changed while the fetch was out): the fetcher asks again at once."""
         log = self.logs[tp]
         if log.log_end_offset != sent_offset:
-            return  # the log changed while the fetch was out: ask again
+            return True  # the log changed while the fetch was out: ask again
         if resp.truncate_to is not None:
             point = follower_truncation(
                 log.leader_epochs,
@@ -444,11 +530,13 @@ class ReplicaManager:
                     log_end_offset=log.log_end_offset,
                     leader_truncate_to=resp.truncate_to,
                 )
-            return
+                return True
+            return False
         changed = log.copy_from_leader(resp.leader_epochs, resp.log_end_offset)
         changed |= log.advance_high_watermark(resp.high_watermark)
         if changed:
             self._save(tp)
+        return changed
 
     # --- GetReplicaLogInfo ----------------------------------------------------------------
 

@@ -278,6 +278,10 @@ class ReplicaFetchRequest(_Msg, tag="ReplicaFetch", frozen=True):
     follower_broker_epoch: int
     fetch_offset: int  # the follower's log end offset
     last_fetched_epoch: int  # the leader epoch of the follower's last record (-1: empty log)
+    # Long poll (Kafka's replica.fetch.wait.max.ms): how long the leader may hold the fetch
+    # while it has nothing new for the follower. 0, the default (and what an older follower
+    # sends, as it omits the field): answer at once. An older leader ignores it.
+    max_wait_ms: int = 0
 
 
 class ReplicaFetchResponse(_Msg, tag="ReplicaFetchResponse", frozen=True):
