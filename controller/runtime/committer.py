@@ -211,6 +211,12 @@ class Committer:
             self.unpublished += 1
             self._last = c
 
+    def answers_waiting(self) -> bool:
+        """Whether an answer waits on a commit not yet durable (an event's own response,
+        or one that waits only for durability)."""
+        last = self._last
+        return last is not None and (bool(last.followers) or last.future is not None)
+
     def when_durable(
         self, future: asyncio.Future[ControllerResponse] | None, outcome: Outcome
     ) -> None:
@@ -259,6 +265,7 @@ class Committer:
         self._telling.append((base, group))
         self._all_told.clear()
         self._tell_wakeup.set()
+        self.notify_progress()
 
     async def publish_loop(self) -> None:
         """The publisher task (the driver runs it): tells durable groups to the listeners

@@ -199,3 +199,28 @@ async def test_the_gc_is_paused_while_bulk_work_runs_and_back_after(tmp_path: Pa
         assert gc.isenabled()
         assert gc.get_freeze_count() > frozen  # what the bulk work built is frozen
     assert gc.isenabled()
+
+
+async def test_answers_go_before_bulk_work(tmp_path: Path) -> None:
+    """While the recovery backlog drains (a Tick a turn of the event loop), a commit that
+    an answer waits on goes first: the drain pauses until it is durable. Each append is
+    several turns between the committer and the store's thread, so without the pause
+    a one-record commit waited for as many Ticks (0.4-0.6 s at 300,000 partitions)."""
+    config = ControllerConfig(default_min_insync_replicas=1)
+    async with controller(tmp_path, budget=1, config=config) as ctl:
+        await start(ctl, range(1, 4))
+        await ctl.submit(CreateTopic(name="solo", assignments=[[1]] * 600))
+        await ctl.submit(FenceBroker(broker_id=1))
+        r = await ctl.submit(RegisterBroker(broker_id=1, incarnation_id="again"))
+        assert isinstance(r, RegisterBrokerResponse)
+        order: list[str] = []
+        ctl.event_listeners.append(lambda name, q, t: order.append(name))
+        # Broker 1's unfence queues its 600 leaderless partitions: 600 Ticks to drain.
+        await ctl.submit(UnfenceBroker(broker_id=1, broker_epoch=r.broker_epoch))
+        assert not ctl.state.idle
+        ticks_before = order.count("Tick")
+        registered = await ctl.submit(RegisterBroker(broker_id=4, incarnation_id="new"))
+        assert isinstance(registered, RegisterBrokerResponse)
+        ticks_meanwhile = order.count("Tick") - ticks_before
+        assert not ctl.state.idle, "the backlog was drained before the answer: too small"
+        assert ticks_meanwhile <= 2, ticks_meanwhile
