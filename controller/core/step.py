@@ -277,6 +277,10 @@ def _step(state: ControllerState, event: Event, now_ms: int, rules: Rules) -> St
     else:
         due, tracker = take_due(tracker, now_ms)
         backlog = backlog.resolve(state.image, tracker.offline, tracker.pending)
+        if tracker.answered:
+            # Answered partitions first, within the budget like the rest.
+            backlog = backlog.first(sorted(tracker.answered))
+            tracker = msgspec.structs.replace(tracker, answered=frozenset())
         backlog = queue_touched(backlog, image, delta, budget).with_partitions(due)
         scope, backlog = backlog.take(budget)
         recovery = evaluate(

@@ -102,6 +102,11 @@ class Backlog(msgspec.Struct, frozen=True, gc=False):
         plan = PartitionPlan(tuple((t, tuple(n)) for t, n in grouped.items()))
         return Backlog((*self.parts, plan), self.everything)
 
+    def first(self, tps: Iterable[TopicPartition]) -> Backlog:
+        """This backlog with `tps` in front of it."""
+        head = Backlog().with_partitions(tps)
+        return Backlog((*head.parts, *self.parts), self.everything)
+
     def with_plan(self, plan: PartitionPlan) -> Backlog:
         return Backlog((*self.parts, plan), self.everything)
 
