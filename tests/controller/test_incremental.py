@@ -201,3 +201,36 @@ def test_a_step_looks_only_at_what_it_changed() -> None:
     result = run.submit(Tick())
     assert result is not None and result.records == []
     assert looked == []
+
+
+def test_a_batch_of_answers_is_taken_whole_or_not_at_all() -> None:
+    """LogInfoAnswers (one broker's GetReplicaLogInfo response): every answer is recorded
+    in one event; one out of range or from a stale epoch refuses them all."""
+    import pytest
+
+    from controller.core.step import LogInfoAnswers
+    from metactl.errors import InvalidRequestError, StaleBrokerEpochError
+
+    run = Run(full=False)
+    play(run, [("fence", 1), ("fence", 2), ("fence", 3), ("register", 1, False), ("unfence", 1)])
+    b1 = run.state.image.brokers[1]
+    asked = sorted({(i.topic, i.partition) for i in run.inspections if i.broker_id == 1})
+    assert len(asked) >= 2, "the script asks broker 1 for several logs"
+
+    def answer(tp: tuple[str, int], epoch: int = b1.epoch, leo: int = 5) -> ReplicaLogInfo:
+        return ReplicaLogInfo(
+            broker_id=1, broker_epoch=epoch, topic=tp[0], partition=tp[1],
+            last_leader_epoch=0, log_end_offset=leo,
+        )  # fmt: skip
+
+    state = run.state
+    for bad, error in (
+        (answer(asked[1], leo=1 << 63), InvalidRequestError),
+        (answer(asked[1], epoch=b1.epoch - 1), StaleBrokerEpochError),
+    ):
+        with pytest.raises(error):
+            step(state, LogInfoAnswers((answer(asked[0]), bad)), run.now, run.rules)
+    result = step(state, LogInfoAnswers(tuple(answer(tp) for tp in asked)), run.now, run.rules)
+    for tp in asked:
+        pr = result.state.tracker.pending.get(tp)
+        assert pr is None or 1 in pr.answers  # answered: recovered, or still waiting
