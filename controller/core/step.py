@@ -140,7 +140,7 @@ class ControllerState(msgspec.Struct, frozen=True):
         """Replay records that did not come from a step (a test's or a tool's own), so that
         the next step evaluates what they changed."""
         image, delta = apply(self.image, records)
-        backlog = queue_touched(self.backlog, image, delta)
+        backlog = queue_touched(self.backlog, image, delta, tracker=self.tracker)
         return ControllerState(image, self.tracker, backlog, self.hold), delta
 
     @property
@@ -270,7 +270,7 @@ def _step(state: ControllerState, event: Event, now_ms: int, rules: Rules) -> St
         # all lie in the scope its first step queues (the broker's partitions), or are
         # new partitions that have a leader (a created topic).
         if not inside:
-            backlog = queue_touched(backlog, image, delta, budget)
+            backlog = queue_touched(backlog, image, delta, budget, tracker)
         recovery = RecoveryStep(
             records=[], tracker=tracker, inspections=[], next_deadline_ms=tracker.next_wake
         )
@@ -281,7 +281,7 @@ def _step(state: ControllerState, event: Event, now_ms: int, rules: Rules) -> St
             # Answered partitions first, within the budget like the rest.
             backlog = backlog.first(sorted(tracker.answered))
             tracker = msgspec.structs.replace(tracker, answered=frozenset())
-        backlog = queue_touched(backlog, image, delta, budget).with_partitions(due)
+        backlog = queue_touched(backlog, image, delta, budget, tracker).with_partitions(due)
         scope, backlog = backlog.take(budget)
         recovery = evaluate(
             image, tracker, now_ms, policies=rules.policies, config=rules.config, scope=scope
@@ -431,15 +431,29 @@ _PROBE_BUDGETS: Final = 4
 
 
 def queue_touched(
-    backlog: Backlog, image: ClusterImage, delta: MetadataDelta, budget: int | None = WORK_BUDGET
+    backlog: Backlog,
+    image: ClusterImage,
+    delta: MetadataDelta,
+    budget: int | None = WORK_BUDGET,
+    tracker: RecoveryTracker | None = None,
 ) -> Backlog:
     """`backlog` plus the partitions whose recovery status `delta` may have changed: the
-    ones it changed, and the leaderless ones hosted by a broker whose state changed
-    (fenced, unfenced, registered), since broker activity decides the proactive trigger
-    and who can answer. Costs O(changed partitions + offline partitions of each changed
-    broker), never a walk of all partitions."""
+    ones it changed that are leaderless or known to the tracker (a note, a pending
+    recovery or a wake-up, which a leader ends), and the leaderless ones hosted by a
+    broker whose state changed (fenced, unfenced, registered), since broker activity
+    decides the proactive trigger and who can answer. Costs O(changed partitions +
+    offline partitions of each changed broker), never a walk of all partitions."""
     if delta.partitions:
-        backlog = backlog.with_partitions(delta.partitions)
+        offline = image.offline
+        if tracker is None:
+            backlog = backlog.with_partitions(delta.partitions)
+        else:
+            notes, pending, wakes = tracker.offline, tracker.pending, tracker.wake_of
+            backlog = backlog.with_partitions(
+                tp
+                for tp in delta.partitions
+                if tp in offline or tp in notes or tp in pending or tp in wakes
+            )
     for broker_id in delta.brokers:
         backlog = _queue_broker(backlog, image, broker_id, budget)
     return backlog
