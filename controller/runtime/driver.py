@@ -397,18 +397,22 @@ class Controller:
         if not self._queue.empty():
             return self._queue.get_nowait()
         while self._committer_behind():
-            getter = asyncio.ensure_future(self._queue.get())
-            progress = asyncio.ensure_future(self.committer.progress.wait())
-            try:
-                done, _ = await asyncio.wait(
-                    (getter, progress), return_when=asyncio.FIRST_COMPLETED
-                )
-            finally:
-                getter.cancel()
-                progress.cancel()
-            if getter in done:
-                return getter.result()
+            item = await self._event_or_progress()
+            if item is not None:
+                return item
         return None
+
+    async def _event_or_progress(self) -> Queued | None:
+        """The next queued event, or None once the committer makes progress first. A
+        cancelled Queue.get never consumes an item."""
+        getter = asyncio.ensure_future(self._queue.get())
+        progress = asyncio.ensure_future(self.committer.progress.wait())
+        try:
+            done, _ = await asyncio.wait((getter, progress), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            getter.cancel()
+            progress.cancel()
+        return getter.result() if getter in done else None
 
     def _committer_behind(self) -> bool:
         """Bulk work (slices, backlog Ticks) waits for the committer: while it is more
@@ -428,16 +432,8 @@ class Controller:
             if not self._answer(self._queue.get_nowait()):
                 return False
         while self._slicing is not None and self._committer_behind():
-            getter = asyncio.ensure_future(self._queue.get())
-            progress = asyncio.ensure_future(self.committer.progress.wait())
-            try:
-                done, _ = await asyncio.wait(
-                    (getter, progress), return_when=asyncio.FIRST_COMPLETED
-                )
-            finally:
-                getter.cancel()
-                progress.cancel()
-            if getter in done and not self._answer(getter.result()):
+            item = await self._event_or_progress()
+            if item is not None and not self._answer(item):
                 return False
         if self._slicing is not None:  # a failed commit may have ended it meanwhile
             self._step_slice(self._slicing)
