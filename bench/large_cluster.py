@@ -610,7 +610,10 @@ async def bench_topology(kind: str, partitions: int, tmp: Path) -> dict[str, obj
     await seed_log(data, records)
     seeded = time.perf_counter() - t
     del records
+    # The probes run in this process: a full collection here would delay them and count
+    # as the controller's latency.
     gc.collect()
+    gc.freeze()
     proc, address, metrics = start_service(data)
     profiler = profile_process(proc.pid, kind)
     phases: dict[str, float] = {"seed_log_s": seeded}
