@@ -244,15 +244,28 @@ def _broker_slice(
     """The changes of the next slice of `c`, and `c` after it (its plan advanced and, for
     a controlled shutdown, `still_leads` updated); the operation is done once the
     returned plan is."""
-    tps, plan = c.plan.take(budget if budget is not None else 1 << 62)
-    parts = image.partitions
-    partitions = [p for p in (parts.get(tp) for tp in tps) if p is not None]
+    groups, plan = c.plan.take_groups(budget if budget is not None else 1 << 62)
+    partitions = _present(image, groups)
     changes = _op_changes(image, c.op, c.broker_id, partitions, config)
     still = c.still_leads
     if c.op is BrokerOp.CONTROLLED_SHUTDOWN and not still:
         moved = {(ch.topic, ch.partition) for ch in changes if ch.leader is not None}
         still = any(p.leader == c.broker_id and p.tp not in moved for p in partitions)
     return changes, msgspec.structs.replace(c, plan=plan, still_leads=still)
+
+
+def _present(
+    image: ClusterImage, groups: list[tuple[str, tuple[int, ...]]]
+) -> list[PartitionState]:
+    """The partitions of `groups` that exist, read a topic's run at a time."""
+    parts = image.partitions
+    out: list[PartitionState] = []
+    for topic, numbers in groups:
+        try:
+            out.extend(parts.of_topic(topic, numbers))
+        except KeyError:  # a partition gone meanwhile: read the run one by one
+            out.extend(p for p in (parts.get((topic, i)) for i in numbers) if p is not None)
+    return out
 
 
 def _final_response(c: Continue) -> ControllerResponse:

@@ -63,12 +63,19 @@ class PartitionPlan(msgspec.Struct, frozen=True, gc=False):
 
     def take(self, n: int) -> tuple[list[TopicPartition], PartitionPlan]:
         """The next `n` partitions (fewer at the end) and the plan after them."""
-        out: list[TopicPartition] = []
+        groups, rest = self.take_groups(n)
+        return [(topic, i) for topic, part in groups for i in part], rest
+
+    def take_groups(self, n: int) -> tuple[list[tuple[str, tuple[int, ...]]], PartitionPlan]:
+        """`take`, as (topic, partition numbers) runs: a broker's slice is read topic by
+        topic (`PartitionMap.of_topic`, one chunk lookup per run), not partition by
+        partition."""
+        out: list[tuple[str, tuple[int, ...]]] = []
         topics, ti, pos = self.topics, self.topic_index, self.position
         while n > 0 and ti < len(topics):
             topic, numbers = topics[ti]
             part = numbers[pos : pos + n]
-            out.extend((topic, i) for i in part)
+            out.append((topic, part))
             n -= len(part)
             pos += len(part)
             if pos >= len(numbers):
