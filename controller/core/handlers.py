@@ -262,9 +262,10 @@ def _present(
     out: list[PartitionState] = []
     for topic, numbers in groups:
         try:
-            out.extend(parts.of_topic(topic, numbers))
+            run = list(parts.of_topic(topic, numbers))
         except KeyError:  # a partition gone meanwhile: read the run one by one
-            out.extend(p for p in (parts.get((topic, i)) for i in numbers) if p is not None)
+            run = [p for p in (parts.get((topic, i)) for i in numbers) if p is not None]
+        out.extend(run)
     return out
 
 
