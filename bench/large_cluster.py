@@ -50,6 +50,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -574,6 +575,69 @@ class Probes:
             await c.close()
 
 
+def _probe_process(address: str, healthy: dict[int, int], conn: Any) -> None:
+    """The measured probes, in a process of their own (spawned), so that nothing the
+    bench's own process does (seeding, scraping, broker 1's heartbeats) delays them.
+    Messages: ("phase", name), ("stop",); it answers "ready", then the results."""
+
+    async def main() -> None:
+        probes = Probes(address, healthy)
+        probes.start()
+        stopped = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def on_message() -> None:
+            while conn.poll():
+                msg = conn.recv()
+                if msg[0] == "phase":
+                    probes.enter(msg[1])
+                else:
+                    stopped.set()
+
+        loop.add_reader(conn.fileno(), on_message)
+        conn.send("ready")
+        await stopped.wait()
+        loop.remove_reader(conn.fileno())
+        await probes.close()
+        conn.send(
+            {
+                "heartbeats": list(probes.heartbeats),
+                "describes": list(probes.describes),
+                "heartbeat_by_phase": probes.heartbeats.by_phase,
+                "describe_by_phase": probes.describes.by_phase,
+                "healthy_fenced": probes.healthy_fenced,
+            }
+        )
+
+    asyncio.run(main())
+
+
+class ProbeProcess:
+    """`Probes` run by `_probe_process`, driven from the bench's event loop."""
+
+    def __init__(self, address: str, healthy: dict[int, int]) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_probe_process, args=(address, healthy, child))
+        self.results: dict[str, Any] = {}
+
+    async def start(self) -> None:
+        self.proc.start()
+        assert await asyncio.to_thread(self.conn.recv) == "ready"
+
+    def enter(self, phase: str) -> None:
+        self.conn.send(("phase", phase))
+
+    async def close(self) -> dict[str, Any]:
+        if not self.results and self.proc.is_alive():
+            self.conn.send(("stop",))
+            self.results = await asyncio.to_thread(self.conn.recv)
+            await asyncio.to_thread(self.proc.join, 60)
+        return self.results
+
+
 async def wait_metrics(metrics: str, what: str, test: Callable[[dict[str, float]], bool]) -> float:
     """Scrape every 250 ms until `test` holds; the seconds it took."""
     began = time.perf_counter()
@@ -617,18 +681,18 @@ async def bench_topology(kind: str, partitions: int, tmp: Path) -> dict[str, obj
     proc, address, metrics = start_service(data)
     profiler = profile_process(proc.pid, kind)
     phases: dict[str, float] = {"seed_log_s": seeded}
-    probes: Probes | None = None
+    healthy = {b: epochs[b - 1] for b in range(2, len(epochs) + 1)}
+    probes = ProbeProcess(address, healthy)
+    broker1 = Probes(address, {})  # broker 1's own heartbeats, not measured
     info = LogInfoBroker()
     await info.server.start("127.0.0.1:0")
     try:
-        healthy = {b: epochs[b - 1] for b in range(2, len(epochs) + 1)}
-        probes = Probes(address, healthy)
-        probes.broker1_alive(epochs[0])
-        probes.start()
+        broker1.broker1_alive(epochs[0])
+        await probes.start()
         await asyncio.sleep(2.0)  # an idle window before the first fault
         # Kill broker 1: its session expires, and the fence commits.
         probes.enter("kill")
-        probes.broker1_alive(None)
+        broker1.broker1_alive(None)
         phases["kill_to_fence_committed_s"] = await wait_metrics(
             metrics, "the fence", lambda m: fenced(m) >= 1
         )
@@ -638,7 +702,7 @@ async def bench_topology(kind: str, partitions: int, tmp: Path) -> dict[str, obj
         probes.enter("clean_restart")
         t = time.perf_counter()
         epoch = await register_broker1(address, info.server.address, epochs[0])
-        probes.broker1_alive(epoch)
+        broker1.broker1_alive(epoch)
         if kind == "offline":
             await wait_metrics(
                 metrics, "leaders again", lambda m: m["metactl_offline_partitions"] == 0
@@ -650,14 +714,14 @@ async def bench_topology(kind: str, partitions: int, tmp: Path) -> dict[str, obj
             # Kill it again, and restart it uncleanly: every partition is recovered from
             # its only replica (balanced: ELR -> LastKnownELR, inspection, recovery).
             probes.enter("second_kill")
-            probes.broker1_alive(None)
+            broker1.broker1_alive(None)
             phases["second_kill_to_fence_committed_s"] = await wait_metrics(
                 metrics, "the second fence", lambda m: fenced(m) >= 1
             )
             probes.enter("unclean_restart")
             t = time.perf_counter()
             epoch = await register_broker1(address, info.server.address, None)
-            probes.broker1_alive(epoch)
+            broker1.broker1_alive(epoch)
             await wait_metrics(
                 metrics, "recoveries", lambda m: m["metactl_offline_partitions"] == 0
             )
@@ -666,8 +730,8 @@ async def bench_topology(kind: str, partitions: int, tmp: Path) -> dict[str, obj
         probes.enter("after")
         await asyncio.sleep(1.0)  # a last window of probes after the work
     finally:
-        if probes is not None:
-            await probes.close()
+        results = await probes.close()
+        broker1.broker1_alive(None)
         await info.server.stop()
         rss = peak_rss_of(proc.pid)
         if profiler is not None:
@@ -676,26 +740,27 @@ async def bench_topology(kind: str, partitions: int, tmp: Path) -> dict[str, obj
         proc.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(60)
-    assert probes is not None
+    heartbeats: list[float] = results["heartbeats"]
+    describes: list[float] = results["describes"]
     return {
         "topology": kind,
         "partitions": partitions,
-        "heartbeat_p99_ms": round(pct(probes.heartbeats, 99), 1),
-        "heartbeat_max_ms": round(max(probes.heartbeats, default=float("nan")), 1),
-        "describe_p99_ms": round(pct(probes.describes, 99), 1),
-        "describe_max_ms": round(max(probes.describes, default=float("nan")), 1),
-        "healthy_fenced": probes.healthy_fenced,
+        "heartbeat_p99_ms": round(pct(heartbeats, 99), 1),
+        "heartbeat_max_ms": round(max(heartbeats, default=float("nan")), 1),
+        "describe_p99_ms": round(pct(describes, 99), 1),
+        "describe_max_ms": round(max(describes, default=float("nan")), 1),
+        "healthy_fenced": results["healthy_fenced"],
         "peak_rss_mib": round(rss, 1),
-        "heartbeats": len(probes.heartbeats),
-        "describes": len(probes.describes),
+        "heartbeats": len(heartbeats),
+        "describes": len(describes),
         **{k: round(v, 2) for k, v in phases.items()},
         "heartbeat_by_phase": {
             k: f"p99 {pct(v, 99):.1f} max {max(v):.1f} ms"
-            for k, v in probes.heartbeats.by_phase.items()
+            for k, v in results["heartbeat_by_phase"].items()
         },
         "describe_by_phase": {
             k: f"p99 {pct(v, 99):.1f} max {max(v):.1f} ms"
-            for k, v in probes.describes.by_phase.items()
+            for k, v in results["describe_by_phase"].items()
         },
     }
 
