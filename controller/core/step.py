@@ -218,30 +218,21 @@ def settle(state: ControllerState, event: Event, now_ms: int, rules: Rules) -> S
     delta = MetadataDelta()
     for r in results:
         delta.update(r.delta)
-    records = [rec for r in results for rec in r.records]
     last = results[-1]
     return StepResult(
-        records=records,
-        response=results[0].response if results[0].follow_up is None else _answer(results),
+        records=[rec for r in results for rec in r.records],
+        # The answer of the step that ended the event's work (the first, or the last
+        # continuation of the transaction it opened).
+        response=next(r.response for r in results if r.follow_up is None),
         state=last.state,
         inspections=[i for r in results for i in r.inspections],
         next_deadline_ms=last.next_deadline_ms,
         delta=delta,
-        recovery_records=sum(r.recovery_records for r in _after_transaction(results)),
+        # Only steps outside a transaction evaluate: the first (when it opened none) and
+        # the Ticks after it, whose records come last.
+        recovery_records=sum(r.recovery_records for r in results),
         encoded_bytes=sum(r.encoded_bytes for r in results),
     )
-
-
-def _answer(results: list[StepResult]) -> ControllerResponse:
-    """The response of the step that closed the first step's transaction."""
-    return next(r.response for r in results if r.follow_up is None)
-
-
-def _after_transaction(results: list[StepResult]) -> list[StepResult]:
-    """The results whose recovery records end the settled list: the first step's (when it
-    opened no transaction) and every Tick's after it. Steps inside a transaction write
-    none."""
-    return [r for r in results if r.follow_up is None]
 
 
 def _step(state: ControllerState, event: Event, now_ms: int, rules: Rules) -> StepResult:
@@ -347,12 +338,7 @@ def _as_transaction(
 
 def transaction_name(event: Event) -> str:
     """What a transaction does, for people reading the log: the event and what it names."""
-    if isinstance(event, CreateTopicSlice):
-        kind = "CreateTopic"
-    elif isinstance(event, Continue):
-        kind = event.op.name.title().replace("_", "")
-    else:
-        kind = type(event).__name__
+    kind = "CreateTopic" if isinstance(event, CreateTopicSlice) else type(event).__name__
     for attr in ("name", "topic", "broker_id"):
         value = getattr(event, attr, None)
         if value is not None:

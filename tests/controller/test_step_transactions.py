@@ -320,14 +320,6 @@ def test_an_unclean_registration_in_slices_moves_every_elr_membership() -> None:
     assert replay_log(LogReplay(), sliced.log).image.same_state(sliced.image)
 
 
-def test_continuations_are_named_after_their_operation() -> None:
-    from controller.core.handlers import BrokerOp, Continue
-    from controller.core.work import PartitionPlan
-
-    c = Continue(BrokerOp.UNCLEAN_REGISTRATION, 3, PartitionPlan(), Ack())
-    assert transaction_name(c) == "UncleanRegistration 3"
-
-
 def test_a_large_backlog_is_queued_as_a_plan_and_drained_a_budget_per_step() -> None:
     """Broker 1 alone hosts 40 leaderless partitions (more than four budgets of 7): its
     re-registration queues its whole index as one plan, and each Tick evaluates 7."""

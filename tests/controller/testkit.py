@@ -102,15 +102,13 @@ class Cluster:
     def submit(self, event: Event) -> StepResult:
         """One event through the one step, with its continuations and the Ticks that
         drain the recovery backlog (`settle`); its records join the log."""
-        result = settle(self.state, event, self.now, self.rules)
-        self.state = result.state
-        self.log.extend(result.records)
-        self.last = result
-        return result
+        return self._took(settle(self.state, event, self.now, self.rules))
 
     def step_one(self, event: Event) -> StepResult:
         """Exactly one step, as the driver takes it (a continuation is the caller's)."""
-        result = step(self.state, event, self.now, self.rules)
+        return self._took(step(self.state, event, self.now, self.rules))
+
+    def _took(self, result: StepResult) -> StepResult:
         self.state = result.state
         self.log.extend(result.records)
         self.last = result
