@@ -47,7 +47,7 @@ import contextlib
 import gc
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Final
 
 import msgspec
@@ -475,88 +475,93 @@ class Controller:
             return getter.result()
         return Queued(Tick(), None, time.perf_counter())
 
-    def _handle(self, item: Queued) -> None:
-        self.busy_since = time.perf_counter()
+    @contextlib.contextmanager
+    def _busy(self) -> Iterator[float]:
+        """Mark an event (or slice) as being handled: `busy_since` is its start time, read
+        by the metrics' scrape thread; yields that time. Once it has changed the state,
+        what it built is frozen (`_settle_heap`)."""
         before = self.state
+        started = self.busy_since = time.perf_counter()
         try:
-            self._handle_event(item)
+            yield started
         finally:
             self.busy_since = None
         if self.state is not before:
             _settle_heap()
 
-    def _handle_event(self, item: Queued) -> None:
-        slicing = self._slicing
-        if slicing is not None and item.barrier:
-            self._deferred.append(item)
-            return
-        event, future = item.event, item.future
-        now = self.clock.now_ms()
-        started = time.perf_counter()
-        # While a transaction is open, an event sees the image before it.
-        state = self.state
-        if slicing is not None:
-            state = ControllerState(slicing.image_before, state.tracker, state.backlog, hold=True)
-        try:
-            result = step(state, event, now, self.rules)
-        except MetactlError as exc:
-            log.info(
-                "request refused", request=type(event).__name__, code=exc.code, error=exc.message
-            )
-            # A refusal may tell what the log holds: it waits for durability too.
-            if slicing is not None:
-                slicing.answer(future, exc)
-            else:
-                self.committer.when_durable(future, exc)
-            self._report(event, item.enqueued, started)
-            return
-        if slicing is not None:
-            if result.records:
-                # It writes records while a transaction is open: step it again after the end.
+    def _handle(self, item: Queued) -> None:
+        with self._busy() as started:
+            slicing = self._slicing
+            if slicing is not None and item.barrier:
                 self._deferred.append(item)
                 return
-            # It wrote nothing: keep its soft state, answer once the log before the
-            # transaction is durable (nothing of the transaction is in its answer).
-            self.state = ControllerState(self.state.image, result.state.tracker, self.state.backlog)
-            self._inspect(result)
-            slicing.answer(future, result.response)
-        elif result.follow_up is not None:
-            before = self.state.image
-            self._accept(result, now)
-            watermark: asyncio.Future[ControllerResponse]
-            watermark = asyncio.get_running_loop().create_future()
-            self.committer.when_durable(watermark, result.response)
-            self._slicing = Slicing(result.follow_up, future, before, watermark)
-            self._queue_commit(result, None, None, now)
-        else:
-            self._accept(result, now)
-            self._queue_commit(result, result.state.image, future, now, barrier=item.barrier)
-        self._report(event, item.enqueued, started)
+            event, future = item.event, item.future
+            now = self.clock.now_ms()
+            # While a transaction is open, an event sees the image before it.
+            state = self.state
+            if slicing is not None:
+                state = ControllerState(
+                    slicing.image_before, state.tracker, state.backlog, hold=True
+                )
+            try:
+                result = step(state, event, now, self.rules)
+            except MetactlError as exc:
+                log.info(
+                    "request refused",
+                    request=type(event).__name__,
+                    code=exc.code,
+                    error=exc.message,
+                )
+                # A refusal may tell what the log holds: it waits for durability too.
+                if slicing is not None:
+                    slicing.answer(future, exc)
+                else:
+                    self.committer.when_durable(future, exc)
+                self._report(event, item.enqueued, started)
+                return
+            if slicing is not None:
+                if result.records:
+                    # It writes records while a transaction is open: step it again after the end.
+                    self._deferred.append(item)
+                    return
+                # It wrote nothing: keep its soft state, answer once the log before the
+                # transaction is durable (nothing of the transaction is in its answer).
+                self.state = ControllerState(
+                    self.state.image, result.state.tracker, self.state.backlog
+                )
+                self._inspect(result)
+                slicing.answer(future, result.response)
+            elif result.follow_up is not None:
+                before = self.state.image
+                self._accept(result, now)
+                watermark: asyncio.Future[ControllerResponse]
+                watermark = asyncio.get_running_loop().create_future()
+                self.committer.when_durable(watermark, result.response)
+                self._slicing = Slicing(result.follow_up, future, before, watermark)
+                self._queue_commit(result, None, None, now)
+            else:
+                self._accept(result, now)
+                self._queue_commit(result, result.state.image, future, now, barrier=item.barrier)
+            self._report(event, item.enqueued, started)
 
     def _step_slice(self, slicing: Slicing) -> None:
         now = self.clock.now_ms()
-        started = self.busy_since = time.perf_counter()
-        try:
-            self._step_slice_at(slicing, now, started)
-        finally:
-            self.busy_since = None
-
-    def _step_slice_at(self, slicing: Slicing, now: int, started: float) -> None:
-        try:
-            result = step(self.state, slicing.follow_up, now, self.rules)
-        except MetactlError as exc:  # a slice was validated with the first: a bug
-            log.error("create slice failed; aborting its transaction", error=exc.message)
-            self._abort_slicing(f"slice failed: {exc.message}", exc)
-            return
-        self._accept(result, now)
-        if result.follow_up is not None:
-            slicing.follow_up = result.follow_up
-            self._queue_commit(result, None, None, now)
-        else:
-            self._slicing = None
-            self._queue_commit(result, result.state.image, slicing.future, now)
-            slicing.end_when_answered()
-        self._report(slicing.follow_up, started, started)
+        with self._busy() as started:
+            try:
+                result = step(self.state, slicing.follow_up, now, self.rules)
+            except MetactlError as exc:  # a slice was validated with the first: a bug
+                log.error("slice failed; aborting its transaction", error=exc.message)
+                self._abort_slicing(f"slice failed: {exc.message}", exc)
+                return
+            self._accept(result, now)
+            if result.follow_up is not None:
+                slicing.follow_up = result.follow_up
+                self._queue_commit(result, None, None, now)
+            else:
+                self._slicing = None
+                self._queue_commit(result, result.state.image, slicing.future, now)
+                slicing.end_when_answered()
+            self._report(slicing.follow_up, started, started)
 
     def _end_slicing(self) -> Slicing | None:
         slicing, self._slicing = self._slicing, None
