@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import json
 import signal
 import sqlite3
@@ -55,7 +54,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from controller_ops import CONFIG, cluster_records
+from controller_ops import CONFIG, cluster_records, peak_rss_mib
 
 from controller.core.work import WORK_BUDGET as CREATE_SLICE_PARTITIONS
 from controller.runtime.clock import SystemClock
@@ -183,10 +182,14 @@ async def bench_fence(partitions: int, tmp: Path) -> None:
 # --- (b) describe and heartbeats over TCP ----------------------------------------------
 
 
-def start_controller(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
+def start_controller(
+    data_dir: Path, *flags: str, session_ms: int = 600_000
+) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    """A `python -m controller` process (--insecure, quota and request cap lifted) and the
+    fields of its READY line (listen=..., metrics=... when asked for)."""
     cmd = [sys.executable, "-m", "controller", "--data-dir", str(data_dir),
-           "--listen", "127.0.0.1:0", "--insecure", "--session-timeout-ms", "600000",
-           "--log-level", "WARNING", "--max-partitions-per-request", "100000000",
+           "--listen", "127.0.0.1:0", "--insecure", "--session-timeout-ms", str(session_ms),
+           *flags, "--log-level", "WARNING", "--max-partitions-per-request", "100000000",
            "--controller-mutation-rate", "0"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
@@ -195,7 +198,7 @@ def start_controller(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
         if not line:
             raise RuntimeError("the controller exited early")
         if line.startswith("READY"):
-            return proc, line.split("listen=")[1].split()[0]
+            return proc, dict(f.split("=", 1) for f in line.split()[2:])
 
 
 async def paced(
@@ -255,7 +258,8 @@ async def probes_during(
 
 
 async def bench_service(partitions: int, tmp: Path) -> None:
-    proc, address = start_controller(tmp / "service")
+    proc, ready = start_controller(tmp / "service")
+    address = ready["listen"]
     try:
         admin = RpcClient(address)
         epochs = {}
@@ -405,23 +409,6 @@ async def seed_log(path: Path, records: list[MetadataRecord]) -> None:
         await store.close()
 
 
-def start_service(data_dir: Path) -> tuple[subprocess.Popen[str], str, str]:
-    cmd = [sys.executable, "-m", "controller", "--data-dir", str(data_dir),
-           "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0", "--insecure",
-           "--session-timeout-ms", str(TOPOLOGY_SESSION_MS), "--heartbeat-interval-ms", "500",
-           "--log-level", "WARNING", "--max-partitions-per-request", "100000000",
-           "--controller-mutation-rate", "0"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None
-    while True:
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError("the controller exited early")
-        if line.startswith("READY"):
-            fields = dict(f.split("=", 1) for f in line.split()[2:])
-            return proc, fields["listen"], fields["metrics"]
-
-
 def scrape(metrics: str) -> dict[str, float]:
     """The controller's /metrics, as {name{labels}: value} (plain HTTP with --insecure)."""
     import urllib.request
@@ -455,13 +442,6 @@ def profile_process(pid: int, label: str) -> subprocess.Popen[bytes] | None:
     )  # fmt: skip
 
 
-def peak_rss_of(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 class LogInfoBroker:
     """Broker 1's GetReplicaLogInfo listener: every replica asked for answers with the
     same log end (it is the only replica, so it is chosen), for the unclean restart."""
@@ -469,7 +449,6 @@ class LogInfoBroker:
     def __init__(self) -> None:
         from protocol.server import FrameServer
 
-        self.epoch = -1
         self.asked = 0
         self.server = FrameServer(self.handle)
 
@@ -501,7 +480,7 @@ class Tagged(list[float]):
 
 class Probes:
     """The healthy brokers' heartbeats and an operator's describes, paced, each timed
-    from when it was due; broker 1's heartbeats while it is 'alive'. Counts the healthy
+    from when it was due. Counts the healthy
     heartbeats answered 'fenced' (or refused as not registered at that epoch)."""
 
     def __init__(self, address: str, healthy: dict[int, int]) -> None:
@@ -513,7 +492,6 @@ class Probes:
         self.stop = asyncio.Event()
         self.tasks: list[asyncio.Task[None]] = []
         self.clients: list[RpcClient] = []
-        self.broker1: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         for i, (b, epoch) in enumerate(sorted(self.healthy.items())):
@@ -542,34 +520,11 @@ class Probes:
             asyncio.create_task(paced(describe, DESCRIBE_EVERY_S, 0, self.stop, self.describes))
         )
 
-    def broker1_alive(self, epoch: int | None) -> None:
-        """Broker 1 heartbeats every 500 ms at `epoch` (None: it is 'killed')."""
-        if self.broker1 is not None:
-            self.broker1.cancel()
-            self.broker1 = None
-        if epoch is None:
-            return
-
-        async def beat() -> None:
-            async with RpcClient(self.address) as c:
-                while True:
-                    with contextlib.suppress(Exception):
-                        await c.request(
-                            BrokerHeartbeatRequest(
-                                broker_id=1, broker_epoch=epoch, metadata_offset=1 << 40
-                            ),
-                            timeout_s=120,
-                        )
-                    await asyncio.sleep(0.5)  # broker 1's heartbeat interval
-
-        self.broker1 = asyncio.create_task(beat())
-
     def enter(self, phase: str) -> None:
         self.heartbeats.phase = self.describes.phase = phase
 
     async def close(self) -> None:
         self.stop.set()
-        self.broker1_alive(None)
         await asyncio.gather(*self.tasks, return_exceptions=True)
         for c in self.clients:
             await c.close()
@@ -610,6 +565,30 @@ def _probe_process(address: str, healthy: dict[int, int], conn: Any) -> None:
         )
 
     asyncio.run(main())
+
+
+class Broker1:
+    """Broker 1's own heartbeats (not measured), every 500 ms while it is 'alive'."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.task: asyncio.Task[None] | None = None
+
+    def alive(self, epoch: int | None) -> None:
+        """Heartbeat at `epoch` from now on (None: it is 'killed')."""
+        if self.task is not None:
+            self.task.cancel()
+            self.task = None
+        if epoch is not None:
+            self.task = asyncio.create_task(self._beat(epoch))
+
+    async def _beat(self, epoch: int) -> None:
+        beat = BrokerHeartbeatRequest(broker_id=1, broker_epoch=epoch, metadata_offset=1 << 40)
+        async with RpcClient(self.address) as c:
+            while True:
+                with contextlib.suppress(Exception):
+                    await c.request(beat, timeout_s=120)
+                await asyncio.sleep(0.5)  # broker 1's heartbeat interval
 
 
 class ProbeProcess:
@@ -674,25 +653,27 @@ async def bench_topology(kind: str, partitions: int, tmp: Path) -> dict[str, obj
     await seed_log(data, records)
     seeded = time.perf_counter() - t
     del records
-    # The probes run in this process: a full collection here would delay them and count
-    # as the controller's latency.
-    gc.collect()
-    gc.freeze()
-    proc, address, metrics = start_service(data)
+    freeze_heap()  # no full collection over the seeding's leftovers during the run
+    proc, ready = start_controller(
+        data,
+        "--metrics", "127.0.0.1:0", "--heartbeat-interval-ms", "500",
+        session_ms=TOPOLOGY_SESSION_MS,
+    )  # fmt: skip
+    address, metrics = ready["listen"], ready["metrics"]
     profiler = profile_process(proc.pid, kind)
     phases: dict[str, float] = {"seed_log_s": seeded}
     healthy = {b: epochs[b - 1] for b in range(2, len(epochs) + 1)}
     probes = ProbeProcess(address, healthy)
-    broker1 = Probes(address, {})  # broker 1's own heartbeats, not measured
+    broker1 = Broker1(address)
     info = LogInfoBroker()
     await info.server.start("127.0.0.1:0")
     try:
-        broker1.broker1_alive(epochs[0])
+        broker1.alive(epochs[0])
         await probes.start()
         await asyncio.sleep(2.0)  # an idle window before the first fault
         # Kill broker 1: its session expires, and the fence commits.
         probes.enter("kill")
-        broker1.broker1_alive(None)
+        broker1.alive(None)
         phases["kill_to_fence_committed_s"] = await wait_metrics(
             metrics, "the fence", lambda m: fenced(m) >= 1
         )
@@ -702,7 +683,7 @@ async def bench_topology(kind: str, partitions: int, tmp: Path) -> dict[str, obj
         probes.enter("clean_restart")
         t = time.perf_counter()
         epoch = await register_broker1(address, info.server.address, epochs[0])
-        broker1.broker1_alive(epoch)
+        broker1.alive(epoch)
         if kind == "offline":
             await wait_metrics(
                 metrics, "leaders again", lambda m: m["metactl_offline_partitions"] == 0
@@ -714,14 +695,14 @@ async def bench_topology(kind: str, partitions: int, tmp: Path) -> dict[str, obj
             # Kill it again, and restart it uncleanly: every partition is recovered from
             # its only replica (balanced: ELR -> LastKnownELR, inspection, recovery).
             probes.enter("second_kill")
-            broker1.broker1_alive(None)
+            broker1.alive(None)
             phases["second_kill_to_fence_committed_s"] = await wait_metrics(
                 metrics, "the second fence", lambda m: fenced(m) >= 1
             )
             probes.enter("unclean_restart")
             t = time.perf_counter()
             epoch = await register_broker1(address, info.server.address, None)
-            broker1.broker1_alive(epoch)
+            broker1.alive(epoch)
             await wait_metrics(
                 metrics, "recoveries", lambda m: m["metactl_offline_partitions"] == 0
             )
@@ -731,9 +712,9 @@ async def bench_topology(kind: str, partitions: int, tmp: Path) -> dict[str, obj
         await asyncio.sleep(1.0)  # a last window of probes after the work
     finally:
         results = await probes.close()
-        broker1.broker1_alive(None)
+        broker1.alive(None)
         await info.server.stop()
-        rss = peak_rss_of(proc.pid)
+        rss = peak_rss_mib(proc.pid)
         if profiler is not None:
             profiler.send_signal(signal.SIGINT)  # py-spy writes its profile and exits
             profiler.wait(60)
