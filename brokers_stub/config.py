@@ -81,7 +81,13 @@ class BrokerConfig:
         """The max wait a follower asks for. Below half the replica lag time, as Kafka asks
         of replica.fetch.wait.max.ms: the leader records a fetch when it arrives, so a
         follower held longer than the lag time would be dropped from the ISR while idle."""
-        return min(self.replica_fetch_wait_max_ms, self.replica_lag_time_max_ms // 2)
+        return min(self.replica_fetch_wait_max_ms, self.fetch_hold_max_ms)
+
+    @property
+    def fetch_hold_max_ms(self) -> int:
+        """The longest a leader holds a follower's fetch (and so the longest a follower
+        asks for): half the replica lag time."""
+        return self.replica_lag_time_max_ms // 2
 
     @cached_property
     def server_ssl(self) -> ssl.SSLContext | None:

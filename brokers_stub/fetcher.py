@@ -66,22 +66,18 @@ class Fetcher:
                 room -= 1
             else:
                 rest.append(tp)
-        if rest and self.shared is None:
+        if not rest:
+            if self.shared is not None:
+                self.shared.close()
+                self.shared = None
+        elif self.shared is None:
             self.shared = FetchLane(self, rest, long_poll=False)
-        elif rest and self.shared is not None:
+        else:
             self.shared.partitions = rest
-        elif self.shared is not None:
-            self.shared.close()
-            self.shared = None
 
     def close(self) -> None:
         """Cancel every lane (the replica manager awaits their tasks at stop)."""
-        for lane in self.lanes.values():
-            lane.close()
-        self.lanes.clear()
-        if self.shared is not None:
-            self.shared.close()
-            self.shared = None
+        self.assign(())
 
     def endpoint(self) -> str:
         image = self.manager.image

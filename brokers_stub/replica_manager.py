@@ -392,7 +392,7 @@ class ReplicaManager:
         resp = self.handle_fetch(req)
         tp = (req.topic, req.partition)
         st = self.leaders[tp]
-        wait_ms = min(req.max_wait_ms, self.config.replica_lag_time_max_ms // 2)
+        wait_ms = min(req.max_wait_ms, self.config.fetch_hold_max_ms)
         if resp.truncate_to is None and wait_ms > 0 and not self._news(req, st):
             st.parked += 1
             try:

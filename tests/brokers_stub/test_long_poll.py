@@ -34,6 +34,7 @@ from protocol.messages import (
 )
 from tests.brokers_stub.fake_controller import FakeController
 from tests.brokers_stub.helpers import TOPIC, Running, broker_config, change, cluster, eventually
+from tests.brokers_stub.test_produce import three, waiting
 from tests.brokers_stub.test_replica_manager import EPOCHS, TP, Clock, manager, produce
 
 WAIT = 600_000  # ms: no test lasts this long
@@ -81,10 +82,10 @@ async def answered(task: asyncio.Task[ReplicaFetchResponse]) -> ReplicaFetchResp
     raise AssertionError("the held fetch was not answered")
 
 
-def pair(tmp_path: Path) -> tuple[ReplicaManager, ReplicaManager, ClusterImage]:
+def pair(tmp_path: Path, lag: int = LAG) -> tuple[ReplicaManager, ReplicaManager, ClusterImage]:
     """Leader 1 and follower 2 of orders-0, ISR [1, 2], MinISR 1."""
     clock = Clock()
-    leader = manager(tmp_path, 1, clock, replica_lag_time_max_ms=LAG)
+    leader = manager(tmp_path, 1, clock, replica_lag_time_max_ms=lag)
     f2 = manager(tmp_path, 2, clock)
     image = cluster(EPOCHS, replicas=[1, 2, 3], leader=1, isr=[1, 2])
     leader.on_metadata(image, None, True)
@@ -109,14 +110,9 @@ async def test_a_held_fetch_is_answered_when_records_arrive(tmp_path: Path) -> N
 async def test_a_held_fetch_carries_the_high_watermark_as_soon_as_it_moves(
     tmp_path: Path,
 ) -> None:
-    clock = Clock()
-    leader = manager(tmp_path, 1, clock, replica_lag_time_max_ms=LAG)
-    f2, f3 = manager(tmp_path, 2, clock), manager(tmp_path, 3, clock)
-    image = cluster(EPOCHS, replicas=[1, 2, 3], leader=1, isr=[1, 2, 3], min_isr=2)
-    for m in (leader, f2, f3):
-        m.on_metadata(image, None, True)
+    leader, f2, f3, _ = three(tmp_path, isr=[1, 2, 3], replica_lag_time_max_ms=LAG)
     batch = asyncio.create_task(leader.data.produce(ProduceRequest(topic=TOPIC, partition=0)))
-    await asyncio.sleep(0)  # one turn: the batch is appended and waits on the HW
+    await waiting(leader)  # the batch is appended and waits on the HW
     for f in (f2, f3):
         await fetch_now(leader, f)  # each copies offset 0
     # 2 says it holds offset 0: the HW cannot move while 3 has not said so. Nothing new
@@ -172,12 +168,7 @@ async def test_the_leader_holds_a_fetch_at_most_half_the_replica_lag_time(
 ) -> None:
     # The fetch is recorded when it arrives: held longer than the lag time, an idle
     # follower would look out of sync.
-    clock = Clock()
-    leader = manager(tmp_path, 1, clock, replica_lag_time_max_ms=40)
-    f2 = manager(tmp_path, 2, clock)
-    image = cluster(EPOCHS, replicas=[1, 2, 3], leader=1, isr=[1, 2])
-    leader.on_metadata(image, None, True)
-    f2.on_metadata(image, None, True)
+    leader, f2, _ = pair(tmp_path, lag=40)
     await fetch_now(leader, f2)
     resp = await leader.fetch(request(f2, max_wait_ms=WAIT))  # held 20 ms, not WAIT
     assert resp.log_end_offset == 0
