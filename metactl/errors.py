@@ -80,6 +80,12 @@ class UnknownTopicOrPartitionError(MetactlError):
     code = "UNKNOWN_TOPIC_OR_PARTITION"
 
 
+class NoReassignmentInProgressError(MetactlError):
+    """A cancel named a partition that is not being reassigned (KIP-455)."""
+
+    code = "NO_REASSIGNMENT_IN_PROGRESS"
+
+
 class TopicAlreadyExistsError(MetactlError):
     code = "TOPIC_ALREADY_EXISTS"
 

@@ -30,19 +30,32 @@ class MetadataDelta:
 
     __slots__ = (
         "brokers",
+        "configs",
         "elections",
+        "features",
         "partitions",
         "records_by_type",
+        "removed_topics",
         "topics",
         "unclean_recoveries",
         "unclean_registrations",
+        "unregistered",
     )
 
     def __init__(self) -> None:
         # Brokers registered, fenced, unfenced or entering controlled shutdown.
         self.brokers: set[int] = set()
-        # Topics created.
+        # Topics created or grown.
         self.topics: set[str] = set()
+        # Topics deleted: name -> (topic id, partition count). A topic deleted and then
+        # created again within one delta is in both `removed_topics` and `topics`.
+        self.removed_topics: dict[str, tuple[str, int]] = {}
+        # Brokers unregistered (they are no longer in the image).
+        self.unregistered: set[int] = set()
+        # Dynamic configs set or deleted: (resource type, resource name, config name).
+        self.configs: set[tuple[str, str, str]] = set()
+        # Feature levels finalized.
+        self.features: set[str] = set()
         # Partitions created or changed.
         self.partitions: set[TopicPartition] = set()
         self.elections: list[Election] = []
@@ -64,6 +77,10 @@ class MetadataDelta:
         """Fold `other` (a later replay) into this delta; returns self."""
         self.brokers |= other.brokers
         self.topics |= other.topics
+        self.removed_topics.update(other.removed_topics)
+        self.unregistered |= other.unregistered
+        self.configs |= other.configs
+        self.features |= other.features
         self.partitions |= other.partitions
         self.elections.extend(other.elections)
         self.unclean_recoveries.extend(other.unclean_recoveries)

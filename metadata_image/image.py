@@ -16,7 +16,7 @@ import immutables
 import msgspec
 
 from metadata_image.partition_map import EMPTY_PARTITIONS, PartitionMap
-from metadata_log.records import NO_LEADER, LeaderRecoveryState
+from metadata_log.records import ELR_FEATURE, MIN_ISR_CONFIG, NO_LEADER, LeaderRecoveryState
 
 TopicPartition = tuple[str, int]
 
@@ -102,6 +102,30 @@ class ReplicaIndex(msgspec.Struct, frozen=True, gc=False, eq=False):
             m[topic] = chunks
         return ReplicaIndex(m.finish(), size)
 
+    def removed(self, gone: Mapping[str, Collection[int]]) -> ReplicaIndex:
+        """This index without some partitions (topic -> partition numbers; numbers not
+        in it are ignored). A topic's chunks become one set: O(its partitions here)."""
+        size = self.size
+        m = self.topics.mutate()
+        for topic, parts in gone.items():
+            old = m.get(topic)
+            if old is None:
+                continue
+            whole = _whole(old)
+            kept = whole.difference(parts)
+            size -= len(whole) - len(kept)
+            if kept:
+                m[topic] = (kept,)
+            else:
+                del m[topic]
+        return ReplicaIndex(m.finish(), size)
+
+    def without_topic(self, topic: str) -> ReplicaIndex:
+        chunks = self.topics.get(topic)
+        if chunks is None:
+            return self
+        return ReplicaIndex(self.topics.delete(topic), self.size - len(_whole(chunks)))
+
 
 def _whole(chunks: tuple[frozenset[int], ...]) -> frozenset[int]:
     return chunks[0] if len(chunks) == 1 else frozenset().union(*chunks)
@@ -151,7 +175,7 @@ class TopicState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     name: str
     topic_id: str
     partitions: int
-    min_isr: int
+    min_isr: int | None = None  # the topic's min.insync.replicas; None: the cluster's
     recovery_strategy: str | None = None
 
 
@@ -172,10 +196,33 @@ class PartitionState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     partition_epoch: int = 0
     recovery_state: LeaderRecoveryState = LeaderRecoveryState.RECOVERED
     min_isr: int = 1  # effective: min(topic min.insync.replicas, replication factor)
+    # A reassignment in progress (KIP-455): `replicas` holds the target first, then the
+    # original replicas not in it; `adding` are the target's new replicas, `removing` the
+    # original ones that leave once every target replica is in the ISR.
+    adding: tuple[int, ...] = ()
+    removing: tuple[int, ...] = ()
 
     @property
     def has_leader(self) -> bool:
         return self.leader != NO_LEADER
+
+    @property
+    def reassigning(self) -> bool:
+        return bool(self.adding or self.removing)
+
+    @property
+    def target(self) -> tuple[int, ...]:
+        """The replicas the partition ends with: its replicas when not reassigning."""
+        if not self.removing:
+            return self.replicas
+        return tuple(r for r in self.replicas if r not in self.removing)
+
+    @property
+    def original(self) -> tuple[int, ...]:
+        """The replicas before the reassignment (what a cancel restores)."""
+        if not self.adding:
+            return self.replicas
+        return tuple(r for r in self.replicas if r not in self.adding)
 
 
 class ClusterImage(msgspec.Struct, frozen=True, kw_only=True):
@@ -190,6 +237,15 @@ class ClusterImage(msgspec.Struct, frozen=True, kw_only=True):
     # The brokers that are registered, unfenced and not in controlled shutdown.
     active: frozenset[int] = EMPTY
     end_offset: int = 0
+    # Finalized feature levels (kafka-features) and the cluster-default dynamic configs
+    # (kafka-configs --entity-type brokers --entity-default); topic configs live on the
+    # topic. Absent: the controller's static settings apply (`elr_enabled`).
+    features: immutables.Map[str, int] = immutables.Map()
+    cluster_configs: immutables.Map[str, str] = immutables.Map()
+    # Partitions with a reassignment in progress (for describe, metrics and --list).
+    reassigning: immutables.Map[TopicPartition, None] = immutables.Map()
+    # topic id -> name, so that records naming an id resolve in O(1).
+    topic_ids: immutables.Map[str, str] = immutables.Map()
 
     def broker(self, broker_id: int) -> BrokerState | None:
         return self.brokers.get(broker_id)
@@ -218,6 +274,25 @@ class ClusterImage(msgspec.Struct, frozen=True, kw_only=True):
     def leads_anything(self, broker_id: int) -> bool:
         return any(p.leader == broker_id for p in self.partitions_of(broker_id))
 
+    def elr_enabled(self, default: bool) -> bool:
+        """KIP-966 on: the finalized eligible.leader.replicas.version, else `default`
+        (the controller's --eligible-leader-replicas, which seeds a new cluster)."""
+        level = self.features.get(ELR_FEATURE)
+        return default if level is None else level >= 1
+
+    def cluster_min_isr(self, default: int) -> int:
+        """The cluster-default min.insync.replicas: the dynamic one, else `default`."""
+        value = self.cluster_configs.get(MIN_ISR_CONFIG)
+        return default if value is None else int(value)
+
+    def topic_min_isr(self, topic: str, default: int) -> int:
+        """A topic's configured min.insync.replicas (its own, else the cluster's); the
+        effective value of a partition is this capped at its replication factor."""
+        t = self.topics.get(topic)
+        if t is not None and t.min_isr is not None:
+            return t.min_isr
+        return self.cluster_min_isr(default)
+
     def same_state(self, other: ClusterImage) -> bool:
         """Equality of content (maps compare by value; msgspec equality is field-wise)."""
         return (
@@ -228,4 +303,8 @@ class ClusterImage(msgspec.Struct, frozen=True, kw_only=True):
             and self.replicas_by_broker == other.replicas_by_broker
             and self.offline == other.offline
             and self.active == other.active
+            and self.features == other.features
+            and self.cluster_configs == other.cluster_configs
+            and self.reassigning == other.reassigning
+            and self.topic_ids == other.topic_ids
         )

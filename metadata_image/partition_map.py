@@ -208,6 +208,36 @@ class PartitionMapMutation(_Reads):
             own = self._work[(topic, c)] = []
         return own
 
+    def topic_states(self, topic: str, numbers: Iterable[int]) -> Iterator[PartitionState]:
+        """The partitions `numbers` of `topic` that exist, as this mutation holds them."""
+        last_c = None
+        chunk: Any = None
+        work = self._work
+        for i in numbers:
+            c = i >> CHUNK_BITS
+            if c != last_c:
+                chunk = work.get((topic, c))
+                if chunk is None:
+                    chunk = self._chunks.get((topic, c))
+                last_c = c
+            value = _at(chunk, i, None)
+            if value is not None:
+                yield value
+
+    def drop_topic(self, topic: str, partitions: int) -> None:
+        """Remove every partition of `topic` below `partitions`: one chunk at a time."""
+        chunks = self._chunks
+        for c in range((partitions + CHUNK - 1) >> CHUNK_BITS):
+            key = (topic, c)
+            chunk: Any = self._work.pop(key, None)
+            if chunk is None:
+                chunk = chunks.get(key)
+            if key in chunks:
+                chunks = chunks.delete(key)
+            if chunk is not None:
+                self._len -= sum(1 for v in chunk if v is not None)
+        self._chunks = chunks
+
     def __setitem__(self, key: TopicPartition, value: PartitionState) -> None:
         if value is None:
             raise TypeError("a PartitionMap holds PartitionStates, not None")
@@ -240,6 +270,8 @@ class PartitionMapMutation(_Reads):
         Edited chunks are made canonical (a deletion may leave trailing holes or empty a
         chunk) and immutable, and folded into the chunk map."""
         if not self._work:
+            if self._chunks is not self._base._chunks:  # a topic was dropped
+                self._base = PartitionMap._of(self._chunks, self._len)
             return self._base
         with self._chunks.mutate() as m:
             for key, chunk in self._work.items():

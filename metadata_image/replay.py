@@ -37,27 +37,35 @@ from metadata_image.image import (
     BrokerState,
     ClusterImage,
     PartitionState,
+    ReplicaIndex,
     TopicPartition,
     TopicState,
 )
 from metadata_image.partition_map import CHUNK_BITS, CHUNK_MASK
 from metadata_log.records import (
+    BROKER_RESOURCE,
+    MIN_ISR_CONFIG,
     NO_LEADER,
     RECORD_TYPES,
+    TOPIC_RESOURCE,
     AbortTransactionRecord,
     BeginTransactionRecord,
     BrokerRegistrationChangeRecord,
     ClearElrRecord,
+    ConfigRecord,
     EndTransactionRecord,
+    FeatureLevelRecord,
     FenceBrokerRecord,
     MetadataRecord,
     NoOpRecord,
     PartitionChangeRecord,
     PartitionRecord,
     RegisterBrokerRecord,
+    RemoveTopicRecord,
     TopicRecord,
     UncleanRecoveryRecord,
     UnfenceBrokerRecord,
+    UnregisterBrokerRecord,
 )
 
 # Replicas, ISRs and ELRs repeat across partitions; sharing one object per distinct value
@@ -117,10 +125,16 @@ class _Builder:
         "added",
         "brokers",
         "brokers_changed",
+        "cluster_configs",
         "delta",
         "end_offset",
+        "features",
+        "index",
+        "index_brokers",
         "offline",
         "partitions",
+        "reassigning",
+        "topic_ids",
         "topics",
     )
 
@@ -136,10 +150,39 @@ class _Builder:
         self.end_offset = image.end_offset
         self._base_index = image.replicas_by_broker
         self._base_active = image.active
+        # Rarely changed: made mutable on first use.
+        self.index: Any = None  # a mutation of replicas_by_broker, once one is removed
+        self.index_brokers: set[int] = set()  # brokers the mutation gained
+        self.features: Any = image.features
+        self.cluster_configs: Any = image.cluster_configs
+        self.reassigning: Any = image.reassigning
+        self.topic_ids: Any = image.topic_ids
+
+    def _flush_added(self) -> Any:
+        """The replica index as a mutation, with the replicas added so far merged in
+        (removals must see them: a batch may add a replica and then remove it)."""
+        if self.index is None:
+            self.index = self._base_index.mutate()
+        im = self.index
+        if self.added:
+            for broker_id, new in self.added.items():
+                im[broker_id] = im.get(broker_id, EMPTY_INDEX).added(new)
+            self.index_brokers.update(self.added)
+            self.added = {}
+        return im
+
+    def remove_replicas(self, gone: dict[int, dict[str, list[int]]]) -> None:
+        im = self._flush_added()
+        for broker_id, parts in gone.items():
+            index = im.get(broker_id)
+            if index is not None:
+                _set_index(im, broker_id, index.removed(parts))
 
     def finish(self) -> ClusterImage:
         index = self._base_index
-        if self.added:
+        if self.index is not None:
+            index = self._flush_added().finish()
+        elif self.added:
             with index.mutate() as im:
                 for broker_id, new in self.added.items():
                     im[broker_id] = im.get(broker_id, EMPTY_INDEX).added(new)
@@ -156,6 +199,10 @@ class _Builder:
             offline=self.offline.finish(),
             active=active,
             end_offset=self.end_offset,
+            features=self.features,
+            cluster_configs=self.cluster_configs,
+            reassigning=self.reassigning,
+            topic_ids=self.topic_ids,
         )
 
     def set_partition(
@@ -217,22 +264,29 @@ class _Builder:
                 raise ReplayError(f"PartitionChange for unknown partition {topic}-{i}")
             leader = p.leader if r.leader is None else r.leader
             tp = p.tp
-            chunk[j] = PartitionState(  # type: ignore[index]
-                topic=p.topic,
-                partition=i,
-                tp=tp,
-                replicas=p.replicas,
-                isr=p.isr if r.isr is None else fset(r.isr),
-                elr=p.elr if r.elr is None else fset(r.elr),
-                last_known_elr=(
-                    p.last_known_elr if r.last_known_elr is None else fset(r.last_known_elr)
-                ),
-                leader=leader,
-                leader_epoch=r.leader_epoch,
-                partition_epoch=r.partition_epoch,
-                recovery_state=p.recovery_state if r.recovery_state is None else r.recovery_state,
-                min_isr=p.min_isr,
-            )
+            if r.replicas is not None:  # a reassignment step: the rare, slower path
+                chunk[j] = self._reassigned(p, r, leader)  # type: ignore[index]
+            else:
+                chunk[j] = PartitionState(  # type: ignore[index]
+                    topic=p.topic,
+                    partition=i,
+                    tp=tp,
+                    replicas=p.replicas,
+                    isr=p.isr if r.isr is None else fset(r.isr),
+                    elr=p.elr if r.elr is None else fset(r.elr),
+                    last_known_elr=(
+                        p.last_known_elr if r.last_known_elr is None else fset(r.last_known_elr)
+                    ),
+                    leader=leader,
+                    leader_epoch=r.leader_epoch,
+                    partition_epoch=r.partition_epoch,
+                    recovery_state=(
+                        p.recovery_state if r.recovery_state is None else r.recovery_state
+                    ),
+                    min_isr=p.min_isr,
+                    adding=p.adding,
+                    removing=p.removing,
+                )
             if leader == NO_LEADER:
                 if p.leader != NO_LEADER:
                     offline[tp] = None
@@ -242,6 +296,126 @@ class _Builder:
                 changed.add(tp)
                 if r.election is not None and r.leader is not None:
                     elections.append(Election(tp, r.leader, r.election))  # type: ignore[union-attr]
+
+    def _reassigned(
+        self, p: PartitionState, r: PartitionChangeRecord, leader: int
+    ) -> PartitionState:
+        """`p` after a change that sets its replicas (a reassignment's start, completion
+        or cancel): the replica index and the reassigning set follow."""
+        replicas = _tuple(r.replicas or [])
+        if not replicas:
+            raise ReplayError(f"PartitionChange leaves {p.topic}-{p.partition} without replicas")
+        tp = p.tp
+        new = set(replicas) - set(p.replicas)
+        gone = set(p.replicas) - set(replicas)
+        for b in sorted(new):
+            self.added.setdefault(b, {}).setdefault(p.topic, []).append(p.partition)
+        if gone:
+            self.remove_replicas({b: {p.topic: [p.partition]} for b in gone})
+        adding = p.adding if r.adding_replicas is None else tuple(r.adding_replicas)
+        removing = p.removing if r.removing_replicas is None else tuple(r.removing_replicas)
+        if adding or removing:
+            if tp not in self.reassigning:
+                self.reassigning = self.reassigning.set(tp, None)
+        elif tp in self.reassigning:
+            self.reassigning = self.reassigning.delete(tp)
+        return PartitionState(
+            topic=p.topic,
+            partition=p.partition,
+            tp=tp,
+            replicas=replicas,
+            isr=p.isr if r.isr is None else _fset(r.isr),
+            elr=p.elr if r.elr is None else _fset(r.elr),
+            last_known_elr=p.last_known_elr
+            if r.last_known_elr is None
+            else _fset(r.last_known_elr),
+            leader=leader,
+            leader_epoch=r.leader_epoch,
+            partition_epoch=r.partition_epoch,
+            recovery_state=p.recovery_state if r.recovery_state is None else r.recovery_state,
+            min_isr=p.min_isr if r.min_isr is None else r.min_isr,
+            adding=adding,
+            removing=removing,
+        )
+
+    def _apply_remove_topic(self, record: RemoveTopicRecord) -> None:
+        """The topic and all its partitions go: O(its offline partitions + brokers)."""
+        name = record.name
+        t = self.topics.get(name)
+        if t is None or t.topic_id != record.topic_id:
+            raise ReplayError(f"RemoveTopic for unknown topic {name} ({record.topic_id})")
+        del self.topics[name]
+        self.topic_ids = (
+            self.topic_ids.delete(t.topic_id) if t.topic_id in self.topic_ids else self.topic_ids
+        )
+        parts = self.partitions
+        offline = self.offline
+        reassigning = self.reassigning
+        for p in list(parts.topic_states(name, range(t.partitions))):
+            if p.leader == NO_LEADER:
+                del offline[p.tp]
+            if p.tp in reassigning:
+                reassigning = reassigning.delete(p.tp)
+        self.reassigning = reassigning
+        parts.drop_topic(name, t.partitions)
+        im = self._flush_added()
+        for broker_id in {*self._base_index.keys(), *self.index_brokers}:
+            index = im.get(broker_id)
+            if index is not None and name in index.topics:
+                _set_index(im, broker_id, index.without_topic(name))
+        delta = self.delta
+        if delta is not None:
+            delta.removed_topics[name] = (t.topic_id, t.partitions)
+            delta.topics.discard(name)
+            if delta.partitions:
+                delta.partitions = {tp for tp in delta.partitions if tp[0] != name}
+
+    def _apply_config(self, record: ConfigRecord) -> None:
+        if record.name != MIN_ISR_CONFIG:
+            raise ReplayError(f"Config {record.name!r} is not one metactl knows")
+        value = record.value
+        if record.resource_type == TOPIC_RESOURCE:
+            t = self.topics.get(record.resource_name)
+            if t is None:
+                raise ReplayError(f"Config for unknown topic {record.resource_name}")
+            self.topics[t.name] = TopicState(
+                name=t.name,
+                topic_id=t.topic_id,
+                partitions=t.partitions,
+                min_isr=None if value is None else int(value),
+                recovery_strategy=t.recovery_strategy,
+            )
+        elif record.resource_type == BROKER_RESOURCE and record.resource_name == "":
+            if value is None:
+                if record.name in self.cluster_configs:
+                    self.cluster_configs = self.cluster_configs.delete(record.name)
+            else:
+                self.cluster_configs = self.cluster_configs.set(record.name, value)
+        else:
+            raise ReplayError(
+                f"Config for {record.resource_type} {record.resource_name!r} is not one "
+                "metactl keeps"
+            )
+        if self.delta is not None:
+            self.delta.configs.add((record.resource_type, record.resource_name, record.name))
+
+    def _apply_feature(self, record: FeatureLevelRecord) -> None:
+        self.features = self.features.set(record.name, record.level)
+        if self.delta is not None:
+            self.delta.features.add(record.name)
+
+    def _apply_unregister(self, record: UnregisterBrokerRecord) -> None:
+        b = self.broker(record.broker_id, record)
+        if b.epoch != record.broker_epoch:
+            raise ReplayError(
+                f"UnregisterBroker of broker {b.broker_id} at epoch {record.broker_epoch}, "
+                f"its epoch is {b.epoch}"
+            )
+        del self.brokers[record.broker_id]
+        self.brokers_changed = True
+        if self.delta is not None:
+            self.delta.unregistered.add(record.broker_id)
+            self.delta.brokers.discard(record.broker_id)
 
     def _apply_fence(self, record: FenceBrokerRecord) -> None:
         self._set_fenced(record, record.broker_id, record.broker_epoch, fenced=True)
@@ -299,6 +473,16 @@ class _Builder:
     def _apply_topic(self, record: TopicRecord) -> None:
         if self.delta is not None:
             self.delta.topics.add(record.name)
+        old = self.topics.get(record.name)
+        if old is not None and (
+            old.topic_id != record.topic_id or old.partitions > record.partitions
+        ):
+            raise ReplayError(
+                f"Topic {record.name} ({record.topic_id}, {record.partitions} partitions) "
+                f"over the existing {old.topic_id} of {old.partitions}"
+            )
+        if old is None:
+            self.topic_ids = self.topic_ids.set(record.topic_id, record.name)
         self.topics[record.name] = TopicState(
             name=record.name,
             topic_id=record.topic_id,
@@ -312,12 +496,17 @@ class _Builder:
         t = self.topics.get(topic)
         if t is None:
             raise ReplayError(f"ClearElr for unknown topic {topic}")
-        for i in range(t.partitions):
-            p = self.partitions[(topic, i)]
-            if p.elr or p.last_known_elr:
-                self.set_partition(p.tp, _replace_partition(p, elr=EMPTY, lkelr=EMPTY), p)
-                if self.delta is not None:
-                    self.delta.partitions.add(p.tp)
+        end = t.partitions if record.end is None else min(record.end, t.partitions)
+        configured = record.min_isr
+        changed = None if self.delta is None else self.delta.partitions
+        for p in self.partitions.topic_states(topic, range(record.first, end)):
+            min_isr = p.min_isr if configured is None else min(configured, len(p.replicas))
+            if p.elr or p.last_known_elr or min_isr != p.min_isr:
+                self.set_partition(
+                    p.tp, _replace_partition(p, elr=EMPTY, lkelr=EMPTY, min_isr=min_isr), p
+                )
+                if changed is not None:
+                    changed.add(p.tp)
 
     def _apply_unclean_recovery(self, record: UncleanRecoveryRecord) -> None:
         if self.delta is not None:
@@ -347,7 +536,11 @@ class _Builder:
             partition_epoch=r.partition_epoch,
             recovery_state=r.recovery_state,
             min_isr=r.min_isr,
+            adding=tuple(r.adding_replicas),
+            removing=tuple(r.removing_replicas),
         )
+        if p.adding or p.removing:
+            self.reassigning = self.reassigning.set(tp, None)
         old = self.partitions.get(tp)
         if old is None:
             added = self.added
@@ -372,12 +565,24 @@ _APPLY: dict[type, Callable[[_Builder, Any], None]] = {
     PartitionRecord: _Builder._apply_partition,
     TopicRecord: _Builder._apply_topic,
     ClearElrRecord: _Builder._apply_clear_elr,
+    RemoveTopicRecord: _Builder._apply_remove_topic,
+    ConfigRecord: _Builder._apply_config,
+    FeatureLevelRecord: _Builder._apply_feature,
+    UnregisterBrokerRecord: _Builder._apply_unregister,
     UncleanRecoveryRecord: _Builder._apply_unclean_recovery,
     NoOpRecord: _Builder._apply_noop,
     BeginTransactionRecord: _Builder._apply_noop,
     EndTransactionRecord: _Builder._apply_noop,
     AbortTransactionRecord: _Builder._apply_noop,
 }
+
+
+def _set_index(im: Any, broker_id: int, index: ReplicaIndex) -> None:
+    """Store a broker's replica index; an empty one is no entry (as a snapshot has it)."""
+    if len(index):
+        im[broker_id] = index
+    else:
+        del im[broker_id]
 
 
 def _handler_for(kind: type) -> Callable[[_Builder, Any], None]:
@@ -409,7 +614,7 @@ def _replace_broker(
 
 
 def _replace_partition(
-    p: PartitionState, *, elr: frozenset[int], lkelr: frozenset[int]
+    p: PartitionState, *, elr: frozenset[int], lkelr: frozenset[int], min_isr: int
 ) -> PartitionState:
     return PartitionState(
         topic=p.topic,
@@ -423,7 +628,9 @@ def _replace_partition(
         leader_epoch=p.leader_epoch,
         partition_epoch=p.partition_epoch + 1,
         recovery_state=p.recovery_state,
-        min_isr=p.min_isr,
+        min_isr=min_isr,
+        adding=p.adding,
+        removing=p.removing,
     )
 
 
@@ -482,6 +689,10 @@ def iter_image_records(image: ClusterImage) -> Iterator[MetadataRecord]:
             yield BrokerRegistrationChangeRecord(
                 broker_id=b.broker_id, broker_epoch=b.epoch, in_controlled_shutdown=True
             )
+    for name, level in sorted(image.features.items()):
+        yield FeatureLevelRecord(name=name, level=level)
+    for name, value in sorted(image.cluster_configs.items()):
+        yield ConfigRecord(resource_type=BROKER_RESOURCE, resource_name="", name=name, value=value)
     for t in sorted(image.topics.values(), key=lambda t: t.name):
         yield TopicRecord(
             name=t.name,
@@ -507,6 +718,8 @@ def partition_record(p: PartitionState) -> PartitionRecord:
         partition_epoch=p.partition_epoch,
         recovery_state=p.recovery_state,
         min_isr=p.min_isr,
+        adding_replicas=list(p.adding),
+        removing_replicas=list(p.removing),
     )
 
 

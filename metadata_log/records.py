@@ -27,6 +27,11 @@ import msgspec
 
 NO_LEADER: Final = -1
 
+ELR_FEATURE: Final = "eligible.leader.replicas.version"  # level 1: KIP-966 on; 0: classic
+MIN_ISR_CONFIG: Final = "min.insync.replicas"
+TOPIC_RESOURCE: Final = "topic"
+BROKER_RESOURCE: Final = "broker"  # with an empty name: the cluster default
+
 
 class LeaderRecoveryState(IntEnum):
     RECOVERED = 0
@@ -45,6 +50,8 @@ class ChangeReason(StrEnum):
     CONTROLLED_SHUTDOWN = "controlled_shutdown"
     UNCLEAN_REGISTRATION = "unclean_registration"
     CLEAR_ELR = "clear_elr"
+    REASSIGNMENT = "reassignment"  # replicas added, removed, or the move completed/cancelled
+    UNREGISTER = "unregister"  # the broker's registration was removed (KIP-631)
 
 
 class ElectionKind(StrEnum):
@@ -69,11 +76,51 @@ class _Record(
 
 
 class TopicRecord(_Record, tag="Topic", frozen=True):
+    """A topic created, or (written again with a larger `partitions`) grown.
+
+    `min_isr` is the topic's own min.insync.replicas (None: the cluster default applies);
+    a log written before topic configs existed always carries one, read as the topic's."""
+
     name: str
     topic_id: str
     partitions: int
-    min_isr: int
+    min_isr: int | None = None
     recovery_strategy: str | None = None  # None: the cluster default
+
+
+class RemoveTopicRecord(_Record, tag="RemoveTopic", frozen=True):
+    """The topic, all its partitions and their state are gone (DeleteTopics). Kafka's
+    record names the id only; the name is kept too so that one record reads alone."""
+
+    topic_id: str
+    name: str
+
+
+class ConfigRecord(_Record, tag="Config", frozen=True):
+    """A dynamic config set (`value`) or deleted (None), as Kafka's ConfigRecord.
+
+    `resource_type` is "topic" (`resource_name` the topic) or "broker" with an empty
+    `resource_name`: the cluster default (kafka-configs --entity-default)."""
+
+    resource_type: str
+    resource_name: str
+    name: str
+    value: str | None = None
+
+
+class FeatureLevelRecord(_Record, tag="FeatureLevel", frozen=True):
+    """A finalized feature level (kafka-features), e.g. eligible.leader.replicas.version."""
+
+    name: str
+    level: int
+
+
+class UnregisterBrokerRecord(_Record, tag="UnregisterBroker", frozen=True):
+    """The broker's registration is removed (KIP-631 UnregisterBroker); the partition
+    changes beside it take it out of every ISR, ELR and LastKnownELR."""
+
+    broker_id: int
+    broker_epoch: int
 
 
 class PartitionRecord(_Record, tag="Partition", frozen=True):
@@ -88,6 +135,10 @@ class PartitionRecord(_Record, tag="Partition", frozen=True):
     partition_epoch: int = 0
     recovery_state: LeaderRecoveryState = LeaderRecoveryState.RECOVERED
     min_isr: int = 1
+    # A reassignment in progress (KIP-455): `replicas` is target + the original replicas
+    # not in the target; these are the target's new ones and the original's leaving ones.
+    adding_replicas: list[int] = []
+    removing_replicas: list[int] = []
 
 
 class PartitionChangeRecord(_Record, tag="PartitionChange", frozen=True):
@@ -109,6 +160,11 @@ class PartitionChangeRecord(_Record, tag="PartitionChange", frozen=True):
     last_known_elr: list[int] | None = None
     recovery_state: LeaderRecoveryState | None = None
     broker: int | None = None  # the broker whose event caused the change, if any
+    # Reassignment (KIP-455): the new assignment and what is being added and removed.
+    replicas: list[int] | None = None
+    adding_replicas: list[int] | None = None
+    removing_replicas: list[int] | None = None
+    min_isr: int | None = None  # the effective MinISR, when the replication factor changed
 
 
 class RegisterBrokerRecord(_Record, tag="RegisterBroker", frozen=True):
@@ -161,9 +217,19 @@ class UncleanRecoveryRecord(_Record, tag="UncleanRecovery", frozen=True):
 
 
 class ClearElrRecord(_Record, tag="ClearElr", frozen=True):
-    """min.insync.replicas changed: the ELR of the topic's partitions is cleared."""
+    """min.insync.replicas changed (KIP-966): the ELR and LastKnownELR of the topic's
+    partitions [first, end) are cleared, and their effective MinISR becomes
+    min(`min_isr`, replication factor).
+
+    Kafka writes one record for a topic, or one with an empty name for all topics. Here a
+    cluster-wide clear is one record per topic, and a large topic's is cut into ranges of
+    a work budget each (`controller.core.work`), all inside one transaction; the record
+    also carries the new configured MinISR, so that replay needs no configuration."""
 
     topic: str
+    min_isr: int | None = None  # None (a log before v2): the MinISR is unchanged
+    first: int = 0
+    end: int | None = None  # None: to the topic's last partition
 
 
 class NoOpRecord(_Record, tag="NoOp", frozen=True):
@@ -200,6 +266,10 @@ MetadataRecord = (
     | BrokerRegistrationChangeRecord
     | UncleanRecoveryRecord
     | ClearElrRecord
+    | RemoveTopicRecord
+    | ConfigRecord
+    | FeatureLevelRecord
+    | UnregisterBrokerRecord
     | NoOpRecord
     | BeginTransactionRecord
     | EndTransactionRecord
@@ -218,6 +288,10 @@ RECORD_TYPES: Final[dict[str, type[MetadataRecord]]] = {
         BrokerRegistrationChangeRecord,
         UncleanRecoveryRecord,
         ClearElrRecord,
+        RemoveTopicRecord,
+        ConfigRecord,
+        FeatureLevelRecord,
+        UnregisterBrokerRecord,
         NoOpRecord,
         BeginTransactionRecord,
         EndTransactionRecord,

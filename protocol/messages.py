@@ -142,6 +142,9 @@ class CreateTopic(_Msg, tag="CreateTopic", frozen=True):
     assignments: list[list[int]] | None = None  # explicit placement, one list per partition
     min_isr: int | None = msgspec.field(default=None, name="min_insync_replicas")
     recovery_strategy: str | None = msgspec.field(default=None, name="unclean_recovery_strategy")
+    # Drawn by the controller's driver for every create (a client's value is replaced):
+    # ids are random, so a topic created again under the same name is a different topic.
+    topic_id: str | None = None
 
 
 class CreateTopicsRequest(_Msg, tag="CreateTopics", frozen=True):
@@ -158,6 +161,167 @@ class CreateTopicResult(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
 
 class CreateTopicsResponse(_Msg, tag="CreateTopicsResponse", frozen=True):
     results: list[CreateTopicResult]
+
+
+class DeleteTopic(_Msg, tag="DeleteTopic", frozen=True):
+    """One topic to delete (the core's event; DeleteTopicsRequest carries several)."""
+
+    name: str
+
+
+class DeleteTopicsRequest(_Msg, tag="DeleteTopics", frozen=True):
+    topics: list[str]
+
+
+class TopicResult(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One topic's outcome in a response that names several."""
+
+    name: str
+    error_code: str | None = None
+    message: str = ""
+    topic_id: str | None = None
+
+
+class DeleteTopicsResponse(_Msg, tag="DeleteTopicsResponse", frozen=True):
+    results: list[TopicResult]
+
+
+class DeleteTopicResponse(_Msg, tag="DeleteTopicResponse", frozen=True):
+    name: str
+    topic_id: str
+
+
+class CreatePartitions(_Msg, tag="CreatePartitions", frozen=True):
+    """Grow a topic to `count` partitions (kafka-topics --alter --partitions); the new
+    partitions are placed as at create unless `assignments` gives one list each."""
+
+    topic: str
+    count: int
+    assignments: list[list[int]] | None = None
+
+
+class CreatePartitionsRequest(_Msg, tag="CreatePartitionsBatch", frozen=True):
+    topics: list[CreatePartitions]
+
+
+class CreatePartitionsResponse(_Msg, tag="CreatePartitionsResponse", frozen=True):
+    results: list[CreateTopicResult]
+
+
+class ConfigEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    name: str
+    value: str | None
+    # TOPIC_CONFIG, DYNAMIC_DEFAULT_BROKER_CONFIG, STATIC_BROKER_CONFIG or DEFAULT_CONFIG
+    source: str
+    read_only: bool = False
+
+
+class AlterConfigs(_Msg, tag="IncrementalAlterConfigs", frozen=True):
+    """Set and delete dynamic configs of one resource (kafka-configs --alter):
+    `resource_type` "topic" with the topic's name, or "broker" with an empty name for
+    the cluster default (--entity-default)."""
+
+    resource_type: str
+    resource_name: str
+    set_configs: dict[str, str] = {}
+    delete_configs: list[str] = []
+
+
+class AlterConfigsResponse(_Msg, tag="IncrementalAlterConfigsResponse", frozen=True):
+    resource_type: str
+    resource_name: str
+    # How many topics' ELRs the change cleared (KIP-966), and how many partitions had
+    # an ELR or LastKnownELR to clear.
+    cleared_topics: int = 0
+
+
+class DescribeConfigsRequest(_Msg, tag="DescribeConfigs", frozen=True):
+    resource_type: str
+    resource_name: str
+
+
+class DescribeConfigsResponse(_Msg, tag="DescribeConfigsResponse", frozen=True):
+    resource_type: str
+    resource_name: str
+    configs: list[ConfigEntry]
+
+
+class FeatureLevel(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    name: str
+    min_version: int
+    max_version: int
+    finalized: int | None = None  # None: not finalized (the controller's flag applies)
+    effective: int = 0
+
+
+class UpdateFeature(_Msg, tag="UpdateFeatures", frozen=True):
+    """kafka-features upgrade|downgrade: finalize `name` at `level`."""
+
+    name: str
+    level: int
+    upgrade_type: Literal["upgrade", "downgrade"] = "upgrade"
+
+
+class UpdateFeatureResponse(_Msg, tag="UpdateFeaturesResponse", frozen=True):
+    name: str
+    level: int
+    cleared_topics: int = 0
+
+
+class DescribeFeaturesRequest(_Msg, tag="DescribeFeatures", frozen=True):
+    pass
+
+
+class DescribeFeaturesResponse(_Msg, tag="DescribeFeaturesResponse", frozen=True):
+    features: list[FeatureLevel]
+
+
+class Reassignment(msgspec.Struct, frozen=True, kw_only=True):
+    topic: str
+    partition: int
+    replicas: list[int] | None  # None: cancel the partition's reassignment
+
+
+class AlterPartitionReassignments(_Msg, tag="AlterPartitionReassignments", frozen=True):
+    """KIP-455: set (or with `replicas` None, cancel) target replicas. Each partition
+    succeeds or fails alone, as in Kafka."""
+
+    reassignments: list[Reassignment]
+
+
+class ReassignmentResult(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    topic: str
+    partition: int
+    error_code: str | None = None
+    message: str = ""
+
+
+class AlterPartitionReassignmentsResponse(
+    _Msg, tag="AlterPartitionReassignmentsResponse", frozen=True
+):
+    results: list[ReassignmentResult]
+
+
+class ListPartitionReassignmentsRequest(_Msg, tag="ListPartitionReassignments", frozen=True):
+    topics: list[str] | None = None  # None: every partition being reassigned
+
+
+class OngoingReassignment(msgspec.Struct, frozen=True, kw_only=True):
+    topic: str
+    partition: int
+    replicas: list[int]
+    adding_replicas: list[int]
+    removing_replicas: list[int]
+
+
+class ListPartitionReassignmentsResponse(
+    _Msg, tag="ListPartitionReassignmentsResponse", frozen=True
+):
+    reassignments: list[OngoingReassignment]
+
+
+class UnregisterBroker(_Msg, tag="UnregisterBroker", frozen=True):
+    broker_id: int
 
 
 class ElectLeader(_Msg, tag="ElectLeaders", frozen=True):
@@ -435,6 +599,12 @@ ControllerRequest = (
     | CreateTopic
     | ElectLeader
     | ReplicaLogInfo
+    | DeleteTopic
+    | CreatePartitions
+    | AlterConfigs
+    | UpdateFeature
+    | AlterPartitionReassignments
+    | UnregisterBroker
 )
 
 ControllerResponse = (
@@ -444,6 +614,10 @@ ControllerResponse = (
     | ControlledShutdownResponse
     | PartitionView
     | CreateTopicResponse
+    | DeleteTopicResponse
+    | AlterConfigsResponse
+    | UpdateFeatureResponse
+    | AlterPartitionReassignmentsResponse
 )
 
 # What travels on the wire. Requests and responses share one union so one decoder serves
@@ -471,4 +645,22 @@ Message = (
     | ReadLogRequest
     | ReadLogResponse
     | ErrorResponse
+    | DeleteTopicsRequest
+    | DeleteTopicsResponse
+    | CreatePartitionsRequest
+    | CreatePartitionsResponse
+    | AlterConfigs
+    | AlterConfigsResponse
+    | DescribeConfigsRequest
+    | DescribeConfigsResponse
+    | UpdateFeature
+    | UpdateFeatureResponse
+    | DescribeFeaturesRequest
+    | DescribeFeaturesResponse
+    | AlterPartitionReassignments
+    | AlterPartitionReassignmentsResponse
+    | ListPartitionReassignmentsRequest
+    | ListPartitionReassignmentsResponse
+    | UnregisterBroker
+    | Ack
 )

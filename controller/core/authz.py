@@ -14,9 +14,18 @@ nothing. The rules (docs/protocol.md, "Authorization"):
 | DescribeCluster | describe_cluster | any known principal |
 | CreateTopics | create_topics | `admin` |
 | ElectLeaders | elect_preferred, elect_unclean | `admin` |
+| DeleteTopics | delete_topics | `admin` (TOPIC_AUTHORIZATION_FAILED) |
+| CreatePartitions | create_partitions | `admin` (TOPIC_AUTHORIZATION_FAILED) |
+| IncrementalAlterConfigs | alter_configs | `admin` |
+| UpdateFeatures | update_features | `admin` |
+| AlterPartitionReassignments | alter_reassignments | `admin` |
+| UnregisterBroker | unregister_broker | `admin` |
+| DescribeConfigs | describe_configs | any known principal |
+| DescribeFeatures | describe_features | any known principal |
+| ListPartitionReassignments | list_reassignments | any known principal |
 | anything else | unsupported | nobody |
 
-A refusal is TOPIC_AUTHORIZATION_FAILED for creating topics and
+A refusal is TOPIC_AUTHORIZATION_FAILED for creating, deleting and growing topics and
 CLUSTER_AUTHORIZATION_FAILED for everything else, as Kafka names them. Deny by default:
 a request type without a rule here is refused, so a request the service learns to
 dispatch stays closed until someone writes its rule. A None principal (no certificate)
@@ -35,14 +44,23 @@ from typing import Final
 
 from metactl.errors import ClusterAuthorizationFailedError, TopicAuthorizationFailedError
 from protocol.messages import (
+    AlterConfigs,
     AlterPartition,
+    AlterPartitionReassignments,
     BrokerHeartbeatRequest,
+    CreatePartitionsRequest,
     CreateTopicsRequest,
+    DeleteTopicsRequest,
     DescribeClusterRequest,
+    DescribeConfigsRequest,
+    DescribeFeaturesRequest,
     ElectLeader,
     FetchMetadataRequest,
+    ListPartitionReassignmentsRequest,
     Message,
     RegisterBroker,
+    UnregisterBroker,
+    UpdateFeature,
 )
 from protocol.tls import ADMIN, CONTROLLER, VIEWER, broker_id_of
 
@@ -58,6 +76,15 @@ OPERATIONS: Final = (
     "create_topics",
     "elect_preferred",
     "elect_unclean",
+    "delete_topics",
+    "create_partitions",
+    "alter_configs",
+    "update_features",
+    "alter_reassignments",
+    "unregister_broker",
+    "describe_configs",
+    "describe_features",
+    "list_reassignments",
     "unsupported",
 )
 
@@ -86,6 +113,24 @@ def operation_of(request: Message) -> str:
             return "elect_preferred"
         case ElectLeader():
             return "elect_unclean"
+        case DeleteTopicsRequest():
+            return "delete_topics"
+        case CreatePartitionsRequest():
+            return "create_partitions"
+        case AlterConfigs():
+            return "alter_configs"
+        case UpdateFeature():
+            return "update_features"
+        case AlterPartitionReassignments():
+            return "alter_reassignments"
+        case UnregisterBroker():
+            return "unregister_broker"
+        case DescribeConfigsRequest():
+            return "describe_configs"
+        case DescribeFeaturesRequest():
+            return "describe_features"
+        case ListPartitionReassignmentsRequest():
+            return "list_reassignments"
     return "unsupported"
 
 
@@ -106,10 +151,16 @@ def authorize(principal: str | None, request: Message) -> str:
             _require_broker(principal, request.broker_id, operation, who)
         case AlterPartition():
             _require_broker(principal, request.leader, operation, who)
-        case FetchMetadataRequest() | DescribeClusterRequest():
+        case (
+            FetchMetadataRequest()
+            | DescribeClusterRequest()
+            | DescribeConfigsRequest()
+            | DescribeFeaturesRequest()
+            | ListPartitionReassignmentsRequest()
+        ):
             if not is_known(principal):
                 raise ClusterAuthorizationFailedError(f"{who} is unknown: may not {operation}")
-        case CreateTopicsRequest():
+        case CreateTopicsRequest() | DeleteTopicsRequest() | CreatePartitionsRequest():
             if principal != ADMIN:
                 raise TopicAuthorizationFailedError(f"{who} may not {operation}: needs {ADMIN!r}")
         case ElectLeader():
@@ -118,6 +169,9 @@ def authorize(principal: str | None, request: Message) -> str:
                     f"{who} may not {operation} ({request.topic}-{request.partition}): "
                     f"needs {ADMIN!r}"
                 )
+        case AlterConfigs() | UpdateFeature() | AlterPartitionReassignments() | UnregisterBroker():
+            if principal != ADMIN:
+                raise ClusterAuthorizationFailedError(f"{who} may not {operation}: needs {ADMIN!r}")
         case _:
             raise ClusterAuthorizationFailedError(
                 f"{who} may not send {type(request).__name__} to the controller"

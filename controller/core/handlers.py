@@ -21,7 +21,12 @@ import msgspec
 
 from controller.core import validation
 from controller.core.config import ControllerConfig
-from controller.core.partition_change import build_change, remove_from_isrs
+from controller.core.partition_change import (
+    build_change,
+    complete_reassignment,
+    remove_from_isrs,
+    without_broker,
+)
 from controller.core.work import PartitionPlan
 from metactl.errors import (
     BrokerIdNotRegisteredError,
@@ -67,12 +72,15 @@ from protocol.messages import (
     ElectLeader,
     FenceBroker,
     PartitionView,
+    Reassignment,
+    ReassignmentResult,
     RegisterBroker,
     RegisterBrokerResponse,
     UnfenceBroker,
 )
 
-# Topic ids are derived (name and offset), not random, so that handlers stay pure.
+# Topic ids are random UUIDs the driver draws for each CreateTopic (the event carries it,
+# so handlers stay pure); callers without randomness get one derived from name and offset.
 _TOPIC_ID_NAMESPACE: Final = uuid.UUID("5f1b2a3c-0966-4e6d-8a11-6d657461637c")
 
 
@@ -105,6 +113,7 @@ class BrokerOp(enum.Enum):
     CONTROLLED_SHUTDOWN = "controlled_shutdown"  # the same, as rule 5
     UNFENCE = "unfence"  # elect where its ELR/ISR membership makes it possible (rule 4)
     UNCLEAN_REGISTRATION = "unclean_registration"  # ELR -> LastKnownELR (rule 3)
+    UNREGISTER = "unregister"  # leave every ISR, ELR and LastKnownELR (KIP-966)
 
 
 class Continue(msgspec.Struct, frozen=True, gc=False):
@@ -127,7 +136,27 @@ class Continue(msgspec.Struct, frozen=True, gc=False):
     still_leads: bool = False
 
 
-FollowUp = CreateTopicSlice | Continue
+class ClearElrSlice(msgspec.Struct, frozen=True, gc=False):
+    """The rest of a clearing (a min.insync.replicas change or an ELR downgrade): the
+    topics still to clear, each with its partition count and new configured MinISR (None:
+    unchanged), from partition `start` of the first. An event only the controller
+    submits to itself, inside the transaction its first slice opened."""
+
+    topics: tuple[tuple[str, int, int | None], ...]
+    start: int
+    response: ControllerResponse
+
+
+class ReassignSlice(msgspec.Struct, frozen=True, gc=False):
+    """The rest of an AlterPartitionReassignments: the partitions from `position` on,
+    and the results so far."""
+
+    reassignments: tuple[Reassignment, ...]
+    position: int
+    results: tuple[ReassignmentResult, ...]
+
+
+FollowUp = CreateTopicSlice | Continue | ClearElrSlice | ReassignSlice
 
 
 class HandlerResult(msgspec.Struct, frozen=True):
@@ -189,7 +218,10 @@ def _fence_changes(
     that is already in controlled shutdown)."""
     txn.partition_changes(
         remove_from_isrs(
-            txn.image, broker_id, reason=reason, elr_enabled=config.eligible_leader_replicas
+            txn.image,
+            broker_id,
+            reason=reason,
+            elr_enabled=txn.image.elr_enabled(config.eligible_leader_replicas),
         )
     )
 
@@ -199,6 +231,7 @@ _OP_REASONS: Final = {
     BrokerOp.CONTROLLED_SHUTDOWN: ChangeReason.CONTROLLED_SHUTDOWN,
     BrokerOp.UNFENCE: ChangeReason.UNFENCE,
     BrokerOp.UNCLEAN_REGISTRATION: ChangeReason.UNCLEAN_REGISTRATION,
+    BrokerOp.UNREGISTER: ChangeReason.UNREGISTER,
 }
 
 
@@ -212,11 +245,13 @@ def _op_changes(
     """The changes `op` makes to `partitions` (some of the broker's), in `image`, where
     the broker-level record is already applied."""
     reason = _OP_REASONS[op]
-    elr = config.eligible_leader_replicas
+    elr = image.elr_enabled(config.eligible_leader_replicas)
     if op is BrokerOp.FENCE or op is BrokerOp.CONTROLLED_SHUTDOWN:
         return remove_from_isrs(
             image, broker_id, reason=reason, elr_enabled=elr, partitions=partitions
         )
+    if op is BrokerOp.UNREGISTER:
+        return without_broker(image, broker_id, partitions, elr_enabled=elr)
     out: list[PartitionChangeRecord] = []
     for p in partitions:
         if op is BrokerOp.UNFENCE:
@@ -567,10 +602,22 @@ def alter_partition(
         target_isr=frozenset(target),
         recovered=req.recovered,
         broker=req.leader,
-        elr_enabled=config.eligible_leader_replicas,
+        elr_enabled=image.elr_enabled(config.eligible_leader_replicas),
     )
     if change is None:
         return HandlerResult([], partition_view(p))
+    if p.adding:
+        # KIP-455: once every target replica is in the ISR the reassignment completes,
+        # in a second record that sees the first applied.
+        after = replay(image, [change])
+        done = complete_reassignment(
+            after,
+            after.partitions[p.tp],
+            configured_min_isr=after.topic_min_isr(p.topic, config.default_min_insync_replicas),
+            elr_enabled=after.elr_enabled(config.eligible_leader_replicas),
+        )
+        if done is not None:
+            return HandlerResult([change, done], partition_view(after.partitions[p.tp], done))
     return HandlerResult([change], partition_view(p, change))
 
 
@@ -663,7 +710,11 @@ def create_topic(
             f"unknown unclean recovery strategy {req.recovery_strategy!r}; "
             f"known: {', '.join(sorted(known_strategies))}"
         )
-    min_isr = req.min_isr if req.min_isr is not None else config.default_min_insync_replicas
+    min_isr = (
+        req.min_isr
+        if req.min_isr is not None
+        else image.cluster_min_isr(config.default_min_insync_replicas)
+    )
     validation.check_min_isr(min_isr)
     order: tuple[int, ...] = ()
     rf = 0
@@ -698,9 +749,17 @@ def create_topic(
         order = _broker_order(image)
         # The first slice: every striped assignment has the same length (for the checks).
         assignments = _striped(order, 0, min(partitions, slice_partitions or partitions), rf)
-    validation.check_min_isr_fits(req.min_isr, assignments)
-
-    topic_id = str(uuid.uuid5(_TOPIC_ID_NAMESPACE, f"{req.name}@{image.end_offset}"))
+    # A min.insync.replicas above the replication factor is accepted, as in Kafka: each
+    # partition's effective MinISR is capped at its replication factor.
+    if req.topic_id is not None:
+        validation.check_topic_id(req.topic_id)
+        topic_id = req.topic_id
+        if topic_id in image.topic_ids:
+            raise TopicAlreadyExistsError(f"topic id {topic_id} is taken; retry the create")
+    else:
+        # A caller without randomness (a seeded simulation): derived from the name and
+        # offset, so unique within this log. The controller's driver always draws one.
+        topic_id = str(uuid.uuid5(_TOPIC_ID_NAMESPACE, f"{req.name}@{image.end_offset}"))
     plan = CreateTopicSlice(
         name=req.name,
         topic_id=topic_id,
@@ -715,7 +774,7 @@ def create_topic(
         name=req.name,
         topic_id=topic_id,
         partitions=plan.partitions,
-        min_isr=min_isr,
+        min_isr=req.min_isr,
         recovery_strategy=req.recovery_strategy,
     )
     first = create_topic_slice(image, plan, slice_partitions, placed=assignments)

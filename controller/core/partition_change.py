@@ -215,3 +215,153 @@ def remove_from_isrs(
         if change is not None:
             append(change)
     return out
+
+
+def without_broker(
+    image: ClusterImage,
+    broker_id: int,
+    partitions: Iterable[PartitionState],
+    *,
+    elr_enabled: bool = True,
+) -> list[PartitionChangeRecord]:
+    """An unregistered broker out of the ISR, ELR and LastKnownELR of `partitions`, with
+    a new leader where it led (KIP-966's unregistration rule; see docs/lifecycle.md)."""
+    out: list[PartitionChangeRecord] = []
+    gone = frozenset((broker_id,))
+    for p in partitions:
+        if broker_id not in p.isr and broker_id not in p.elr and broker_id not in p.last_known_elr:
+            continue
+        out.append(
+            _restamped(
+                image,
+                p,
+                gone,
+                reason=ChangeReason.UNREGISTER,
+                broker=broker_id,
+                elr_enabled=elr_enabled,
+            )
+        )
+    return out
+
+
+def _restamped(
+    image: ClusterImage,
+    p: PartitionState,
+    leaving: frozenset[int],
+    *,
+    reason: ChangeReason,
+    elr_enabled: bool,
+    broker: int | None = None,
+    replicas: tuple[int, ...] | None = None,
+    adding: tuple[int, ...] | None = None,
+    removing: tuple[int, ...] | None = None,
+    min_isr: int | None = None,
+) -> PartitionChangeRecord:
+    """The change that takes `leaving` out of `p`'s ISR, ELR and LastKnownELR (and its
+    leadership), optionally with a new assignment: `build_change` on the partition as it
+    would be without them, then restated against `p` itself."""
+    v = msgspec.structs.replace(
+        p,
+        replicas=p.replicas if replicas is None else replicas,
+        elr=p.elr - leaving,
+        last_known_elr=p.last_known_elr - leaving,
+        leader=NO_LEADER if p.leader in leaving else p.leader,
+        min_isr=p.min_isr if min_isr is None else min_isr,
+    )
+    change = build_change(
+        image, v, reason=reason, target_isr=p.isr - leaving, broker=broker, elr_enabled=elr_enabled
+    )
+    isr = v.isr if change is None or change.isr is None else frozenset(change.isr)
+    elr = (v.elr if change is None or change.elr is None else frozenset(change.elr)) - leaving
+    lkelr = (
+        v.last_known_elr
+        if change is None or change.last_known_elr is None
+        else frozenset(change.last_known_elr)
+    ) - leaving
+    leader = v.leader if change is None or change.leader is None else change.leader
+    changed = leader != p.leader
+    moved = replicas is not None
+    return PartitionChangeRecord(
+        topic=p.topic,
+        partition=p.partition,
+        reason=reason,
+        partition_epoch=p.partition_epoch + 1,
+        leader_epoch=p.leader_epoch + 1 if changed else p.leader_epoch,
+        election=(
+            change.election if change is not None and changed and leader != NO_LEADER else None
+        ),
+        leader=leader if changed else None,
+        isr=sorted(isr) if isr != p.isr else None,
+        elr=sorted(elr) if elr != p.elr else None,
+        last_known_elr=sorted(lkelr) if lkelr != p.last_known_elr else None,
+        recovery_state=None if change is None else change.recovery_state,
+        broker=broker,
+        replicas=list(v.replicas) if moved else None,
+        adding_replicas=list(adding or ()) if moved else None,
+        removing_replicas=list(removing or ()) if moved else None,
+        min_isr=v.min_isr if moved and v.min_isr != p.min_isr else None,
+    )
+
+
+def move_replicas(
+    image: ClusterImage,
+    p: PartitionState,
+    replicas: tuple[int, ...],
+    adding: tuple[int, ...],
+    removing: tuple[int, ...],
+    *,
+    configured_min_isr: int,
+    elr_enabled: bool,
+) -> PartitionChangeRecord | None:
+    """KIP-455: the change that gives `p` these replicas (the target first, then
+    `removing`), completing the reassignment at once when every target replica is in the
+    ISR (nothing to add, or all caught up). A replica that leaves the assignment leaves
+    the ISR, the ELR and the LastKnownELR, and leadership moves off it in the same
+    record. The effective MinISR follows the target's replication factor. None when
+    nothing changes."""
+    target = tuple(b for b in replicas if b not in removing)
+    if frozenset(target) <= p.isr:  # complete: the target is the assignment
+        replicas, adding, removing = target, (), ()
+    leaving = frozenset(p.replicas) - frozenset(replicas)
+    change = _restamped(
+        image,
+        p,
+        leaving,
+        reason=ChangeReason.REASSIGNMENT,
+        elr_enabled=elr_enabled,
+        replicas=replicas,
+        adding=adding,
+        removing=removing,
+        min_isr=min(configured_min_isr, len(target)),
+    )
+    if (
+        replicas == p.replicas
+        and adding == p.adding
+        and removing == p.removing
+        and change.leader is None
+        and change.isr is None
+        and change.elr is None
+        and change.last_known_elr is None
+        and change.min_isr is None
+        and change.recovery_state is None
+    ):
+        return None
+    return change
+
+
+def complete_reassignment(
+    image: ClusterImage, p: PartitionState, *, configured_min_isr: int, elr_enabled: bool
+) -> PartitionChangeRecord | None:
+    """The completion of `p`'s reassignment if every target replica is in its ISR now
+    (an AlterPartition grew it); None otherwise."""
+    if not p.adding or not frozenset(p.target) <= p.isr:
+        return None
+    return move_replicas(
+        image,
+        p,
+        p.replicas,
+        p.adding,
+        p.removing,
+        configured_min_isr=configured_min_isr,
+        elr_enabled=elr_enabled,
+    )

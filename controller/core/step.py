@@ -25,13 +25,15 @@ from typing import Final
 
 import msgspec
 
-from controller.core import validation
+from controller.core import lifecycle, validation
 from controller.core.config import ControllerConfig
 from controller.core.handlers import (
+    ClearElrSlice,
     Continue,
     CreateTopicSlice,
     FollowUp,
     HandlerResult,
+    ReassignSlice,
     alter_partition,
     continue_op,
     controlled_shutdown,
@@ -44,6 +46,7 @@ from controller.core.handlers import (
     register_broker,
     unfence_broker,
 )
+from controller.core.lifecycle import Bootstrap
 from controller.core.recovery.policy import RecoveryPolicy
 from controller.core.recovery.registry import require
 from controller.core.recovery.tracker import (
@@ -70,17 +73,23 @@ from metadata_log.records import (
 )
 from protocol.messages import (
     Ack,
+    AlterConfigs,
     AlterPartition,
+    AlterPartitionReassignments,
     BrokerHeartbeatRequest,
     ControlledShutdown,
     ControllerRequest,
     ControllerResponse,
+    CreatePartitions,
     CreateTopic,
+    DeleteTopic,
     ElectLeader,
     FenceBroker,
     RegisterBroker,
     ReplicaLogInfo,
     UnfenceBroker,
+    UnregisterBroker,
+    UpdateFeature,
 )
 
 
@@ -100,9 +109,18 @@ class LogInfoAnswers(msgspec.Struct, frozen=True, gc=False):
 # An event is a request, a Tick, a batch of log-inspection answers, or the next slice of
 # work larger than the budget (which only the controller submits to itself, from a
 # StepResult's `follow_up`).
-Event = ControllerRequest | Tick | LogInfoAnswers | CreateTopicSlice | Continue
+Event = (
+    ControllerRequest
+    | Tick
+    | LogInfoAnswers
+    | Bootstrap
+    | CreateTopicSlice
+    | Continue
+    | ClearElrSlice
+    | ReassignSlice
+)
 
-CONTINUATIONS: Final = (CreateTopicSlice, Continue)
+CONTINUATIONS: Final = (CreateTopicSlice, Continue, ClearElrSlice, ReassignSlice)
 
 
 class Rules(msgspec.Struct, frozen=True):
@@ -260,7 +278,8 @@ def _step(state: ControllerState, event: Event, now_ms: int, rules: Rules) -> St
         # A transaction is open: nothing is evaluated until its end marker. Its changes
         # all lie in the scope its first step queues (the broker's partitions), or are
         # new partitions that have a leader (a created topic).
-        if not inside:
+        if not isinstance(event, Continue):
+            # (A broker operation's continuation queues its broker's scope at its end.)
             backlog = queue_touched(backlog, image, delta, budget, tracker)
         recovery = RecoveryStep(
             records=[], tracker=tracker, inspections=[], next_deadline_ms=tracker.next_wake
@@ -386,6 +405,24 @@ def decide(
             )
         case CreateTopicSlice():
             result = create_topic_slice(image, event, budget)
+        case DeleteTopic():
+            result = lifecycle.delete_topic(image, event)
+        case CreatePartitions():
+            result = lifecycle.create_partitions(image, event, config, budget)
+        case AlterConfigs():
+            result = lifecycle.alter_configs(image, event, config, budget)
+        case UpdateFeature():
+            result = lifecycle.update_feature(image, event, config, budget)
+        case ClearElrSlice():
+            result = lifecycle.clear_elr_slice(event, budget)
+        case AlterPartitionReassignments():
+            result = lifecycle.alter_reassignments(image, event, config, budget)
+        case ReassignSlice():
+            result = lifecycle.reassign_slice(image, event, config, budget)
+        case UnregisterBroker():
+            result = lifecycle.unregister_broker(image, event, config, budget)
+        case Bootstrap():
+            result = lifecycle.bootstrap(image, config)
         case ElectLeader(election_type="preferred"):
             result = elect_preferred(image, event, now_ms, config)
         case ElectLeader():

@@ -24,6 +24,7 @@ handlers.
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Sequence
 from typing import Final
 
@@ -36,7 +37,9 @@ from metactl.errors import (
     InvalidTopicError,
 )
 from protocol.messages import (
+    AlterConfigs,
     AlterPartition,
+    AlterPartitionReassignments,
     BrokerHeartbeatRequest,
     ControlledShutdown,
     ElectLeader,
@@ -44,6 +47,7 @@ from protocol.messages import (
     RegisterBroker,
     ReplicaLogInfo,
     UnfenceBroker,
+    UpdateFeature,
 )
 
 INT16_MAX: Final = 2**15 - 1
@@ -175,18 +179,6 @@ def check_min_isr(min_isr: int) -> None:
         )
 
 
-def check_min_isr_fits(min_isr: int | None, assignments: Sequence[Sequence[int]]) -> None:
-    """A requested min.insync.replicas is at most the replication factor (the smallest
-    assignment's). The configured default is not checked: it is clamped per partition."""
-    if min_isr is None:
-        return
-    rf = min(len(a) for a in assignments)
-    if min_isr > rf:
-        raise InvalidConfigurationError(
-            f"min.insync.replicas {min_isr} exceeds the replication factor {rf}"
-        )
-
-
 def check_partition_count(partitions: int) -> None:
     if not 1 <= partitions <= INT32_MAX:
         raise InvalidPartitionsError(f"partitions must be within 1..{INT32_MAX}, got {partitions}")
@@ -209,3 +201,60 @@ def check_assignment_ids(assignments: Sequence[Sequence[int]]) -> None:
             raise InvalidReplicaAssignmentError(
                 f"partition {i}: broker id(s) {bad} outside 0..{MAX_BROKER_ID}"
             )
+
+
+# --- the lifecycle requests ---------------------------------------------------------------
+
+MAX_CONFIG_CHARS: Final = 255
+
+
+def check_topic_id(topic_id: str) -> None:
+    """A topic id is a UUID other than the nil one (Kafka's ZERO_UUID means "none")."""
+    try:
+        parsed = uuid.UUID(topic_id)
+    except (ValueError, TypeError, AttributeError):
+        raise InvalidRequestError(f"topic id {topic_id[:64]!r} is not a UUID") from None
+    if parsed.int == 0:
+        raise InvalidRequestError("the nil UUID is not a topic id")
+
+
+def check_alter_configs(req: AlterConfigs) -> None:
+    if req.resource_type not in ("topic", "broker"):
+        raise InvalidRequestError(
+            f"resource type {req.resource_type[:32]!r} is not 'topic' or 'broker'"
+        )
+    if req.resource_type == "topic":
+        check_topic_name(req.resource_name)
+    else:
+        _text(req.resource_name, MAX_CONFIG_CHARS, "resource_name")
+    for name, value in req.set_configs.items():
+        _text(name, MAX_CONFIG_CHARS, "config name")
+        _text(value, MAX_CONFIG_CHARS, f"value of {name[:32]}")
+    for name in req.delete_configs:
+        _text(name, MAX_CONFIG_CHARS, "config name")
+
+
+def check_update_feature(req: UpdateFeature) -> None:
+    _text(req.name, MAX_CONFIG_CHARS, "feature")
+    _in_range(req.level, 0, INT16_MAX, "feature level")
+
+
+def check_reassignments(req: AlterPartitionReassignments) -> None:
+    """Bounds only: each partition's own checks (known partition, registered brokers)
+    fail it alone, as Kafka's per-partition errors do."""
+    if not req.reassignments:
+        raise InvalidRequestError("no partitions to reassign")
+    seen: set[tuple[str, int]] = set()
+    for r in req.reassignments:
+        check_topic_name(r.topic)
+        int32(r.partition, "partition")
+        if (r.topic, r.partition) in seen:
+            raise InvalidRequestError(f"{r.topic}-{r.partition} is named twice")
+        seen.add((r.topic, r.partition))
+        if r.replicas is not None:
+            if len(r.replicas) > INT16_MAX:
+                raise InvalidReplicaAssignmentError(
+                    f"{r.topic}-{r.partition}: {len(r.replicas)} replicas"
+                )
+            for b in r.replicas:
+                broker_id(b, "replica")

@@ -123,8 +123,14 @@ def topic_description(image: ClusterImage, name: str) -> TopicDescription:
         name=name,
         topic_id=t.topic_id,
         partitions=t.partitions,
-        replication_factor=len(first.replicas) if first is not None else 0,
-        min_isr=t.min_isr,
+        replication_factor=len(first.target) if first is not None else 0,
+        # The topic's own, else the cluster default (pinned at bootstrap), else what its
+        # first partition was created with.
+        min_isr=(
+            t.min_isr
+            if t.min_isr is not None
+            else image.cluster_min_isr(first.min_isr if first is not None else 1)
+        ),
         recovery_strategy=t.recovery_strategy,
     )
 

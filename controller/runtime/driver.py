@@ -46,6 +46,7 @@ import asyncio
 import contextlib
 import gc
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Final
@@ -85,7 +86,7 @@ from metadata_log.records import (
     MetadataRecord,
 )
 from metadata_log.store import LogStore
-from protocol.messages import ControllerResponse
+from protocol.messages import ControllerResponse, CreateTopic
 
 log = structlog.get_logger("metactl.controller")
 
@@ -308,6 +309,10 @@ class Controller:
     async def _submit(self, request: Event, *, barrier: bool) -> ControllerResponse:
         if self._closing:
             raise LogClosedError("the controller is shutting down")
+        if isinstance(request, CreateTopic):
+            # Topic ids are random (a client's value is replaced): the randomness is an
+            # input of the event, so the step stays pure and replay deterministic.
+            request = msgspec.structs.replace(request, topic_id=str(uuid.uuid4()))
         future: asyncio.Future[ControllerResponse] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(Queued(request, future, time.perf_counter(), barrier=barrier))
         return await future

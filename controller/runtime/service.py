@@ -34,9 +34,11 @@ import structlog
 
 from controller.core.authz import AUTHORIZATION_ERRORS, authorize, operation_of
 from controller.core.config import ControllerConfig
+from controller.core.lifecycle import Bootstrap, needs_bootstrap
 from controller.core.recovery.tracker import Inspection
 from controller.core.step import LogInfoAnswers
 from controller.core.work import WORK_BUDGET
+from controller.runtime.admin_views import describe_configs, describe_features, list_reassignments
 from controller.runtime.clock import Clock, SystemClock
 from controller.runtime.describe import DescribeNotes, describe_page, partition_state
 from controller.runtime.driver import Controller
@@ -59,19 +61,33 @@ from metadata_image.snapshot import ImageSnapshot
 from metadata_image.transactions import LogReplay
 from metadata_log.backends import is_etcd_url, open_store
 from metadata_log.etcd import DEFAULT_LEASE_TTL_S
+from metadata_log.records import ELR_FEATURE
 from metadata_log.store import LogStore
 from protocol.client import RetryPolicy, RpcClient
 from protocol.codec import DEFAULT_MAX_FRAME_BYTES
 from protocol.messages import (
+    Ack,
+    AlterConfigs,
+    AlterConfigsResponse,
     AlterPartition,
+    AlterPartitionReassignments,
+    AlterPartitionReassignmentsResponse,
     BrokerHeartbeatRequest,
     BrokerHeartbeatResponse,
+    CreatePartitionsRequest,
+    CreatePartitionsResponse,
     CreateTopicResponse,
     CreateTopicResult,
     CreateTopicsRequest,
     CreateTopicsResponse,
+    DeleteTopic,
+    DeleteTopicResponse,
+    DeleteTopicsRequest,
+    DeleteTopicsResponse,
     DescribeClusterRequest,
     DescribeClusterResponse,
+    DescribeConfigsRequest,
+    DescribeFeaturesRequest,
     ElectLeader,
     FenceBroker,
     FetchedRecord,
@@ -79,6 +95,7 @@ from protocol.messages import (
     FetchMetadataResponse,
     GetReplicaLogInfoRequest,
     GetReplicaLogInfoResponse,
+    ListPartitionReassignmentsRequest,
     Message,
     MetadataSnapshot,
     PartitionState,
@@ -87,6 +104,10 @@ from protocol.messages import (
     RegisterBrokerResponse,
     ReplicaLogInfo,
     ReplicaRef,
+    TopicResult,
+    UnregisterBroker,
+    UpdateFeature,
+    UpdateFeatureResponse,
 )
 from protocol.server import FrameServer, Peer, ServerLimits
 from protocol.tls import TlsIdentity, broker_principal
@@ -274,6 +295,18 @@ class ControllerService:
         )
         ctl.log_every_record = True
         ctl.inspection_sinks.append(self._on_inspection)
+        if needs_bootstrap(ctl.image):
+            # Pin what the static flags seed (the ELR feature level, the cluster-default
+            # min.insync.replicas): a later restart with other flags does not change them.
+            await ctl.submit(Bootstrap())
+        elif ctl.image.elr_enabled(self.config.eligible_leader_replicas) != (
+            self.config.eligible_leader_replicas
+        ):
+            log.warning(
+                "--eligible-leader-replicas differs from the cluster's finalized level, "
+                "which applies (change it with metactl features)",
+                finalized=ctl.image.features.get(ELR_FEATURE),
+            )
         self.sessions = BrokerSessions(self.config.broker_session_timeout_ms)
         self.store, self.ctl, self.leadership = store, ctl, leadership
         self.metrics = ControllerMetrics.attach(ctl)
@@ -399,7 +432,85 @@ class ControllerService:
                 return self.describe(body)
             case ElectLeader():
                 return await self._elect(body, peer)
+            case DeleteTopicsRequest():
+                return await self._delete_topics(body)
+            case CreatePartitionsRequest():
+                return await self._create_partitions(body, peer)
+            case AlterConfigs() | UpdateFeature() | AlterPartitionReassignments():
+                r = await ctl.submit(body)
+                assert isinstance(
+                    r,
+                    AlterConfigsResponse
+                    | UpdateFeatureResponse
+                    | AlterPartitionReassignmentsResponse,
+                )
+                return r
+            case UnregisterBroker():
+                await ctl.submit(body)
+                self.sessions.forget(body.broker_id)
+                return Ack()
+            case DescribeConfigsRequest():
+                return describe_configs(ctl.committed_image, body, self.config)
+            case DescribeFeaturesRequest():
+                return describe_features(ctl.committed_image, self.config)
+            case ListPartitionReassignmentsRequest():
+                return list_reassignments(ctl.committed_image, body)
         raise InvalidRequestError(f"the controller does not handle {type(body).__name__}")
+
+    async def _delete_topics(self, body: DeleteTopicsRequest) -> DeleteTopicsResponse:
+        """Each topic alone, in order (Kafka's per-topic errors); the log failing fails
+        the whole request, which the client retries."""
+        results: list[TopicResult] = []
+        for name in body.topics:
+            try:
+                r = await self.controller.submit(DeleteTopic(name=name))
+            except (LogClosedError, FatalStorageError):
+                raise
+            except MetactlError as exc:
+                results.append(TopicResult(name=name, error_code=exc.code, message=exc.message))
+                continue
+            assert isinstance(r, DeleteTopicResponse)
+            results.append(TopicResult(name=name, topic_id=r.topic_id))
+        return DeleteTopicsResponse(results=results)
+
+    async def _create_partitions(
+        self, body: CreatePartitionsRequest, peer: Peer
+    ) -> CreatePartitionsResponse:
+        """Each topic alone, in order, under the principal's mutation quota (charged the
+        partitions it adds, given back if the core refuses)."""
+        image = self.controller.committed_image
+        results: list[CreateTopicResult] = []
+        for spec in body.topics:
+            t = image.topics.get(spec.topic)
+            adding = max(0, spec.count - t.partitions) if t is not None else 0
+            try:
+                self.mutation_limits.check_request(adding)
+                self.quota.acquire(peer.name, adding)
+            except MetactlError as exc:
+                results.append(
+                    CreateTopicResult(name=spec.topic, error_code=exc.code, message=exc.message)
+                )
+                continue
+            try:
+                r = await self.controller.submit(spec)
+            except (LogClosedError, FatalStorageError):
+                self.quota.release(peer.name, adding)
+                raise
+            except MetactlError as exc:
+                self.quota.release(peer.name, adding)
+                results.append(
+                    CreateTopicResult(name=spec.topic, error_code=exc.code, message=exc.message)
+                )
+                continue
+            assert isinstance(r, CreateTopicResponse)
+            results.append(
+                CreateTopicResult(
+                    name=spec.topic,
+                    topic_id=r.topic_id,
+                    assignments=[a for a in r.assignments if a],  # the new partitions'
+                )
+            )
+        return CreatePartitionsResponse(results=results)
 
     def _refused(self, peer: Peer, operation: str, exc: MetactlError) -> None:
         """Count an authorization refusal, and log it unless this principal already had

@@ -753,8 +753,8 @@ class TestCreateTopic:
         assert c.p("t", 0).replicas == (3, 2, 1)
 
     def test_records_topic_and_partitions_with_effective_min_isr(self) -> None:
-        # A requested min ISR above the RF is refused (see test_min_isr_is_at_most_the_rf);
-        # the configured default is clamped per partition.
+        # The configured default is clamped per partition (so is a requested min ISR
+        # above the RF: test_min_isr_above_the_rf_is_accepted_and_capped).
         c = Cluster(ControllerConfig(default_min_insync_replicas=3))
         c.start(1, 2)
         base = c.image.end_offset
@@ -763,7 +763,8 @@ class TestCreateTopic:
             uuid.uuid5(uuid.UUID("5f1b2a3c-0966-4e6d-8a11-6d657461637c"), f"orders@{base}")
         )
         t = c.image.topics["orders"]
-        assert (t.partitions, t.min_isr, t.recovery_strategy) == (2, 3, "proactive")
+        # No topic config: the cluster default (3) applies, capped per partition.
+        assert (t.partitions, t.min_isr, t.recovery_strategy) == (2, None, "proactive")
         assert c.p("orders", 0).min_isr == 2  # min(3, RF 2)
         assert c.p("orders", 1).min_isr == 1  # min(3, RF 1)
         record = c.log[base + 1]
@@ -779,7 +780,8 @@ class TestCreateTopic:
         c.start(1, 2, 3)
         r = c.create("t")
         assert len(r.assignments) == 3 and all(len(a) == 2 for a in r.assignments)
-        assert c.image.topics["t"].min_isr == 2
+        assert c.image.topics["t"].min_isr is None  # no topic config: the cluster's
+        assert all(c.p("t", i).min_isr == 2 for i in range(3))
         assert c.image.topics["t"].recovery_strategy is None
 
     def test_topic_already_exists(self) -> None:

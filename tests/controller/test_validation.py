@@ -272,17 +272,14 @@ def test_min_isr_outside_int32(min_isr: int) -> None:
     assert f"within 1..{INT32_MAX}, got {min_isr}" in refused(c, request, InvalidConfigurationError)
 
 
-def test_min_isr_is_at_most_the_rf() -> None:
+def test_min_isr_above_the_rf_is_accepted_and_capped() -> None:
+    # Kafka accepts it; each partition's effective MinISR is min(config, its RF).
     c = cluster()
-    message = refused(
-        c, CreateTopic(name="u", replication_factor=2, min_isr=3), InvalidConfigurationError
-    )
-    assert "min.insync.replicas 3 exceeds the replication factor 2" in message
-    message = refused(
-        c, CreateTopic(name="u", assignments=[[1, 2, 3], [2]], min_isr=2), InvalidConfigurationError
-    )
-    assert "exceeds the replication factor 1" in message
-    assert c.create("u", replication_factor=3, min_isr=3).name == "u"
+    c.create("u", replication_factor=2, min_isr=3)
+    assert c.image.topics["u"].min_isr == 3
+    assert c.image.partitions[("u", 0)].min_isr == 2
+    c.create("w", assignments=[[1, 2, 3], [2]], min_isr=2)
+    assert [c.image.partitions[("w", i)].min_isr for i in (0, 1)] == [2, 1]
 
 
 @pytest.mark.parametrize("partitions", [0, -1, INT32_MAX + 1, 2**64 - 1])

@@ -70,7 +70,9 @@ class ProactivePolicy:
         return "elr_all_fenced" if p.elr else "isr_and_elr_empty"
 
     def candidates(self, image: ClusterImage, p: PartitionState) -> frozenset[int]:
-        return frozenset(p.replicas)
+        # A replica a reassignment is adding never held the partition's acknowledged
+        # data as an ISR member: it is not a candidate (docs/lifecycle.md).
+        return frozenset(p.replicas).difference(p.adding)
 
     def window_ms(self, window_ms: int) -> int | None:
         return window_ms
@@ -83,7 +85,9 @@ class ProactivePolicy:
         answers = [
             a
             for a in pending.valid_answers(image)
-            if a.broker_id in p.replicas and image.is_active(a.broker_id)
+            if a.broker_id in p.replicas
+            and a.broker_id not in p.adding
+            and image.is_active(a.broker_id)
         ]
         best = best_candidate(p, answers)
         if best is None:
@@ -138,7 +142,7 @@ class ClassicUncleanElection:
         self, image: ClusterImage, p: PartitionState, pending: PendingRecovery, now_ms: int
     ) -> Decision:
         for r in p.replicas:
-            if image.is_active(r):
+            if image.is_active(r) and r not in p.adding:
                 return Choose(r)
         return Wait()
 

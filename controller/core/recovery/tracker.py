@@ -249,7 +249,7 @@ def evaluate(
     inspections: list[Inspection] = []
 
     def policy_of(topic: str) -> RecoveryPolicy | None:
-        if not config.eligible_leader_replicas:
+        if not image.elr_enabled(config.eligible_leader_replicas):
             # Classic rules: no KIP-966 recovery; Kafka's unclean election if enabled.
             return CLASSIC_UNCLEAN if config.unclean_leader_election else None
         return policies.get(strategy_for(image, topic, config))

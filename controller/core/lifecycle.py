@@ -1,0 +1,447 @@
+"""Pure handlers of the metadata lifecycle: configs, features, delete, add partitions,
+reassignment and unregister, each with KIP-966's rules (`docs/lifecycle.md`).
+
+Like `controller.core.handlers`, every handler is `(image, request, ...) ->
+HandlerResult`: it validates (a refusal raises a coded `MetactlError` before any record
+exists) and returns records and the response; `replay` applies them. Work larger than
+the budget (`controller.core.work`) comes back as a continuation the step runs inside one
+transaction: clearing ELRs over many partitions (`ClearElrSlice`) and reassigning many
+partitions (`ReassignSlice`); unregistering a broker reuses the broker slicing of
+`handlers.Continue`.
+
+Must not: read a clock, draw randomness (a topic id comes in on the event), do IO, or
+change an image.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+
+from controller.core import validation
+from controller.core.config import ControllerConfig
+from controller.core.handlers import (
+    BrokerOp,
+    ClearElrSlice,
+    CreateTopicSlice,
+    HandlerResult,
+    ReassignSlice,
+    _broker_op,
+    _broker_order,
+    _Txn,
+    create_topic_slice,
+)
+from controller.core.partition_change import move_replicas
+from metactl.errors import (
+    BrokerIdNotRegisteredError,
+    InvalidConfigurationError,
+    InvalidPartitionsError,
+    InvalidReplicaAssignmentError,
+    InvalidRequestError,
+    MetactlError,
+    NoReassignmentInProgressError,
+    UnknownTopicOrPartitionError,
+)
+from metadata_image.image import ClusterImage
+from metadata_log.records import (
+    BROKER_RESOURCE,
+    ELR_FEATURE,
+    MIN_ISR_CONFIG,
+    TOPIC_RESOURCE,
+    ClearElrRecord,
+    ConfigRecord,
+    FeatureLevelRecord,
+    MetadataRecord,
+    PartitionChangeRecord,
+    RemoveTopicRecord,
+    TopicRecord,
+    UnregisterBrokerRecord,
+)
+from protocol.messages import (
+    Ack,
+    AlterConfigs,
+    AlterConfigsResponse,
+    AlterPartitionReassignments,
+    AlterPartitionReassignmentsResponse,
+    ControllerResponse,
+    CreatePartitions,
+    DeleteTopic,
+    DeleteTopicResponse,
+    Reassignment,
+    ReassignmentResult,
+    UnregisterBroker,
+    UpdateFeature,
+    UpdateFeatureResponse,
+)
+
+SUPPORTED_FEATURES: Final = {ELR_FEATURE: (0, 1)}
+"""Feature -> (lowest, highest) level this controller supports (kafka-features)."""
+
+
+class Bootstrap(msgspec.Struct, frozen=True, gc=False):
+    """Pin what the controller's static settings seed on a new cluster: the
+    eligible.leader.replicas.version level and the cluster-default min.insync.replicas
+    (Kafka writes both in its bootstrap records). Only the controller submits it, to
+    itself, when it becomes active over a log that holds neither."""
+
+
+# --- configs and features -------------------------------------------------------------
+
+
+def needs_bootstrap(image: ClusterImage) -> bool:
+    return ELR_FEATURE not in image.features or MIN_ISR_CONFIG not in image.cluster_configs
+
+
+def bootstrap(image: ClusterImage, config: ControllerConfig) -> HandlerResult:
+    records: list[MetadataRecord] = []
+    if ELR_FEATURE not in image.features:
+        records.append(
+            FeatureLevelRecord(name=ELR_FEATURE, level=1 if config.eligible_leader_replicas else 0)
+        )
+    if MIN_ISR_CONFIG not in image.cluster_configs:
+        records.append(
+            ConfigRecord(
+                resource_type=BROKER_RESOURCE,
+                resource_name="",
+                name=MIN_ISR_CONFIG,
+                value=str(config.default_min_insync_replicas),
+            )
+        )
+    return HandlerResult(records, Ack())
+
+
+def _min_isr_value(text: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise InvalidConfigurationError(
+            f"{MIN_ISR_CONFIG} must be an integer, got {text[:64]!r}"
+        ) from None
+    validation.check_min_isr(value)
+    return value
+
+
+def alter_configs(
+    image: ClusterImage, req: AlterConfigs, config: ControllerConfig, budget: int | None
+) -> HandlerResult:
+    """kafka-configs --alter: set or delete min.insync.replicas of a topic or of the
+    cluster default, and clear the ELRs it governs (KIP-966): a topic update clears that
+    topic's, a cluster-default update, even to the same value, every topic's."""
+    validation.check_alter_configs(req)
+    keys = set(req.set_configs) | set(req.delete_configs)
+    if set(req.set_configs) & set(req.delete_configs):
+        raise InvalidRequestError("a config cannot be both set and deleted in one request")
+    unknown = sorted(k for k in keys if k != MIN_ISR_CONFIG)
+    if unknown:
+        raise InvalidConfigurationError(
+            f"unsupported config(s) {', '.join(unknown)}: metactl keeps only {MIN_ISR_CONFIG}"
+        )
+    if not keys:
+        raise InvalidRequestError("nothing to alter: give a config to set or delete")
+    value: str | None = None
+    if MIN_ISR_CONFIG in req.set_configs:
+        value = str(_min_isr_value(req.set_configs[MIN_ISR_CONFIG]))
+    record = ConfigRecord(
+        resource_type=req.resource_type,
+        resource_name=req.resource_name,
+        name=MIN_ISR_CONFIG,
+        value=value,
+    )
+    default = config.default_min_insync_replicas
+    if req.resource_type == TOPIC_RESOURCE:
+        t = image.topics.get(req.resource_name)
+        if t is None:
+            raise UnknownTopicOrPartitionError(f"unknown topic {req.resource_name}")
+        cluster = image.cluster_min_isr(default)
+        topics: tuple[tuple[str, int, int | None], ...] = (
+            (t.name, t.partitions, int(value) if value is not None else cluster),
+        )
+    else:
+        if req.resource_name != "":
+            raise InvalidRequestError(
+                f"broker-level {MIN_ISR_CONFIG} is not allowed: set the cluster default "
+                "(--entity-type brokers --entity-default)"
+            )
+        if value is None:
+            raise InvalidConfigurationError(
+                f"the cluster-level {MIN_ISR_CONFIG} cannot be deleted; set a new value instead"
+            )
+        new_default = int(value)
+        topics = tuple(
+            (t.name, t.partitions, t.min_isr if t.min_isr is not None else new_default)
+            for t in sorted(image.topics.values(), key=lambda t: t.name)
+        )
+    response = AlterConfigsResponse(
+        resource_type=req.resource_type,
+        resource_name=req.resource_name,
+        cleared_topics=len(topics),
+    )
+    return _clearing([record], topics, response, budget)
+
+
+def update_feature(
+    image: ClusterImage, req: UpdateFeature, config: ControllerConfig, budget: int | None
+) -> HandlerResult:
+    """kafka-features upgrade|downgrade of eligible.leader.replicas.version. A downgrade
+    to 0 stops ELR tracking and clears every ELR and LastKnownELR; an upgrade to 1 starts
+    tracking from the current ISRs (nothing else changes until the next ISR change)."""
+    validation.check_update_feature(req)
+    supported = SUPPORTED_FEATURES.get(req.name)
+    if supported is None:
+        raise InvalidRequestError(
+            f"unknown feature {req.name!r}; supported: {', '.join(sorted(SUPPORTED_FEATURES))}"
+        )
+    low, high = supported
+    if not low <= req.level <= high:
+        raise InvalidRequestError(f"{req.name} supports levels {low}..{high}, not {req.level}")
+    current = 1 if image.elr_enabled(config.eligible_leader_replicas) else 0
+    if req.upgrade_type == "upgrade" and req.level < current:
+        raise InvalidRequestError(
+            f"{req.name} is at {current}: lowering it to {req.level} is a downgrade"
+        )
+    if req.upgrade_type == "downgrade" and req.level > current:
+        raise InvalidRequestError(
+            f"{req.name} is at {current}: raising it to {req.level} is an upgrade"
+        )
+    if req.level >= 1 and config.unclean_leader_election:
+        raise InvalidRequestError(
+            "the controller runs with --unclean-leader-election, a classic-mode setting: "
+            "restart it without that flag before enabling eligible leader replicas"
+        )
+    finalized = image.features.get(req.name)
+    if finalized == req.level:
+        return HandlerResult([], UpdateFeatureResponse(name=req.name, level=req.level))
+    record = FeatureLevelRecord(name=req.name, level=req.level)
+    if req.level >= 1 or current == 0:
+        return HandlerResult([record], UpdateFeatureResponse(name=req.name, level=req.level))
+    topics = tuple(
+        (t.name, t.partitions, None) for t in sorted(image.topics.values(), key=lambda t: t.name)
+    )
+    response = UpdateFeatureResponse(name=req.name, level=req.level, cleared_topics=len(topics))
+    return _clearing([record], topics, response, budget)
+
+
+def _clearing(
+    records: list[MetadataRecord],
+    topics: tuple[tuple[str, int, int | None], ...],
+    response: ControllerResponse,
+    budget: int | None,
+) -> HandlerResult:
+    first = clear_elr_slice(ClearElrSlice(topics, 0, response), budget)
+    return HandlerResult(records + first.records, first.response, first.follow_up)
+
+
+def clear_elr_slice(s: ClearElrSlice, budget: int | None) -> HandlerResult:
+    """ClearElrRecords for the next `budget` partitions of `s` (one record per topic
+    range), and the rest, if any."""
+    left = budget if budget is not None else 1 << 62
+    records: list[MetadataRecord] = []
+    topics, start = s.topics, s.start
+    i = 0
+    while i < len(topics) and left > 0:
+        name, partitions, min_isr = topics[i]
+        end = min(partitions, start + left)
+        records.append(
+            ClearElrRecord(
+                topic=name,
+                min_isr=min_isr,
+                first=start,
+                end=None if start == 0 and end == partitions else end,
+            )
+        )
+        left -= max(1, end - start)  # an empty topic still costs a record
+        if end >= partitions:
+            i, start = i + 1, 0
+        else:
+            start = end
+    if i >= len(topics):
+        return HandlerResult(records, s.response)
+    return HandlerResult(records, Ack(), ClearElrSlice(topics[i:], start, s.response))
+
+
+# --- topics ---------------------------------------------------------------------------
+
+
+def delete_topic(image: ClusterImage, req: DeleteTopic) -> HandlerResult:
+    """kafka-topics --delete: one RemoveTopicRecord. Replay drops the topic, its
+    partitions and their indexes; brokers stop serving it and delete its data."""
+    validation.check_topic_name(req.name)
+    t = image.topics.get(req.name)
+    if t is None:
+        raise UnknownTopicOrPartitionError(f"unknown topic {req.name}")
+    return HandlerResult(
+        [RemoveTopicRecord(topic_id=t.topic_id, name=t.name)],
+        DeleteTopicResponse(name=t.name, topic_id=t.topic_id),
+    )
+
+
+def create_partitions(
+    image: ClusterImage, req: CreatePartitions, config: ControllerConfig, budget: int | None
+) -> HandlerResult:
+    """kafka-topics --alter --partitions N: grow the topic, placing the new partitions
+    as at create (striped over the active brokers, racks alternating), with the topic's
+    replication factor (its first partition's target). A decrease or no change is
+    INVALID_PARTITIONS."""
+    validation.check_topic_name(req.topic)
+    validation.check_partition_count(req.count)
+    t = image.topics.get(req.topic)
+    if t is None:
+        raise UnknownTopicOrPartitionError(f"unknown topic {req.topic}")
+    if req.count <= t.partitions:
+        raise InvalidPartitionsError(
+            f"topic {t.name} has {t.partitions} partitions; the new count {req.count} must be "
+            "larger (partitions cannot be removed)"
+        )
+    new = req.count - t.partitions
+    first = image.partitions.get((t.name, 0))
+    rf = len(first.target) if first is not None else config.default_replication_factor
+    min_isr = image.topic_min_isr(t.name, config.default_min_insync_replicas)
+    explicit: list[list[int]] | None = None
+    order: tuple[int, ...] = ()
+    if req.assignments is not None:
+        explicit = [list(a) for a in req.assignments]
+        if len(explicit) != new:
+            raise InvalidReplicaAssignmentError(
+                f"{len(explicit)} assignments given for {new} new partitions"
+            )
+        validation.check_assignment_ids(explicit)
+        for i, a in enumerate(explicit, t.partitions):
+            if not a or len(set(a)) != len(a):
+                raise InvalidReplicaAssignmentError(
+                    f"partition {i}: replicas must be non-empty and distinct, got {a}"
+                )
+            unknown = [r for r in a if r not in image.brokers]
+            if unknown:
+                raise InvalidReplicaAssignmentError(f"partition {i}: unknown broker(s) {unknown}")
+            if not any(image.is_active(r) for r in a):
+                raise InvalidReplicaAssignmentError(f"partition {i}: no active replica in {a}")
+        assignments: list[list[int]] | None = [[] for _ in range(t.partitions)] + explicit
+    else:
+        validation.check_replication_factor(rf, len(image.active))
+        order = _broker_order(image)
+        assignments = None
+    plan = CreateTopicSlice(
+        name=t.name,
+        topic_id=t.topic_id,
+        partitions=req.count,
+        min_isr=min_isr,
+        start=t.partitions,
+        assignments=assignments,
+        brokers=order,
+        replication_factor=rf,
+    )
+    grown = TopicRecord(
+        name=t.name,
+        topic_id=t.topic_id,
+        partitions=req.count,
+        min_isr=t.min_isr,
+        recovery_strategy=t.recovery_strategy,
+    )
+    first = create_topic_slice(image, plan, budget)
+    return HandlerResult([grown, *first.records], first.response, first.follow_up)
+
+
+# --- reassignment (KIP-455) -------------------------------------------------------------
+
+
+def alter_reassignments(
+    image: ClusterImage,
+    req: AlterPartitionReassignments,
+    config: ControllerConfig,
+    budget: int | None,
+) -> HandlerResult:
+    """kafka-reassign-partitions --execute / --cancel: each partition succeeds or fails
+    alone. The first `budget` partitions are decided now, the rest as `ReassignSlice`s."""
+    validation.check_reassignments(req)
+    s = ReassignSlice(tuple(req.reassignments), 0, ())
+    return reassign_slice(image, s, config, budget)
+
+
+def reassign_slice(
+    image: ClusterImage, s: ReassignSlice, config: ControllerConfig, budget: int | None
+) -> HandlerResult:
+    end = len(s.reassignments) if budget is None else min(len(s.reassignments), s.position + budget)
+    records: list[MetadataRecord] = []
+    results = list(s.results)
+    for r in s.reassignments[s.position : end]:
+        try:
+            records.extend(reassign(image, r, config))
+        except MetactlError as exc:
+            results.append(
+                ReassignmentResult(
+                    topic=r.topic, partition=r.partition, error_code=exc.code, message=exc.message
+                )
+            )
+        else:
+            results.append(ReassignmentResult(topic=r.topic, partition=r.partition))
+    if end < len(s.reassignments):
+        return HandlerResult(records, Ack(), ReassignSlice(s.reassignments, end, tuple(results)))
+    return HandlerResult(records, AlterPartitionReassignmentsResponse(results=results))
+
+
+def reassign(
+    image: ClusterImage, r: Reassignment, config: ControllerConfig
+) -> list[PartitionChangeRecord]:
+    """One partition's reassignment (or, with `replicas` None, its cancel)."""
+    p = image.partition((r.topic, r.partition))
+    if p is None:
+        raise UnknownTopicOrPartitionError(f"unknown partition {r.topic}-{r.partition}")
+    original = p.original
+    if r.replicas is None:
+        if not p.reassigning:
+            raise NoReassignmentInProgressError(
+                f"no reassignment of {r.topic}-{r.partition} is in progress"
+            )
+        target: tuple[int, ...] = original
+    else:
+        target = tuple(r.replicas)
+        if not target or len(set(target)) != len(target):
+            raise InvalidReplicaAssignmentError(
+                f"{r.topic}-{r.partition}: replicas must be non-empty and distinct, "
+                f"got {list(target)}"
+            )
+        unknown = [b for b in target if b not in image.brokers]
+        if unknown:
+            raise InvalidReplicaAssignmentError(
+                f"{r.topic}-{r.partition}: broker(s) {unknown} are not registered"
+            )
+        if target == p.replicas and not p.reassigning:
+            return []  # already so: nothing to do
+    adding = tuple(b for b in target if b not in original)
+    removing = tuple(b for b in original if b not in target)
+    full = target + removing
+    change = move_replicas(
+        image,
+        p,
+        full,
+        adding,
+        removing,
+        configured_min_isr=image.topic_min_isr(p.topic, config.default_min_insync_replicas),
+        elr_enabled=image.elr_enabled(config.eligible_leader_replicas),
+    )
+    return [] if change is None else [change]
+
+
+# --- brokers ----------------------------------------------------------------------------
+
+
+def unregister_broker(
+    image: ClusterImage, req: UnregisterBroker, config: ControllerConfig, budget: int | None
+) -> HandlerResult:
+    """kafka-cluster unregister: only a fenced broker (KIP-631; an active one is
+    refused). Its registration goes, and it leaves every ISR, ELR and LastKnownELR
+    (KIP-966: a broker that is gone cannot be a recovery candidate, and its id may come
+    back on an empty disk). Its replicas stay assigned, as in Kafka."""
+    validation.broker_id(req.broker_id)
+    b = image.broker(req.broker_id)
+    if b is None:
+        raise BrokerIdNotRegisteredError(f"broker {req.broker_id} is not registered")
+    if not b.fenced:
+        raise InvalidRequestError(
+            f"broker {req.broker_id} is active (unfenced, epoch {b.epoch}): stop it and wait "
+            "for it to be fenced before unregistering it"
+        )
+    txn = _Txn(image)
+    txn.broker_record(UnregisterBrokerRecord(broker_id=b.broker_id, broker_epoch=b.epoch))
+    return _broker_op(txn, BrokerOp.UNREGISTER, b.broker_id, Ack(), config=config, budget=budget)
