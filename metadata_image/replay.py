@@ -174,9 +174,7 @@ class _Builder:
     def remove_replicas(self, gone: dict[int, dict[str, list[int]]]) -> None:
         im = self._flush_added()
         for broker_id, parts in gone.items():
-            index = im.get(broker_id)
-            if index is not None:
-                _set_index(im, broker_id, index.removed(parts))
+            _set_index(im, broker_id, im.get(broker_id, EMPTY_INDEX).removed(parts))
 
     def finish(self) -> ClusterImage:
         index = self._base_index
@@ -582,7 +580,7 @@ def _set_index(im: Any, broker_id: int, index: ReplicaIndex) -> None:
     if len(index):
         im[broker_id] = index
     else:
-        del im[broker_id]
+        im.pop(broker_id, None)
 
 
 def _handler_for(kind: type) -> Callable[[_Builder, Any], None]:

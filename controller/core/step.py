@@ -477,6 +477,15 @@ def queue_touched(
                 for tp in delta.partitions
                 if tp in offline or tp in notes or tp in pending or tp in wakes
             )
+    if delta.removed_topics and tracker is not None:
+        # A deleted topic's recoveries and notes end: the next looks find them gone.
+        gone = delta.removed_topics
+        backlog = backlog.with_partitions(
+            tp
+            for known in (tracker.offline, tracker.pending, tracker.wake_of)
+            for tp in known
+            if tp[0] in gone
+        )
     for broker_id in delta.brokers:
         backlog = _queue_broker(backlog, image, broker_id, budget)
     return backlog

@@ -17,22 +17,33 @@ from controller.core.authz import (
 )
 from metactl.errors import ClusterAuthorizationFailedError, TopicAuthorizationFailedError
 from protocol.messages import (
+    AlterConfigs,
     AlterPartition,
+    AlterPartitionReassignments,
     BrokerHeartbeatRequest,
+    CreatePartitions,
+    CreatePartitionsRequest,
     CreateTopic,
     CreateTopicsRequest,
+    DeleteTopicsRequest,
     DescribeClusterRequest,
+    DescribeConfigsRequest,
+    DescribeFeaturesRequest,
     ElectLeader,
     ErrorResponse,
     FetchMetadataRequest,
     GetReplicaLogInfoRequest,
     IsrMember,
+    ListPartitionReassignmentsRequest,
     Message,
     ProduceRequest,
     ReadLogRequest,
+    Reassignment,
     RegisterBroker,
     ReplicaFetchRequest,
     ReplicaRef,
+    UnregisterBroker,
+    UpdateFeature,
 )
 from protocol.tls import MAX_BROKER_ID
 
@@ -60,6 +71,16 @@ DESCRIBE = DescribeClusterRequest()
 CREATE = CreateTopicsRequest(topics=[CreateTopic(name="t", partitions=1)])
 ELECT_PREFERRED = ElectLeader(topic="demo", partition=2, election_type="preferred")
 ELECT_UNCLEAN = ElectLeader(topic="demo", partition=0, election_type="unclean", replica=2)
+DELETE = DeleteTopicsRequest(topics=["t"])
+GROW = CreatePartitionsRequest(topics=[CreatePartitions(topic="t", count=3)])
+ALTER_CONFIGS = AlterConfigs(
+    resource_type="topic", resource_name="t", set_configs={"min.insync.replicas": "2"}
+)
+FEATURE = UpdateFeature(name="eligible.leader.replicas.version", level=0)
+REASSIGN = AlterPartitionReassignments(
+    reassignments=[Reassignment(topic="t", partition=0, replicas=[2])]
+)
+UNREGISTER = UnregisterBroker(broker_id=2)
 NOT_FOR_THE_CONTROLLER: tuple[Message, ...] = (
     GetReplicaLogInfoRequest(broker_id=1, broker_epoch=1, partitions=[ReplicaRef("demo", 0)]),
     ReplicaFetchRequest(
@@ -86,6 +107,31 @@ RULES: list[tuple[Message, str, frozenset[str], type[Exception]]] = [
     (CREATE, "create_topics", frozenset({ADMIN_P}), TopicAuthorizationFailedError),
     (ELECT_PREFERRED, "elect_preferred", frozenset({ADMIN_P}), ClusterAuthorizationFailedError),
     (ELECT_UNCLEAN, "elect_unclean", frozenset({ADMIN_P}), ClusterAuthorizationFailedError),
+    (DELETE, "delete_topics", frozenset({ADMIN_P}), TopicAuthorizationFailedError),
+    (GROW, "create_partitions", frozenset({ADMIN_P}), TopicAuthorizationFailedError),
+    (ALTER_CONFIGS, "alter_configs", frozenset({ADMIN_P}), ClusterAuthorizationFailedError),
+    (FEATURE, "update_features", frozenset({ADMIN_P}), ClusterAuthorizationFailedError),
+    (REASSIGN, "alter_reassignments", frozenset({ADMIN_P}), ClusterAuthorizationFailedError),
+    # An admin unregisters broker 2, never broker-2 itself (nor any broker).
+    (UNREGISTER, "unregister_broker", frozenset({ADMIN_P}), ClusterAuthorizationFailedError),
+    (
+        DescribeConfigsRequest(resource_type="topic", resource_name="t"),
+        "describe_configs",
+        frozenset(KNOWN),
+        ClusterAuthorizationFailedError,
+    ),
+    (
+        DescribeFeaturesRequest(),
+        "describe_features",
+        frozenset(KNOWN),
+        ClusterAuthorizationFailedError,
+    ),
+    (
+        ListPartitionReassignmentsRequest(),
+        "list_reassignments",
+        frozenset(KNOWN),
+        ClusterAuthorizationFailedError,
+    ),
     *[
         (m, "unsupported", frozenset(), ClusterAuthorizationFailedError)
         for m in NOT_FOR_THE_CONTROLLER
