@@ -92,7 +92,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--default-min-isr",
         type=int,
         default=1,
-        help="min.insync.replicas of a topic created without one (default 1)",
+        help="seeds the cluster-default min.insync.replicas of a new cluster (default 1); "
+        "afterwards `metactl configs --entity-default` changes it (docs/lifecycle.md)",
     )
     add_rule_mode_arguments(p)
     p.add_argument(
@@ -234,7 +235,8 @@ def add_rule_mode_arguments(p: argparse.ArgumentParser) -> None:
         choices=["enabled", "disabled"],
         default="enabled",
         help="KIP-966 (enabled) or Kafka's classic ISR rules, for comparison (disabled) "
-        "(default enabled)",
+        "(default enabled); on a controller, seeds the eligible.leader.replicas.version "
+        "level of a new cluster, which `metactl features` changes afterwards",
     )
     p.add_argument(
         "--unclean-leader-election",
