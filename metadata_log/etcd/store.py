@@ -438,23 +438,29 @@ class EtcdLogStore(LogStore):
     async def _check_tail(self) -> None:
         """CRCs, record counts and continuity of the batches of the last
         `TAIL_CHECK_BATCHES` group keys before the end offset (`check_tail`, as SQLite's
-        open does), and no batch at or past it."""
+        open does), and no batch at or past it.
+
+        Every read agrees with itself: the start and end offsets and the batches are read
+        at one etcd revision, so a writer appending meanwhile is never mistaken for
+        corruption (a batch committed after the end offset was read lies past it)."""
         keys = self.keys
-        end = self._end_offset
-        kvs, _, revision = await self.etcd.range(
-            keys.log, keys.batch(end), limit=TAIL_CHECK_BATCHES, descending=True
+        start, end, revision = await read_state(self.etcd)
+        kvs, _, _ = await self.etcd.range(
+            keys.log, keys.batch(end), limit=TAIL_CHECK_BATCHES, descending=True, revision=revision
         )
         await self._check_nothing_past(end, revision)
         check_tail(
             self._groups(list(reversed(kvs))),
-            self._start_offset,
+            start,
             end,
             self.location,
             whole=len(kvs) < TAIL_CHECK_BATCHES,
         )
 
     async def _verify_storage(self) -> None:
-        await self._check_nothing_past(self._end_offset)
+        # The end offset and the keys past it, at one revision (as `_check_tail`).
+        _, end, revision = await read_state(self.etcd)
+        await self._check_nothing_past(end, revision)
 
     async def _check_nothing_past(self, end: int, revision: int = 0) -> None:
         """No group key at or past the end offset `end` (as of `revision`; 0: now)."""

@@ -322,3 +322,46 @@ async def test_a_doubtful_append_that_cannot_be_settled_stops_writes(
     again = await EtcdLogStore.open(url)  # reopening reads what is really there
     assert again.end_offset == 0
     await again.close()
+
+
+async def test_checks_read_at_one_revision_while_a_writer_appends(url: str) -> None:
+    """Issue 21, item 3: the tail check read the end offset at one revision and the keys
+    past it at a newer one, so a live log was reported corrupt. The checks now read at
+    one revision; the old mixed read (`_check_nothing_past` at the newest revision with
+    an end offset read earlier) still reports the false corruption, deterministically."""
+    writer = await EtcdLogStore.open(url)
+    try:
+        await writer.append(records(3))
+        reader = await EtcdLogStore.open(url, read_only=True)
+        try:
+            stale_end = reader.end_offset
+            await writer.append(records(2, first=3))  # the reader has not seen these yet
+            with pytest.raises(CorruptLogError, match="past the log's end offset 3"):
+                await reader._check_nothing_past(stale_end)  # the old, mixed read
+            await reader._check_tail()  # one revision: no false corruption
+            await reader._verify_storage()
+        finally:
+            await reader.close()
+
+        # And with appends flowing all the while: every open checks its tail.
+        stop = asyncio.Event()
+
+        async def append_until_stopped() -> int:
+            n = 5
+            while not stop.is_set():
+                await writer.append(records(1, first=n))
+                n += 1
+            return n
+
+        appending = asyncio.create_task(append_until_stopped())
+        try:
+            for _ in range(30):
+                reader = await EtcdLogStore.open(url, read_only=True)
+                await reader._verify_storage()
+                await reader.close()
+        finally:
+            stop.set()
+            written = await appending
+        assert written > 5  # the writer really was appending meanwhile
+    finally:
+        await writer.close()
