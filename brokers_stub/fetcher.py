@@ -185,4 +185,4 @@ class FetchLane:
             or resp.leader_epoch != p.leader_epoch
         ):
             return False  # leadership moved, or the leader has not caught up with it yet
-        return m.apply_fetch_response(tp, sent_offset, resp)
+        return m.apply_fetch_response(tp, sent_offset, resp, fetched_for=log)

@@ -4,7 +4,13 @@ A replica holds no record bytes, only what the replication protocol reasons abou
 leader-epoch history `[(epoch, start_offset), …]` (Kafka's leader-epoch checkpoint),
 the log end offset (LEO), the high watermark (HW) and the flushed offset (everything
 below it survived the last fsync). The file `replicas/<topic>-<partition>.json` is
-rewritten through the page cache on every change and fsynced by `flush`.
+rewritten through the page cache on every change and fsynced by `flush`; `remove`
+deletes it.
+
+A replica also records the id of the topic it belongs to (as Kafka's partition.metadata):
+a topic deleted and created again under the same name has a new id, and the replica
+manager never takes a replica of another id for the topic's (it deletes it). A file
+written before topic ids were recorded has none (`topic_id` "").
 
 This module owns that state, the pure operations on an epoch history, and the file
 format. It must not make replication decisions (leader or follower: see
@@ -113,6 +119,7 @@ class ReplicaLog:
     log_end_offset: int = 0
     high_watermark: int = 0
     flushed_offset: int = 0
+    topic_id: str = ""  # the topic's id when the replica was created ("": not recorded)
 
     @property
     def name(self) -> str:
@@ -187,6 +194,7 @@ class ReplicaLog:
     def to_json(self) -> dict[str, Any]:
         return {
             "topic": self.topic,
+            "topic_id": self.topic_id,
             "partition": self.partition,
             "leader_epochs": [[e, s] for e, s in self.leader_epochs],
             "log_end_offset": self.log_end_offset,
@@ -207,6 +215,7 @@ class ReplicaLog:
             log_end_offset=leo,
             high_watermark=min(int(doc.get("high_watermark", 0)), leo),
             flushed_offset=min(int(doc.get("flushed_offset", 0)), leo),
+            topic_id=str(doc.get("topic_id", "")),
         )
         if leo < 0 or any(s < 0 for _, s in epochs):
             raise ValueError("negative offsets")
@@ -228,6 +237,17 @@ def flush(log: ReplicaLog, replicas_dir: Path) -> None:
     log.flushed_offset = log.log_end_offset
     data = json.dumps(log.to_json(), separators=(",", ":")).encode()
     replace_file(replica_path(replicas_dir, log.topic, log.partition), data, durable=True)
+
+
+def remove(replicas_dir: Path, topic: str, partition: int) -> bool:
+    """Delete a replica's file (through the page cache: the caller fsyncs the directory
+    once for a batch). True if there was one. A deletion lost to an OS crash brings the
+    file back, and its topic id then tells it apart from a topic created again."""
+    try:
+        replica_path(replicas_dir, topic, partition).unlink()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def load_all(replicas_dir: Path) -> tuple[list[ReplicaLog], list[str]]:

@@ -21,6 +21,15 @@ Nothing acts on the image before it has caught up with the controller's committe
 while a restarted broker replays the log from 0, old images would name it leader of
 epochs long gone.
 
+The metadata lifecycle reaches the replicas through the deltas: a deleted topic's
+replicas (`MetadataDelta.removed_topics`) and a replica this broker was reassigned away
+from stop being served and replicated and their files are deleted; a topic created
+again under the same name has a new topic id, and a replica recording another id than
+the topic's (left by a broker that was down during the delete) is deleted, never served.
+A reassignment's adding replica and an added partition are created as any new replica
+(`MetadataDelta.partitions`); a changed MinISR is in the partition's state, which the
+high watermark and acks=all read.
+
 This module applies the decisions of `replication.py` and owns the tasks that drive
 them. It must not decide broker-level matters (registration, heartbeats, shutdown), nor
 write files other than the replica files.
@@ -30,10 +39,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
+from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from brokers_stub import replica_log as rl
 from brokers_stub.config import BrokerConfig
@@ -50,9 +61,10 @@ from brokers_stub.replication import (
     next_high_watermark,
     record_fetch,
 )
-from brokers_stub.storage import REPLICAS_DIR
+from brokers_stub.storage import REPLICAS_DIR, fsync_dir
 from metactl.errors import (
     InvalidRequestError,
+    MetactlError,
     NotLeaderOrFollowerError,
     UnknownTopicOrPartitionError,
 )
@@ -66,6 +78,21 @@ from protocol.messages import (
     ReplicaLogInfoEntry,
     ReplicaRef,
 )
+
+# Why a replica is deleted (`ReplicaManager._stale`).
+TOPIC_DELETED: Final = "topic deleted"
+TOPIC_RECREATED: Final = "another topic id: the topic was deleted and created again"
+NOT_A_REPLICA: Final = "no longer a replica (reassigned)"
+
+
+def gone_error(name: str, reason: str) -> MetactlError:
+    """What a batch waiting on a replica that is deleted gets: the partition moved to
+    other brokers (NOT_LEADER_OR_FOLLOWER: the client looks for the new leader), or
+    it no longer exists (UNKNOWN_TOPIC_OR_PARTITION, as Kafka answers a deleted topic)."""
+    message = f"{name} is not served here any more: {reason}"
+    if reason == NOT_A_REPLICA:
+        return NotLeaderOrFollowerError(message)
+    return UnknownTopicOrPartitionError(message)
 
 
 def monotonic_ms() -> int:
@@ -92,6 +119,7 @@ class ReplicaManager:
         self.logs: dict[TopicPartition, ReplicaLog] = {}
         self.leaders: dict[TopicPartition, LeaderState] = {}
         self.image: ClusterImage | None = None  # the latest caught-up image
+        self.latest_image: ClusterImage | None = None  # the latest image, caught up or not
         # What changed since the last caught-up image was acted on (None: everything).
         self._unseen: MetadataDelta | None = None
         self.fetchers: dict[int, Fetcher] = {}
@@ -212,25 +240,33 @@ class ReplicaManager:
         shared with a broker whose registration changed (its epoch decides ISR
         membership). Deltas that arrive while the broker is catching up are folded
         together and acted on once it has caught up.
+
+        The metadata lifecycle (`_drop_stale`): a replica of a deleted topic, of a topic
+        id that is no longer the topic's (deleted and created again), or of a partition
+        this broker was reassigned away from is dropped, its data deleted. Before the
+        broker has caught up only what a delta names exactly (a removed topic id) is
+        dropped: an older image may show a topic that a newer one deletes, or not yet
+        show the topic a replica on disk belongs to.
         """
+        self.latest_image = image
+        if delta is not None and delta.removed_topics:
+            self._drop_removed_ids(delta.removed_topics)
         if delta is None or self._unseen is None:
             self._unseen = None
         else:
             self._unseen.update(delta)
-        for tp in self._scope(image, delta):
-            p = image.partitions.get(tp)
-            if p is not None and self.broker_id in p.replicas and tp not in self.logs:
-                self.logs[tp] = ReplicaLog(topic=p.topic, partition=p.partition)
-                self._save(tp)
-                self.log.info("replica created", partition=f"{p.topic}-{p.partition}")
         if not caught_up:
+            for tp in self._scope(image, delta):
+                self._create_replica(image, tp)
             return
         self.image = image
-        scope = self._scope(image, self._unseen)
+        unseen = self._unseen
         self._unseen = MetadataDelta()
+        self._drop_stale(image, unseen)
         now = self.clock_ms()
         led: set[TopicPartition] = set()
-        for tp in scope:
+        for tp in self._scope(image, unseen):
+            self._create_replica(image, tp)
             p = image.partitions.get(tp)
             if p is None or self.broker_id not in p.replicas:
                 continue
@@ -249,6 +285,107 @@ class ReplicaManager:
             self._reconcile_fetchers(image)
         for tp in led:
             self._maybe_alter_isr(tp, now)
+
+    def _create_replica(self, image: ClusterImage, tp: TopicPartition) -> None:
+        """Create the replica of `tp` if this broker hosts it and has none yet. A replica
+        on disk without a topic id (written before ids were recorded) takes the topic's
+        id once the image is caught up (`self.image`): nothing deleted it since."""
+        p = image.partitions.get(tp)
+        t = image.topics.get(tp[0])
+        if p is None or t is None or self.broker_id not in p.replicas:
+            return
+        log = self.logs.get(tp)
+        if log is None:
+            self.logs[tp] = ReplicaLog(topic=p.topic, partition=p.partition, topic_id=t.topic_id)
+            self._save(tp)
+            self.log.info(
+                "replica created", partition=f"{p.topic}-{p.partition}", topic_id=t.topic_id
+            )
+        elif not log.topic_id and self.image is image:
+            log.topic_id = t.topic_id
+            self._save(tp)
+
+    def _stale(self, image: ClusterImage, tp: TopicPartition, removed: bool) -> str | None:
+        """Why the replica of `tp` must go, judged on a caught-up image (None: it stays).
+        `removed`: a delta since the replica was last judged deleted its topic's name,
+        so a replica without a recorded id predates that deletion."""
+        log = self.logs[tp]
+        t = image.topics.get(tp[0])
+        p = image.partitions.get(tp)
+        if t is None or p is None:
+            return TOPIC_DELETED
+        if log.topic_id != t.topic_id and (log.topic_id or removed):
+            return TOPIC_RECREATED
+        if self.broker_id not in p.replicas:
+            return NOT_A_REPLICA
+        return None
+
+    def _drop_removed_ids(self, removed: dict[str, tuple[str, int]]) -> None:
+        """Drop the replicas of topics a delta removed, by exact topic id: safe on any
+        image, since an id is never used again."""
+        self._drop(
+            {
+                tp: TOPIC_DELETED
+                for tp, log in self.logs.items()
+                if tp[0] in removed and log.topic_id and log.topic_id == removed[tp[0]][0]
+            }
+        )
+
+    def _drop_stale(self, image: ClusterImage, unseen: MetadataDelta | None) -> None:
+        """Drop the replicas the caught-up `image` no longer gives this broker: those of
+        the partitions `unseen` names, of the topics it removed (by name: an id of a
+        topic deleted while deltas were folded may not be named), or, when everything
+        may have changed (a start), every replica (Kafka's stray replicas)."""
+        removed: set[str] = set()
+        if unseen is None:
+            candidates: set[TopicPartition] = set(self.logs)
+        else:
+            removed = set(unseen.removed_topics)
+            candidates = set(common(unseen.partitions, self.logs.keys()))
+            if removed:
+                candidates.update(tp for tp in self.logs if tp[0] in removed)
+        stale = {}
+        for tp in candidates:
+            reason = self._stale(image, tp, tp[0] in removed)
+            if reason is not None:
+                stale[tp] = reason
+        self._drop(stale)
+
+    def _drop(self, reasons: dict[TopicPartition, str]) -> None:
+        """Stop serving and replicating these replicas and delete them: end each
+        leadership (releasing its parked fetches), fail the batches waiting on it (an
+        unknown partition, or NOT_LEADER_OR_FOLLOWER where it moved to other brokers),
+        forget it and delete its file; then make the deletions durable at once. The
+        fetcher lanes go at the next `_reconcile_fetchers`; an answer in flight is not
+        applied (`apply_fetch_response` checks the replica it fetched for)."""
+        if not reasons:
+            return
+        summary: Counter[tuple[str, str, str]] = Counter()
+        for tp, reason in sorted(reasons.items()):
+            log = self.logs.pop(tp)
+            st = self.leaders.pop(tp, None)
+            if st is not None:
+                st.end()
+            self.data.waiters.fail(tp, functools.partial(gone_error, log.name, reason))
+            self._unflushed.discard(tp)
+            try:
+                rl.remove(self.replicas_dir, tp[0], tp[1])
+            except OSError as exc:
+                self.log.error("replica file not deleted", partition=log.name, error=str(exc))
+            summary[(tp[0], log.topic_id, reason)] += 1
+        self._stale_leader_warned = {k for k in self._stale_leader_warned if k[0] not in reasons}
+        self._sync_replicas_dir()
+        for (topic, topic_id, reason), n in sorted(summary.items()):
+            self.log.info(
+                "replicas deleted", topic=topic, topic_id=topic_id, reason=reason, partitions=n
+            )
+
+    def _sync_replicas_dir(self) -> None:
+        """Make the deletions durable (one directory fsync for a batch of them)."""
+        try:
+            fsync_dir(self.replicas_dir)
+        except OSError as exc:
+            self.log.error("replica deletions not synced", error=str(exc))
 
     def _scope(self, image: ClusterImage, delta: MetadataDelta | None) -> set[TopicPartition]:
         """Our partitions a delta may concern (None: all of ours)."""
@@ -283,6 +420,12 @@ class ReplicaManager:
             for r in p.isr:
                 if r != self.broker_id and r not in st.followers:
                     st.followers[r] = FollowerFetchState(last_caught_up_ms=now)
+            for r in [r for r in st.followers if r not in p.replicas]:
+                # Reassigned away (its replica deleted): were it added again, it must
+                # prove it is caught up from scratch, as Kafka forgets a removed
+                # replica's state.
+                del st.followers[r]
+                st.hw_sent.pop(r, None)
             return True
         if st is not None:
             st.end()  # an older epoch's parked fetches
@@ -506,10 +649,15 @@ class ReplicaManager:
         tp: TopicPartition,
         sent_offset: int,
         resp: ReplicaFetchResponse,
+        fetched_for: ReplicaLog | None = None,
     ) -> bool:
-        """Apply a leader's answer to our fetch from `sent_offset`; True if the replica
-        changed (or changed while the fetch was out): the fetcher asks again at once."""
-        log = self.logs[tp]
+        """Apply a leader's answer to our fetch from `sent_offset` (for the replica
+        `fetched_for`, if given); True if the replica changed (or changed while the fetch
+        was out): the fetcher asks again at once. An answer for a replica that has been
+        deleted meanwhile (or replaced: its topic was created again) is dropped."""
+        log = self.logs.get(tp)
+        if log is None or (fetched_for is not None and log is not fetched_for):
+            return False
         if log.log_end_offset != sent_offset:
             return True  # the log changed while the fetch was out: ask again
         if resp.truncate_to is not None:
@@ -542,9 +690,13 @@ class ReplicaManager:
 
     def log_info(self, refs: Iterable[ReplicaRef]) -> list[ReplicaLogInfoEntry]:
         out = []
+        image = self.latest_image
         for ref in refs:
             log = self.logs.get((ref.topic, ref.partition))
-            if log is None:
+            t = image.topics.get(ref.topic) if image is not None else None
+            if log is None or (t is not None and log.topic_id and log.topic_id != t.topic_id):
+                # None, or a replica of another topic of that name (not deleted yet: the
+                # broker has not caught up): nothing to report for this topic.
                 out.append(
                     ReplicaLogInfoEntry(
                         topic=ref.topic,

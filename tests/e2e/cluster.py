@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -22,7 +23,10 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
+from brokers_stub.replica_log import ReplicaLog
+from brokers_stub.storage import REPLICAS_DIR
 from metactl.errors import NetworkError
 from metadata_log.records import MetadataRecord
 from ops.certs import default_names, init_certs
@@ -37,6 +41,8 @@ from protocol.messages import (
     Message,
 )
 from protocol.tls import ADMIN, TlsIdentity, broker_principal
+
+T = TypeVar("T")
 
 HEARTBEAT_MS = 200
 SESSION_MS = 1500
@@ -232,3 +238,26 @@ class Cluster:
             if r.records:
                 offset = r.records[-1].offset + 1
         raise AssertionError(f"timed out waiting for a record: {what}")
+
+    # --- a broker's replicas on disk ---
+
+    def replica(self, broker_id: int, topic: str, partition: int) -> ReplicaLog | None:
+        """Broker `broker_id`'s replica of a partition, as its file holds it now (written
+        through the page cache at every change); None if it has none."""
+        path = self.root / f"broker-{broker_id}" / REPLICAS_DIR / f"{topic}-{partition}.json"
+        try:
+            return ReplicaLog.from_json(json.loads(path.read_bytes()))
+        except FileNotFoundError:
+            return None
+
+    async def wait_for(
+        self, probe: Callable[[], T | None], what: str, timeout_s: float = TIMEOUT_S
+    ) -> T:
+        """`probe`'s first answer that is not None (nor False), polled until `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = probe()
+            if found is not None and found is not False:
+                return found
+            await asyncio.sleep(0.05)  # polling interval of an observable condition
+        raise AssertionError(f"timed out waiting for {what}")
