@@ -30,34 +30,56 @@ from controller.runtime.service import ControllerService
 from metactl.errors import InvalidRequestError, MetactlError, UnsupportedVersionError
 from protocol.codec import HEADER_BYTES, Frame, decode_frame, encode_frame, parse_address
 from protocol.messages import (
+    Ack,
+    AlterConfigs,
+    AlterConfigsResponse,
     AlterPartition,
+    AlterPartitionReassignments,
+    AlterPartitionReassignmentsResponse,
     BrokerHeartbeatRequest,
     BrokerHeartbeatResponse,
+    CreatePartitions,
+    CreatePartitionsRequest,
+    CreatePartitionsResponse,
     CreateTopic,
     CreateTopicsRequest,
     CreateTopicsResponse,
+    DeleteTopicsRequest,
+    DeleteTopicsResponse,
     DescribeClusterRequest,
     DescribeClusterResponse,
+    DescribeConfigsRequest,
+    DescribeConfigsResponse,
+    DescribeFeaturesRequest,
+    DescribeFeaturesResponse,
     ElectLeader,
     ErrorResponse,
     FetchMetadataRequest,
     FetchMetadataResponse,
     GetReplicaLogInfoRequest,
     IsrMember,
+    ListPartitionReassignmentsRequest,
+    ListPartitionReassignmentsResponse,
     Message,
     PartitionState,
     ProduceRequest,
     ReadLogRequest,
+    Reassignment,
     RegisterBroker,
     RegisterBrokerResponse,
     ReplicaFetchRequest,
     ReplicaRef,
+    UnregisterBroker,
+    UpdateFeature,
+    UpdateFeatureResponse,
 )
 from protocol.transport import read_frame
 
 # The seeded cluster: brokers 1..3 registered (at these epochs) and unfenced, and topic
 # "t" with 3 partitions, replication factor 3, MinISR 2.
-SEED_EPOCHS: Final = {1: 0, 2: 2, 3: 4}
+# A broker epoch is its registration's offset: after the two bootstrap records (the ELR
+# feature level and the cluster-default min.insync.replicas, docs/lifecycle.md).
+SEED_EPOCHS: Final = {1: 2, 2: 4, 3: 6}
 SEED_TOPIC: Final = "t"
 VIRTUAL_START_MS: Final = 1_700_000_000_000  # frozen: no session expiry, no recovery timer
 
@@ -70,6 +92,15 @@ ANSWERS: Final[dict[type[Any], type[Any]]] = {
     CreateTopicsRequest: CreateTopicsResponse,
     ElectLeader: PartitionState,
     DescribeClusterRequest: DescribeClusterResponse,
+    DeleteTopicsRequest: DeleteTopicsResponse,
+    CreatePartitionsRequest: CreatePartitionsResponse,
+    AlterConfigs: AlterConfigsResponse,
+    DescribeConfigsRequest: DescribeConfigsResponse,
+    UpdateFeature: UpdateFeatureResponse,
+    DescribeFeaturesRequest: DescribeFeaturesResponse,
+    AlterPartitionReassignments: AlterPartitionReassignmentsResponse,
+    ListPartitionReassignmentsRequest: ListPartitionReassignmentsResponse,
+    UnregisterBroker: Ack,
 }
 # Every decode failure is one of these (docs/protocol.md).
 DECODE_ERROR_CODES: Final = frozenset({"INVALID_REQUEST", "CORRUPT_MESSAGE"})
@@ -78,7 +109,8 @@ CODEC_CODES: Final = DECODE_ERROR_CODES | {"UNSUPPORTED_VERSION"}
 
 def seed_messages() -> list[Message]:
     """A valid message of every wire request type (valid against the seeded cluster),
-    and two response types; the controller serves the first twelve."""
+    and two response types; the controller serves all but the broker-side requests and
+    the two responses."""
     e1, e2, e3 = SEED_EPOCHS[1], SEED_EPOCHS[2], SEED_EPOCHS[3]
     t = SEED_TOPIC
     return [
@@ -108,6 +140,23 @@ def seed_messages() -> list[Message]:
         ElectLeader(topic=t, partition=1, election_type="preferred"),
         ElectLeader(topic=t, partition=2, election_type="unclean", replica=3),
         DescribeClusterRequest(topic=t),
+        # The lifecycle requests (docs/lifecycle.md).
+        CreatePartitionsRequest(topics=[CreatePartitions(topic=t, count=4)]),
+        AlterConfigs(
+            resource_type="topic", resource_name=t, set_configs={"min.insync.replicas": "3"}
+        ),
+        DescribeConfigsRequest(resource_type="broker", resource_name=""),
+        DescribeFeaturesRequest(),
+        UpdateFeature(name="eligible.leader.replicas.version", level=1),
+        AlterPartitionReassignments(
+            reassignments=[
+                Reassignment(topic=t, partition=1, replicas=[3, 2, 1]),
+                Reassignment(topic=t, partition=2, replicas=None),
+            ]
+        ),
+        ListPartitionReassignmentsRequest(topics=[t]),
+        UnregisterBroker(broker_id=2),
+        DeleteTopicsRequest(topics=["u", "nope"]),
         GetReplicaLogInfoRequest(broker_id=1, broker_epoch=e1, partitions=[ReplicaRef(t, 0)]),
         ReplicaFetchRequest(
             topic=t,
@@ -456,7 +505,13 @@ class WireTarget:
         elif body is None or ANSWERS.get(type(body)) is not type(reply):
             raise WireViolation("bad_answer", f"{label} answered {got}")
         rejected = isinstance(reply, ErrorResponse) or (
-            isinstance(reply, CreateTopicsResponse)
+            isinstance(
+                reply,
+                CreateTopicsResponse
+                | DeleteTopicsResponse
+                | CreatePartitionsResponse
+                | AlterPartitionReassignmentsResponse,
+            )
             and all(r.error_code is not None for r in reply.results)
         )
         after = self.log_end

@@ -76,6 +76,10 @@ class MetadataDelta:
     def update(self, other: MetadataDelta) -> MetadataDelta:
         """Fold `other` (a later replay) into this delta; returns self."""
         self.brokers |= other.brokers
+        if other.removed_topics:  # what this delta created or changed of them is gone
+            gone = other.removed_topics
+            self.topics -= gone.keys()
+            self.partitions = {tp for tp in self.partitions if tp[0] not in gone}
         self.topics |= other.topics
         self.removed_topics.update(other.removed_topics)
         self.unregistered |= other.unregistered

@@ -14,6 +14,7 @@ from controller.core.handlers import ClearElrSlice, Continue, ReassignSlice
 from controller.core.lifecycle import Bootstrap, needs_bootstrap
 from controller.core.step import Rules, Tick
 from metactl.errors import MetactlError, ReplayError
+from metadata_image.delta import MetadataDelta
 from metadata_image.image import ClusterImage
 from metadata_image.replay import image_from_records, image_to_records, replay
 from metadata_log.records import (
@@ -733,3 +734,16 @@ def test_too_many_replicas_is_refused() -> None:
         reassignments=[Reassignment(topic="t", partition=0, replicas=list(range(40_000)))]
     )
     assert refused(c, request) == "INVALID_REPLICA_ASSIGNMENT"
+
+
+def test_folded_deltas_forget_what_a_later_delete_removed() -> None:
+    c = Cluster()
+    c.start(1)
+    created = c.submit(CreateTopic(name="t", replication_factor=1)).delta
+    deleted = c.submit(DeleteTopic(name="t")).delta
+    recreated = c.submit(CreateTopic(name="t", replication_factor=1)).delta
+    folded = MetadataDelta().update(created).update(deleted)
+    assert folded.topics == set() and folded.partitions == set()
+    assert set(folded.removed_topics) == {"t"}
+    folded.update(recreated)
+    assert folded.topics == {"t"} and folded.partitions == {("t", 0)}

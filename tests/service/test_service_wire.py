@@ -13,7 +13,7 @@ import pytest
 from controller.core.config import ControllerConfig
 from controller.runtime.service import ControllerService
 from metactl.errors import BrokerIdNotRegisteredError, StaleBrokerEpochError
-from metadata_log.records import FenceBrokerRecord, RegisterBrokerRecord
+from metadata_log.records import FeatureLevelRecord, FenceBrokerRecord, RegisterBrokerRecord
 from protocol.client import RpcClient
 from protocol.codec import decode_frame, encode_frame, parse_address
 from protocol.messages import (
@@ -160,7 +160,9 @@ async def test_fetch_returns_committed_records_and_long_polls(service: Controlle
         first = await conn.request(FetchMetadataRequest(from_offset=0, max_wait_ms=0))
         assert isinstance(first, FetchMetadataResponse)
         assert [r.offset for r in first.records] == list(range(first.end_offset))
-        assert isinstance(first.records[0].record, RegisterBrokerRecord)
+        # The cluster's bootstrap records come first (docs/lifecycle.md), then the broker's.
+        assert isinstance(first.records[0].record, FeatureLevelRecord)
+        assert isinstance(first.records[-1].record, RegisterBrokerRecord)
         # A long poll at the end wakes up when the next record commits.
         poll = asyncio.create_task(
             conn.request(FetchMetadataRequest(from_offset=first.end_offset, max_wait_ms=10_000))
