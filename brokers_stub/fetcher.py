@@ -157,6 +157,7 @@ class FetchLane:
             fetch_offset=sent_offset,
             last_fetched_epoch=log.last_fetched_epoch,
             max_wait_ms=wait_ms,
+            topic_id=log.topic_id or "",
         )
         try:
             resp = await self.client.request(req, (m.config.request_timeout_ms + wait_ms) / 1000)

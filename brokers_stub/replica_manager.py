@@ -63,6 +63,7 @@ from brokers_stub.replication import (
 )
 from brokers_stub.storage import REPLICAS_DIR, fsync_dir
 from metactl.errors import (
+    InconsistentTopicIdError,
     InvalidRequestError,
     MetactlError,
     NotLeaderOrFollowerError,
@@ -604,6 +605,11 @@ class ReplicaManager:
                 f"broker {req.follower_id} is not a follower of {req.topic}-{req.partition}"
             )
         log = self.logs[tp]
+        if req.topic_id and log.topic_id and req.topic_id != log.topic_id:
+            raise InconsistentTopicIdError(
+                f"{req.topic}-{req.partition}: the follower's replica is of topic id "
+                f"{req.topic_id[:36]}, this leader's of {log.topic_id}"
+            )
         history = list(log.leader_epochs)
         truncate_to = divergence(
             log.leader_epochs, log.log_end_offset, req.last_fetched_epoch, req.fetch_offset

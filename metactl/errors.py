@@ -86,6 +86,15 @@ class NoReassignmentInProgressError(MetactlError):
     code = "NO_REASSIGNMENT_IN_PROGRESS"
 
 
+class InconsistentTopicIdError(MetactlError):
+    """A replica fetch named another topic id than the leader's replica has: one side has
+    not yet applied a delete and re-create of the topic (KIP-516). Retriable: the
+    metadata catches up."""
+
+    code = "INCONSISTENT_TOPIC_ID"
+    retriable = True
+
+
 class TopicAlreadyExistsError(MetactlError):
     code = "TOPIC_ALREADY_EXISTS"
 

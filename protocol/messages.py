@@ -446,6 +446,10 @@ class ReplicaFetchRequest(_Msg, tag="ReplicaFetch", frozen=True):
     # while it has nothing new for the follower. 0, the default (and what an older follower
     # sends, as it omits the field): answer at once. An older leader ignores it.
     max_wait_ms: int = 0
+    # The topic id of the follower's replica (KIP-516): a leader whose replica has another
+    # id (the topic was deleted and created again) refuses with INCONSISTENT_TOPIC_ID, so
+    # a follower never copies another topic's records. "" (an older follower): unchecked.
+    topic_id: str = ""
 
 
 class ReplicaFetchResponse(_Msg, tag="ReplicaFetchResponse", frozen=True):

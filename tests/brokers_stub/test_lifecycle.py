@@ -26,6 +26,7 @@ from brokers_stub.replica_log import ReplicaLog
 from brokers_stub.replica_manager import ReplicaManager
 from brokers_stub.storage import REPLICAS_DIR
 from metactl.errors import (
+    InconsistentTopicIdError,
     NotEnoughReplicasAfterAppendError,
     NotEnoughReplicasError,
     NotLeaderOrFollowerError,
@@ -590,3 +591,20 @@ async def test_a_replica_removed_and_added_again_must_catch_up_anew(tmp_path: Pa
     fetch(b1, b3)
     await b1.isr_updater.settled()
     assert [sorted(m.broker_id for m in r.isr) for r in alter.requests] == [[1, 2, 3]]
+
+
+async def test_a_fetch_for_another_topic_id_is_refused(tmp_path: Path) -> None:
+    """KIP-516: a follower whose replica is of the old topic (it has not applied the
+    delete and re-create yet) must not copy the new topic's records, nor the reverse,
+    even when both are at leader epoch 0."""
+    clock = Clock()
+    leader, f2 = manager(tmp_path, 1, clock), manager(tmp_path, 2, clock)
+    Cluster([leader, f2], topic(NEW_ID, [1, 2], [1, 2]))
+    await leader.data.produce(produce(count=3))
+    stale = msgspec.structs.replace(first_fetch(2), topic_id=OLD_ID)
+    with pytest.raises(InconsistentTopicIdError, match="topic id"):
+        leader.handle_fetch(stale)
+    same = msgspec.structs.replace(first_fetch(2), topic_id=NEW_ID)
+    assert leader.handle_fetch(same).log_end_offset == 3
+    unnamed = first_fetch(2)  # an older follower sends no id: unchecked, as before
+    assert unnamed.topic_id == "" and leader.handle_fetch(unnamed).log_end_offset == 3
