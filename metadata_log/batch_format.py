@@ -47,8 +47,21 @@ _BATCH_HEADER: Final = struct.Struct(">qiq")  # base_offset, record_count, times
 _SNAPSHOT_HEADER: Final = struct.Struct(">qq")  # offset, timestamp_ms
 
 
+_INT32_MAX: Final = 2**31 - 1
+_INT64: Final = range(-(2**63), 2**63)
+
+
 def batch_crc(base_offset: int, count: int, timestamp_ms: int, payload: bytes) -> int:
     return zlib.crc32(payload, zlib.crc32(_BATCH_HEADER.pack(base_offset, count, timestamp_ms)))
+
+
+def _header_fits(batch: StoredBatch) -> bool:
+    """The header's fields fit their stored widths (a crafted file may say otherwise)."""
+    return (
+        1 <= batch.count <= _INT32_MAX
+        and batch.base_offset in _INT64
+        and batch.timestamp_ms in _INT64
+    )
 
 
 def snapshot_crc(offset: int, timestamp_ms: int, payload: bytes) -> int:
@@ -136,9 +149,12 @@ def check_batch_frame(batch: StoredBatch, location: str) -> None:
 
 
 def _check_crc(batch: StoredBatch, location: str) -> None:
-    if batch.count < 1:
+    if not _header_fits(batch):
         raise CorruptLogError(
-            f"batch holds {batch.count} records", path=location, offset=batch.base_offset
+            f"batch header out of range: {batch.count} records at offset "
+            f"{batch.base_offset}, timestamp {batch.timestamp_ms}",
+            path=location,
+            offset=batch.base_offset if batch.base_offset in _INT64 else None,
         )
     if batch_crc(batch.base_offset, batch.count, batch.timestamp_ms, batch.payload) != batch.crc:
         raise CorruptLogError("batch CRC mismatch", path=location, offset=batch.base_offset)
@@ -200,7 +216,13 @@ def decode_entries(
         payload = stored.payload
         if base != expected:
             check_continuity([stored], expected, location)
-        if count < 1 or crc32(payload, crc32(pack(base, count, timestamp_ms))) != crc:
+        try:  # (zero-cost unless raised: a header too wide to pack is a crafted one)
+            if (
+                not 1 <= count <= _INT32_MAX
+                or crc32(payload, crc32(pack(base, count, timestamp_ms))) != crc
+            ):
+                check_batch(stored, location)
+        except struct.error:
             check_batch(stored, location)
         expected = base + count
         try:

@@ -365,3 +365,31 @@ async def test_checks_read_at_one_revision_while_a_writer_appends(url: str) -> N
         assert written > 5  # the writer really was appending meanwhile
     finally:
         await writer.close()
+
+
+async def test_a_crafted_record_count_is_corruption_not_a_crash(url: str, raw: Etcd) -> None:
+    """Issue 21 item 7: a group value whose header claims 2^31 or more records made the
+    CRC check's struct.pack raise (`'i' format requires ...`), exit 70; it is
+    CORRUPT_MESSAGE, at open (the tail) and on reads."""
+    from metadata_log.etcd.store import _BATCH
+
+    store = await EtcdLogStore.open(url)
+    await store.append(records(2))
+    await store.close()
+    key = raw.target.key(f"log/{0:020d}")
+    kv, _ = await raw.get(key)
+    assert kv is not None
+    value = bytes(kv.value)
+    count, timestamp_ms, crc, size = _BATCH.unpack_from(value, 0)
+    assert count == 2
+    crafted = _BATCH.pack(2**31 + 5, timestamp_ms, crc, size) + value[_BATCH.size :]
+    await raw.txn("plant", [], [op_put(key, crafted)])
+    with pytest.raises(CorruptLogError) as raised:
+        await EtcdLogStore.open(url, read_only=True)
+    assert raised.value.code == "CORRUPT_MESSAGE"
+    reader = await EtcdLogStore.open(url, read_only=True, verify_tail=False)
+    try:
+        with pytest.raises(CorruptLogError):
+            await reader.read(0)
+    finally:
+        await reader.close()

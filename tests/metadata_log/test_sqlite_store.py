@@ -267,3 +267,30 @@ async def test_a_read_only_follower_sees_another_writers_commits(tmp_path: Path)
         assert await writer.delete_before_snapshot() == 6
         await follower.read(6)
         assert follower.start_offset == 6
+
+
+@pytest.mark.parametrize("count", [2**31, 2**40, -(2**40)])
+async def test_a_crafted_record_count_is_corruption_not_a_crash(tmp_path: Path, count: int) -> None:
+    """Issue 21 item 7: a record count too wide for the header's int32 made the CRC's
+    struct.pack raise, and the controller exit 70 with UNKNOWN_SERVER_ERROR. In the tail
+    it fails the open; before the tail (past the open's check), every read and verify."""
+    ranges = await write_log(tmp_path, [records(1, first=i) for i in range(70)])
+    path = tmp_path / LOG_FILE_NAME
+    for where in (ranges[1].start, ranges[-1].start):
+        with sqlite3.connect(path) as conn:
+            conn.execute(
+                "UPDATE batches SET record_count = ? WHERE base_offset = ?", (count, where)
+            )
+        if where == ranges[-1].start:
+            with pytest.raises(CorruptLogError):
+                await SqliteLogStore.open(tmp_path)
+            continue
+        store = await SqliteLogStore.open(tmp_path)  # the tail is sound
+        try:
+            with pytest.raises(CorruptLogError) as raised:
+                await store.read(0)
+            assert raised.value.code == "CORRUPT_MESSAGE" and raised.value.offset == where
+            with pytest.raises(CorruptLogError):
+                await store.verify()
+        finally:
+            await store.close()
