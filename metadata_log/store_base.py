@@ -60,9 +60,9 @@ class LogStoreBase(ABC):
         self.commits = 0
         """Durable group commits done by this instance (one transaction and fsync each)."""
         self.last_commit_ns = 0
+        """`time.perf_counter_ns()` when the latest group commit became durable."""
         self.append_failures = 0
         """Appends that failed with `StorageError` (disk full, I/O error, writes stopped)."""
-        """`time.perf_counter_ns()` when the latest group commit became durable."""
         self._start_offset = start_offset
         self._end_offset = end_offset
         self._state = _State.OPEN
@@ -75,6 +75,11 @@ class LogStoreBase(ABC):
         self._advanced = asyncio.Event()
         self._write_lock = asyncio.Lock()
         self._writer_task: asyncio.Task[None] | None = None
+
+    @property
+    def failure(self) -> LogError | None:
+        """Why writes stopped (`write_failed` is set), or None."""
+        return self._failure
 
     # --- offsets -------------------------------------------------------------------------
 

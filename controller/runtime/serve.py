@@ -301,8 +301,15 @@ async def serve(args: Any) -> int:
         + (f" metrics={metrics}" if metrics else ""),
         flush=True,
     )
-    await stop.wait()
+    stopped = asyncio.ensure_future(stop.wait())
+    failed = asyncio.ensure_future(service.failed.wait())
+    await asyncio.wait({stopped, failed}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    failed.cancel()
     await service.stop()
+    if service.storage_failure is not None:
+        print(f"error: {service.storage_failure}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

@@ -127,6 +127,12 @@ INSPECTION_RETRY = RetryPolicy(attempts=20, base_s=0.1, cap_s=2.0)
 INSPECTION_BATCH = WORK_BUDGET // 4
 # Stepping down waits this long for in-flight commits (fenced ones fail at once).
 STEP_DOWN_S = 10.0
+# A single controller (SQLite) whose log stopped taking writes (FATAL_STORAGE_ERROR:
+# an I/O error, a read-only file) steps down and tries to reopen the log this many
+# times, this far apart, before the process exits with the error (Kafka's fault handler
+# ends the process; issue 21 item 7).
+STORAGE_REOPEN_ATTEMPTS = 3
+STORAGE_REOPEN_BACKOFF_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -169,6 +175,10 @@ class ControllerService:
         # The last term's committed image, after stepping down: reads answer from it
         # until a standby, which replays the log on from it, replaces it.
         self.last_image: ClusterImage | None = None
+        # Set when the log could not be written and reopening it failed: the process
+        # exits with it (`controller.runtime.serve`).
+        self.storage_failure: MetactlError | None = None
+        self.failed = asyncio.Event()
         self.leadership: Leadership | None = None
         self.leader_hint: str | None = None  # the active controller's address, if known
         self.election: Election | None = None
@@ -240,6 +250,7 @@ class ControllerService:
             except BaseException:
                 await store.close()
                 raise
+            self._spawn(self._watch_storage(), "storage")
         if self.metrics_listen is not None:
             self.metrics_server = await MetricsServer.start(
                 self.role_metrics.registry, self.metrics_listen, tls=self.tls
@@ -340,6 +351,55 @@ class ControllerService:
                 with contextlib.suppress(MetactlError):
                     await store.close()
 
+    async def _watch_storage(self) -> None:
+        """A single controller whose log stops taking writes steps down at once (no
+        request is accepted that cannot be made durable), logs it once, and tries to
+        reopen the log a bounded number of times; if that fails the service is marked
+        failed and the process exits non-zero with the error."""
+        while True:
+            store = self.store
+            if store is None:
+                return
+            await store.write_failed.wait()
+            failure = store.failure
+            log.error(
+                "the metadata log stopped taking writes: stepping down",
+                location=store.location,
+                code=failure.code if failure is not None else None,
+                error=failure.message if failure is not None else None,
+            )
+            await self._deactivate("the metadata log stopped taking writes")
+            error: MetactlError | None = failure
+            for attempt in range(1, STORAGE_REOPEN_ATTEMPTS + 1):
+                await asyncio.sleep(STORAGE_REOPEN_BACKOFF_S)
+                where = self.metadata_log if self.metadata_log is not None else self.data_dir
+                try:
+                    reopened = await open_store(where)
+                except MetactlError as exc:
+                    error = exc
+                    log.warning(
+                        "reopening the metadata log failed",
+                        attempt=attempt,
+                        of=STORAGE_REOPEN_ATTEMPTS,
+                        code=exc.code,
+                        error=exc.message,
+                    )
+                    continue
+                try:
+                    await self._activate(reopened)
+                except MetactlError as exc:
+                    await reopened.close()
+                    error = exc
+                    continue
+                log.warning("metadata log reopened: active again", attempt=attempt)
+                break
+            else:
+                self.storage_failure = error or FatalStorageError(
+                    "the metadata log stopped taking writes"
+                )
+                self.failed.set()
+                return
+
     async def _redirect(self) -> NotControllerError:
         """NOT_CONTROLLER for a write to a standby, naming the active controller: the
         hint the campaign last saw, else a look at the leadership key (bounded)."""
@@ -400,6 +460,9 @@ class ControllerService:
                     return await self._fetch(body)
                 case DescribeClusterRequest():
                     return self.describe(body)
+            if not self.replicated and self.role != "active":
+                # A single controller between a storage failure and its reopen or exit.
+                raise FatalStorageError("the metadata log stopped taking writes; reopening it")
             raise await self._redirect()
         try:
             return await self._handle(body, peer)
