@@ -3,8 +3,14 @@
 
 `LocalEtcd` starts N members (each its own process group, data dir and log file), waits
 until every member answers its ``/health`` endpoint, and can kill, pause, resume and
-restart single members (the tests' faults). Members listen on 127.0.0.1 only, on ports
-chosen free at start. Nothing here knows the metadata log; it only runs etcd.
+restart single members (the tests' faults). Members listen on 127.0.0.1 only.
+
+Ports are part of a member's identity: its data directory remembers the peer URLs it was
+first started with, and a member restarted on other ports cannot rejoin. So the ports are
+chosen once, on the first start (free ones, or from `base_port` on), kept in
+``ports.json`` beside the members' data, and reused by every later start on the same
+directory; asking for other ports or another member count there is INVALID_CONFIG. Nothing
+here knows the metadata log; it only runs etcd.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from metactl.errors import InvalidConfigurationError, StoreUnavailableError
+from metactl.errors import InvalidConfigurationError, ListenError, StoreUnavailableError
 
 __all__ = [
     "ETCD_BINARY",
@@ -37,6 +43,7 @@ __all__ = [
 ETCD_BINARY: Final = "etcd"
 HEALTH_TIMEOUT_S: Final = 30.0
 CLUSTER_TOKEN: Final = "metactl"
+PORTS_FILE: Final = "ports.json"
 
 
 def etcd_binary() -> str:
@@ -109,11 +116,11 @@ class EtcdMember:
 class LocalEtcd:
     """`members` etcd processes forming one cluster under `base_dir`."""
 
-    def __init__(self, base_dir: Path, members: int = 1) -> None:
+    def __init__(self, base_dir: Path, members: int = 1, *, base_port: int | None = None) -> None:
         if not 1 <= members <= 9:
             raise InvalidConfigurationError(f"an etcd cluster of {members} members: use 1 to 9")
         self.base_dir = base_dir
-        ports = free_ports(2 * members)
+        ports = self._ports(members, base_port)
         self.members = [
             EtcdMember(
                 name=f"etcd-{i + 1}",
@@ -124,6 +131,66 @@ class LocalEtcd:
             )
             for i in range(members)
         ]
+
+    def _ports(self, members: int, base_port: int | None) -> list[int]:
+        """Client and peer port of each member: those persisted on the first start, else
+        `base_port` on (client, peer, client, ...), else free ones."""
+        path = self.base_dir / PORTS_FILE
+        wanted: list[int] | None = None
+        if base_port is not None:
+            if not 1024 <= base_port <= 65536 - 2 * members:
+                raise InvalidConfigurationError(
+                    f"etcd base port {base_port}: the {2 * members} ports from it must be "
+                    "within 1024..65535"
+                )
+            wanted = list(range(base_port, base_port + 2 * members))
+        if path.exists():
+            try:
+                saved = json.loads(path.read_text())
+                ports = [int(p) for p in saved["ports"]]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise InvalidConfigurationError(
+                    f"{path} is unreadable ({exc}); it holds the etcd members' ports"
+                ) from None
+            if len(ports) != 2 * members:
+                raise InvalidConfigurationError(
+                    f"the etcd cluster in {self.base_dir} has {len(ports) // 2} member(s), "
+                    f"not {members}: its members keep their identity; use {len(ports) // 2}"
+                )
+            if wanted is not None and wanted != ports:
+                raise InvalidConfigurationError(
+                    f"the etcd cluster in {self.base_dir} was first started on ports "
+                    f"{ports[0]}..{ports[-1]} and its members remember them: use "
+                    f"--etcd-base-port {ports[0]} or a new data directory"
+                )
+            return ports
+        return wanted if wanted is not None else free_ports(2 * members)
+
+    def _save_ports(self) -> None:
+        path = self.base_dir / PORTS_FILE
+        if path.exists():
+            return
+        ports = [p for m in self.members for p in (m.client_port, m.peer_port)]
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            json.dump({"ports": ports}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def _check_bindable(self, m: EtcdMember) -> None:
+        """A persisted port another process took is a named error now, rather than a
+        member that exits and a health wait that times out."""
+        for port in (m.client_port, m.peer_port):
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError as exc:
+                    raise ListenError(
+                        f"etcd member {m.name} needs 127.0.0.1:{port} "
+                        f"(kept in {self.base_dir / PORTS_FILE}), which is in use: {exc.strerror}"
+                    ) from None
 
     @property
     def endpoints(self) -> str:
@@ -154,6 +221,10 @@ class LocalEtcd:
 
     def start(self, *, wait: bool = True) -> LocalEtcd:
         self.base_dir.mkdir(parents=True, exist_ok=True)
+        for m in self.members:
+            if not m.running:
+                self._check_bindable(m)
+        self._save_ports()
         for i in range(len(self.members)):
             self.start_member(i)
         if wait:
