@@ -58,7 +58,7 @@ def test_other_ports_or_member_counts_on_a_directory_are_refused(tmp_path: Path)
     with pytest.raises(InvalidConfigurationError, match=f"--etcd-base-port {base}"):
         LocalEtcd(tmp_path, 1, base_port=base + 10)
     assert LocalEtcd(tmp_path, 1, base_port=base).members[0].client_port == base
-    with pytest.raises(InvalidConfigurationError, match="within 1024..65535"):
+    with pytest.raises(InvalidConfigurationError, match=r"within 1024\.\.65535"):
         LocalEtcd(tmp_path / "other", 1, base_port=80)
     (tmp_path / PORTS_FILE).write_text("{not json")
     with pytest.raises(InvalidConfigurationError, match="unreadable"):
