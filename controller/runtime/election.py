@@ -131,12 +131,29 @@ class Election:
     async def leader_address(self) -> str | None:
         """The active controller's address from the leadership key (None: no holder, or
         etcd did not answer within a second)."""
+        address, _ = await self.leader_or_problem()
+        return address
+
+    async def leader_or_problem(self) -> tuple[str | None, str | None]:
+        """(the active controller's address, None), or (None, why none is known): no
+        holder of the leadership, or etcd not answering within a second, which names the
+        members that accept a connection (fewer than a majority: etcd lost quorum)."""
         try:
             async with asyncio.timeout(1.0):
                 info, _ = await current_leader(self.etcd)
         except (TimeoutError, MetactlError):
-            return None
-        return _address(info)
+            endpoints = self.etcd.target.endpoints
+            reachable = await _reachable(endpoints)
+            majority = len(endpoints) // 2 + 1
+            verdict = "etcd has lost quorum" if len(reachable) < majority else "etcd is slow"
+            return None, (
+                f"{verdict}: it did not answer within 1 s; members accepting connections: "
+                f"{', '.join(reachable) or 'none'} of {len(endpoints)}"
+            )
+        address = _address(info)
+        if address is None:
+            return None, "no controller holds the leadership (an election is under way)"
+        return address, None
 
     def _seen(self, holder: LeaderInfo | None) -> None:
         self.service.leader_hint = _address(holder)
@@ -198,6 +215,23 @@ class Election:
             with contextlib.suppress(MetactlError):
                 await standby.close()
         await self.etcd.close()
+
+
+async def _reachable(endpoints: tuple[str, ...]) -> list[str]:
+    """The endpoints that accept a TCP connection within 0.2 s (probed together)."""
+
+    async def accepts(endpoint: str) -> bool:
+        host, _, port = endpoint.rpartition(":")
+        try:
+            async with asyncio.timeout(0.2):
+                _, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+        except (OSError, TimeoutError, ValueError):
+            return False
+        writer.close()
+        return True
+
+    answers = await asyncio.gather(*(accepts(e) for e in endpoints))
+    return [e for e, ok in zip(endpoints, answers, strict=True) if ok]
 
 
 def _address(holder: LeaderInfo | None) -> str | None:

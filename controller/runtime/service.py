@@ -401,16 +401,33 @@ class ControllerService:
                 return
 
     async def _redirect(self) -> NotControllerError:
-        """NOT_CONTROLLER for a write to a standby, naming the active controller: the
-        hint the campaign last saw, else a look at the leadership key (bounded)."""
-        if self.leader_hint is None and self.election is not None:
-            self.leader_hint = await self.election.leader_address()
-        return self._not_controller()
+        """NOT_CONTROLLER for a write to a standby, naming the active controller as the
+        leadership key names it now (a bounded look). A
+        controller never names itself (it may still think it is active after a pause
+        longer than its lease); when no controller is known to be active the error says
+        so, and why (no holder, or etcd not answering: its reachable members)."""
+        problem = None
+        if self.leader_hint == self.advertised and not self.acting:
+            self.leader_hint = None
+        if self.election is not None:
+            # The hint is checked against etcd each time (bounded by a second): a standby's
+            # last campaign may have seen a holder that is gone since, and with etcd out of
+            # quorum nobody is active, whatever it saw.
+            address, problem = await self.election.leader_or_problem()
+            if address == self.advertised:
+                address, problem = None, "this controller's lease ran out; an election is due"
+            self.leader_hint = address
+        return self._not_controller(problem)
 
-    def _not_controller(self) -> NotControllerError:
+    def _not_controller(self, problem: str | None = None) -> NotControllerError:
         leader = self.leader_hint
-        where = f"the active controller is {leader}" if leader else "no controller is active yet"
-        return NotControllerError(f"this controller is a standby: {where}", leader=leader)
+        if leader is not None and leader != self.advertised:
+            return NotControllerError(
+                f"this controller is a standby: the active controller is {leader}",
+                leader=leader,
+            )
+        why = f": {problem}" if problem else ""
+        return NotControllerError(f"no controller is active{why}", leader=None)
 
     @property
     def acting(self) -> bool:

@@ -90,6 +90,10 @@ async def test_a_paused_active_controller_is_fenced_and_steps_down(tmp_path: Pat
             answer = decode_frame(await read_frame(reader, 1 << 20)).body
         w.close()
         assert getattr(answer, "code", None) == NotControllerError.code, answer
+        # It never names itself as the active controller (issue 21 item 5): it names the
+        # new one, or says none is active.
+        assert getattr(answer, "leader", None) != first.address, answer
+        assert first.address not in getattr(answer, "message", ""), answer
         await writer.stop()
         d = await c.describe(new.address)
         assert "sent-to-the-old-one" not in {p.topic for p in d.partitions}
@@ -132,6 +136,11 @@ async def test_etcd_members_die_and_come_back(tmp_path: Path) -> None:
         with pytest.raises(MetactlError) as e:
             await writer.one("no-quorum", timeout_s=15)
         assert e.value.retriable, e.value
+        if isinstance(e.value, NotControllerError):
+            # No stale hint: with etcd out of quorum no controller is named active, and
+            # the error says why (issue 21 item 5).
+            assert e.value.leader is None, e.value
+            assert "no controller is active" in e.value.message, e.value
         # Reads answer, from committed state, on every controller (a standby's image, or
         # the last term's after stepping down; it may lag, the watch cut by the dead
         # members: the write acknowledged with one member down is checked at the end).
