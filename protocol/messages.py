@@ -107,6 +107,11 @@ class PartitionState(_Msg, tag="PartitionState", frozen=True):
     # DescribeCluster: the last unclean recovery within the request's window. Omitted when
     # there is none; an older receiver ignores it, so no new version.
     last_unclean_recovery: RecoverySummary | None = None
+    # A reassignment in progress (KIP-455): the replicas being added (in `replicas`, the
+    # target's new ones) and being removed (the original's leaving ones). Omitted when
+    # empty; an older receiver ignores them, so no new version.
+    adding_replicas: list[int] = []
+    removing_replicas: list[int] = []
 
 
 class FetchMetadataRequest(_Msg, tag="FetchMetadata", frozen=True):
@@ -211,7 +216,7 @@ class CreatePartitionsResponse(_Msg, tag="CreatePartitionsResponse", frozen=True
 class ConfigEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     name: str
     value: str | None
-    # TOPIC_CONFIG, DYNAMIC_DEFAULT_BROKER_CONFIG, STATIC_BROKER_CONFIG or DEFAULT_CONFIG
+    # DYNAMIC_TOPIC_CONFIG, DYNAMIC_DEFAULT_BROKER_CONFIG, STATIC_BROKER_CONFIG or DEFAULT_CONFIG
     source: str
     read_only: bool = False
 
@@ -230,8 +235,8 @@ class AlterConfigs(_Msg, tag="IncrementalAlterConfigs", frozen=True):
 class AlterConfigsResponse(_Msg, tag="IncrementalAlterConfigsResponse", frozen=True):
     resource_type: str
     resource_name: str
-    # How many topics' ELRs the change cleared (KIP-966), and how many partitions had
-    # an ELR or LastKnownELR to clear.
+    # How many topics' ELRs and LastKnownELRs the change cleared (KIP-966): 1 for a
+    # topic's config, every topic for the cluster default.
     cleared_topics: int = 0
 
 

@@ -38,7 +38,9 @@ def describe_configs(
         if t is None:
             raise UnknownTopicOrPartitionError(f"unknown topic {req.resource_name[:255]}")
         if t.min_isr is not None:
-            entry = ConfigEntry(name=MIN_ISR_CONFIG, value=str(t.min_isr), source="TOPIC_CONFIG")
+            entry = ConfigEntry(
+                name=MIN_ISR_CONFIG, value=str(t.min_isr), source="DYNAMIC_TOPIC_CONFIG"
+            )
         elif cluster is not None:
             entry = ConfigEntry(
                 name=MIN_ISR_CONFIG, value=cluster, source="DYNAMIC_DEFAULT_BROKER_CONFIG"

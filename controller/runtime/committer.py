@@ -26,7 +26,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import structlog
@@ -48,6 +48,8 @@ from metadata_log.records import (
 )
 from metadata_log.store import LogStore
 from protocol.messages import Ack, ControllerResponse
+
+_RESERVED_LOG_KEYS: Final = frozenset({"level", "event", "timestamp", "logger"})
 
 log = structlog.get_logger("metactl.controller")
 
@@ -479,6 +481,10 @@ def log_committed(
         fields: dict[str, Any] = msgspec.to_builtins(r)
         fields.pop("v", None)
         fields.pop("type", None)
+        for reserved in _RESERVED_LOG_KEYS & fields.keys():
+            # structlog's own keys (a FeatureLevelRecord's `level` was overwritten by the
+            # log level): the record's value is kept under another name.
+            fields[f"record_{reserved}"] = fields.pop(reserved)
         if isinstance(r, UncleanRecoveryRecord):
             log.warning(
                 "unclean recovery: potential data loss",

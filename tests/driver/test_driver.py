@@ -189,3 +189,23 @@ async def test_proactive_window_fires_on_a_virtual_clock(store: SqliteLogStore) 
     clock.set(deadline)  # no submit, no tick: the clock alone wakes the driver
     await _recovery_committed_after(store, end)
     await ctl.close()
+
+
+async def test_a_committed_records_fields_never_overwrite_the_log_lines_own(
+    store: SqliteLogStore,
+) -> None:
+    """A FeatureLevelRecord's `level` was logged as the line's level (structlog's key), so
+    the feature's level never showed: such fields are kept as `record_<name>`."""
+    from structlog.testing import capture_logs
+
+    from controller.core.lifecycle import Bootstrap
+
+    ctl = await Controller.open(store, clock=VirtualClock())
+    ctl.log_every_record = True
+    with capture_logs() as logs:
+        await ctl.submit(Bootstrap())
+    await ctl.close()
+    committed = [e for e in logs if e.get("event") == "committed"]
+    feature = next(e for e in committed if e["record"] == "FeatureLevel")
+    assert feature["log_level"] == "info" and feature["record_level"] == 1
+    assert feature["name"] == "eligible.leader.replicas.version"

@@ -110,7 +110,7 @@ async def test_every_lifecycle_request_over_the_wire_and_after_a_restart(tmp_pat
         assert r == AlterConfigsResponse(resource_type="topic", resource_name="t", cleared_topics=1)
         r = await conn.request(DescribeConfigsRequest(resource_type="topic", resource_name="t"))
         assert isinstance(r, DescribeConfigsResponse)
-        assert (r.configs[0].value, r.configs[0].source) == ("3", "TOPIC_CONFIG")
+        assert (r.configs[0].value, r.configs[0].source) == ("3", "DYNAMIC_TOPIC_CONFIG")
         r = await conn.request(
             AlterPartitionReassignments(
                 reassignments=[
