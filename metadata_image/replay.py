@@ -498,7 +498,7 @@ class _Builder:
         configured = record.min_isr
         changed = None if self.delta is None else self.delta.partitions
         for p in self.partitions.topic_states(topic, range(record.first, end)):
-            min_isr = p.min_isr if configured is None else min(configured, len(p.replicas))
+            min_isr = p.min_isr if configured is None else min(configured, len(p.target))
             if p.elr or p.last_known_elr or min_isr != p.min_isr:
                 self.set_partition(
                     p.tp, _replace_partition(p, elr=EMPTY, lkelr=EMPTY, min_isr=min_isr), p

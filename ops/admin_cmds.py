@@ -66,6 +66,8 @@ def register(sub: Any) -> None:
             "metactl topics create --topic orders --partitions 6 --replication-factor 3 "
             "--config min.insync.replicas=2",
             "metactl topics create --topic pinned --replica-assignment 1:2:3,2:3:1",
+            "metactl topics alter --topic orders --partitions 12",
+            "metactl topics delete --topic orders",
         ),
         formatter_class=HELP_FORMAT,
     )

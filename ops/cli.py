@@ -101,6 +101,11 @@ COMMAND_MODULES = (
     "ops.broker_cmds",
     "ops.describe_cmds",  # describe, brokers
     "ops.admin_cmds",  # topics create, elect
+    # topics delete|alter, brokers unregister: after the groups they extend (above)
+    "ops.lifecycle_cmds",
+    "ops.configs_cmds",
+    "ops.features_cmds",
+    "ops.reassign_cmds",
     "ops.events_cmds",
     "ops.cluster_cmds",
     "ops.certs_cmds",

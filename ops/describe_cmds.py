@@ -10,9 +10,10 @@ order is walked over the image the log replays to.
 `describe` prints what `kafka-topics.sh --describe` prints: a summary line per topic
 (Topic, TopicId, PartitionCount, ReplicationFactor, Configs), then a tab-indented line per
 partition with Kafka's fields in Kafka's order (Topic, Partition, Leader, Replicas, Isr,
-Elr, LastKnownElr), then metactl's (LeaderEpoch, Recovery, and the partition's last
-unclean recovery with its age while it is within `--recent-recoveries`, 24 h by
-default). Kafka's filters (`--under-replicated-partitions`, `--under-min-isr-partitions`,
+Adding Replicas and Removing Replicas while the partition is being reassigned, Elr,
+LastKnownElr), then metactl's (LeaderEpoch, Recovery, and the partition's last unclean
+recovery with its age while it is within `--recent-recoveries`, 24 h by default).
+Kafka's filters (`--under-replicated-partitions`, `--under-min-isr-partitions`,
 `--at-min-isr-partitions`, `--unavailable-partitions`) print only the matching partition
 lines, without topic lines, as Kafka does. `brokers` prints FENCED as yes/no and, for a
 fenced broker, why (e.g. its session expired).
@@ -78,9 +79,16 @@ PAGING = (
     "committed state; different pages may show different ones."
 )
 
+
+def replication_factor(p: PartitionState) -> int:
+    """Kafka's replication factor of a partition: while it is being reassigned, its
+    replicas without the ones being added (TopicCommand.getReplicationFactor)."""
+    return len(p.replicas) - len(p.adding_replicas)
+
+
 # Kafka's partition filters: the flag's dest, and which partitions it keeps.
 FILTERS: Final[dict[str, Callable[[PartitionState], bool]]] = {
-    "under_replicated_partitions": lambda p: len(p.isr) < len(p.replicas),
+    "under_replicated_partitions": lambda p: len(p.isr) < replication_factor(p),
     "under_min_isr_partitions": lambda p: len(p.isr) < p.min_isr,
     "at_min_isr_partitions": lambda p: len(p.isr) == p.min_isr,
     "unavailable_partitions": lambda p: p.leader == NO_LEADER,
@@ -91,8 +99,9 @@ def register(sub: Any) -> None:
     d = sub.add_parser(
         "describe",
         help="topics and partitions, like kafka-topics --describe",
-        description="Topics and their partitions: leader, replicas, ISR, ELR, "
-        "LastKnownELR, leader epoch, recovery state and any recent unclean recovery. " + PAGING,
+        description="Topics and their partitions: leader, replicas, ISR, the replicas a "
+        "reassignment is adding and removing, ELR, LastKnownELR, leader epoch, recovery "
+        "state and any recent unclean recovery. " + PAGING,
         epilog=examples(
             "metactl describe",
             "metactl describe --topic demo --unavailable-partitions",
@@ -109,7 +118,8 @@ def register(sub: Any) -> None:
     only.add_argument(
         "--under-replicated-partitions",
         action="store_true",
-        help="partitions whose ISR is smaller than their replica set",
+        help="partitions whose ISR is smaller than their replication factor (while "
+        "reassigning, the replicas not being added, as Kafka counts it)",
     )
     only.add_argument(
         "--under-min-isr-partitions",
@@ -145,11 +155,14 @@ def register(sub: Any) -> None:
         "brokers",
         help="registered brokers and their state",
         description="Registered brokers: epoch, fenced or not and why, controlled "
-        "shutdown, heartbeat age, how the last registration went, endpoint. " + PAGING,
+        "shutdown, heartbeat age, how the last registration went, endpoint. "
+        + PAGING
+        + " `brokers unregister --id N` removes a fenced broker's registration.",
         epilog=examples(
             "metactl brokers",
             "metactl brokers --principal viewer --json",
             "metactl brokers --data-dir ./data",
+            "metactl brokers unregister --id 4",
         ),
         formatter_class=HELP_FORMAT,
     )
@@ -276,9 +289,15 @@ def topic_line(t: TopicDescription) -> str:
 def partition_line(p: PartitionState) -> str:
     """Kafka's partition line (its fields in its order, tab-indented), then metactl's."""
     leader = "none" if p.leader == NO_LEADER else str(p.leader)
+    moving = ""
+    if p.adding_replicas or p.removing_replicas:  # Kafka's columns, while reassigning
+        moving = (
+            f"Adding Replicas: {_ids(p.adding_replicas)}\t"
+            f"Removing Replicas: {_ids(p.removing_replicas)}\t"
+        )
     line = (
         f"\tTopic: {p.topic}\tPartition: {p.partition}\tLeader: {leader}\t"
-        f"Replicas: {_ids(p.replicas)}\tIsr: {_ids(p.isr)}\tElr: {_ids(p.elr)}\t"
+        f"Replicas: {_ids(p.replicas)}\tIsr: {_ids(p.isr)}\t{moving}Elr: {_ids(p.elr)}\t"
         f"LastKnownElr: {_ids(p.last_known_elr)}\tLeaderEpoch: {p.leader_epoch}\t"
         f"Recovery: {recovery_state(p)}"
     )

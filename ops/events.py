@@ -11,8 +11,15 @@ A metadata transaction (KIP-868) takes effect whole: its records give lines only
 end marker is read, and an aborted or unfinished one gives none
 (`metadata_image.transactions.EffectiveEntries` says which entries take effect).
 Records older than `since_ms` are replayed without lines. Transaction markers, no-ops
-and the PartitionRecords of a topic creation (summed up by the topic's line) give no line
-of their own.
+and the PartitionRecords of a topic creation or growth (summed up by the topic's line)
+give no line of their own.
+
+The lifecycle has lines too: a config set or deleted ("topic orders:
+min.insync.replicas=3 (was 2)"), a feature level, a topic deleted or grown, a broker
+unregistered, the ELR and LastKnownELR a config change cleared (with the partition range
+when a large topic is cleared in slices), and a reassignment's steps ("demo-0 replicas
+[1,2,3]→[2,3,4,1], adding [4], removing [1] (reassignment)", later "reassignment
+complete" or "reassignment cancelled").
 
 Pure: no IO, no clock. `parse_since` reads `--since` (10m, 2h, 1d, an ISO time).
 """
@@ -28,16 +35,22 @@ from typing import Final, Protocol
 import msgspec
 
 from metactl.errors import InvalidConfigurationError
-from metadata_image.image import ClusterImage, PartitionState, TopicPartition
+from metadata_image.image import ClusterImage, PartitionState, TopicPartition, TopicState
 from metadata_image.replay import image_from_records, replay
 from metadata_image.transactions import EffectiveEntries
 from metadata_log.records import (
+    BROKER_RESOURCE,
+    ELR_FEATURE,
+    MIN_ISR_CONFIG,
     NO_LEADER,
+    TOPIC_RESOURCE,
     AbortTransactionRecord,
     BeginTransactionRecord,
     BrokerRegistrationChangeRecord,
     ClearElrRecord,
+    ConfigRecord,
     EndTransactionRecord,
+    FeatureLevelRecord,
     FenceBrokerRecord,
     LeaderRecoveryState,
     MetadataRecord,
@@ -45,9 +58,11 @@ from metadata_log.records import (
     PartitionChangeRecord,
     PartitionRecord,
     RegisterBrokerRecord,
+    RemoveTopicRecord,
     TopicRecord,
     UncleanRecoveryRecord,
     UnfenceBrokerRecord,
+    UnregisterBrokerRecord,
     record_type,
 )
 from simulation.history_config import parse_time_ms
@@ -112,10 +127,15 @@ class View:
         self.image = image
         self._partitions: dict[TopicPartition, PartitionState] = {}
         self._brokers: set[int] = set()
+        self._topics: dict[str, TopicState] = {}
 
     def partition(self, tp: TopicPartition) -> PartitionState | None:
         p = self._partitions.get(tp)
         return p if p is not None else self.image.partitions.get(tp)
+
+    def topic(self, name: str) -> TopicState | None:
+        t = self._topics.get(name)
+        return t if t is not None else self.image.topics.get(name)
 
     def has_broker(self, broker_id: int) -> bool:
         return broker_id in self._brokers or broker_id in self.image.brokers
@@ -135,6 +155,12 @@ class View:
                         if r.last_known_elr is None
                         else frozenset(r.last_known_elr)
                     ),
+                    replicas=p.replicas if r.replicas is None else tuple(r.replicas),
+                    adding=p.adding if r.adding_replicas is None else tuple(r.adding_replicas),
+                    removing=(
+                        p.removing if r.removing_replicas is None else tuple(r.removing_replicas)
+                    ),
+                    min_isr=p.min_isr if r.min_isr is None else r.min_isr,
                 )
         elif isinstance(r, PartitionRecord):
             tp = (r.topic, r.partition)
@@ -147,11 +173,31 @@ class View:
                 elr=frozenset(r.elr),
                 last_known_elr=frozenset(r.last_known_elr),
                 leader=r.leader,
+                min_isr=r.min_isr,
+                adding=tuple(r.adding_replicas),
+                removing=tuple(r.removing_replicas),
+            )
+        elif isinstance(r, TopicRecord):
+            self._topics[r.name] = TopicState(
+                name=r.name,
+                topic_id=r.topic_id,
+                partitions=r.partitions,
+                min_isr=r.min_isr,
+                recovery_strategy=r.recovery_strategy,
             )
         elif isinstance(r, RegisterBrokerRecord):
             self._brokers.add(r.broker_id)
-        elif isinstance(r, ClearElrRecord):
-            return False  # changes every partition of a topic: replay instead
+        elif isinstance(
+            r,
+            ClearElrRecord
+            | RemoveTopicRecord
+            | ConfigRecord
+            | FeatureLevelRecord
+            | UnregisterBrokerRecord,
+        ):
+            # Changes many partitions (a topic's, or a broker's), or state this view does
+            # not keep (configs, features); rare: replay instead.
+            return False
         return True
 
 
@@ -243,18 +289,99 @@ def describe_record(r: MetadataRecord, before: View) -> str | None:
             parts.append(f"broker {r.broker_id} {'fenced (requested)' if r.fenced else 'unfenced'}")
         return "; ".join(parts) or None
     if isinstance(r, TopicRecord):
-        strategy = f", {r.recovery_strategy} recovery" if r.recovery_strategy else ""
-        return (
-            f"topic {r.name} created: {r.partitions} partition(s), MinISR {r.min_isr}"
-            f"{strategy} (id {r.topic_id})"
-        )
+        return _topic(r, before)
     if isinstance(r, PartitionChangeRecord):
         return _partition_change(r, before)
     if isinstance(r, UncleanRecoveryRecord):
         return _recovery(r, before)
     if isinstance(r, ClearElrRecord):
-        return f"topic {r.topic}: ELR cleared (min.insync.replicas changed)"
+        return _clear_elr(r, before)
+    if isinstance(r, RemoveTopicRecord):
+        t = before.topic(r.name)
+        size = f"{t.partitions} partition(s), " if t is not None else ""
+        return f"topic {r.name} deleted ({size}id {r.topic_id})"
+    if isinstance(r, ConfigRecord):
+        return _config(r, before)
+    if isinstance(r, FeatureLevelRecord):
+        return _feature(r, before)
+    if isinstance(r, UnregisterBrokerRecord):
+        return f"broker {r.broker_id} unregistered (epoch {r.broker_epoch})"
     return None  # PartitionRecord (the topic's line says it), NoOp, transaction markers
+
+
+def _topic(r: TopicRecord, before: View) -> str:
+    old = before.topic(r.name)
+    if old is not None and old.topic_id == r.topic_id:
+        return f"topic {r.name} grown: {old.partitions}→{r.partitions} partition(s)"
+    if r.min_isr is not None:
+        min_isr = f"MinISR {r.min_isr}"
+    else:
+        default = before.image.cluster_configs.get(MIN_ISR_CONFIG)
+        min_isr = "MinISR " + (f"{default} " if default is not None else "") + "(cluster default)"
+    strategy = f", {r.recovery_strategy} recovery" if r.recovery_strategy else ""
+    return (
+        f"topic {r.name} created: {r.partitions} partition(s), {min_isr}"
+        f"{strategy} (id {r.topic_id})"
+    )
+
+
+def _config(r: ConfigRecord, before: View) -> str:
+    """A dynamic config set or deleted, with the value it replaces where the image keeps
+    it (a topic's min.insync.replicas, the cluster defaults)."""
+    was: str | None = None
+    if r.resource_type == TOPIC_RESOURCE:
+        who = f"topic {r.resource_name}:"
+        t = before.topic(r.resource_name)
+        if t is not None and r.name == MIN_ISR_CONFIG:
+            was = "the cluster default" if t.min_isr is None else str(t.min_isr)
+    elif r.resource_type == BROKER_RESOURCE and r.resource_name == "":
+        who = "cluster default"
+        was = before.image.cluster_configs.get(r.name)
+    else:
+        who = f"{r.resource_type} {r.resource_name}:"
+    if r.value is None:
+        after = " (was " + was + ")" if was is not None else ""
+        applies = ": the cluster default applies" if r.resource_type == TOPIC_RESOURCE else ""
+        return f"{who} {r.name} deleted{after}{applies}"
+    return f"{who} {r.name}={r.value}" + (f" (was {was})" if was is not None else "")
+
+
+def _feature(r: FeatureLevelRecord, before: View) -> str:
+    old = before.image.features.get(r.name)
+    if old is None:
+        effect = ""
+        if r.name == ELR_FEATURE:
+            effect = " (ELR on)" if r.level >= 1 else " (ELR off)"
+        return f"feature {r.name} finalized at level {r.level}{effect}"
+    effect = ""
+    if r.name == ELR_FEATURE and (old >= 1) != (r.level >= 1):
+        effect = (
+            " (ELR on: tracked from the current ISRs)"
+            if r.level >= 1
+            else " (ELR off: every ELR and LastKnownELR cleared)"
+        )
+    return f"feature {r.name} level {old}→{r.level}{effect}"
+
+
+def _clear_elr(r: ClearElrRecord, before: View) -> str:
+    """The partitions a ClearElrRecord cleared (all of a topic, or the range a slice
+    covers) and the MinISR they now have: min(min.insync.replicas, RF)."""
+    t = before.topic(r.topic)
+    end = r.end if r.end is not None else (t.partitions if t is not None else None)
+    if r.first == 0 and r.end is None:
+        where = f"all {t.partitions} partition(s)" if t is not None else "all partitions"
+    elif end is not None and end - r.first == 1:
+        where = f"partition {r.first}"
+    else:
+        where = f"partitions {r.first}..{'?' if end is None else end - 1}"
+    text = f"topic {r.topic}: ELR and LastKnownELR cleared on {where}"
+    if r.min_isr is None:
+        return text
+    p = before.partition((r.topic, r.first))
+    rf = len(p.replicas) if p is not None else None
+    if rf is not None and r.min_isr > rf:
+        return text + f", MinISR {rf} (min.insync.replicas {r.min_isr}, capped at RF {rf})"
+    return text + f", MinISR {r.min_isr} (min.insync.replicas updated)"
 
 
 def _partition_change(r: PartitionChangeRecord, before: View) -> str | None:
@@ -270,6 +397,7 @@ def _partition_change(r: PartitionChangeRecord, before: View) -> str | None:
             parts.append(f"{name} leader {old}→{r.leader} ({why})")
     else:
         parts.append(name)
+    parts.extend(_reassignment(r, p))
     for label, new, old_set in (
         ("isr", r.isr, p.isr if p is not None else None),
         ("elr", r.elr, p.elr if p is not None else None),
@@ -278,6 +406,8 @@ def _partition_change(r: PartitionChangeRecord, before: View) -> str | None:
         if new is not None:
             was = _ids(sorted(old_set)) if old_set is not None else "?"
             parts.append(f"{label} {was}→{_ids(new)}")
+    if r.min_isr is not None and (p is None or r.min_isr != p.min_isr):
+        parts.append(f"MinISR {p.min_isr if p is not None else '?'}→{r.min_isr}")
     if r.recovery_state is LeaderRecoveryState.RECOVERED:
         parts.append("recovered")
     elif r.recovery_state is LeaderRecoveryState.RECOVERING:
@@ -288,6 +418,25 @@ def _partition_change(r: PartitionChangeRecord, before: View) -> str | None:
         cause = r.reason.value + (f" of broker {r.broker}" if r.broker is not None else "")
         return f"{parts[0]} " + ", ".join(parts[1:]) + f" ({cause})"
     return ", ".join(parts)
+
+
+def _reassignment(r: PartitionChangeRecord, p: PartitionState | None) -> list[str]:
+    """A reassignment's part of a partition change (KIP-455): the new replicas, what is
+    being added and removed, or that it completed or was cancelled."""
+    if r.replicas is None:
+        return []
+    was = _ids(p.replicas) if p is not None else "?"
+    parts = [f"replicas {was}→{_ids(r.replicas)}"]
+    if r.adding_replicas:
+        parts.append(f"adding {_ids(r.adding_replicas)}")
+    if r.removing_replicas:
+        parts.append(f"removing {_ids(r.removing_replicas)}")
+    if not r.adding_replicas and not r.removing_replicas and p is not None and p.reassigning:
+        if tuple(r.replicas) == p.target:
+            parts.append("reassignment complete")
+        elif tuple(r.replicas) == p.original:
+            parts.append("reassignment cancelled")
+    return parts
 
 
 def _recovery(r: UncleanRecoveryRecord, before: View) -> str:

@@ -45,8 +45,10 @@ def register(sub: Any) -> None:
     e = sub.add_parser(
         "events",
         help="the committed log as one readable line per event (fences, leaders, recoveries)",
-        description="The committed metadata log as one line per event: broker fences and "
-        "registrations, leader changes and why, ISR/ELR changes, topics, and every unclean "
+        description="The committed metadata log as one line per event: broker fences, "
+        "registrations and unregistrations, leader changes and why, ISR/ELR changes, topics "
+        "created, grown and deleted, config and feature-level changes and the ELRs they "
+        "clear, reassignments (adding, removing, complete, cancelled), and every unclean "
         "recovery, flagged as potential data loss. A metadata transaction appears whole once "
         "committed. From the controller (--bootstrap-controller) or offline (--data-dir).",
         epilog=examples(

@@ -97,6 +97,8 @@ def partition_state(
         recovery_pending=recovery_pending,
         min_isr=p.min_isr,
         last_unclean_recovery=last_unclean_recovery,
+        adding_replicas=list(p.adding),
+        removing_replicas=list(p.removing),
     )
 
 

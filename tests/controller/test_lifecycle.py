@@ -747,3 +747,16 @@ def test_folded_deltas_forget_what_a_later_delete_removed() -> None:
     assert set(folded.removed_topics) == {"t"}
     folded.update(recreated)
     assert folded.topics == {"t"} and folded.partitions == {("t", 0)}
+
+
+def test_a_min_isr_change_mid_reassignment_caps_at_the_targets_size() -> None:
+    # The reassignment and the clear agree: the effective MinISR is capped at the
+    # target's replication factor, not at the replicas still being removed.
+    c = Cluster()
+    c.start(1, 2, 3, 4)
+    c.create("t", assignments=[[1, 2, 3]], min_isr=2)
+    reassign(c, ("t", 0, [4]))
+    assert (c.p().replicas, c.p().min_isr) == ((4, 1, 2, 3), 1)
+    topic_min_isr(c, "3")
+    assert c.p().min_isr == 1
+    consistent(c)

@@ -1,6 +1,8 @@
 """ops/events.py: the committed log as one readable line per event, from records the real
 controller core wrote (the worked example 5.3.3), a transaction applied whole (and an
-aborted one never), `--since` replaying quietly, and the `--since` parser."""
+aborted one never), configs and an ELR clear in slices, `--since` replaying quietly, and
+the `--since` parser. The other lifecycle lines, from a real controller, are in
+tests/ops/test_lifecycle_cli.py."""
 
 from __future__ import annotations
 
@@ -11,8 +13,13 @@ import pytest
 from controller.core.config import ControllerConfig
 from metactl.errors import InvalidConfigurationError
 from metadata_log.records import (
+    BROKER_RESOURCE,
+    MIN_ISR_CONFIG,
+    TOPIC_RESOURCE,
     AbortTransactionRecord,
     BeginTransactionRecord,
+    ClearElrRecord,
+    ConfigRecord,
     EndTransactionRecord,
     FenceBrokerRecord,
     MetadataRecord,
@@ -118,6 +125,47 @@ def test_a_transaction_gives_its_lines_only_at_its_end_and_an_aborted_one_none()
     after = feed.add(entries(aborted, start=7))
     assert [e.text for e in after] == ["broker 1 fenced (operator)"]
     assert "gone" not in feed.image.topics
+
+
+def test_configs_and_an_elr_clear_in_slices_read_as_what_they_changed() -> None:
+    """A large topic's clear comes as ranges (one per work budget, in one transaction):
+    each line says its range, and the MinISR the partitions now have, min(config, RF)."""
+    records: list[MetadataRecord] = [
+        RegisterBrokerRecord(broker_id=1, incarnation_id="a", broker_epoch=0),
+        ConfigRecord(
+            resource_type=BROKER_RESOURCE, resource_name="", name=MIN_ISR_CONFIG, value="2"
+        ),
+        TopicRecord(name="big", topic_id="x", partitions=5),  # no MinISR of its own
+        *[
+            PartitionRecord(topic="big", partition=i, replicas=[1], isr=[1], leader=1)
+            for i in range(5)
+        ],
+        ConfigRecord(resource_type=TOPIC_RESOURCE, resource_name="big", name=MIN_ISR_CONFIG,
+                     value="3"),
+        BeginTransactionRecord(name="AlterConfigs big"),
+        ClearElrRecord(topic="big", min_isr=3, first=0, end=2),
+        ClearElrRecord(topic="big", min_isr=3, first=2, end=4),
+        ClearElrRecord(topic="big", min_isr=3, first=4, end=5),
+        EndTransactionRecord(),
+        ConfigRecord(resource_type=TOPIC_RESOURCE, resource_name="big", name=MIN_ISR_CONFIG),
+        ClearElrRecord(topic="big"),  # no MinISR: the partitions keep theirs
+        ConfigRecord(
+            resource_type=BROKER_RESOURCE, resource_name="", name=MIN_ISR_CONFIG, value="1"
+        ),
+    ]  # fmt: skip
+    texts = [e.text for e in Feed().add(entries(records))]
+    capped = ", MinISR 1 (min.insync.replicas 3, capped at RF 1)"
+    assert texts[1:] == [
+        "cluster default min.insync.replicas=2",
+        "topic big created: 5 partition(s), MinISR 2 (cluster default) (id x)",
+        "topic big: min.insync.replicas=3 (was the cluster default)",
+        "topic big: ELR and LastKnownELR cleared on partitions 0..1" + capped,
+        "topic big: ELR and LastKnownELR cleared on partitions 2..3" + capped,
+        "topic big: ELR and LastKnownELR cleared on partition 4" + capped,
+        "topic big: min.insync.replicas deleted (was 3): the cluster default applies",
+        "topic big: ELR and LastKnownELR cleared on all 5 partition(s)",
+        "cluster default min.insync.replicas=1 (was 2)",
+    ]
 
 
 def test_since_replays_earlier_records_without_lines() -> None:

@@ -1,0 +1,303 @@
+"""`metactl reassign`: move partitions' replicas (KIP-455), as
+`kafka-reassign-partitions.sh` spells it.
+
+`--reassignment-json-file F` with `--execute`, `--verify` or `--cancel`, and `--list`,
+with Kafka's file: `{"version": 1, "partitions": [{"topic": "t", "partition": 0,
+"replicas": [2, 3, 4]}]}` (`log_dirs`, if present, must be `"any"`: a metactl broker has
+one log directory). The file's format and `--verify`'s verdicts are `ops.reassign_plan`'s.
+
+- `--execute` first prints the current assignment of the named partitions, in the same
+  format, to roll back with, then asks the controller to start the reassignments (in
+  requests of `CHUNK` partitions). As in Kafka, it refuses while any reassignment is in
+  progress unless `--additional`.
+- `--verify` says, per partition, whether its reassignment is completed (the replicas
+  are the file's, in order), still in progress, or not running with other replicas. Its
+  status is 0 when all are completed and 3 (the command's own verdict, docs/cli.md)
+  otherwise, so `until metactl reassign --verify ...` waits for the end.
+- `--cancel` asks the controller to restore each partition's original replicas.
+- `--list` prints every partition being reassigned, with its adding and removing
+  replicas.
+
+Each partition succeeds or fails alone: a failure is its own `error:` line and the
+status is the first failure's. This module owns the arguments, the requests and the
+output; the controller decides every reassignment (KIP-455's adding/removing replicas,
+when it completes, where leadership goes) and writes its records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+from typing import Any, Final
+
+from metactl.errors import (
+    InvalidConfigurationError,
+    InvalidRequestError,
+    MetactlError,
+    UnknownTopicOrPartitionError,
+)
+from metadata_image.image import TopicPartition
+from ops.cli import EXIT_OK, HELP_FORMAT, examples
+from ops.client import add_controller_arguments, ask, controller_address, security_from
+from ops.lifecycle_cmds import Failures, plain
+from ops.reassign_plan import (
+    JsonPartition,
+    Status,
+    file_text,
+    read_file,
+    reassignments,
+    rollback,
+    tp_name,
+    verify,
+)
+from protocol.client import RpcClient
+from protocol.messages import (
+    AlterPartitionReassignments,
+    AlterPartitionReassignmentsResponse,
+    DescribeClusterRequest,
+    ListPartitionReassignmentsRequest,
+    ListPartitionReassignmentsResponse,
+    OngoingReassignment,
+    Reassignment,
+    ReassignmentResult,
+)
+
+# Partitions per AlterPartitionReassignments request: well inside any frame limit the
+# controller may be given (about 40 bytes each), and each request answers promptly.
+CHUNK: Final = 1000
+# `--verify`'s verdict when some partition is not (yet) where the file says.
+EXIT_NOT_COMPLETE: Final = 3
+
+
+def register(sub: Any) -> None:
+    r = sub.add_parser(
+        "reassign",
+        help="move partitions' replicas, like kafka-reassign-partitions.sh",
+        description="Reassign partitions (KIP-455, kafka-reassign-partitions.sh). The "
+        "controller adds the new replicas, which copy the data and join the ISR when "
+        "caught up; once every target replica is in the ISR it moves leadership off the "
+        "removed replicas and drops them (from the ISR, the ELR and the LastKnownELR). "
+        "--cancel restores the original replicas.",
+        epilog=examples(
+            "metactl reassign --reassignment-json-file move.json --execute",
+            "metactl reassign --reassignment-json-file move.json --verify",
+            "metactl reassign --reassignment-json-file move.json --cancel",
+            "metactl reassign --list",
+            'move.json: {"version": 1, "partitions": '
+            '[{"topic": "demo", "partition": 0, "replicas": [2, 3, 4]}]}',
+        ),
+        formatter_class=HELP_FORMAT,
+    )
+    add_controller_arguments(r)
+    mode = r.add_mutually_exclusive_group(required=True)
+    mode.add_argument(
+        "--execute", action="store_true", help="start the file's reassignments (one mode)"
+    )
+    mode.add_argument(
+        "--verify",
+        action="store_true",
+        help="whether the file's reassignments are complete; status 3 if not (one mode)",
+    )
+    mode.add_argument(
+        "--cancel", action="store_true", help="cancel the file's reassignments (one mode)"
+    )
+    mode.add_argument(
+        "--list", action="store_true", help="every partition being reassigned (one mode)"
+    )
+    r.add_argument(
+        "--reassignment-json-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the partitions and their target replicas (required but for --list)",
+    )
+    r.add_argument(
+        "--additional",
+        action="store_true",
+        help="--execute although reassignments are in progress (default: refuse, as Kafka)",
+    )
+    r.add_argument("--json", action="store_true", help="--list as one JSON object")
+    r.set_defaults(func=cmd_reassign)
+
+
+# --- reading the cluster ----------------------------------------------------------------
+
+
+async def current_replicas(
+    client: RpcClient, topics: set[str], timeout_s: float
+) -> dict[TopicPartition, list[int]]:
+    """The committed replicas of every partition of `topics` (a topic that does not
+    exist has none)."""
+    from ops.describe_cmds import pages
+
+    out: dict[TopicPartition, list[int]] = {}
+    for topic in sorted(topics):
+        request = DescribeClusterRequest(topic=topic, broker_limit=0)
+        try:
+            async for page in pages(client, request, timeout_s=timeout_s):
+                for p in page.partitions:
+                    out[(p.topic, p.partition)] = list(p.replicas)
+        except UnknownTopicOrPartitionError:
+            continue
+    return out
+
+
+async def ongoing(
+    client: RpcClient, topics: set[str] | None, timeout_s: float
+) -> dict[TopicPartition, OngoingReassignment]:
+    request = ListPartitionReassignmentsRequest(topics=None if topics is None else sorted(topics))
+    r = await ask(client, request, timeout_s)
+    if not isinstance(r, ListPartitionReassignmentsResponse):
+        raise MetactlError(f"unexpected answer {type(r).__name__} from {client.address}")
+    return {(o.topic, o.partition): o for o in r.reassignments}
+
+
+async def alter(
+    client: RpcClient, reassignments: list[Reassignment], timeout_s: float
+) -> list[ReassignmentResult]:
+    results: list[ReassignmentResult] = []
+    for start in range(0, len(reassignments), CHUNK):
+        body = AlterPartitionReassignments(reassignments=reassignments[start : start + CHUNK])
+        r = await ask(client, body, timeout_s)
+        if not isinstance(r, AlterPartitionReassignmentsResponse):
+            raise MetactlError(f"unexpected answer {type(r).__name__} from {client.address}")
+        results.extend(r.results)
+    return results
+
+
+def report(results: list[ReassignmentResult], done: str) -> int:
+    """Each failure's `error:` line, then `done` and the partitions that succeeded; the
+    first failure's status."""
+    failures = Failures()
+    ok: list[str] = []
+    for res in results:
+        name = tp_name((res.topic, res.partition))
+        if res.error_code:
+            failures.add(res.error_code, res.message, name)
+        else:
+            ok.append(name)
+    if ok:
+        print(f"{done} {','.join(ok)}", flush=True)
+    return failures.status
+
+
+# --- the modes --------------------------------------------------------------------------
+
+
+def cmd_reassign(args: argparse.Namespace) -> int:
+    if args.additional and not args.execute:
+        raise InvalidConfigurationError("--additional goes with --execute")
+    if args.json and not args.list:
+        raise InvalidConfigurationError("--json goes with --list")
+    if args.list:
+        if args.reassignment_json_file is not None:
+            raise InvalidConfigurationError("--list takes no --reassignment-json-file")
+        return list_mode(args)
+    if args.reassignment_json_file is None:
+        raise InvalidConfigurationError(
+            "--execute, --verify and --cancel need --reassignment-json-file FILE"
+        )
+    entries = read_file(args.reassignment_json_file, need_replicas=not args.cancel)
+    address = controller_address(args)
+    security = security_from(args)
+
+    async def run() -> int:
+        async with security.controller_client(address) as client:
+            if args.execute:
+                return await execute(client, args, entries)
+            if args.verify:
+                return await verify_mode(client, args, entries)
+            results = await alter(client, reassignments(entries, cancel=True), args.timeout)
+            return report(results, "Successfully cancelled partition reassignments for:")
+
+    return asyncio.run(run())
+
+
+async def execute(client: RpcClient, args: argparse.Namespace, entries: list[JsonPartition]) -> int:
+    topics = {e.topic for e in entries}
+    if not args.additional:
+        running = await ongoing(client, None, args.timeout)
+        if running:
+            some = ", ".join(tp_name(tp) for tp in sorted(running)[:3])
+            raise InvalidRequestError(
+                f"Cannot execute because there is an existing partition reassignment "
+                f"({len(running)} partition(s): {some}{', ...' if len(running) > 3 else ''}). "
+                "Use --additional to add these to it, or --verify / --cancel it first."
+            )
+        moving: dict[TopicPartition, OngoingReassignment] = {}
+    else:
+        moving = await ongoing(client, topics, args.timeout)
+    before = rollback(entries, await current_replicas(client, topics, args.timeout), moving)
+    if before:
+        print("Current partition replica assignment\n")
+        print(file_text(before))
+        print("\nSave this to use as the --reassignment-json-file option during rollback")
+    results = await alter(client, reassignments(entries, cancel=False), args.timeout)
+    return report(results, "Successfully started partition reassignments for")
+
+
+async def verify_mode(
+    client: RpcClient, args: argparse.Namespace, entries: list[JsonPartition]
+) -> int:
+    topics = {e.topic for e in entries}
+    # In progress first, replicas second (ops.reassign_plan.verify says why).
+    moving = await ongoing(client, topics, args.timeout)
+    now = await current_replicas(client, topics, args.timeout)
+    failures = Failures()
+    pending = 0
+    for c in verify(entries, moving, now):
+        name = tp_name(c.tp)
+        if c.status is Status.UNKNOWN:
+            failures.add(UnknownTopicOrPartitionError.code, "unknown partition", name)
+        elif c.status is Status.COMPLETED:
+            print(f"Reassignment of partition {name} is completed.")
+        elif c.status is Status.IN_PROGRESS:
+            pending += 1
+            print(f"Reassignment of partition {name} is still in progress.")
+        else:
+            pending += 1
+            print(
+                f"There is no active reassignment of partition {name}, but replica set is "
+                f"{ids(c.current or [])} rather than {ids(c.target)}."
+            )
+    if failures.statuses:
+        return failures.status
+    return EXIT_NOT_COMPLETE if pending else EXIT_OK
+
+
+def ids(xs: list[int]) -> str:
+    return ",".join(map(str, xs))
+
+
+def ongoing_line(o: OngoingReassignment) -> str:
+    """Kafka's --list line: the adding and removing parts only when there are any."""
+    line = f"{tp_name((o.topic, o.partition))}: replicas: {ids(o.replicas)}."
+    if o.adding_replicas:
+        line += f" adding: {ids(o.adding_replicas)}."
+    if o.removing_replicas:
+        line += f" removing: {ids(o.removing_replicas)}."
+    return line
+
+
+def list_mode(args: argparse.Namespace) -> int:
+    address = controller_address(args)
+    security = security_from(args)
+
+    async def run() -> dict[TopicPartition, OngoingReassignment]:
+        async with security.controller_client(address) as client:
+            return await ongoing(client, None, args.timeout)
+
+    running = asyncio.run(run())
+    if args.json:
+        items = [running[tp] for tp in sorted(running)]
+        print(json.dumps({"reassignments": plain(items)}, indent=2))
+        return EXIT_OK
+    if not running:
+        print("No partition reassignments found.")
+        return EXIT_OK
+    print("Current partition reassignments:")
+    for tp in sorted(running):
+        print(ongoing_line(running[tp]))
+    return EXIT_OK

@@ -1,0 +1,156 @@
+"""A reassignment plan in `kafka-reassign-partitions.sh`'s file format, and what
+`--verify` concludes from the cluster's answers: the logic of `metactl reassign`, apart
+from its arguments, requests and output (`ops.reassign_cmds`).
+
+The file: `{"version": 1, "partitions": [{"topic": "t", "partition": 0, "replicas": [2,
+3, 4]}]}`. `log_dirs`, if present, must be `"any"` for each replica (a metactl broker has
+one log directory); `replicas` may be left out to `--cancel`. Anything else (bad JSON, an
+unknown key, another version, a partition listed twice) is INVALID_CONFIG naming the file.
+
+Pure but for reading the file: no requests, no printing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Final
+
+import msgspec
+
+from metactl.errors import InvalidConfigurationError
+from metadata_image.image import TopicPartition
+from protocol.messages import OngoingReassignment, Reassignment
+
+ANY_LOG_DIR: Final = "any"
+EXPECTED: Final = (
+    '{"version": 1, "partitions": [{"topic": "t", "partition": 0, "replicas": [2, 3, 4]}]}'
+)
+
+
+class JsonPartition(msgspec.Struct, forbid_unknown_fields=True):
+    topic: str
+    partition: int
+    replicas: list[int] | None = None  # not needed to --cancel
+    log_dirs: list[str] | None = None
+
+
+class JsonFile(msgspec.Struct):
+    partitions: list[JsonPartition]
+    version: int = 1
+
+
+def tp_name(tp: TopicPartition) -> str:
+    return f"{tp[0]}-{tp[1]}"
+
+
+def read_file(path: Path, *, need_replicas: bool) -> list[JsonPartition]:
+    """The file's partitions, checked: INVALID_CONFIG (naming the file) for a bad
+    document, a version other than 1, no partitions, a partition listed twice, missing
+    replicas (unless cancelling) or a log directory other than "any". A missing file is
+    the OSError it is (ENOENT: not found)."""
+
+    def bad(why: str) -> InvalidConfigurationError:
+        return InvalidConfigurationError(f"--reassignment-json-file {path}: {why}")
+
+    try:
+        doc = msgspec.json.decode(path.read_bytes(), type=JsonFile)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise bad(f"{exc} (expected {EXPECTED})") from None
+    if doc.version != 1:
+        raise bad(f"version {doc.version} is not supported (1 is)")
+    if not doc.partitions:
+        raise bad("no partitions")
+    seen: set[TopicPartition] = set()
+    for p in doc.partitions:
+        name = tp_name((p.topic, p.partition))
+        if (p.topic, p.partition) in seen:
+            raise bad(f"{name} is listed twice")
+        seen.add((p.topic, p.partition))
+        if need_replicas and p.replicas is None:
+            raise bad(f"{name} has no replicas")
+        if p.log_dirs is not None:
+            if p.replicas is not None and len(p.log_dirs) != len(p.replicas):
+                raise bad(f"{name}: {len(p.log_dirs)} log_dirs for {len(p.replicas)} replicas")
+            if any(d != ANY_LOG_DIR for d in p.log_dirs):
+                raise bad(f'{name}: log_dirs must be "any" (a broker has one log directory)')
+    return doc.partitions
+
+
+def reassignments(entries: Sequence[JsonPartition], *, cancel: bool) -> list[Reassignment]:
+    """The wire's reassignments of the file's partitions: to their replicas, or (None)
+    cancelled."""
+    return [
+        Reassignment(topic=e.topic, partition=e.partition, replicas=None if cancel else e.replicas)
+        for e in entries
+    ]
+
+
+def file_text(assignment: Mapping[TopicPartition, Sequence[int]]) -> str:
+    """Kafka's file for `assignment`, on one line (as the tool prints it)."""
+    partitions = [
+        {"topic": t, "partition": p, "replicas": list(rs), "log_dirs": [ANY_LOG_DIR] * len(rs)}
+        for (t, p), rs in sorted(assignment.items())
+    ]
+    return json.dumps({"version": 1, "partitions": partitions})
+
+
+def rollback(
+    entries: Sequence[JsonPartition],
+    current: Mapping[TopicPartition, Sequence[int]],
+    moving: Mapping[TopicPartition, OngoingReassignment],
+) -> dict[TopicPartition, list[int]]:
+    """What `--execute` prints to roll back with: each existing partition's replicas
+    before any reassignment (one already being reassigned goes back to its original
+    replicas, as a cancel would restore them)."""
+    out: dict[TopicPartition, list[int]] = {}
+    for e in entries:
+        tp = (e.topic, e.partition)
+        if tp in current:
+            adding = moving[tp].adding_replicas if tp in moving else []
+            out[tp] = [b for b in current[tp] if b not in adding]
+    return out
+
+
+class Status(Enum):
+    COMPLETED = "completed"  # no reassignment runs and the replicas are the file's, in order
+    IN_PROGRESS = "in progress"
+    DIFFERENT = "different"  # no reassignment runs, but the replicas are not the file's
+    UNKNOWN = "unknown"  # no such partition
+
+
+@dataclass(frozen=True)
+class Check:
+    tp: TopicPartition
+    status: Status
+    target: list[int]
+    current: list[int] | None  # the committed replicas (None: unknown partition)
+
+
+def verify(
+    entries: Sequence[JsonPartition],
+    moving: Mapping[TopicPartition, OngoingReassignment],
+    current: Mapping[TopicPartition, Sequence[int]],
+) -> list[Check]:
+    """`--verify`'s verdict per partition of the file, from the reassignments in
+    progress and the committed replicas. Ask for `moving` first: a reassignment that
+    completes between the two answers then shows as in progress (the next --verify says
+    completed), never as a wrong replica set."""
+    out = []
+    for e in entries:
+        tp = (e.topic, e.partition)
+        target = list(e.replicas or [])
+        now = list(current[tp]) if tp in current else None
+        if tp in moving:
+            status = Status.IN_PROGRESS
+        elif now is None:
+            status = Status.UNKNOWN
+        elif now == target:
+            status = Status.COMPLETED
+        else:
+            status = Status.DIFFERENT
+        out.append(Check(tp, status, target, now))
+    return out
