@@ -6,7 +6,9 @@ errors briefly.
 
 Every client command takes `--bootstrap-controller HOST:PORT[,HOST:PORT...]` (Kafka's
 KIP-919 name; `--controller` is an alias) and `--timeout S`, the most any one answer may
-take, retries included (`add_controller_arguments`, `controller_address`, `within`). A
+take, retries included. Given several controllers, a command follows NOT_CONTROLLER hints
+and retries every retriable error until `--timeout` (`protocol.client.RideFailover`): a
+failover is ridden, not reported (`add_controller_arguments`, `controller_address`, `within`). A
 bad address is INVALID_CONFIG before anything is sent; no answer in time is
 REQUEST_TIMED_OUT.
 
@@ -33,7 +35,7 @@ from metactl.errors import (
     MetactlError,
     RequestTimedOutError,
 )
-from protocol.client import DEFAULT_TIMEOUT_S, RetryPolicy, RpcClient
+from protocol.client import DEFAULT_TIMEOUT_S, Endpoints, RetryPolicy, RideFailover, RpcClient
 from protocol.codec import parse_address
 from protocol.flags import CLI_FALLBACK_TLS_DIR, add_tls_arguments, tls_identity
 from protocol.messages import Message
@@ -130,6 +132,9 @@ async def ask(
     retry that would end past it is not made, and the error it would retry is raised (a
     closed port stays NETWORK_EXCEPTION, whatever the timeout)."""
     deadline = asyncio.get_running_loop().time() + timeout_s
+    if retry is CLI_RETRY and isinstance(client.target, Endpoints):
+        # A controller quorum: ride a failover until the deadline (`RideFailover`).
+        retry = RideFailover(endpoints=len(client.target.addresses))
     # Each attempt's own timeout is later than the deadline: at the deadline the answer is
     # REQUEST_TIMED_OUT, never a NETWORK_EXCEPTION without a message.
     attempts = client.request(body, timeout_s + 1.0, retry=retry, deadline=deadline)

@@ -98,6 +98,30 @@ class FailoverPolicy(RetryPolicy):
         return isinstance(exc, NetworkError) and self.endpoints > 1
 
 
+@dataclass(frozen=True)
+class RideFailover(RetryPolicy):
+    """A client command's retries against a controller quorum (issue 21): every retriable
+    error is retried, following NOT_CONTROLLER hints to the active controller, with capped
+    full-jitter backoff, until the caller's deadline (`RpcClient.request`'s `deadline`,
+    the CLI's `--timeout`), so that a failover (a lease TTL plus an election, about 2 s)
+    is ridden rather than reported, as Kafka's admin client honours its API timeout. One
+    address that refuses connections still fails after `lone_attempts`: there is nowhere
+    else to go."""
+
+    attempts: int = 1_000_000  # in practice: until the deadline
+    base_s: float = 0.1
+    cap_s: float = 1.0
+    endpoints: int = 1
+    lone_attempts: int = 4
+
+    def should_retry(self, exc: BaseException, attempt: int) -> bool:
+        if not (isinstance(exc, MetactlError) and exc.retriable):
+            return False
+        if isinstance(exc, NetworkError) and self.endpoints <= 1:
+            return attempt + 1 < self.lone_attempts
+        return attempt + 1 < self.attempts
+
+
 class Endpoints:
     """Several addresses of one service, tried in turn (Kafka's bootstrap list,
     ``--bootstrap-controller h1:p1,h2:p2,h3:p3``): requests go to `current`. After a
@@ -176,6 +200,12 @@ class RpcClient:
     @property
     def address(self) -> str:
         return self._address() if callable(self._address) else self._address
+
+    @property
+    def target(self) -> str | Endpoints | Callable[[], str]:
+        """What the client was opened on: one address, a quorum's `Endpoints`, or a
+        function giving the address to use."""
+        return self._address
 
     @property
     def connected(self) -> bool:

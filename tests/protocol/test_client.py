@@ -145,3 +145,20 @@ async def test_the_client_reconnects_after_the_peer_restarts(handler: Scripted) 
 def test_a_policy_refuses_nonsense() -> None:
     with pytest.raises(ValueError):
         RetryPolicy(attempts=0)
+
+
+def test_ride_failover_retries_until_the_deadline_but_not_a_lone_dead_address() -> None:
+    from metactl.errors import InvalidRequestError, NetworkError, NotControllerError
+    from protocol.client import RideFailover
+
+    quorum = RideFailover(endpoints=3)
+    # NOT_CONTROLLER and network errors: far past FailoverPolicy's n + 2 attempts (the
+    # caller's deadline is what ends them).
+    assert quorum.should_retry(NotControllerError("no controller is active"), 50)
+    assert quorum.should_retry(NetworkError("refused"), 50)
+    assert not quorum.should_retry(InvalidRequestError("bad"), 0)  # not retriable
+    assert not quorum.should_retry(ValueError("not ours"), 0)
+    lone = RideFailover(endpoints=1)
+    assert lone.should_retry(NetworkError("refused"), 2)
+    assert not lone.should_retry(NetworkError("refused"), 3)  # nowhere else to go
+    assert lone.should_retry(NotControllerError("a standby"), 50)
