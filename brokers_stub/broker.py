@@ -164,8 +164,13 @@ class Broker:
         if allowed:
             return
         who = "no principal" if principal is None else f"principal {principal!r}"
+        what = (
+            f"send {type(body).__name__} to broker"  # not "may not unsupported on broker"
+            if operation == "unsupported"
+            else f"{operation} on broker"
+        )
         error = (TopicAuthorizationFailedError if on_topic else ClusterAuthorizationFailedError)(
-            f"{who} may not {operation} on broker {self.config.broker_id}"
+            f"{who} may not {what} {self.config.broker_id}"
         )
         self._refused(principal if principal is not None else "-", operation, error)
         raise error

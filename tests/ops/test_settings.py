@@ -127,6 +127,7 @@ def test_docs_configuration_lists_every_key() -> None:
     from metactl.settings import _options, keys_of
 
     doc = (REPO / "docs" / "configuration.md").read_text()
+    assert "%(" not in doc  # argparse's placeholders, copied unexpanded (issue 22)
     for add in (serve_arguments, broker_arguments):
         p = argparse.ArgumentParser()
         add(p)

@@ -24,6 +24,7 @@ from metactl.errors import (
 from protocol.client import RpcClient
 from protocol.messages import (
     CreateTopic,
+    DescribeClusterRequest,
     GetReplicaLogInfoRequest,
     GetReplicaLogInfoResponse,
     Message,
@@ -95,7 +96,10 @@ async def test_a_broker_answers_only_the_principals_its_rules_name(
             ready = await running.await_ready()
             endpoint, epochs[1] = ready.group(3), int(ready.group(2))
             # The broker registered, heartbeated and fetched metadata as broker-1 through
-            # the controller's authorization; now it is told to lead d-0.
+            # the controller's authorization; once unfenced it is told to lead d-0.
+            await eventually(
+                lambda: 1 in wire.svc.controller.committed_image.active, what="broker 1 unfenced"
+            )
             await wire.create(CreateTopic(name="d", assignments=[[1, 2]], min_isr=1))
             await eventually(
                 lambda: ("d", 0) in running.broker.replicas.leaders, what="broker 1 leads d-0"
@@ -139,6 +143,10 @@ async def test_a_broker_answers_only_the_principals_its_rules_name(
                 await refused(principal, fetch, CLUSTER)
             f = await ask(endpoint, certs, "broker-2", fetch)
             assert isinstance(f, ReplicaFetchResponse) and f.log_end_offset == 3
+            # A request no broker rule names is refused, and the words say what was sent
+            # (they read "may not unsupported on broker 1").
+            with pytest.raises(CLUSTER, match="may not send DescribeClusterRequest to broker 1"):
+                await ask(endpoint, certs, "admin", DescribeClusterRequest())
         finally:
             assert await running.stop() == 0
 
@@ -148,6 +156,7 @@ async def test_a_broker_answers_only_the_principals_its_rules_name(
         **{(p, "read_log"): 1.0 for p in ("broker-2", "controller", "mallory")},
         **{(p, "get_replica_log_info"): 1.0 for p in ("admin", "broker-2", "viewer", "mallory")},
         **{(p, "replica_fetch"): 1.0 for p in ("broker-3", "broker-1", "admin", "controller")},
+        ("admin", "unsupported"): 1.0,
     }
     lines = [e for e in logs if e["event"] == "authorization failed"]
     assert all(e["log_level"] == "warning" and e["broker"] == 1 for e in lines)
