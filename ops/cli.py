@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from metactl import __version__
-from metactl.errors import MetactlError
+from metactl.errors import InvalidConfigurationError, MetactlError
 from metactl.logs import configure as configure_logs
 
 # --- exit statuses: one table for every command (docs/cli.md) -----------------------------
@@ -142,9 +142,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def kafka_habit(argv: Sequence[str]) -> MetactlError | None:
+    """A Kafka flag that has a metactl spelling: one line saying which (issue 22), where
+    argparse would print the top-level usage and "unrecognized arguments"."""
+    for arg in argv:
+        if arg == "--" or not arg.startswith("--"):
+            continue
+        flag = arg.split("=", 1)[0]
+        if flag == "--bootstrap-server":
+            return InvalidConfigurationError(
+                "--bootstrap-server: metactl's commands talk to the controller: use "
+                "--bootstrap-controller HOST:PORT[,HOST:PORT...] (KIP-919)"
+            )
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # The CLI prints its own results; library logs go to stderr, readable, warnings up.
     configure_logs(json=False, level=logging.WARNING)
+    habit = kafka_habit(sys.argv[1:] if argv is None else argv)
+    if habit is not None:
+        print(error_line(habit), file=sys.stderr, flush=True)
+        return EXIT_USAGE
     try:
         parser = build_parser()
         args = parser.parse_args(argv)

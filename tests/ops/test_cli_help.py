@@ -92,3 +92,24 @@ def test_help_shows_examples_one_per_line(capsys: pytest.CaptureFixture[str]) ->
     tail = text[text.index("Examples:") :].splitlines()
     assert tail[1].strip() == "metactl describe"
     assert all(line.startswith("  metactl ") for line in tail[1:] if line)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["describe", "--bootstrap-server", "127.0.0.1:9092"],
+        ["topics", "create", "--topic", "t", "--bootstrap-server=127.0.0.1:9092"],
+    ],
+)
+def test_a_kafka_bootstrap_server_flag_gets_one_line_naming_ours(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ops.cli import EXIT_USAGE, main
+
+    assert main(argv) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "usage:" not in err
+    assert (
+        err.startswith("error: INVALID_CONFIG: --bootstrap-server")
+        and "--bootstrap-controller" in err
+    )
