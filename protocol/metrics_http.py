@@ -26,6 +26,7 @@ This module owns the endpoint's threads and sockets; it defines no metric.
 
 from __future__ import annotations
 
+import errno
 import ssl
 import sys
 import threading
@@ -38,7 +39,7 @@ from wsgiref.simple_server import WSGIServer
 import structlog
 from prometheus_client import CollectorRegistry, start_wsgi_server
 
-from metactl.errors import InvalidConfigurationError
+from metactl.errors import InvalidConfigurationError, ListenError
 from protocol.codec import parse_address
 from protocol.tls import TlsIdentity
 
@@ -68,6 +69,9 @@ class MetricsEndpoint:
         self.httpd.server_close()
 
 
+_BIND_ERRNOS: Final = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES})
+
+
 def start_metrics_endpoint(
     registry: CollectorRegistry,
     listen: str,
@@ -92,7 +96,13 @@ def start_metrics_endpoint(
                 client_auth_required=True,
                 tls_min_version=ssl.TLSVersion.TLSv1_2,
             )
-    except OSError as exc:  # ssl.SSLError included
+    except ssl.SSLError as exc:  # the certificate files: configuration
+        raise InvalidConfigurationError(f"cannot serve /metrics on {listen}: {exc}") from None
+    except OSError as exc:
+        if exc.errno in _BIND_ERRNOS:
+            # A busy port is one failure with one name, --listen's or --metrics' alike.
+            reason = exc.strerror or str(exc)
+            raise ListenError(f"cannot serve /metrics on {listen}: {reason}") from None
         raise InvalidConfigurationError(f"cannot serve /metrics on {listen}: {exc}") from None
     _harden(httpd, max_connections)
     bound = httpd.server_address

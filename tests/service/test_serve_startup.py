@@ -148,6 +148,23 @@ def test_start_up_failures_are_one_line_and_an_exit(tmp_path: Path) -> None:
     assert (
         line == f"error: LISTEN_FAILED: cannot listen on 127.0.0.1:{port}: Address already in use"
     )
+    # A busy --metrics port is the same failure, with the same name and status (issue 22:
+    # it was INVALID_CONFIG).
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    try:
+        r = subprocess.run(
+            [*metactl(), "controller", "serve", "--data-dir", str(tmp_path / "m"),
+             "--listen", "127.0.0.1:0", "--metrics", f"127.0.0.1:{port}", "--insecure"],
+            capture_output=True, text=True, cwd=REPO, timeout=EXIT_BOUND_S, check=False,
+        )  # fmt: skip
+    finally:
+        busy.close()
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    [line] = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert line.startswith(f"error: LISTEN_FAILED: cannot serve /metrics on 127.0.0.1:{port}")
 
     holder = serve(tmp_path / "b")
     try:
