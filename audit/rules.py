@@ -8,8 +8,21 @@ the replica has not yet proven itself. Events, in offset order:
 
 * ``Partition`` / ``PartitionChange`` records of the partition (state);
 * ``UncleanRecovery`` records of the partition (the recovery the next change carries out);
-* ``ClearElr`` of its topic (ELR and LastKnownELR cleared, partition epoch + 1, as replay);
-* unclean ``RegisterBroker`` records of a broker hosting a replica (the taint).
+* ``ClearElr`` of its topic whose range [first, end) holds the partition (ELR and
+  LastKnownELR cleared, the effective MinISR set to min(the new configured one, its
+  replication factor), partition epoch + 1 when anything changed, as replay);
+* unclean ``RegisterBroker`` records of a broker hosting a replica (the taint);
+* ``UnregisterBroker`` of a broker hosting a replica (it must leave the ISR, ELR and
+  LastKnownELR in the changes of the same transaction);
+* ``RemoveTopic`` of its topic: the partition's state ends there. A topic created again
+  under the same name is a new topic (a new id): its partitions start a new generation
+  with nothing of the old one's state (epochs, taints, pending checks), so the invariants
+  never mix the two;
+* ``FeatureLevel`` of eligible.leader.replicas.version (every partition: KIP-966 ELR
+  tracking on at level 1, off at 0).
+
+``Config`` records hold no partition state: a min.insync.replicas change reaches the
+partitions through the ClearElr records written with it.
 
 Rules (`RULES` holds the one-line descriptions the reports print):
 
@@ -35,6 +48,27 @@ Rules (`RULES` holds the one-line descriptions the reports print):
 ``epoch_regression``
     The partition epoch does not increase, the leader epoch decreases, or the leader
     changes without a new leader epoch.
+``member_outside_replicas``
+    The leader or a member of the ISR, ELR or LastKnownELR is not one of the partition's
+    replicas: a replica a reassignment removed (KIP-455) kept its membership.
+``adding_replica_in_isr``
+    A reassignment's new replica entered the ISR other than by AlterPartition (it must
+    catch up first, under the leader's in-sync rule), or the ELR or LastKnownELR before
+    it ever joined the ISR.
+``adding_replica_elected``
+    A reassignment's new replica was elected leader before it joined the ISR, other than
+    by a recorded unclean recovery (an operator's manual election is one).
+``unregistered_broker_kept``
+    An unregistered broker is still the leader or in the ISR, ELR or LastKnownELR once
+    the changes of its unregistration are done (checked at the partition's next record
+    that is not an ``unregister`` change, at its deletion and at the end of the log;
+    flagged at the UnregisterBroker record). Under the classic rules (ELR tracking off)
+    the last ISR member stays, as in Kafka, which never empties an ISR there.
+``elr_while_disabled``
+    After eligible.leader.replicas.version went to 0, the partition's ELR or
+    LastKnownELR is not empty: a change put a member back after the downgrade's
+    ClearElr, or the ClearElr never came (flagged at the downgrade, once the next feature
+    change, the deletion or the end of the log shows it).
 
 Records of a partition before its PartitionRecord (a log that starts after a snapshot)
 cannot be checked: they are counted as skipped, never flagged.
@@ -47,17 +81,24 @@ from collections.abc import Iterable
 from typing import Final, NamedTuple
 
 from metadata_log.records import (
+    ELR_FEATURE,
     ClearElrRecord,
+    FeatureLevelRecord,
     MetadataRecord,
     PartitionChangeRecord,
     PartitionRecord,
     RegisterBrokerRecord,
+    RemoveTopicRecord,
     UncleanRecoveryRecord,
+    UnregisterBrokerRecord,
 )
 
 NO_LEADER: Final = -1
 ALTER_PARTITION: Final = "alter_partition"
 UNCLEAN_RECOVERY: Final = "unclean_recovery"
+UNREGISTER: Final = "unregister"
+MANUAL: Final = "manual"
+EMPTY: Final[frozenset[int]] = frozenset()
 
 RULES: Final[dict[str, str]] = {
     "leader_not_in_isr_or_elr": "leader outside ISR ∪ ELR outside an unclean recovery",
@@ -71,6 +112,19 @@ RULES: Final[dict[str, str]] = {
     ),
     "unrecorded_unclean_recovery": "an unclean-recovery change without its UncleanRecoveryRecord",
     "epoch_regression": "partition or leader epoch did not advance as it must",
+    "member_outside_replicas": (
+        "a leader, ISR, ELR or LastKnownELR member that is not a replica (a removed replica)"
+    ),
+    "adding_replica_in_isr": (
+        "a reassignment's new replica in the ISR (or ELR) without catching up by AlterPartition"
+    ),
+    "adding_replica_elected": (
+        "a reassignment's new replica elected before joining the ISR, outside a recovery"
+    ),
+    "unregistered_broker_kept": (
+        "an unregistered broker still in an ISR, ELR or LastKnownELR after its unregistration"
+    ),
+    "elr_while_disabled": "an ELR or LastKnownELR left while eligible.leader.replicas.version is 0",
 }
 
 
@@ -93,10 +147,14 @@ class PartitionChecker:
     """Replays one partition's events and collects violations (see the module doc)."""
 
     __slots__ = (
+        "adding",
         "cluster",
         "created",
+        "disabled",
         "elr",
+        "elr_enabled",
         "flagged_elr",
+        "generation",
         "isr",
         "leader",
         "leader_epoch",
@@ -107,30 +165,48 @@ class PartitionChecker:
         "partition_epoch",
         "records",
         "recovery",
+        "replicas",
         "skipped",
         "tainted",
         "topic",
+        "unproven",
+        "unregistered",
     )
 
-    def __init__(self, cluster: str, topic: str, partition: int) -> None:
+    def __init__(self, cluster: str, topic: str, partition: int, *, elr_enabled: bool = True):
         self.cluster = cluster
         self.topic = topic
         self.partition = partition
+        self.records = 0
+        self.skipped = 0
+        self.out: list[Violation] = []
+        # eligible.leader.replicas.version >= 1 (a cluster setting: kept across generations)
+        self.elr_enabled = elr_enabled
+        self.generation = 0  # the topic's incarnation: RemoveTopic records seen
+        self._reset()
+
+    def _reset(self) -> None:
+        """No partition (before its PartitionRecord, or after its topic was deleted)."""
         self.created = False
         self.leader = NO_LEADER
-        self.isr: frozenset[int] = frozenset()
-        self.elr: frozenset[int] = frozenset()
-        self.lkelr: frozenset[int] = frozenset()
+        self.isr: frozenset[int] = EMPTY
+        self.elr: frozenset[int] = EMPTY
+        self.lkelr: frozenset[int] = EMPTY
         self.min_isr = 1
         self.leader_epoch = -1
         self.partition_epoch = -1
+        self.replicas: tuple[int, ...] = ()
+        self.adding: frozenset[int] = EMPTY
         # broker -> (offset, timestamp) of the unclean registration it has not recovered from
         self.tainted: dict[int, tuple[int, int]] = {}
         self.flagged_elr: set[int] = set()
         self.recovery: int | None = None  # chosen replica of the recovery record just seen
-        self.records = 0
-        self.skipped = 0
-        self.out: list[Violation] = []
+        # a reassignment's new replicas that have not joined the ISR by AlterPartition yet
+        self.unproven: set[int] = set()
+        # broker -> (offset, timestamp) of an unregistration whose changes may still come
+        self.unregistered: dict[int, tuple[int, int]] = {}
+        # (offset, timestamp) of an ELR downgrade whose ClearElr has not reached it yet
+        self.disabled: tuple[int, int] | None = None
 
     def _flag(self, offset: int, ts: int, rule: str, broker: int | None, detail: str) -> None:
         self.out.append(
@@ -151,9 +227,12 @@ class PartitionChecker:
         leader_epoch: int,
         partition_epoch: int,
         min_isr: int | None,
+        replicas: Iterable[int] | None = None,
+        adding: Iterable[int] | None = None,
     ) -> None:
         self.records += 1
-        before = self.isr if self.created else frozenset[int]()
+        self._settle_unregistered()
+        before = self.isr if self.created else EMPTY
         self.created = True
         self.recovery = None
         self.isr = frozenset(isr)
@@ -163,6 +242,10 @@ class PartitionChecker:
         self.leader_epoch = leader_epoch
         self.partition_epoch = partition_epoch
         self.min_isr = min_isr if min_isr is not None else 1
+        if replicas is not None:
+            self.replicas = tuple(replicas)
+        self.adding = frozenset(adding or ())
+        self.unproven = set(self.adding - self.isr)
         self._check_state(offset, ts, before, reason="create", recorded=False)
 
     def on_change(
@@ -177,13 +260,21 @@ class PartitionChecker:
         last_known_elr: Iterable[int] | None,
         leader_epoch: int | None,
         partition_epoch: int | None,
+        election: str | None = None,
+        replicas: Iterable[int] | None = None,
+        adding: Iterable[int] | None = None,
+        min_isr: int | None = None,
     ) -> None:
         if not self.created:
             self.skipped += 1
             return
         self.records += 1
+        if reason != UNREGISTER:
+            self._settle_unregistered()
         chosen, self.recovery = self.recovery, None
         before = self.isr
+        elr_before = self.elr | self.lkelr
+        unproven_before = frozenset(self.unproven)
         new_leader = self.leader if leader is None else leader
         if partition_epoch is not None and partition_epoch <= self.partition_epoch:
             self._flag(
@@ -213,6 +304,7 @@ class PartitionChecker:
             self.leader_epoch = leader_epoch
         if partition_epoch is not None:
             self.partition_epoch = partition_epoch
+        elected = new_leader not in (self.leader, NO_LEADER)
         self.leader = new_leader
         if isr is not None:
             self.isr = frozenset(isr)
@@ -220,6 +312,17 @@ class PartitionChecker:
             self.elr = frozenset(elr)
         if last_known_elr is not None:
             self.lkelr = frozenset(last_known_elr)
+        if min_isr is not None:
+            self.min_isr = min_isr
+        if replicas is not None:
+            self.replicas = tuple(replicas)
+        if adding is not None:
+            new = frozenset(adding)
+            # A replica the reassignment starts adding has to prove itself; one still being
+            # added stays as it was; one no longer added (completed, cancelled) is a replica
+            # like any other.
+            self.unproven = {b for b in new if b in self.unproven or b not in self.adding}
+            self.adding = new
         recorded = False
         if reason == UNCLEAN_RECOVERY:
             recorded = chosen is not None and chosen == new_leader
@@ -234,29 +337,68 @@ class PartitionChecker:
                     new_leader,
                     f"unclean recovery elected {new_leader}; {what}",
                 )
+        if unproven_before or self.unproven:
+            self._check_adding(
+                offset,
+                ts,
+                before,
+                elr_before,
+                unproven_before,
+                reason=reason or "",
+                elected=elected,
+                allowed=recorded or election == MANUAL,
+            )
         self._check_state(offset, ts, before, reason=reason or "", recorded=recorded)
+        if not self.elr_enabled and self.disabled is None and (self.elr or self.lkelr):
+            self._flag(
+                offset,
+                ts,
+                "elr_while_disabled",
+                None,
+                f"ELR {_fmt(self.elr)} and LastKnownELR {_fmt(self.lkelr)} while "
+                f"eligible.leader.replicas.version is 0 (reason {reason})",
+            )
 
     def on_recovery(self, offset: int, ts: int, *, chosen: int) -> None:
         if not self.created:
             self.skipped += 1
             return
         self.records += 1
+        self._settle_unregistered()
         self.recovery = chosen
 
-    def on_clear_elr(self, offset: int, ts: int) -> None:
+    def on_clear_elr(
+        self,
+        offset: int,
+        ts: int,
+        *,
+        min_isr: int | None = None,
+        first: int | None = 0,
+        end: int | None = None,
+    ) -> None:
+        """ClearElr of the topic: for partitions in [first, end) (end None: all), the ELR
+        and LastKnownELR are cleared and the effective MinISR becomes min(`min_isr`,
+        replication factor) (None: unchanged); the epoch moves when anything changed."""
         if not self.created:
             return
+        if self.partition < (first or 0) or (end is not None and self.partition >= end):
+            return
         self.records += 1
+        self._settle_unregistered()
         self.recovery = None
-        if self.elr or self.lkelr:
-            self.elr = self.lkelr = frozenset()
+        new_min = self.min_isr if min_isr is None else min(min_isr, len(self.replicas))
+        if self.elr or self.lkelr or new_min != self.min_isr:
+            self.elr = self.lkelr = EMPTY
+            self.min_isr = new_min
             self.partition_epoch += 1
+        self.disabled = None  # a downgrade's clear has reached it
         self._check_taint_in_elr(offset, ts)
 
     def on_unclean_registration(self, offset: int, ts: int, *, broker: int) -> None:
-        if not self.created:
+        if not self.created or broker not in self.replicas:
             return
         self.records += 1
+        self._settle_unregistered()
         self.recovery = None
         if broker in self.isr:
             self._flag(
@@ -269,8 +411,47 @@ class PartitionChecker:
         self.tainted[broker] = (offset, ts)
         self.flagged_elr.discard(broker)
 
+    def on_unregister(self, offset: int, ts: int, *, broker: int) -> None:
+        """The broker's registration is removed: the changes of the same transaction must
+        take it out of this partition's ISR, ELR and LastKnownELR."""
+        if not self.created or broker not in self.replicas:
+            return
+        self.records += 1
+        self._settle_unregistered()
+        self.recovery = None
+        self.unregistered[broker] = (offset, ts)
+
+    def on_feature(self, offset: int, ts: int, *, level: int) -> None:
+        """eligible.leader.replicas.version finalized at `level` (every partition)."""
+        enabled = level >= 1
+        if self.created:
+            self.records += 1
+            self._settle_unregistered()
+            self._settle_disabled()
+            if self.elr_enabled and not enabled:
+                self.disabled = (offset, ts)  # owed a ClearElr
+        self.elr_enabled = enabled
+
+    def on_remove(self, offset: int, ts: int) -> None:
+        """The topic is deleted: this generation of the partition ends here."""
+        if not self.created:
+            return
+        self.records += 1
+        self._end_generation()
+        self._reset()
+        self.generation += 1
+
     def finish(self) -> list[Violation]:
-        """Violations found; an unclean replica still in the ELR is flagged here."""
+        """Violations found; what only the end of the log shows is flagged here."""
+        if self.created:
+            self._end_generation()
+        return self.out
+
+    def _end_generation(self) -> None:
+        """What is owed when the partition's state ends (deletion, the end of the log):
+        unregistrations and an ELR downgrade done, no unclean replica left in the ELR."""
+        self._settle_unregistered()
+        self._settle_disabled()
         for b in sorted(self.elr):
             if b in self.tainted and b not in self.flagged_elr:
                 offset, ts = self.tainted[b]
@@ -280,12 +461,105 @@ class PartitionChecker:
                     "unclean_replica_in_elr",
                     b,
                     f"broker {b} registered uncleanly at offset {offset} and is still in the "
-                    f"ELR {_fmt(self.elr)} at the end of the log",
+                    f"ELR {_fmt(self.elr)} at the end of the partition's history",
                 )
                 self.flagged_elr.add(b)
-        return self.out
+
+    def _settle_unregistered(self) -> None:
+        """The unregistrations seen are done (their transaction's changes came before
+        whatever else reaches the partition): none may have left its broker in place."""
+        if not self.unregistered:
+            return
+        # The classic rules (ELR tracking off) never empty an ISR: its last member stays,
+        # unregistered or not, as in Kafka.
+        classic_last = not self.elr_enabled and len(self.isr) == 1
+        for b, (at, at_ts) in sorted(self.unregistered.items()):
+            where = [
+                name
+                for name, members in (
+                    ("ISR", EMPTY if classic_last else self.isr),
+                    ("ELR", self.elr),
+                    ("LastKnownELR", self.lkelr),
+                )
+                if b in members
+            ]
+            if self.leader == b:
+                where.insert(0, "leadership")
+            if where:
+                self._flag(
+                    at,
+                    at_ts,
+                    "unregistered_broker_kept",
+                    b,
+                    f"broker {b} was unregistered at offset {at} and kept its "
+                    f"{', '.join(where)} (ISR {_fmt(self.isr)}, ELR {_fmt(self.elr)}, "
+                    f"LastKnownELR {_fmt(self.lkelr)})",
+                )
+        self.unregistered.clear()
+
+    def _settle_disabled(self) -> None:
+        """An ELR downgrade whose ClearElr never came, leaving an ELR behind."""
+        if self.disabled is None:
+            return
+        at, at_ts = self.disabled
+        self.disabled = None
+        if self.elr or self.lkelr:
+            self._flag(
+                at,
+                at_ts,
+                "elr_while_disabled",
+                None,
+                f"eligible.leader.replicas.version went to 0 at offset {at} and the ELR "
+                f"{_fmt(self.elr)} / LastKnownELR {_fmt(self.lkelr)} was never cleared",
+            )
 
     # --- checks ----------------------------------------------------------------------
+
+    def _check_adding(
+        self,
+        offset: int,
+        ts: int,
+        before: frozenset[int],
+        elr_before: frozenset[int],
+        unproven_before: frozenset[int],
+        *,
+        reason: str,
+        elected: bool,
+        allowed: bool,
+    ) -> None:
+        """A reassignment's new replicas: into the ISR only by AlterPartition, never into
+        the ELR/LastKnownELR or leadership before that (but by a recorded recovery)."""
+        leader = self.leader
+        if elected and leader in unproven_before and not allowed:
+            self._flag(
+                offset,
+                ts,
+                "adding_replica_elected",
+                leader,
+                f"broker {leader}, being added by a reassignment, was elected (reason "
+                f"{reason}) before joining the ISR",
+            )
+        for b in sorted((self.isr - before) & (unproven_before | self.unproven)):
+            self.unproven.discard(b)
+            if reason == ALTER_PARTITION or (allowed and b == leader):
+                continue
+            self._flag(
+                offset,
+                ts,
+                "adding_replica_in_isr",
+                b,
+                f"broker {b}, being added by a reassignment, entered the ISR {_fmt(self.isr)} "
+                f"by {reason or 'an unknown reason'} without catching up",
+            )
+        for b in sorted(((self.elr | self.lkelr) - elr_before) & self.unproven):
+            self._flag(
+                offset,
+                ts,
+                "adding_replica_in_isr",
+                b,
+                f"broker {b}, being added by a reassignment, entered the ELR {_fmt(self.elr)} "
+                f"/ LastKnownELR {_fmt(self.lkelr)} before ever joining the ISR",
+            )
 
     def _check_state(
         self, offset: int, ts: int, before: frozenset[int], *, reason: str, recorded: bool
@@ -316,6 +590,21 @@ class PartitionChecker:
                 None,
                 f"ELR {_fmt(elr)} with ISR {_fmt(isr)} and MinISR {self.min_isr}",
             )
+        if self.replicas:
+            members = isr | elr | self.lkelr
+            outside = members.difference(self.replicas)
+            if leader != NO_LEADER and leader not in self.replicas:
+                outside |= {leader}
+            if outside:
+                self._flag(
+                    offset,
+                    ts,
+                    "member_outside_replicas",
+                    min(outside),
+                    f"{_fmt(outside)} not among the replicas {list(self.replicas)}: leader "
+                    f"{leader}, ISR {_fmt(isr)}, ELR {_fmt(elr)}, LastKnownELR "
+                    f"{_fmt(self.lkelr)} (reason {reason})",
+                )
         if self.tainted:
             for b in sorted((isr - before) & self.tainted.keys()):
                 reg_offset = self.tainted.pop(b)[0]
@@ -359,10 +648,12 @@ class LogChecker:
     """Runs a `PartitionChecker` per partition over decoded records in offset order.
 
     Routes each record to the checkers that must see it: partition records to their
-    partition's, an unclean RegisterBroker to every partition with a replica on that
-    broker, a ClearElr to every partition of its topic. With ``buckets > 1`` it keeps only
-    the partitions of ``bucket`` (see `bucket_of`), so that several checkers can share one
-    log, each reading all of it.
+    partition's; an unclean RegisterBroker or an UnregisterBroker to every partition that
+    has (or had: reassignments move replicas) a replica on that broker; a ClearElr or a
+    RemoveTopic to every partition of its topic; an eligible.leader.replicas.version
+    FeatureLevel to every partition. With ``buckets > 1`` it keeps only the partitions of
+    ``bucket`` (see `bucket_of`), so that several checkers can share one log, each
+    reading all of it.
     """
 
     def __init__(self, cluster: str, bucket: int = 0, buckets: int = 1) -> None:
@@ -372,6 +663,9 @@ class LogChecker:
         self.checkers: dict[tuple[str, int], PartitionChecker] = {}
         self.by_broker: dict[int, list[PartitionChecker]] = {}
         self.by_topic: dict[str, list[PartitionChecker]] = {}
+        self._routed: set[tuple[int, str, int]] = set()  # (broker, topic, partition)
+        self._in_topic: set[tuple[str, int]] = set()
+        self.elr_enabled = True  # the cluster's, for partitions created from now on
         self.records = 0
 
     def _checker(self, topic: str, partition: int) -> PartitionChecker | None:
@@ -380,8 +674,17 @@ class LogChecker:
         if c is None:
             if self.buckets > 1 and bucket_of(topic, partition, self.buckets) != self.bucket:
                 return None
-            c = self.checkers[tp] = PartitionChecker(self.cluster, topic, partition)
+            c = self.checkers[tp] = PartitionChecker(
+                self.cluster, topic, partition, elr_enabled=self.elr_enabled
+            )
         return c
+
+    def _route(self, c: PartitionChecker, replicas: Iterable[int]) -> None:
+        for b in replicas:
+            key = (b, c.topic, c.partition)
+            if key not in self._routed:
+                self._routed.add(key)
+                self.by_broker.setdefault(b, []).append(c)
 
     def feed(self, base_offset: int, timestamp_ms: int, records: Iterable[MetadataRecord]) -> None:
         """The records of one stored batch (offsets base_offset, base_offset + 1, ...)."""
@@ -391,6 +694,8 @@ class LogChecker:
             if isinstance(r, PartitionChangeRecord):
                 c = self._checker(r.topic, r.partition)
                 if c is not None:
+                    if r.replicas is not None:
+                        self._route(c, r.replicas)
                     c.on_change(
                         base_offset + i,
                         ts,
@@ -401,14 +706,18 @@ class LogChecker:
                         last_known_elr=r.last_known_elr,
                         leader_epoch=r.leader_epoch,
                         partition_epoch=r.partition_epoch,
+                        election=r.election,
+                        replicas=r.replicas,
+                        adding=r.adding_replicas,
+                        min_isr=r.min_isr,
                     )
             elif isinstance(r, PartitionRecord):
                 c = self._checker(r.topic, r.partition)
                 if c is None:
                     continue
-                if not c.created:
-                    for b in dict.fromkeys(r.replicas):
-                        self.by_broker.setdefault(b, []).append(c)
+                self._route(c, r.replicas)
+                if (r.topic, r.partition) not in self._in_topic:
+                    self._in_topic.add((r.topic, r.partition))
                     self.by_topic.setdefault(r.topic, []).append(c)
                 c.on_partition(
                     base_offset + i,
@@ -420,6 +729,8 @@ class LogChecker:
                     leader_epoch=r.leader_epoch,
                     partition_epoch=r.partition_epoch,
                     min_isr=r.min_isr,
+                    replicas=r.replicas,
+                    adding=r.adding_replicas,
                 )
             elif isinstance(r, UncleanRecoveryRecord):
                 c = self._checker(r.topic, r.partition)
@@ -431,7 +742,17 @@ class LogChecker:
                         c.on_unclean_registration(base_offset + i, ts, broker=r.broker_id)
             elif isinstance(r, ClearElrRecord):
                 for c in self.by_topic.get(r.topic, ()):
-                    c.on_clear_elr(base_offset + i, ts)
+                    c.on_clear_elr(base_offset + i, ts, min_isr=r.min_isr, first=r.first, end=r.end)
+            elif isinstance(r, UnregisterBrokerRecord):
+                for c in self.by_broker.get(r.broker_id, ()):
+                    c.on_unregister(base_offset + i, ts, broker=r.broker_id)
+            elif isinstance(r, RemoveTopicRecord):
+                for c in self.by_topic.get(r.name, ()):
+                    c.on_remove(base_offset + i, ts)
+            elif isinstance(r, FeatureLevelRecord) and r.name == ELR_FEATURE:
+                self.elr_enabled = r.level >= 1
+                for c in self.checkers.values():
+                    c.on_feature(base_offset + i, ts, level=r.level)
 
     def finish(self) -> list[PartitionChecker]:
         """Every checker, finished (their ``out`` lists hold the violations)."""

@@ -13,6 +13,15 @@ Derived values (documented so that nobody has to guess):
   BrokerRegistrationChange, ``controlled_shutdown`` when it starts one, else ``fenced`` /
   ``unfenced`` when it changes the fenced flag; an AbortTransaction's reason.
 * ``strategy``: an UncleanRecovery's strategy, or a Topic's per-topic strategy.
+* ``topic``: a RemoveTopic's topic name (``topic_id`` its id); ``min_isr`` of a
+  PartitionChange is the new effective MinISR (set when a reassignment changes the
+  replication factor), of a ClearElr the new configured one (null: unchanged), of a Topic
+  its own config (null: the cluster default's).
+* ``first_partition`` / ``end_partition``: a ClearElr's range [first, end) of the topic's
+  partitions (end null: to the last).
+* ``resource_type``, ``resource_name``, ``config_name``, ``config_value``: a Config
+  record (a topic's, or ``broker`` with an empty name: the cluster default; a null value
+  deletes the config). ``feature`` / ``level``: a FeatureLevel record.
 * ``timestamp``: the batch timestamp (ms) as a UTC timestamp; ``offline_since`` likewise
   from ``offline_since_ms``.
 """
@@ -55,6 +64,19 @@ COLUMNS: Final[tuple[tuple[str, str], ...]] = (
     ("replicas", "ints"),
     ("trigger", "string"),
     ("offline_since", "ts"),
+    # The metadata lifecycle (issue 19), after the columns above so that their positions
+    # do not move.
+    ("topic_id", "string"),
+    ("adding_replicas", "ints"),
+    ("removing_replicas", "ints"),
+    ("first_partition", "int"),
+    ("end_partition", "int"),
+    ("resource_type", "string"),
+    ("resource_name", "string"),
+    ("config_name", "string"),
+    ("config_value", "string"),
+    ("feature", "string"),
+    ("level", "int"),
 )
 COLUMN_NAMES: Final = tuple(name for name, _ in COLUMNS)
 _KIND: Final = dict(COLUMNS)
@@ -72,6 +94,7 @@ FIELD_SOURCES: Final[dict[str, dict[str, str]]] = {
         "PartitionChange": "topic",
         "UncleanRecovery": "topic",
         "ClearElr": "topic",
+        "RemoveTopic": "name",
     },
     "partition": dict.fromkeys((*_PARTITION_STATE, "UncleanRecovery"), "partition"),
     "broker": {
@@ -80,6 +103,7 @@ FIELD_SOURCES: Final[dict[str, dict[str, str]]] = {
         "FenceBroker": "broker_id",
         "UnfenceBroker": "broker_id",
         "BrokerRegistrationChange": "broker_id",
+        "UnregisterBroker": "broker_id",
     },
     "leader": dict.fromkeys(_PARTITION_STATE, "leader"),
     "leader_epoch": dict.fromkeys(_PARTITION_STATE, "leader_epoch"),
@@ -95,10 +119,26 @@ FIELD_SOURCES: Final[dict[str, dict[str, str]]] = {
     "potential_data_loss": {"UncleanRecovery": "potential_data_loss"},
     "clean": {"RegisterBroker": "clean"},
     "recovery_state": dict.fromkeys(_PARTITION_STATE, "recovery_state"),
-    "min_isr": {"Topic": "min_isr", "Partition": "min_isr"},
-    "replicas": {"Partition": "replicas"},
+    "min_isr": {
+        "Topic": "min_isr",
+        "Partition": "min_isr",
+        "PartitionChange": "min_isr",
+        "ClearElr": "min_isr",
+    },
+    "replicas": dict.fromkeys(_PARTITION_STATE, "replicas"),
     "trigger": {"UncleanRecovery": "trigger"},
     "offline_since": {"UncleanRecovery": "offline_since_ms"},
+    "topic_id": {"Topic": "topic_id", "RemoveTopic": "topic_id"},
+    "adding_replicas": dict.fromkeys(_PARTITION_STATE, "adding_replicas"),
+    "removing_replicas": dict.fromkeys(_PARTITION_STATE, "removing_replicas"),
+    "first_partition": {"ClearElr": "first"},
+    "end_partition": {"ClearElr": "end"},
+    "resource_type": {"Config": "resource_type"},
+    "resource_name": {"Config": "resource_name"},
+    "config_name": {"Config": "name"},
+    "config_value": {"Config": "value"},
+    "feature": {"FeatureLevel": "name"},
+    "level": {"FeatureLevel": "level"},
 }
 
 RECORD_TYPE_NAMES: Final = (
@@ -111,6 +151,10 @@ RECORD_TYPE_NAMES: Final = (
     "BrokerRegistrationChange",
     "UncleanRecovery",
     "ClearElr",
+    "RemoveTopic",
+    "Config",
+    "FeatureLevel",
+    "UnregisterBroker",
     "NoOp",
     # Transaction markers (KIP-868). Rows (the source, the export) hold every record as
     # stored, those of aborted or unfinished transactions included; the audit jobs leave

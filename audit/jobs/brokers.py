@@ -1,4 +1,5 @@
-"""``brokers``: fences, unfences, registrations (clean and unclean) and flapping, per broker.
+"""``brokers``: fences, unfences, registrations (clean and unclean), unregistrations and
+flapping, per broker.
 
 Counted in the [since, until) window. A fence is a FenceBrokerRecord (any reason: a
 session timeout, an operator, or ``reregistration`` when a broker in controlled shutdown
@@ -27,7 +28,13 @@ from audit.report import bar_chart, section, table_html
 from audit.spark import AuditInput
 
 COLUMNS = ("cluster", "offset", "timestamp", "record_type", "broker", "clean", "reason")
-TYPES = ("RegisterBroker", "FenceBroker", "UnfenceBroker", "BrokerRegistrationChange")
+TYPES = (
+    "RegisterBroker",
+    "FenceBroker",
+    "UnfenceBroker",
+    "BrokerRegistrationChange",
+    "UnregisterBroker",
+)
 
 
 def run(
@@ -77,6 +84,7 @@ def run(
             "controlled_shutdowns"
         ),
         n((rt == "FenceBroker") & (F.col("reason") == "session_timeout")).alias("session_timeouts"),
+        n(rt == "UnregisterBroker").alias("unregistrations"),
         F.min(F.when(rt == "RegisterBroker", F.col("timestamp"))).alias("first_registration"),
         F.max(F.when(is_fence, F.col("timestamp"))).alias("last_fence"),
     )
@@ -110,6 +118,7 @@ def _result(
         "unfences": int(table["unfences"].sum()),
         "registrations": int(table["registrations"].sum()),
         "unclean_registrations": int(table["unclean_registrations"].sum()),
+        "unregistrations": int(table["unregistrations"].sum()),
         "flapping": sorted(int(b) for b in flapping["broker"]),
         "fence_reasons": {
             str(r): int(c) for r, c in zip(reasons["reason"], reasons["count"], strict=True)
@@ -120,7 +129,8 @@ def _result(
         f"brokers audit of {source_text(inp)} ({window_text(inp)})",
         f"brokers: {s['brokers']}; fences: {s['fences']:,} ({counts_text(s['fence_reasons'])}); "
         f"unfences: {s['unfences']:,}",
-        f"registrations: {s['registrations']:,}, of which unclean: {s['unclean_registrations']:,}",
+        f"registrations: {s['registrations']:,}, of which unclean: "
+        f"{s['unclean_registrations']:,}; unregistrations: {s['unregistrations']:,}",
         f"flapping (> {flap_n} fences within {fmt_ms(flap_ms)}): "
         + (", ".join(str(b) for b in s["flapping"]) if s["flapping"] else "none"),
     ]

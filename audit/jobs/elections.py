@@ -4,8 +4,10 @@ An election is a PartitionChange that names a newly elected leader (its
 ``election_kind``: isr, elr, unclean_recovery, preferred, manual). Elections are counted
 in the [since, until) window, per time bucket (minute, hour or day, chosen from the span
 unless given). Imbalance is measured at the end (until, or the end of the log): a
-partition whose leader is not its first assigned replica (replicas[0]); offline
-partitions (no leader) are counted apart.
+partition whose leader is not its first assigned replica (replicas[0], as the last
+Partition record or reassignment left them); offline partitions (no leader) are counted
+apart, and partitions of a topic deleted after their last record are not counted at all
+(a topic created again under the name counts from its new partitions' records).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def run(spark: Any, inp: AuditInput, *, bucket: str | None = None) -> JobResult:
     if bucket is not None and bucket not in BUCKETS:
         raise ValueError(f"bucket must be one of {', '.join(BUCKETS)}")
     rows = (
-        inp.load(spark, COLUMNS, ["Partition", "PartitionChange"], any_of="leader")
+        inp.load(spark, COLUMNS, ["Partition", "PartitionChange"], any_of="leader,replicas")
         .withColumn("ts_ms", ms_col("timestamp"))
         .persist(StorageLevel.MEMORY_AND_DISK)
     )
@@ -72,15 +74,26 @@ def run(spark: Any, inp: AuditInput, *, bucket: str | None = None) -> JobResult:
             .sort_values(["bucket", "cluster", "topic", "election_kind"])
             .reset_index(drop=True)
         )
+        removed = (
+            inp.load(spark, ("cluster", "offset", "topic"), ["RemoveTopic"])
+            .groupBy("cluster", "topic")
+            .agg(F.max("offset").alias("removed_at"))
+        )
         final = (
             rows.groupBy("cluster", "topic", "partition")
             .agg(
-                F.max_by("leader", "offset").alias("leader"),
+                F.max("offset").alias("last_offset"),
+                F.max_by("leader", F.when(F.col("leader").isNotNull(), F.col("offset"))).alias(
+                    "leader"
+                ),
                 F.max_by("replicas", F.when(F.col("replicas").isNotNull(), F.col("offset"))).alias(
                     "replicas"
                 ),
             )
             .where(F.col("replicas").isNotNull())
+            .join(F.broadcast(removed), ["cluster", "topic"], "left")
+            .where(F.col("removed_at").isNull() | (F.col("removed_at") < F.col("last_offset")))
+            .drop("removed_at", "last_offset")
             .withColumn("preferred", F.element_at("replicas", 1))
             .toPandas()
             .sort_values(["cluster", "topic", "partition"])

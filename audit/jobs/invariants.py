@@ -1,13 +1,16 @@
 """``invariants``: replay every partition's history and flag every violation of the rules.
 
 The rules and the checker are in `audit.rules`. The Spark plan: the partition records
-(Partition, PartitionChange, UncleanRecovery) of one scan, plus the broker- and
-topic-level events each partition must see, joined in from a cheap second scan: every
-unclean RegisterBroker fanned out to the partitions that have a replica on that broker,
-every ClearElr to the partitions of its topic. The union is shuffled by partition, sorted
-by offset within each Spark partition, and a ``mapInArrow`` function runs one
-`PartitionChecker` per metadata partition over the sorted stream (no per-group
-overhead, no pandas). Each checker also emits one statistics row (``_checked``).
+(Partition, PartitionChange, UncleanRecovery) of one scan, plus the broker-, topic- and
+cluster-level events each partition must see, joined in from a cheap second scan: every
+unclean RegisterBroker and every UnregisterBroker fanned out to the partitions that have
+or had a replica on that broker (assignments, and the replicas a reassignment set), every
+ClearElr and RemoveTopic to the partitions of its topic, every
+eligible.leader.replicas.version FeatureLevel to every partition of the cluster. The
+union is shuffled by partition, sorted by offset within each Spark partition, and a
+``mapInArrow`` function runs one `PartitionChecker` per metadata partition over the
+sorted stream (no per-group overhead, no pandas). Each checker also emits one
+statistics row (``_checked``).
 
 Violations are reported in [since, until); the replay always starts at the beginning.
 """
@@ -26,6 +29,7 @@ from audit.report import bar_chart, section, table_html
 from audit.rules import RULES, LogChecker, PartitionChecker, Violation
 from audit.spark import AuditInput
 from audit.transactions import committed_batches
+from metadata_log.records import ELR_FEATURE
 
 STATS_RULE = "_checked"
 
@@ -45,6 +49,9 @@ MAIN_COLUMNS = (
     "reason",
     "chosen",
     "min_isr",
+    "election_kind",
+    "replicas",
+    "adding_replicas",
 )
 SIDE_COLUMNS = (
     "cluster",
@@ -56,6 +63,25 @@ SIDE_COLUMNS = (
     "broker",
     "clean",
     "replicas",
+    "min_isr",
+    "first_partition",
+    "end_partition",
+    "feature",
+    "level",
+)
+SIDE_TYPES = (
+    "Partition",
+    "PartitionChange",
+    "RegisterBroker",
+    "ClearElr",
+    "RemoveTopic",
+    "UnregisterBroker",
+    "FeatureLevel",
+)
+# Of the PartitionChange records only those that set replicas (a reassignment's): the
+# byte pre-filter skips every batch without one.
+SIDE_ANY_OF = ",".join(
+    [f"record_type={t}" for t in SIDE_TYPES if t != "PartitionChange"] + ["replicas"]
 )
 OUTPUT_ARROW = pa.schema(
     [
@@ -90,6 +116,10 @@ def feed(checker: PartitionChecker, rt: str, offset: int, ts: int, row: dict[str
             last_known_elr=row["last_known_elr"],
             leader_epoch=row["leader_epoch"],
             partition_epoch=row["partition_epoch"],
+            election=row["election_kind"],
+            replicas=row["replicas"],
+            adding=row["adding_replicas"],
+            min_isr=row["min_isr"],
         )
     elif rt == "Partition":
         checker.on_partition(
@@ -102,13 +132,27 @@ def feed(checker: PartitionChecker, rt: str, offset: int, ts: int, row: dict[str
             leader_epoch=row["leader_epoch"],
             partition_epoch=row["partition_epoch"],
             min_isr=row["min_isr"],
+            replicas=row["replicas"],
+            adding=row["adding_replicas"],
         )
     elif rt == "UncleanRecovery":
         checker.on_recovery(offset, ts, chosen=row["chosen"])
     elif rt == "RegisterBroker":
         checker.on_unclean_registration(offset, ts, broker=row["broker"])
     elif rt == "ClearElr":
-        checker.on_clear_elr(offset, ts)
+        checker.on_clear_elr(
+            offset,
+            ts,
+            min_isr=row["min_isr"],
+            first=row["first_partition"],
+            end=row["end_partition"],
+        )
+    elif rt == "UnregisterBroker":
+        checker.on_unregister(offset, ts, broker=row["broker"])
+    elif rt == "RemoveTopic":
+        checker.on_remove(offset, ts)
+    elif rt == "FeatureLevel":
+        checker.on_feature(offset, ts, level=row["level"])
 
 
 _FIELDS = (
@@ -122,6 +166,12 @@ _FIELDS = (
     "chosen",
     "min_isr",
     "broker",
+    "election_kind",
+    "replicas",
+    "adding_replicas",
+    "first_partition",
+    "end_partition",
+    "level",
 )
 
 
@@ -203,27 +253,35 @@ def events(spark: Any, inp: AuditInput) -> tuple[Any, Any]:
     from pyspark.sql import functions as F
 
     main = inp.load(spark, MAIN_COLUMNS, ["Partition", "PartitionChange", "UncleanRecovery"])
-    side = inp.load(spark, SIDE_COLUMNS, ["Partition", "RegisterBroker", "ClearElr"])
+    side = inp.load(spark, SIDE_COLUMNS, SIDE_TYPES, any_of=SIDE_ANY_OF)
     side = side.cache()
     rt = F.col("record_type")
-    created = side.where(rt == "Partition")
-    replicas = created.select(
-        "cluster", "topic", "partition", F.explode("replicas").alias("broker")
-    ).distinct()
-    unclean = side.where((rt == "RegisterBroker") & ~F.col("clean")).select(
-        "cluster", "offset", "timestamp", "record_type", "broker"
+    created = side.where(rt == "Partition").select("cluster", "topic", "partition").distinct()
+    # Every broker that is or was a replica of each partition (a reassignment adds some):
+    # the checker ignores a broker event of a broker that is not a replica at the time.
+    replicas = (
+        side.where(rt.isin("Partition", "PartitionChange") & F.col("replicas").isNotNull())
+        .select("cluster", "topic", "partition", F.explode("replicas").alias("broker"))
+        .distinct()
     )
-    registrations = unclean.join(replicas, ["cluster", "broker"])
-    clears = (
-        side.where(rt == "ClearElr")
-        .select("cluster", "offset", "timestamp", "record_type", "topic")
-        .join(created.select("cluster", "topic", "partition").distinct(), ["cluster", "topic"])
+    head = ["cluster", "offset", "timestamp", "record_type"]
+    unclean = side.where((rt == "RegisterBroker") & ~F.col("clean")).select(*head, "broker")
+    unregistered = side.where(rt == "UnregisterBroker").select(*head, "broker")
+    by_broker = unclean.unionByName(unregistered).join(replicas, ["cluster", "broker"])
+    by_topic = (
+        side.where(rt.isin("ClearElr", "RemoveTopic"))
+        .select(*head, "topic", "min_isr", "first_partition", "end_partition")
+        .join(created, ["cluster", "topic"])
     )
-    return (
-        main.unionByName(registrations, allowMissingColumns=True).unionByName(
-            clears, allowMissingColumns=True
-        )
-    ), side
+    features = (
+        side.where((rt == "FeatureLevel") & (F.col("feature") == ELR_FEATURE))
+        .select(*head, "level")
+        .join(created, ["cluster"])
+    )
+    out = main
+    for fanned in (by_broker, by_topic, features):
+        out = out.unionByName(fanned, allowMissingColumns=True)
+    return out, side
 
 
 def violations_from_rows(spark: Any, inp: AuditInput) -> tuple[Any, Any]:

@@ -16,6 +16,13 @@ only read.
   per-partition health counts (under MinISR, ELR, LastKnownELR, recovering) are kept in
   sets updated from committed partition records, so a scrape costs O(brokers), never
   O(partitions).
+* The metadata lifecycle (issue 19): partitions being reassigned (the image's own index)
+  and how long the oldest of them has been (`Reassignments`, kept from the committed
+  deltas, so a scrape reads one number), reassignments started, completed and cancelled,
+  topics deleted, brokers unregistered, ELR clears by scope (a topic's or the cluster
+  default's min.insync.replicas, or an ELR feature downgrade), and each feature's
+  effective level. A deleted topic's series go with it: its data-loss series are
+  removed and its partitions leave the health sets (the delta no longer names them).
 * Histograms: store-append latency (`Controller.append_listeners`) and, by event type,
   the event queue and processing times (`Controller.event_listeners`; Kafka's
   EventQueueTimeMs and EventQueueProcessingTimeMs). Every event type's series exist
@@ -35,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Final, get_args
 
@@ -43,6 +51,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from controller.core.lifecycle import SUPPORTED_FEATURES
 from controller.core.recovery.tracker import strategy_for
 from controller.core.step import Event
 from controller.runtime.driver import Controller
@@ -50,7 +59,10 @@ from metactl import __version__
 from metadata_image.delta import MetadataDelta
 from metadata_image.image import ClusterImage, PartitionState, TopicPartition
 from metadata_log.records import (
+    BROKER_RESOURCE,
+    ELR_FEATURE,
     RECORD_TYPES,
+    TOPIC_RESOURCE,
     ElectionKind,
     LeaderRecoveryState,
     MetadataRecord,
@@ -65,6 +77,10 @@ PREFIX: Final = "metactl_"
 ELECTION_KINDS: Final[tuple[str, ...]] = tuple(k.value for k in ElectionKind)
 BROKER_STATES: Final = ("active", "fenced", "controlled_shutdown")
 MANUAL_STRATEGY: Final = "manual"
+# The `scope` label of metactl_elr_clears_total: what cleared the ELRs (KIP-966).
+ELR_CLEAR_SCOPES: Final = ("topic", "cluster", "feature")
+# The `outcome` label of metactl_reassignments_total.
+REASSIGNMENT_OUTCOMES: Final = ("started", "completed", "cancelled")
 
 # Store appends are one SQLite transaction with an fsync: sub-millisecond to seconds.
 LATENCY_BUCKETS: Final = (
@@ -165,6 +181,12 @@ class PartitionHealth:
         else:
             self.recovering.discard(tp)
 
+    def drop_topic(self, topic: str, partitions: int) -> None:
+        """Forget a deleted topic's partitions (the delta of a RemoveTopicRecord no longer
+        names them): O(min(partitions, set size)) per set."""
+        for s in (self.under_min_isr, self.with_elr, self.last_known_elr, self.recovering):
+            _drop_topic(s, topic, partitions)
+
     @staticmethod
     def scan(image: ClusterImage) -> dict[str, int]:
         """The same counts by a full walk (for tests that check the incremental sets)."""
@@ -179,6 +201,90 @@ class PartitionHealth:
             "last_known_elr": len(self.last_known_elr),
             "recovering": len(self.recovering),
         }
+
+
+def _drop_topic(s: set[TopicPartition], topic: str, partitions: int) -> None:
+    if len(s) <= partitions:
+        gone = [tp for tp in s if tp[0] == topic]
+        s.difference_update(gone)
+    else:
+        for i in range(partitions):
+            s.discard((topic, i))
+
+
+class Reassignments:
+    """The partitions being reassigned, each with when its reassignment was first seen
+    committed and its replicas before it (what a cancel restores), in the order they
+    started: the oldest is the first entry, so its age is one read at scrape time.
+
+    `update` re-reads one changed partition and says what happened to it (started,
+    completed, cancelled, or None). Partitions already reassigning when the metrics attach
+    (a restart, a failover) count from then: their age is at least that old.
+    """
+
+    __slots__ = ("_order", "moving", "oldest_since_ms")
+
+    def __init__(self) -> None:
+        self.moving: dict[TopicPartition, tuple[int, tuple[int, ...]]] = {}
+        # (start, tp) in start order; entries whose partition is no longer moving (or
+        # moves again since a later start) are dropped lazily from the left, so finding
+        # the oldest costs O(1) amortized however the moves end.
+        self._order: deque[tuple[int, TopicPartition]] = deque()
+        self.oldest_since_ms: int | None = None
+
+    def rebuild(self, image: ClusterImage, now_ms: int) -> None:
+        self.moving.clear()
+        self._order.clear()
+        partitions = image.partitions
+        for tp in image.reassigning:
+            p = partitions.get(tp)
+            if p is not None:
+                self.moving[tp] = (now_ms, p.original)
+                self._order.append((now_ms, tp))
+        self._oldest()
+
+    def update(self, tp: TopicPartition, p: PartitionState | None, now_ms: int) -> str | None:
+        """Re-read one partition (None: it does not exist). Cheap when nothing moves."""
+        moving = self.moving
+        if p is not None and (p.adding or p.removing):
+            if tp in moving:
+                return None
+            moving[tp] = (now_ms, p.original)
+            self._order.append((now_ms, tp))
+            if self.oldest_since_ms is None:
+                self.oldest_since_ms = now_ms
+            return "started"
+        if not moving:
+            return None
+        was = moving.pop(tp, None)
+        if was is None:
+            return None
+        self._oldest()
+        if p is None:
+            return None  # deleted: neither completed nor cancelled
+        return "cancelled" if set(p.replicas) == set(was[1]) else "completed"
+
+    def drop_topic(self, topic: str) -> None:
+        gone = [tp for tp in self.moving if tp[0] == topic]
+        for tp in gone:
+            del self.moving[tp]
+        if gone:
+            self._oldest()
+
+    def _oldest(self) -> None:
+        order, moving = self._order, self.moving
+        while order:
+            since, tp = order[0]
+            now = moving.get(tp)
+            if now is not None and now[0] == since:
+                self.oldest_since_ms = since
+                return
+            order.popleft()
+        self.oldest_since_ms = None
+
+    def age_seconds(self, now_ms: int) -> float:
+        since = self.oldest_since_ms  # one read: the scrape thread's view of it
+        return 0.0 if since is None else max(0.0, (now_ms - since) / 1000)
 
 
 class ControllerMetrics:
@@ -251,6 +357,36 @@ class ControllerMetrics:
             buckets=EVENT_BUCKETS,
             registry=r,
         )
+        # The metadata lifecycle (issue 19).
+        self.topics_deleted = Counter(
+            "metactl_topics_deleted",
+            "Topics deleted (RemoveTopicRecords committed).",
+            registry=r,
+        )
+        self.brokers_unregistered = Counter(
+            "metactl_brokers_unregistered",
+            "Broker registrations removed (UnregisterBrokerRecords committed).",
+            registry=r,
+        )
+        self.elr_clears = Counter(
+            "metactl_elr_clears",
+            "Operations that cleared ELRs and LastKnownELRs (KIP-966), by scope: a topic's "
+            "min.insync.replicas (topic), the cluster default's (cluster, every topic), or "
+            "an eligible.leader.replicas.version downgrade (feature, every topic).",
+            ["scope"],
+            registry=r,
+        )
+        self.reassignments = Counter(
+            "metactl_reassignments",
+            "Partition reassignments (KIP-455) by outcome: started, completed (the target "
+            "is the assignment) or cancelled (the original replicas restored).",
+            ["outcome"],
+            registry=r,
+        )
+        for scope in ELR_CLEAR_SCOPES:
+            self.elr_clears.labels(scope=scope)
+        for outcome in REASSIGNMENT_OUTCOMES:
+            self.reassignments.labels(outcome=outcome)
         for kind in ELECTION_KINDS:
             self.elections.labels(kind=kind)
         for event in EVENT_NAMES:
@@ -260,6 +396,10 @@ class ControllerMetrics:
             self.committed_records.labels(type=name)
         self.health = PartitionHealth()
         self.health.rebuild(ctl.committed_image)
+        self.moving = Reassignments()
+        self.moving.rebuild(ctl.committed_image, ctl.clock.now_ms())
+        # topic -> the strategies of its data-loss series (removed when it is deleted)
+        self._loss_series: dict[str, set[str]] = {}
         for topic in ctl.committed_image.topics:
             self._init_data_loss_series(ctl.committed_image, topic)
         self._collector = _StateCollector(self)
@@ -300,10 +440,25 @@ class ControllerMetrics:
         image = self.ctl.committed_image
         health = self.health
         partitions = image.partitions
+        # A deleted topic first (the delta no longer names its partitions): a topic deleted
+        # and created again in one delta has its new partitions in `delta.partitions`.
+        for topic, (_, count) in delta.removed_topics.items():
+            health.drop_topic(topic, count)
+            self.moving.drop_topic(topic)
+            self._remove_topic_series(topic)
+        moving = self.moving
+        outcomes: dict[str, int] = {}
         for tp in delta.partitions:
-            health.update(tp, partitions.get(tp))
+            p = partitions.get(tp)
+            health.update(tp, p)
+            outcome = moving.update(tp, p, now_ms)
+            if outcome is not None:
+                outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        for outcome, n in outcomes.items():
+            self.reassignments.labels(outcome=outcome).inc(n)
         for recovery in delta.unclean_recoveries:
             if recovery.potential_data_loss:
+                self._loss_series.setdefault(recovery.topic, set()).add(recovery.strategy)
                 self.potential_data_loss.labels(
                     topic=recovery.topic, strategy=recovery.strategy
                 ).inc()
@@ -318,6 +473,20 @@ class ControllerMetrics:
             elections[e.kind.value] = elections.get(e.kind.value, 0) + 1
         for election, n in elections.items():
             self.elections.labels(kind=election).inc(n)
+        by_type = delta.records_by_type
+        if "RemoveTopic" in by_type:
+            self.topics_deleted.inc(by_type["RemoveTopic"])
+        if "UnregisterBroker" in by_type:
+            self.brokers_unregistered.inc(by_type["UnregisterBroker"])
+        if "ClearElr" in by_type:
+            scope = elr_clear_scope(delta)
+            if scope is not None:
+                self.elr_clears.labels(scope=scope).inc()
+
+    def _remove_topic_series(self, topic: str) -> None:
+        for strategy in sorted(self._loss_series.pop(topic, ())):
+            with contextlib.suppress(KeyError):
+                self.potential_data_loss.remove(topic, strategy)
 
     def on_event(self, event: str, queue_seconds: float, processing_seconds: float) -> None:
         self.events.labels(event=event).inc()
@@ -334,8 +503,27 @@ class ControllerMetrics:
         at 1 shows no increase, and `MetactlPotentialDataLoss` would miss the first data
         loss of every topic. Two series per topic; topics are never per-partition.
         """
-        for strategy in sorted({strategy_for(image, topic, self.ctl.config), MANUAL_STRATEGY}):
+        if topic not in image.topics:
+            return  # deleted again before this commit was told: nothing to show
+        strategies = {strategy_for(image, topic, self.ctl.config), MANUAL_STRATEGY}
+        self._loss_series.setdefault(topic, set()).update(strategies)
+        for strategy in sorted(strategies):
             self.potential_data_loss.labels(topic=topic, strategy=strategy)
+
+
+def elr_clear_scope(delta: MetadataDelta) -> str | None:
+    """What an event that wrote ClearElrRecords cleared for: its config change's scope,
+    or a feature downgrade. None for an event that only continues a clearing (its next
+    slice of topics): the operation is counted once, by the event that started it."""
+    if "Config" in delta.records_by_type:
+        for resource_type, _, _ in sorted(delta.configs):
+            if resource_type == TOPIC_RESOURCE:
+                return "topic"
+            if resource_type == BROKER_RESOURCE:
+                return "cluster"
+    if "FeatureLevel" in delta.records_by_type and ELR_FEATURE in delta.features:
+        return "feature"
+    return None
 
 
 def build_info(*, with_samples: bool) -> GaugeMetricFamily:
@@ -408,6 +596,31 @@ class _StateCollector(Collector):
             "Partitions whose leader was chosen by unclean recovery and is still recovering.",
             health["recovering"],
         )
+        yield gauge(
+            "partitions_reassigning",
+            "Partitions with a reassignment in progress (KIP-455: adding or removing replicas).",
+            len(image.reassigning),
+        )
+        yield gauge(
+            "oldest_reassignment_age_seconds",
+            "Seconds since the oldest reassignment still in progress started (0: none); "
+            "one that was in progress when this controller took over counts from then.",
+            m.moving.age_seconds(ctl.clock.now_ms()),
+        )
+        features = GaugeMetricFamily(
+            PREFIX + "feature_level",
+            "Effective level of each feature (kafka-features): the finalized level, else "
+            "what the controller's start flags seed (eligible.leader.replicas.version 1: "
+            "KIP-966 ELR tracking on, 0: classic).",
+            labels=["feature"],
+        )
+        if with_samples:
+            for name in sorted(SUPPORTED_FEATURES):
+                level = image.features.get(name)
+                if level is None and name == ELR_FEATURE:
+                    level = 1 if ctl.config.eligible_leader_replicas else 0
+                features.add_metric([name], level if level is not None else 0)
+        yield features
         yield gauge(
             "unclean_recoveries_pending",
             "Leaderless partitions whose unclean recovery waits for log inspections.",

@@ -9,21 +9,30 @@ records break exactly that rule, plus topics that must *not* be flagged.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Final
 
 from metadata_log.records import (
+    ELR_FEATURE,
+    MIN_ISR_CONFIG,
+    BeginTransactionRecord,
     ChangeReason,
     ClearElrRecord,
+    ConfigRecord,
     ElectionKind,
+    EndTransactionRecord,
+    FeatureLevelRecord,
     LeaderRecoveryState,
     MetadataRecord,
     PartitionChangeRecord,
     PartitionRecord,
     RecoveryCandidate,
     RegisterBrokerRecord,
+    RemoveTopicRecord,
     TopicRecord,
     UncleanRecoveryRecord,
+    UnregisterBrokerRecord,
 )
 from metadata_log.sqlite_store import SqliteLogStore
 from simulation.scenario import run_scenario
@@ -76,6 +85,21 @@ CRAFTED: Final = {
     "healthy-recovery": None,
     "healthy-rejoin": None,
     "healthy-clear-elr": None,
+    # The metadata lifecycle (issue 19).
+    "elr-after-downgrade": "elr_while_disabled",
+    "elr-never-cleared": "elr_while_disabled",
+    "healthy-downgrade": None,
+    "removed-replica-kept": "member_outside_replicas",
+    "adding-into-isr": "adding_replica_in_isr",
+    "adding-elected": "adding_replica_elected",  # and leader_not_in_isr_or_elr
+    "unregistered-kept": "unregistered_broker_kept",
+    "clear-range-outside": "elr_at_or_above_min_isr",
+    "healthy-reassign": None,
+    "healthy-cancel": None,
+    "healthy-unregister": None,
+    "healthy-recreated": None,
+    "healthy-clear-min-isr": None,
+    "healthy-deleted": None,
 }
 
 # Offsets (in the crafted log) and brokers of the expected violations are checked by the
@@ -119,6 +143,7 @@ async def crafted_violations(data_dir: Path) -> list[tuple[str, int, str, int | 
         )
 
     try:
+        await lifecycle_feature_histories(put, expect, topic, lambda: offset)
         # A leader elected outside ISR ∪ ELR.
         await topic("leader-outside", [1, 2, 3], 2)
         at = await put(
@@ -262,6 +287,211 @@ async def crafted_violations(data_dir: Path) -> list[tuple[str, int, str, int | 
         await put(_change("healthy-clear-elr", 1, 0, ChangeReason.FENCE, isr=[31], elr=[32]))
         await put(ClearElrRecord(topic="healthy-clear-elr"))
         await put(_change("healthy-clear-elr", 3, 0, ChangeReason.ALTER_PARTITION, isr=[31, 33]))
+
+        await lifecycle_histories(put, expect, topic, lambda: offset)
     finally:
         await store.close()
     return list(EXPECTED)
+
+
+# --- the metadata lifecycle (issue 19) ------------------------------------------------
+
+Put = Callable[..., Awaitable[int]]
+Expect = Callable[[str, int, str, int | None], None]
+NewTopic = Callable[..., Awaitable[None]]
+
+
+async def lifecycle_feature_histories(
+    put: Put, expect: Expect, topic: NewTopic, offset: Callable[[], int]
+) -> None:
+    """First in the log: an eligible.leader.replicas.version downgrade reaches every
+    partition that exists, so only these three exist when it happens (the feature is back
+    at 1 before any other topic is created)."""
+    await put(FeatureLevelRecord(name=ELR_FEATURE, level=1))
+    # Three partitions with an ELR (ISR below MinISR 3).
+    for name, (a, b, c) in (
+        ("elr-after-downgrade", (101, 102, 103)),
+        ("elr-never-cleared", (104, 105, 106)),
+        ("healthy-downgrade", (107, 108, 109)),
+    ):
+        await topic(name, [a, b, c], 3)
+        await put(_change(name, 1, 0, ChangeReason.FENCE, isr=[a, b], elr=[c], broker=c))
+    # The downgrade clears two of them; "elr-never-cleared" is left with its ELR.
+    downgrade = await put(
+        BeginTransactionRecord(name="downgrade"),
+        FeatureLevelRecord(name=ELR_FEATURE, level=0),
+        ClearElrRecord(topic="elr-after-downgrade"),
+        ClearElrRecord(topic="healthy-downgrade"),
+        EndTransactionRecord(),
+    )
+    expect("elr-never-cleared", downgrade + 1, "elr_while_disabled", None)
+    # With tracking off, a change puts an ELR member back: flagged at that change.
+    at = await put(_change("elr-after-downgrade", 3, 0, ChangeReason.FENCE, isr=[101], elr=[102]))
+    expect("elr-after-downgrade", at, "elr_while_disabled", None)
+    # Healthy: the classic rule (no ELR) while tracking is off.
+    await put(_change("healthy-downgrade", 3, 0, ChangeReason.FENCE, isr=[107], broker=108))
+    await put(FeatureLevelRecord(name=ELR_FEATURE, level=1))
+
+
+async def lifecycle_histories(
+    put: Put, expect: Expect, topic: NewTopic, offset: Callable[[], int]
+) -> None:
+    """Reassignment, unregistration, deletion and ClearElr ranges, each broken once, and
+    the healthy shapes the real controller writes (`controller.core.lifecycle`)."""
+
+    def move(
+        name: str, pe: int, le: int, replicas: list[int], adding: list[int], **kw: object
+    ) -> PartitionChangeRecord:
+        removing = kw.pop("removing", [])
+        return _change(
+            name,
+            pe,
+            le,
+            ChangeReason.REASSIGNMENT,
+            replicas=replicas,
+            adding_replicas=adding,
+            removing_replicas=removing,
+            **kw,
+        )
+
+    # A reassignment [40,41,42] -> [41,42,43] completes but broker 40, removed, keeps its
+    # ISR membership.
+    await topic("removed-replica-kept", [40, 41, 42], 2)
+    await put(_register(43, offset()))
+    await put(move("removed-replica-kept", 1, 0, [41, 42, 43, 40], [43], removing=[40]))
+    await put(
+        _change("removed-replica-kept", 2, 0, ChangeReason.ALTER_PARTITION, isr=[40, 41, 42, 43])
+    )
+    at = await put(
+        move(
+            "removed-replica-kept",
+            3,
+            1,
+            [41, 42, 43],
+            [],
+            election=ElectionKind.ISR,
+            leader=41,
+        )
+    )
+    expect("removed-replica-kept", at, "member_outside_replicas", 40)
+
+    # The reassignment's start puts the new replica straight into the ISR.
+    await topic("adding-into-isr", [44, 45, 46], 2)
+    await put(_register(47, offset()))
+    at = await put(
+        move("adding-into-isr", 1, 0, [45, 46, 47, 44], [47], removing=[44], isr=[44, 45, 46, 47])
+    )
+    expect("adding-into-isr", at, "adding_replica_in_isr", 47)
+
+    # The new replica, not caught up, is elected.
+    await topic("adding-elected", [48, 49, 50], 2)
+    await put(_register(51, offset()))
+    await put(move("adding-elected", 1, 0, [49, 50, 51, 48], [51], removing=[48]))
+    at = await put(
+        _change("adding-elected", 2, 1, ChangeReason.ELECTION, election=ElectionKind.ISR, leader=51)
+    )
+    expect("adding-elected", at, "adding_replica_elected", 51)
+    expect("adding-elected", at, "leader_not_in_isr_or_elr", 51)
+
+    # An unregistered broker left in the ELR: no change of the unregistration removed it.
+    await topic("unregistered-kept", [52, 53, 54], 3)
+    await put(
+        _change("unregistered-kept", 1, 0, ChangeReason.FENCE, isr=[52, 53], elr=[54], broker=54)
+    )
+    at = await put(
+        BeginTransactionRecord(name="unregister"),
+        UnregisterBrokerRecord(broker_id=54, broker_epoch=offset() - 3),
+        EndTransactionRecord(),
+    )
+    expect("unregistered-kept", at + 1, "unregistered_broker_kept", 54)
+    await put(_change("unregistered-kept", 2, 0, ChangeReason.ALTER_PARTITION, isr=[52, 53]))
+
+    # A ClearElr over partitions [1, end) leaves partition 0's ELR: once its ISR is back at
+    # MinISR the ELR must be empty, and is not (the checker honours the range).
+    await topic("clear-range-outside", [61, 62, 63], 2)
+    await put(_change("clear-range-outside", 1, 0, ChangeReason.FENCE, isr=[61], elr=[62]))
+    await put(ClearElrRecord(topic="clear-range-outside", first=1, end=3))
+    at = await put(_change("clear-range-outside", 2, 0, ChangeReason.ALTER_PARTITION, isr=[61, 63]))
+    expect("clear-range-outside", at, "elr_at_or_above_min_isr", None)
+
+    # Healthy: a reassignment that completes once the new replica caught up (leadership
+    # moves off the removed replica in the completing change).
+    await topic("healthy-reassign", [64, 65, 66], 2)
+    await put(_register(67, offset()))
+    await put(move("healthy-reassign", 1, 0, [65, 66, 67, 64], [67], removing=[64]))
+    await put(_change("healthy-reassign", 2, 0, ChangeReason.ALTER_PARTITION, isr=[64, 65, 66, 67]))
+    await put(
+        move(
+            "healthy-reassign",
+            3,
+            1,
+            [65, 66, 67],
+            [],
+            isr=[65, 66, 67],
+            election=ElectionKind.ISR,
+            leader=65,
+        )
+    )
+
+    # Healthy: a reassignment cancelled before its new replica caught up.
+    await topic("healthy-cancel", [68, 69, 70], 2)
+    await put(_register(71, offset()))
+    await put(move("healthy-cancel", 1, 0, [69, 70, 71, 68], [71], removing=[68]))
+    await put(move("healthy-cancel", 2, 0, [69, 70, 68], []))
+
+    # Healthy: a fenced broker unregistered, leaving the ELR in the same transaction.
+    await topic("healthy-unregister", [72, 73, 74], 3)
+    await put(
+        _change("healthy-unregister", 1, 0, ChangeReason.FENCE, isr=[72, 73], elr=[74], broker=74)
+    )
+    await put(
+        BeginTransactionRecord(name="unregister"),
+        UnregisterBrokerRecord(broker_id=74, broker_epoch=offset() - 3),
+        _change("healthy-unregister", 2, 0, ChangeReason.UNREGISTER, elr=[], broker=74),
+        EndTransactionRecord(),
+    )
+    await put(_change("healthy-unregister", 3, 0, ChangeReason.ALTER_PARTITION, isr=[72, 73]))
+
+    # Healthy: a topic deleted and created again under its name is a new topic. The old
+    # one's broker 77 registered uncleanly while out of its ISR; the new topic's replica on
+    # 77 is a fresh one, in the ISR from its creation (mixing the two would flag it).
+    await topic("healthy-recreated", [75, 76, 77], 2)
+    await put(_change("healthy-recreated", 1, 0, ChangeReason.FENCE, isr=[75, 76], broker=77))
+    await put(_register(77, offset(), clean=False))
+    await put(_change("healthy-recreated", 5, 3, ChangeReason.ELECTION, leader=76))
+    await put(RemoveTopicRecord(topic_id="healthy-recreated", name="healthy-recreated"))
+    await put(
+        TopicRecord(name="healthy-recreated", topic_id="healthy-recreated-2", partitions=1),
+        PartitionRecord(
+            topic="healthy-recreated",
+            partition=0,
+            replicas=[75, 76, 77],
+            isr=[75, 76, 77],
+            leader=75,
+            min_isr=2,
+        ),
+    )
+    await put(_change("healthy-recreated", 1, 0, ChangeReason.FENCE, isr=[75, 77], broker=76))
+
+    # Healthy: min.insync.replicas raised to 5 on RF 3: the effective MinISR is 3, so an
+    # ISR of two with an ELR is right (under the old MinISR 2 it would be flagged).
+    await topic("healthy-clear-min-isr", [78, 79, 80], 2)
+    await put(
+        ConfigRecord(
+            resource_type="topic",
+            resource_name="healthy-clear-min-isr",
+            name=MIN_ISR_CONFIG,
+            value="5",
+        ),
+        ClearElrRecord(topic="healthy-clear-min-isr", min_isr=5),
+    )
+    await put(_change("healthy-clear-min-isr", 2, 0, ChangeReason.FENCE, isr=[78, 79], elr=[80]))
+
+    # Healthy: a topic deleted for good, its leader away from the preferred replica.
+    await topic("healthy-deleted", [81, 82, 83], 2)
+    await put(
+        _change(
+            "healthy-deleted", 1, 1, ChangeReason.ELECTION, election=ElectionKind.ISR, leader=82
+        )
+    )
+    await put(RemoveTopicRecord(topic_id="healthy-deleted", name="healthy-deleted"))

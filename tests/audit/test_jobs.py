@@ -170,6 +170,23 @@ def test_broker_counts_agree_with_the_log(spark: Any, sim_log: tuple[Path, Any])
     assert res.stats["unclean_registrations"] == unclean_regs
 
 
+# --- the metadata lifecycle in the other jobs ----------------------------------------------
+
+
+def test_elections_and_brokers_follow_the_lifecycle(spark: Any, crafted_log: Path) -> None:
+    """Imbalance at the end reads a reassignment's replicas (its preferred leader) and
+    leaves out a deleted topic; the brokers table counts unregistrations."""
+    inp = AuditInput.of(str(crafted_log))
+    final = elections.run(spark, inp)
+    imbalance = final.tables["imbalance"]
+    assert "healthy-deleted" not in set(imbalance["topic"])  # its leader 82 != 81
+    assert "healthy-reassign" not in set(imbalance["topic"])  # preferred 65 after the move
+    assert "leader-outside" in set(imbalance["topic"])  # what imbalance does flag still is
+    table = brokers.run(spark, inp).tables["brokers"].set_index("broker")
+    assert table.loc[54, "unregistrations"] == 1 and table.loc[74, "unregistrations"] == 1
+    assert table["unregistrations"].sum() == 2
+
+
 # --- invariants ----------------------------------------------------------------------------
 
 

@@ -88,6 +88,10 @@ def test_dashboard_has_the_panels_and_the_data_loss_annotation() -> None:
         "Event queue time p99 by event",
         "Event processing time p99 by event",
         "Event in progress",
+        "Reassignments in progress",
+        "Oldest reassignment in progress",
+        "Lifecycle operations",
+        "ELR feature level",
     ):
         assert needed in titles
     loss = next(p for p in panels() if p["title"] == "Potential data-loss events")
@@ -107,6 +111,25 @@ def test_dashboard_has_the_panels_and_the_data_loss_annotation() -> None:
     for p in panels():
         if p["type"] != "row":
             assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+
+
+def test_lifecycle_row_shows_reassignments_in_progress() -> None:
+    rows = [p["title"] for p in panels() if p["type"] == "row"]
+    assert "Metadata lifecycle" in rows
+    moving = next(p for p in panels() if p["title"] == "Reassignments in progress")
+    assert [t["expr"] for t in moving["targets"]] == [  # type: ignore[attr-defined]
+        'sum(metactl_partitions_reassigning{job=~"$job"})'
+    ]
+    oldest = next(p for p in panels() if p["title"] == "Oldest reassignment in progress")
+    assert oldest["fieldConfig"]["defaults"]["unit"] == "s"  # type: ignore[index]
+    ops = next(p for p in panels() if p["title"] == "Lifecycle operations")
+    named = metric_names(" ".join(t["expr"] for t in ops["targets"]))  # type: ignore[attr-defined]
+    assert named == {
+        "metactl_reassignments_total",
+        "metactl_topics_deleted_total",
+        "metactl_brokers_unregistered_total",
+        "metactl_elr_clears_total",
+    }
 
 
 def test_event_loop_row_shows_p99_by_event_type() -> None:
@@ -191,6 +214,7 @@ def test_alert_rules_have_the_required_alerts() -> None:
         "MetactlMetadataLogWriteFailing",
         "MetactlNoActiveController",
         "MetactlControllerStalled",
+        "MetactlReassignmentStuck",
     }
     loss = rules["MetactlPotentialDataLoss"]
     assert loss["expr"] == "increase(metactl_potential_data_loss_events_total[5m]) > 0"
@@ -214,6 +238,11 @@ def test_alert_rules_have_the_required_alerts() -> None:
     ):
         assert part in expr, part
     assert stalled["for"] == "2m" and stalled["labels"]["severity"] == "critical"
+    stuck = rules["MetactlReassignmentStuck"]
+    assert stuck["expr"] == (
+        "max by (job, instance) (metactl_oldest_reassignment_age_seconds) > 1800"
+    )
+    assert stuck["labels"]["severity"] == "warning"
     for name, rule in rules.items():
         assert re.fullmatch(r"(?:[A-Z][a-z]+)+", name), name
         assert rule["labels"]["severity"] in {"critical", "warning"}
@@ -238,7 +267,7 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_promtool_check_rules() -> None:
     r = promtool("check", "rules", "alerts.yml")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS: 11 rules found" in r.stdout
+    assert "SUCCESS: 12 rules found" in r.stdout
 
 
 @needs_promtool
