@@ -67,6 +67,7 @@ bench: setup-test system
 	$(BIN)/python bench/service_load.py
 	$(BIN)/python bench/produce.py
 	$(BIN)/python bench/ha.py
+	$(BIN)/python bench/lifecycle.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
