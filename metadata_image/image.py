@@ -16,7 +16,13 @@ import immutables
 import msgspec
 
 from metadata_image.partition_map import EMPTY_PARTITIONS, PartitionMap
-from metadata_log.records import ELR_FEATURE, MIN_ISR_CONFIG, NO_LEADER, LeaderRecoveryState
+from metadata_log.records import (
+    ELR_FEATURE,
+    MIN_ISR_CONFIG,
+    NO_LEADER,
+    LeaderRecoveryState,
+    UncleanRecoveryRecord,
+)
 
 TopicPartition = tuple[str, int]
 
@@ -246,6 +252,9 @@ class ClusterImage(msgspec.Struct, frozen=True, kw_only=True):
     reassigning: immutables.Map[TopicPartition, None] = immutables.Map()
     # topic id -> name, so that records naming an id resolve in O(1).
     topic_ids: immutables.Map[str, str] = immutables.Map()
+    # Each partition's last unclean recovery (a potential data-loss event), kept in the
+    # image so that describe shows it after any restart or failover; a delete drops it.
+    last_recoveries: immutables.Map[TopicPartition, UncleanRecoveryRecord] = immutables.Map()
 
     def broker(self, broker_id: int) -> BrokerState | None:
         return self.brokers.get(broker_id)
@@ -307,4 +316,5 @@ class ClusterImage(msgspec.Struct, frozen=True, kw_only=True):
             and self.cluster_configs == other.cluster_configs
             and self.reassigning == other.reassigning
             and self.topic_ids == other.topic_ids
+            and self.last_recoveries == other.last_recoveries
         )

@@ -131,6 +131,7 @@ class _Builder:
         "features",
         "index",
         "index_brokers",
+        "last_recoveries",
         "offline",
         "partitions",
         "reassigning",
@@ -157,6 +158,7 @@ class _Builder:
         self.cluster_configs: Any = image.cluster_configs
         self.reassigning: Any = image.reassigning
         self.topic_ids: Any = image.topic_ids
+        self.last_recoveries: Any = image.last_recoveries
 
     def _flush_added(self) -> Any:
         """The replica index as a mutation, with the replicas added so far merged in
@@ -201,6 +203,7 @@ class _Builder:
             cluster_configs=self.cluster_configs,
             reassigning=self.reassigning,
             topic_ids=self.topic_ids,
+            last_recoveries=self.last_recoveries,
         )
 
     def set_partition(
@@ -349,12 +352,16 @@ class _Builder:
         parts = self.partitions
         offline = self.offline
         reassigning = self.reassigning
+        recoveries = self.last_recoveries
         for p in list(parts.topic_states(name, range(t.partitions))):
             if p.leader == NO_LEADER:
                 del offline[p.tp]
             if p.tp in reassigning:
                 reassigning = reassigning.delete(p.tp)
+            if p.tp in recoveries:
+                recoveries = recoveries.delete(p.tp)
         self.reassigning = reassigning
+        self.last_recoveries = recoveries
         parts.drop_topic(name, t.partitions)
         im = self._flush_added()
         for broker_id in {*self._base_index.keys(), *self.index_brokers}:
@@ -507,6 +514,10 @@ class _Builder:
                     changed.add(p.tp)
 
     def _apply_unclean_recovery(self, record: UncleanRecoveryRecord) -> None:
+        tp = (intern(record.topic), record.partition)
+        if tp not in self.partitions:
+            raise ReplayError(f"UncleanRecovery for unknown partition {tp[0]}-{tp[1]}")
+        self.last_recoveries = self.last_recoveries.set(tp, record)
         if self.delta is not None:
             self.delta.unclean_recoveries.append(record)
 
@@ -701,6 +712,9 @@ def iter_image_records(image: ClusterImage) -> Iterator[MetadataRecord]:
         )
         for p in image.partitions.of_topic(t.name, range(t.partitions)):
             yield partition_record(p)
+            last = image.last_recoveries.get(p.tp)
+            if last is not None:  # kept as the record itself: replay keeps it again
+                yield last
 
 
 def partition_record(p: PartitionState) -> PartitionRecord:

@@ -214,6 +214,9 @@ class UncleanRecoveryRecord(_Record, tag="UncleanRecovery", frozen=True):
     potential_data_loss: bool = True
     trigger: str = ""  # e.g. "isr_and_elr_empty", "elr_all_fenced", "operator"
     offline_since_ms: int | None = None
+    # When the controller decided it (its clock): the image keeps each partition's last
+    # recovery, so its age shows after any restart or failover. None in older logs.
+    at_ms: int | None = None
 
 
 class ClearElrRecord(_Record, tag="ClearElr", frozen=True):

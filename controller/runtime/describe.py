@@ -178,21 +178,40 @@ class DescribeNotes:
     def recovery(self, tp: TopicPartition, now_ms: int, within_ms: int) -> RecoverySummary | None:
         """The partition's last unclean recovery, if at most `within_ms` old."""
         seen = self.recoveries.get(tp)
-        if seen is None or within_ms <= 0:
+        if seen is None:
             return None
         at, r = seen
-        age = max(0, now_ms - at)
-        if age > within_ms:
-            return None
-        return RecoverySummary(
-            chosen=r.chosen,
-            strategy=r.strategy,
-            trigger=r.trigger,
-            candidates=[c.broker_id for c in r.candidates],
-            at_ms=at,
-            age_ms=age,
-            offline_since_ms=r.offline_since_ms,
-        )
+        return _summary(r, at, now_ms, within_ms)
+
+
+def recovery_summary(
+    r: UncleanRecoveryRecord | None, now_ms: int, within_ms: int
+) -> RecoverySummary | None:
+    """A partition's last unclean recovery as the image keeps it, if at most `within_ms`
+    old by the time the controller decided it (a record of an older log, without that
+    time, is not shown: its age is unknown)."""
+    if r is None or r.at_ms is None:
+        return None
+    return _summary(r, r.at_ms, now_ms, within_ms)
+
+
+def _summary(
+    r: UncleanRecoveryRecord, at: int, now_ms: int, within_ms: int
+) -> RecoverySummary | None:
+    if within_ms <= 0:
+        return None
+    age = max(0, now_ms - at)
+    if age > within_ms:
+        return None
+    return RecoverySummary(
+        chosen=r.chosen,
+        strategy=r.strategy,
+        trigger=r.trigger,
+        candidates=[c.broker_id for c in r.candidates],
+        at_ms=at,
+        age_ms=age,
+        offline_since_ms=r.offline_since_ms,
+    )
 
 
 # --- the order ------------------------------------------------------------------------
@@ -323,7 +342,10 @@ def describe_page(
     reasons = notes.fenced_reasons if notes is not None else {}
 
     def last_recovery(tp: TopicPartition) -> RecoverySummary | None:
-        return None if notes is None else notes.recovery(tp, now_ms, within)
+        seen = None if notes is None else notes.recovery(tp, now_ms, within)
+        if seen is None:  # after a restart or failover: the image keeps the last one
+            seen = recovery_summary(image.last_recoveries.get(tp), now_ms, within)
+        return seen
 
     brokers = _Section[int, BrokerDescription]()
     if broker_limit != 0:

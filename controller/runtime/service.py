@@ -697,6 +697,7 @@ class ControllerService:
                 committed_offset=committed,
                 recovery_pending=lambda tp: None,
                 heartbeat_age_ms=lambda b: None,
+                now_ms=self.clock.now_ms(),  # the image's last recoveries, with their age
             )
         ctl = self.controller
         assert self.store is not None

@@ -760,3 +760,17 @@ def test_a_min_isr_change_mid_reassignment_caps_at_the_targets_size() -> None:
     topic_min_isr(c, "3")
     assert c.p().min_isr == 1
     consistent(c)
+
+
+def test_a_deleted_topic_takes_its_last_recoveries_with_it() -> None:
+    c = Cluster(policies=POLICIES)
+    c.start(1, 2)
+    c.create("t", assignments=[[1, 2]], min_isr=1, recovery_strategy="manual")
+    c.fence(2)
+    c.fence(1)
+    c.restart(2, clean=False)
+    c.elect_unclean(2)
+    assert ("t", 0) in c.image.last_recoveries
+    c.submit(DeleteTopic(name="t"))
+    assert not c.image.last_recoveries
+    consistent(c)

@@ -377,6 +377,7 @@ def test_worked_example_5_3_3_balanced_recovery() -> None:
         trigger="isr_and_elr_empty",
         # Offline since the last leader was lost (5), not since the ELR emptied (20).
         offline_since_ms=5,
+        at_ms=40,  # decided now: describe shows its age after a restart
     )
     assert isinstance(change, PartitionChangeRecord)
     assert change.reason is ChangeReason.UNCLEAN_RECOVERY
@@ -713,6 +714,7 @@ class TestManual:
             chosen=3,
             trigger="operator",
             offline_since_ms=7,  # no recovery was pending, but the outage began at 7
+            at_ms=30,
         )
         assert isinstance(change, PartitionChangeRecord)
         assert change.election is ElectionKind.MANUAL

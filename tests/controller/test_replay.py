@@ -237,25 +237,27 @@ class TestReplayRecords:
         assert ("t", 0) not in back.offline
         assert back.partitions[("t", 0)].leader == 2
 
-    def test_audit_records_change_nothing_but_the_offset(self) -> None:
+    def test_audit_records_change_nothing_but_the_offset_and_the_last_recovery(self) -> None:
         c = rich_cluster()
-        after = replay(
-            c.image,
-            [
-                NoOpRecord(),
-                UncleanRecoveryRecord(
-                    topic="orders",
-                    partition=0,
-                    strategy="balanced",
-                    candidates=[
-                        RecoveryCandidate(broker_id=1, last_leader_epoch=1, log_end_offset=2)
-                    ],
-                    chosen=1,
-                ),
-            ],
+        recovery = UncleanRecoveryRecord(
+            topic="orders",
+            partition=0,
+            strategy="balanced",
+            candidates=[RecoveryCandidate(broker_id=1, last_leader_epoch=1, log_end_offset=2)],
+            chosen=1,
+            at_ms=7,
         )
+        after = replay(c.image, [NoOpRecord(), recovery])
         assert after.end_offset == c.image.end_offset + 2
-        assert msgspec.structs.replace(after, end_offset=c.image.end_offset).same_state(c.image)
+        # The recovery is kept as the partition's last (describe shows it after restarts);
+        # the PartitionChangeRecord beside it in a real log carries the state.
+        assert after.last_recoveries[("orders", 0)] == recovery
+        kept = msgspec.structs.replace(
+            after, end_offset=c.image.end_offset, last_recoveries=c.image.last_recoveries
+        )
+        assert kept.same_state(c.image)
+        with pytest.raises(ReplayError, match="unknown partition"):
+            replay(c.image, [msgspec.structs.replace(recovery, partition=99)])
 
     def test_end_offset_counts_records_and_input_is_never_modified(self) -> None:
         c = rich_cluster()
@@ -377,7 +379,11 @@ class TestSnapshotForm:
             BrokerRegistrationChangeRecord,
             TopicRecord,
             PartitionRecord,
+            UncleanRecoveryRecord,  # a partition's last recovery, right after it
         }
+        for tp, last in c.image.last_recoveries.items():
+            at = records.index(last)
+            assert records[at - 1] == partition_record(c.p(*tp))
 
     def test_image_from_records_takes_the_given_end_offset(self) -> None:
         c = rich_cluster()

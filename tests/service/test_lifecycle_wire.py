@@ -27,10 +27,14 @@ from protocol.messages import (
     CreateTopicsResponse,
     DeleteTopicsRequest,
     DeleteTopicsResponse,
+    DescribeClusterRequest,
+    DescribeClusterResponse,
     DescribeConfigsRequest,
     DescribeConfigsResponse,
     DescribeFeaturesRequest,
     DescribeFeaturesResponse,
+    ElectLeader,
+    FenceBroker,
     ListPartitionReassignmentsRequest,
     ListPartitionReassignmentsResponse,
     Reassignment,
@@ -161,6 +165,42 @@ async def test_every_lifecycle_request_over_the_wire_and_after_a_restart(tmp_pat
         assert after.topics == before.topics and after.partitions == before.partitions
         with pytest.raises(BrokerIdNotRegisteredError):
             await conn.request(UnregisterBroker(broker_id=9))
+    finally:
+        await conn.close()
+        await svc.stop()
+
+
+async def test_the_last_unclean_recovery_shows_after_a_restart(tmp_path: Path) -> None:
+    """Issue 22 item 2: online describe lost a partition's recent unclean recovery once
+    the controller restarted (its notes were process memory); the image now keeps each
+    partition's last one, with the time it was decided."""
+    svc, conn = await started(tmp_path)
+    try:
+        for b in (1, 2):
+            await register(conn, b, f"i{b}")
+        await create(conn, "t", assignments=[[1, 2]], min_isr=1)
+        # Both fenced (as a session expiry does), through the core as any event.
+        await svc.controller.submit(FenceBroker(broker_id=2))
+        await svc.controller.submit(FenceBroker(broker_id=1))
+        await register(conn, 2, "i2-again")  # a new incarnation, unclean: not in the ELR
+        r = await conn.request(
+            ElectLeader(topic="t", partition=0, election_type="unclean", replica=2)
+        )
+        assert getattr(r, "leader", None) == 2
+    finally:
+        await conn.close()
+        await svc.stop()
+    svc, conn = await started(tmp_path)
+    try:
+        d = await conn.request(DescribeClusterRequest(topic="t"))
+        assert isinstance(d, DescribeClusterResponse)
+        (p,) = d.partitions
+        assert p.last_unclean_recovery is not None
+        assert (p.last_unclean_recovery.chosen, p.last_unclean_recovery.strategy) == (2, "manual")
+        # Outside the window asked for, it is not shown.
+        d = await conn.request(DescribeClusterRequest(topic="t", recoveries_within_ms=0))
+        assert isinstance(d, DescribeClusterResponse)
+        assert d.partitions[0].last_unclean_recovery is None
     finally:
         await conn.close()
         await svc.stop()

@@ -134,6 +134,7 @@ def recovery_records(
     trigger: str,
     since_ms: int | None,
     election: ElectionKind,
+    at_ms: int | None = None,
 ) -> list[MetadataRecord]:
     order = {r: i for i, r in enumerate(p.replicas)}
     change = build_change(
@@ -153,6 +154,7 @@ def recovery_records(
             potential_data_loss=True,
             trigger=trigger,
             offline_since_ms=since_ms,
+            at_ms=at_ms,
         ),
         change,
     ]
@@ -332,6 +334,7 @@ def _decide(
             trigger=pr.trigger,
             since_ms=pr.since_ms,
             election=ElectionKind.UNCLEAN_RECOVERY,
+            at_ms=now_ms,
         )
     if isinstance(decision, RestartWindow):
         window = policy.window_ms(config.unclean_recovery_window_ms) or 0
@@ -416,6 +419,7 @@ def manual_election(
         trigger="operator",
         since_ms=tracker.offline_since(p),
         election=ElectionKind.MANUAL,
+        at_ms=now_ms,
     )
     offline = tracker.offline.mutate()
     offline.pop(p.tp, None)  # it has a leader now
