@@ -165,6 +165,7 @@ class PartitionChecker:
         "partition_epoch",
         "records",
         "recovery",
+        "removing",
         "replicas",
         "skipped",
         "tainted",
@@ -197,6 +198,9 @@ class PartitionChecker:
         self.partition_epoch = -1
         self.replicas: tuple[int, ...] = ()
         self.adding: frozenset[int] = EMPTY
+        # The replicas a reassignment removes: the effective MinISR caps at the target's
+        # size (replicas minus these), as the controller's does.
+        self.removing: frozenset[int] = EMPTY
         # broker -> (offset, timestamp) of the unclean registration it has not recovered from
         self.tainted: dict[int, tuple[int, int]] = {}
         self.flagged_elr: set[int] = set()
@@ -229,6 +233,7 @@ class PartitionChecker:
         min_isr: int | None,
         replicas: Iterable[int] | None = None,
         adding: Iterable[int] | None = None,
+        removing: Iterable[int] | None = None,
     ) -> None:
         self.records += 1
         self._settle_unregistered()
@@ -245,6 +250,7 @@ class PartitionChecker:
         if replicas is not None:
             self.replicas = tuple(replicas)
         self.adding = frozenset(adding or ())
+        self.removing = frozenset(removing or ())
         self.unproven = set(self.adding - self.isr)
         self._check_state(offset, ts, before, reason="create", recorded=False)
 
@@ -264,6 +270,7 @@ class PartitionChecker:
         replicas: Iterable[int] | None = None,
         adding: Iterable[int] | None = None,
         min_isr: int | None = None,
+        removing: Iterable[int] | None = None,
     ) -> None:
         if not self.created:
             self.skipped += 1
@@ -316,6 +323,8 @@ class PartitionChecker:
             self.min_isr = min_isr
         if replicas is not None:
             self.replicas = tuple(replicas)
+        if removing is not None:
+            self.removing = frozenset(removing)
         if adding is not None:
             new = frozenset(adding)
             # A replica the reassignment starts adding has to prove itself; one still being
@@ -386,7 +395,8 @@ class PartitionChecker:
         self.records += 1
         self._settle_unregistered()
         self.recovery = None
-        new_min = self.min_isr if min_isr is None else min(min_isr, len(self.replicas))
+        target = len(self.replicas) - len(self.removing)
+        new_min = self.min_isr if min_isr is None else min(min_isr, target)
         if self.elr or self.lkelr or new_min != self.min_isr:
             self.elr = self.lkelr = EMPTY
             self.min_isr = new_min
@@ -709,6 +719,7 @@ class LogChecker:
                         election=r.election,
                         replicas=r.replicas,
                         adding=r.adding_replicas,
+                        removing=r.removing_replicas,
                         min_isr=r.min_isr,
                     )
             elif isinstance(r, PartitionRecord):
@@ -731,6 +742,7 @@ class LogChecker:
                     min_isr=r.min_isr,
                     replicas=r.replicas,
                     adding=r.adding_replicas,
+                    removing=r.removing_replicas,
                 )
             elif isinstance(r, UncleanRecoveryRecord):
                 c = self._checker(r.topic, r.partition)

@@ -119,6 +119,7 @@ def feed(checker: PartitionChecker, rt: str, offset: int, ts: int, row: dict[str
             election=row["election_kind"],
             replicas=row["replicas"],
             adding=row["adding_replicas"],
+            removing=row["removing_replicas"],
             min_isr=row["min_isr"],
         )
     elif rt == "Partition":
@@ -134,6 +135,7 @@ def feed(checker: PartitionChecker, rt: str, offset: int, ts: int, row: dict[str
             min_isr=row["min_isr"],
             replicas=row["replicas"],
             adding=row["adding_replicas"],
+            removing=row["removing_replicas"],
         )
     elif rt == "UncleanRecovery":
         checker.on_recovery(offset, ts, chosen=row["chosen"])

@@ -606,7 +606,7 @@ def alter_partition(
     )
     if change is None:
         return HandlerResult([], partition_view(p))
-    if p.adding:
+    if p.reassigning:
         # KIP-455: once every target replica is in the ISR the reassignment completes,
         # in a second record that sees the first applied.
         after = replay(image, [change])

@@ -354,7 +354,7 @@ def complete_reassignment(
 ) -> PartitionChangeRecord | None:
     """The completion of `p`'s reassignment if every target replica is in its ISR now
     (an AlterPartition grew it); None otherwise."""
-    if not p.adding or not frozenset(p.target) <= p.isr:
+    if not p.reassigning or not frozenset(p.target) <= p.isr:
         return None
     return move_replicas(
         image,

@@ -774,3 +774,20 @@ def test_a_deleted_topic_takes_its_last_recoveries_with_it() -> None:
     c.submit(DeleteTopic(name="t"))
     assert not c.image.last_recoveries
     consistent(c)
+
+
+def test_a_removal_only_reassignment_completes_once_the_target_is_back_in_sync() -> None:
+    # Nothing to add, but a target replica outside the ISR: it stays in progress until
+    # that replica rejoins (found by the fault simulator: it never completed).
+    c = Cluster()
+    c.start(1, 2, 3)
+    c.create("t", assignments=[[1, 2, 3]], min_isr=1)
+    c.alter([1, 3])  # 2 falls out of the ISR
+    reassign(c, ("t", 0, [1, 2]))
+    p = c.p()
+    assert (p.replicas, p.adding, p.removing) == ((1, 2, 3), (), (3,))
+    c.alter([1, 2, 3])  # 2 caught up again
+    p = c.p()
+    assert (p.replicas, p.adding, p.removing, p.isr) == ((1, 2), (), (), frozenset({1, 2}))
+    assert not c.image.reassigning
+    consistent(c)
