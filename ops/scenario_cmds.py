@@ -90,6 +90,8 @@ def report_state(name: str, p: PartitionReport) -> PartitionState:
         recovering=p.recovering,
         recovery_pending=p.recovery_pending,
         min_isr=p.min_isr,
+        adding_replicas=p.adding,
+        removing_replicas=p.removing,
     )
 
 

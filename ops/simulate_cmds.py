@@ -4,13 +4,14 @@
 `simulation.history`); its output is an ordinary data directory that every ``metactl log``
 and ``metactl audit`` command reads.
 
-`faults`: seeded fault schedules against the controller core and the brokers' replication
-logic, with an oracle of acknowledged records (see `simulation.faults` and
-docs/safety.md). Exit 0 iff no acknowledged record was lost silently and no invariant
-broke, else 3; with ``--expect-silent-loss``, 0 iff some record was lost silently, else
-3. 2: bad options or replay file; 1: a file could not be read or written (as
-``metactl chaos run``). `history`: 0, 2 for bad options, else the table's status
-(docs/cli.md). Every failure is one ``error: NAME: message`` line; Ctrl-C exits 130.
+`faults`: seeded fault schedules, with lifecycle operations interleaved, against the
+controller core and the brokers' replication logic, with an oracle of acknowledged
+records (see `simulation.faults` and docs/safety.md). Exit 0 iff no acknowledged
+record was lost silently and no invariant broke, else 3; with ``--expect-silent-loss``,
+0 iff some record was lost silently, else 3. 2: bad options or replay file; 1: a file
+could not be read or written (as ``metactl chaos run``). `history`: 0, 2 for bad
+options, else the table's status (docs/cli.md). Every failure is one ``error: NAME:
+message`` line; Ctrl-C exits 130.
 
 This module parses arguments and prints; the simulators decide everything.
 """
@@ -107,16 +108,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _register_faults(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from controller.runtime.serve import add_rule_mode_arguments
+    from simulation.faults_schedule import LIFECYCLE_OPS
 
     faults = commands.add_parser(
         "faults",
         help="seeded crashes, page-cache loss and network faults; count lost acknowledged data",
         description="Run seeded fault schedules (lossy and plain kills, controlled "
-        "shutdowns, network partitions, message loss, delay and reordering) against the "
-        "real controller step and the brokers' replication logic in virtual time, and "
-        "classify every acks=all record as present, lost and reported (an unclean "
-        "recovery after it was acknowledged), or lost silently. Exit 0 iff nothing was "
-        "lost silently and no invariant broke, else 3.",
+        "shutdowns, network partitions, message loss, delay and reordering), with "
+        "lifecycle operations interleaved (MinISR changes, reassignments, partition "
+        "additions, topic deletes, unregistrations), against the real controller step and "
+        "the brokers' replication logic in virtual time, and classify every acks=all "
+        "record as present, lost and reported (an unclean recovery after it was "
+        "acknowledged), lost silently, or of a topic deleted since. Exit 0 iff nothing "
+        "was lost silently and no invariant broke, else 3.",
         epilog=examples(
             "metactl simulate faults --schedules 200 --seed 7",
             "metactl simulate faults --eligible-leader-replicas disabled --expect-silent-loss",
@@ -141,6 +145,15 @@ def _register_faults(commands: argparse._SubParsersAction[argparse.ArgumentParse
         default=2,
         metavar="K",
         help="lossy kills (SIGKILL with the page cache lost) per schedule (default 2)",
+    )
+    faults.add_argument(
+        "--lifecycle-ops",
+        type=int,
+        default=LIFECYCLE_OPS,
+        metavar="N",
+        help="lifecycle operations (MinISR changes, reassignments and cancels, partition "
+        "additions, topic deletes and re-creates, unregistrations) interleaved with the "
+        f"faults per schedule; 0 for faults only (default {LIFECYCLE_OPS})",
     )
     faults.add_argument(
         "--json", action="store_true", help="print one JSON object (default: text lines)"
@@ -192,9 +205,9 @@ def _faults(args: argparse.Namespace) -> int:
             doc = _load_replay(args.replay)
             summary = replay(doc.schedule, doc.mode)
         else:
-            if args.schedules < 1 or args.lossy_kills < 0:
+            if args.schedules < 1 or args.lossy_kills < 0 or args.lifecycle_ops < 0:
                 raise InvalidConfigurationError(
-                    "--schedules must be positive and --lossy-kills not negative"
+                    "--schedules must be positive, --lossy-kills and --lifecycle-ops not negative"
                 )
             rules = rule_mode(args)
             # The config refuses a bad combination (InvalidConfigurationError) before a run.
@@ -212,6 +225,7 @@ def _faults(args: argparse.Namespace) -> int:
                 seed=args.seed,
                 mode=mode,
                 lossy_kills=args.lossy_kills,
+                lifecycle_ops=args.lifecycle_ops,
                 save_dir=args.save_dir,
                 shrink_max=args.shrink_max,
                 progress=progress,

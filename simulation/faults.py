@@ -4,11 +4,14 @@ and the real replication logic, with an oracle of every acknowledged record.
 `run_faults` generates `schedules` schedules from one seed (`faults_schedule.generate`),
 runs each in a `faults_sim.FaultSim` and sums what they found into a `FaultsSummary`:
 acknowledged records, and of those the ones lost and reported (an unclean recovery, or a
-classic unclean election, committed after the acknowledgement) and the ones lost
-silently (no such report: a broken durability guarantee), the partition-seconds spent
-without a leader, the unclean recoveries, and any violation of the audit's invariants.
-A failing schedule is shrunk (`shrink`: drop one fault at a time while it still fails,
-then try a quiet network) and written as a replay file for ``--replay``. The scenario
+classic unclean election, committed after the acknowledgement), the ones lost silently
+(no such report: a broken durability guarantee) and the ones of topics deleted since
+(not checked), the partition-seconds spent without a leader, the unclean recoveries,
+the lifecycle operations interleaved with the faults (config changes, reassignments,
+partition additions, deletes; applied and refused) and what became of the
+reassignments, and any violation of the audit's invariants. A failing schedule is
+shrunk (`shrink`: drop one fault or lifecycle op at a time while it still fails, then
+try a quiet network) and written as a replay file for ``--replay``. The scenario
 format of ``metactl scenario run`` cannot express data-plane facts (appends, flushes,
 acknowledgements, page-cache loss), so failures are replay JSON, not scenario YAML.
 
@@ -27,6 +30,7 @@ from typing import Any
 import msgspec
 
 from simulation.faults_schedule import (
+    LIFECYCLE_OPS,
     Mode,
     Schedule,
     dump_replay,
@@ -64,6 +68,8 @@ class Failure(msgspec.Struct, kw_only=True):
     examples: list[str]
     faults_before: int
     faults_after: int | None = None  # after shrinking
+    ops_before: int = 0  # lifecycle ops
+    ops_after: int | None = None
     file: str | None = None
 
     @classmethod
@@ -75,6 +81,7 @@ class Failure(msgspec.Struct, kw_only=True):
             violations=out.violations[:5],
             examples=out.silent_examples[:3],
             faults_before=len(schedule.faults),
+            ops_before=len(schedule.ops),
         )
 
 
@@ -87,11 +94,13 @@ class FaultsSummary(msgspec.Struct, kw_only=True):
     lost_reported: int = 0
     lost_silent: int = 0
     unreadable: int = 0
+    deleted: int = 0
     unavailable_partition_seconds: float = 0.0
     unclean_recoveries: int = 0
     operator_elections: int = 0
     invariant_violations: int = 0
     failing_schedules: int = 0
+    lifecycle: dict[str, int] = {}
     failures: list[Failure] = []
     elapsed_s: float = 0.0
 
@@ -102,6 +111,9 @@ class FaultsSummary(msgspec.Struct, kw_only=True):
         self.lost_reported += out.lost_reported
         self.lost_silent += out.lost_silent
         self.unreadable += out.unreadable
+        self.deleted += out.deleted
+        for what, n in out.lifecycle.items():
+            self.lifecycle[what] = self.lifecycle.get(what, 0) + n
         self.unavailable_partition_seconds += out.unavailable_partition_ms / 1000
         self.unclean_recoveries += out.unclean_recoveries
         self.operator_elections += out.operator_elections
@@ -114,6 +126,7 @@ class FaultsSummary(msgspec.Struct, kw_only=True):
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = msgspec.to_builtins(self)
+        doc["lifecycle"] = dict(sorted(self.lifecycle.items()))
         doc["unavailable_partition_seconds"] = round(self.unavailable_partition_seconds, 3)
         doc["elapsed_s"] = round(self.elapsed_s, 3)
         doc["schedules_per_s"] = round(self.schedules_per_s, 1)
@@ -131,18 +144,26 @@ class FaultsSummary(msgspec.Struct, kw_only=True):
         ]
         if self.unreadable:
             out.append(f"  unreadable (no leader at the end): {self.unreadable}")
+        if self.deleted:
+            out.append(f"  of topics deleted since (not checked): {self.deleted}")
         out += [
             f"unavailable partition-seconds: {self.unavailable_partition_seconds:.1f}",
             f"unclean recoveries: {self.unclean_recoveries}"
             f" (operator elections: {self.operator_elections})",
             f"invariant violations: {self.invariant_violations}",
         ]
+        if self.lifecycle:
+            ops = ", ".join(f"{what} {n}" for what, n in sorted(self.lifecycle.items()))
+            out.append(f"lifecycle: {ops}")
         for f in self.failures:
             what = f"schedule {f.index} (seed {f.seed}): {f.lost_silent} lost silently"
             if f.violations:
                 what += f", {len(f.violations)} invariant violations"
             if f.faults_after is not None:
-                what += f"; shrunk from {f.faults_before} to {f.faults_after} faults"
+                what += (
+                    f"; shrunk from {f.faults_before} to {f.faults_after} faults, "
+                    f"{f.ops_before} to {f.ops_after} lifecycle ops"
+                )
             if f.file:
                 what += f"; replay: metactl simulate faults --replay {f.file}"
             out.append(what)
@@ -153,16 +174,22 @@ class FaultsSummary(msgspec.Struct, kw_only=True):
 def shrink(
     schedule: Schedule, mode: Mode, fails: Callable[[Outcome], bool] | None = None
 ) -> Schedule:
-    """A smaller schedule that still fails: drop faults one at a time (restarting after
-    every success, simple delta debugging), then try a lossless, fast network."""
+    """A smaller schedule that still fails: drop faults and lifecycle ops one at a time
+    (restarting after every success, simple delta debugging), then try a lossless, fast
+    network."""
     check = fails or (lambda out: out.failed)
     current = schedule
     progress = True
     while progress:
         progress = False
-        for i in range(len(current.faults)):
-            faults = current.faults[:i] + current.faults[i + 1 :]
-            candidate = msgspec.structs.replace(current, faults=faults)
+        candidates = [
+            msgspec.structs.replace(current, faults=current.faults[:i] + current.faults[i + 1 :])
+            for i in range(len(current.faults))
+        ] + [
+            msgspec.structs.replace(current, ops=current.ops[:i] + current.ops[i + 1 :])
+            for i in range(len(current.ops))
+        ]
+        for candidate in candidates:
             if check(run_schedule(candidate, mode)):
                 current, progress = candidate, True
                 break
@@ -181,6 +208,7 @@ def run_faults(
     seed: int,
     mode: Mode,
     lossy_kills: int = 2,
+    lifecycle_ops: int = LIFECYCLE_OPS,
     save_dir: Path | None = None,
     shrink_max: int = 3,
     progress: Callable[[str], None] | None = None,
@@ -190,7 +218,7 @@ def run_faults(
     summary = FaultsSummary(mode=mode.label, seed=seed)
     started = time.perf_counter()  # only to report schedules/s
     for i in range(schedules):
-        sched = generate(schedule_seed(seed, i), lossy_kills)
+        sched = generate(schedule_seed(seed, i), lossy_kills, lifecycle_ops)
         out = run_schedule(sched, mode)
         summary.add(out)
         if out.failed and len(summary.failures) < MAX_LISTED:
@@ -198,6 +226,7 @@ def run_faults(
             if save_dir is not None and len(summary.failures) < shrink_max:
                 small = shrink(sched, mode)
                 fail.faults_after = len(small.faults)
+                fail.ops_after = len(small.ops)
                 save_dir.mkdir(parents=True, exist_ok=True)
                 path = save_dir / f"faults-seed{seed}-schedule{i}.json"
                 found = msgspec.to_builtins(run_schedule(small, mode))

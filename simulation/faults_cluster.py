@@ -14,10 +14,24 @@ ISR changes) on `brokers_stub.replica_log.ReplicaLog`s:
   ISR addition counts in the high watermark from the moment it is asked (Kafka's maximal
   ISR), and a follower joins only if its log reaches the leader's high watermark and
   the start of its epoch (`replication.join_floor`, Kafka's isFollowerInSync);
+* replicas come and go with the image (`_sync_logs`, once a broker has caught up with
+  its own registration): a broker holds a log for exactly the partitions whose replicas
+  name it, of the topic id the image names. A new replica (a reassignment's adding
+  replica, an added partition, a re-created topic) starts empty and gets records only
+  by fetching them from its leader; a replica that leaves the assignment (a completed
+  or cancelled reassignment) or whose topic is deleted or has another id now is deleted
+  with its data. Every message about a partition (produce, fetch and its answer, an
+  AlterPartition's answer, a log inspection's answer) names the topic id it was meant
+  for, and one that meets a log of another id is dropped, so a re-created topic never
+  gets its predecessor's records;
 * producers with acks=all: a leader appends a batch only while the ISR it knows has at
   least MinISR members, and acknowledges it once its high watermark covers it; every
-  acknowledged record (partition, offsets, leader epoch) goes to the oracle with the
-  sequence number of the event that acknowledged it.
+  acknowledged record (topic id, partition, offsets, leader epoch) goes to the oracle
+  with the sequence number of the event that acknowledged it. A producer per partition
+  name keeps producing across deletes and re-creates, to whatever topic the name
+  denotes when it refreshes its metadata: on an error, when its metadata names no
+  leader, and at least every `METADATA_REFRESH_MS` (a batch to a leader that is cut off
+  or dead is lost without an answer; the request timeout makes a producer refresh).
 
 The controller side, the faults and the verdict are `simulation.faults_sim.FaultSim`'s.
 This module must not call the controller step itself, change `brokers_stub` (it imports
@@ -59,10 +73,14 @@ from simulation.faults_schedule import Mode, Schedule
 
 CONTROLLER: Final = 0
 PRODUCER: Final = -1
-TOPIC: Final = "events"
+TOPIC: Final = "events"  # the topic the producers write to (deleted and re-created by ops)
 
 TICK_MS: Final = 250  # broker replication tick: fetches, ISR checks
 PRODUCE_MS: Final = 200  # one batch per partition per interval
+# Producers refresh their metadata at least this often: a batch sent to a leader that is
+# cut off or dead is lost without an answer, and a producer's request timeout makes it
+# refresh (request.timeout.ms, scaled down with the run like the lag time below).
+METADATA_REFRESH_MS: Final = 2_000
 LAG_MAX_MS: Final = 3_000  # replica.lag.time.max.ms, scaled down with the run
 RETRY_MS: Final = 1_000  # registration, AlterPartition and shutdown retries
 ANSWER_TIMEOUT_MS: Final = 3_000  # an unanswered AlterPartition is sent again
@@ -76,7 +94,8 @@ _MOVED: Final = frozenset(
 
 
 class _Lead:
-    """A broker's soft state for one partition it leads, in one leader epoch."""
+    """A broker's soft state for one partition it leads, in one leader epoch (of one
+    topic id: a new log starts a new one)."""
 
     __slots__ = ("acks", "epoch", "followers", "pending", "req_pe", "retry_ms", "sent_ms")
 
@@ -102,6 +121,7 @@ class _Broker:
         "leaders",
         "logs",
         "stopping",
+        "topic_ids",
         "up",
         "view",
     )
@@ -114,6 +134,7 @@ class _Broker:
         self.last_epoch: int | None = None  # the last epoch it ever had (for mutant a)
         self.clean_file: int | None = None  # the clean-shutdown file's epoch
         self.logs: dict[TopicPartition, ReplicaLog] = {}  # the replicas it hosts
+        self.topic_ids: dict[TopicPartition, str] = {}  # the topic id of each log
         self.view: ClusterImage | None = None
         self.active_epochs: dict[int, int] = {}
         self.leaders: dict[TopicPartition, _Lead] = {}
@@ -137,10 +158,12 @@ class Cluster:
         self.cuts: dict[tuple[int, int], int] = {}
         self.healed = False  # the fault window is over: no cuts, no loss, no producing
         self.drop = schedule.drop
-        self.tps: list[TopicPartition] = [(TOPIC, i) for i in range(schedule.partitions)]
         self.brokers = {b: _Broker(b) for b in range(1, schedule.brokers + 1)}
         self.producer_view = ClusterImage()  # the producers' metadata
-        self.acked: list[tuple[TopicPartition, int, int, int, int]] = []  # tp,start,end,epoch,seq
+        self.producer_view_ms = 0  # when they last refreshed it
+        self.producing: set[TopicPartition] = set()  # partition names with a producer
+        # The oracle: topic id, partition, start, end, leader epoch, event sequence number.
+        self.acked: list[tuple[str, TopicPartition, int, int, int, int]] = []
 
     # --- the event loop ------------------------------------------------------------------
 
@@ -210,17 +233,37 @@ class Cluster:
         self._roles(b)
 
     def _roles(self, b: _Broker) -> None:
-        """Lead what the image says we lead; stop leading the rest."""
+        """Host the replicas the image names; lead what it says we lead, stop leading
+        the rest."""
         image = b.view
         if b.epoch is None or image is None or image.end_offset <= b.epoch:
             return  # not caught up with our own registration: old images name old roles
-        for tp in self.tps:
-            if tp not in b.logs:
-                continue
+        self._sync_logs(b, image)
+        for tp in sorted(b.logs):
             if image.partitions[tp].leader == b.id:
                 self._lead(b, tp)
             else:
                 b.leaders.pop(tp, None)
+
+    def _sync_logs(self, b: _Broker, image: ClusterImage) -> None:
+        """Delete the logs the image no longer names on this broker (a deleted topic, a
+        topic id that changed, a replica moved away) with their data; create an empty log
+        for every replica it names that has none (it fills by fetching)."""
+        for tp in sorted(b.logs):
+            p = image.partition(tp)
+            t = image.topics.get(tp[0])
+            if p is None or t is None or t.topic_id != b.topic_ids[tp] or b.id not in p.replicas:
+                del b.logs[tp], b.topic_ids[tp]
+                b.leaders.pop(tp, None)
+                b.fetching.pop(tp, None)
+        for p in image.partitions_of(b.id):
+            if p.tp not in b.logs:
+                b.logs[p.tp] = ReplicaLog(topic=p.topic, partition=p.partition)
+                b.topic_ids[p.tp] = image.topics[p.topic].topic_id
+
+    def current_log(self, b: _Broker, tp: TopicPartition, topic_id: str) -> ReplicaLog | None:
+        """The broker's log of `tp` if it is of `topic_id` (else the message is stale)."""
+        return b.logs.get(tp) if b.topic_ids.get(tp) == topic_id else None
 
     def _lead(self, b: _Broker, tp: TopicPartition) -> None:
         assert b.view is not None
@@ -265,25 +308,46 @@ class Cluster:
         done = [a for a in st.acks if a[1] <= hw]
         if done:
             st.acks = [a for a in st.acks if a[1] > hw]
+            topic_id = b.topic_ids[tp]
             for start, end in done:
-                self.acked.append((tp, start, end, st.epoch, self.seq))
+                self.acked.append((topic_id, tp, start, end, st.epoch, self.seq))
+
+    def start_producers(self, image: ClusterImage) -> None:
+        """A producer for every partition name of `image` that has none yet (a created
+        topic, added partitions); it outlives deletes and re-creates of its topic."""
+        for t in sorted(image.topics):
+            for i in range(image.topics[t].partitions):
+                tp = (t, i)
+                if tp not in self.producing:
+                    self.producing.add(tp)
+                    self.at(self.now + self.rnd.randrange(PRODUCE_MS), self._produce_tick, tp)
+
+    def refresh_producers(self) -> None:
+        """The producers fetch metadata (from the controller's image, as a broker with
+        current metadata would answer)."""
+        self.producer_view, self.producer_view_ms = self.core.image, self.now
 
     def _produce_tick(self, tp: TopicPartition) -> None:
         if self.healed:
             return
         self.at(self.now + PRODUCE_MS, self._produce_tick, tp)
-        leader = self.producer_view.partitions[tp].leader
-        if leader == NO_LEADER:
-            self.producer_view = self.core.image  # refresh metadata
+        if self.now - self.producer_view_ms >= METADATA_REFRESH_MS:
+            self.refresh_producers()
+        view = self.producer_view
+        p = view.partition(tp)
+        if p is None or p.leader == NO_LEADER:
+            self.refresh_producers()
             return
-        self.send(PRODUCER, leader, self._on_produce, (leader, tp, self.rnd.randint(1, 3)))
+        topic_id = view.topics[tp[0]].topic_id
+        count = self.rnd.randint(1, 3)
+        self.send(PRODUCER, p.leader, self._on_produce, (p.leader, tp, topic_id, count))
 
-    def _on_produce(self, arg: tuple[int, TopicPartition, int]) -> None:
-        bid, tp, count = arg
+    def _on_produce(self, arg: tuple[int, TopicPartition, str, int]) -> None:
+        bid, tp, topic_id, count = arg
         b = self.brokers[bid]
         st = b.leaders.get(tp)
-        if st is None or b.view is None:
-            self.producer_view = self.core.image  # NOT_LEADER_OR_FOLLOWER: refresh
+        if st is None or b.view is None or self.current_log(b, tp, topic_id) is None:
+            self.refresh_producers()  # NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_ID
             return
         p = b.view.partitions[tp]
         if len(p.isr) < p.min_isr:
@@ -333,7 +397,7 @@ class Cluster:
         )
         # Kafka's maximal ISR: additions count in the HW from the moment they are asked.
         st.req_pe, st.pending, st.sent_ms = p.partition_epoch, isr, self.now
-        key = (st.epoch, p.partition_epoch)
+        key = (b.topic_ids[tp], st.epoch, p.partition_epoch)
         self.to_controller(b, req, lambda resp: self._altered(b, tp, key, resp))
 
     def _join_floor(self, b: _Broker, tp: TopicPartition, st: _Lead) -> int:
@@ -342,9 +406,11 @@ class Cluster:
         log = b.logs[tp]
         return join_floor(log.high_watermark, log.leader_epochs, st.epoch)
 
-    def _altered(self, b: _Broker, tp: TopicPartition, key: tuple[int, int], resp: Any) -> None:
+    def _altered(
+        self, b: _Broker, tp: TopicPartition, key: tuple[str, int, int], resp: Any
+    ) -> None:
         st = b.leaders.get(tp)
-        if st is None or (st.epoch, st.req_pe) != key:
+        if st is None or (b.topic_ids.get(tp), st.epoch, st.req_pe) != key:
             return
         st.sent_ms = None
         if isinstance(resp, PartitionView):
@@ -362,10 +428,8 @@ class Cluster:
         view = b.view
         if b.epoch is None or view is None or view.end_offset <= b.epoch:
             return
-        for tp in self.tps:
-            log = b.logs.get(tp)
-            if log is None:
-                continue
+        for tp in sorted(b.logs):
+            log = b.logs[tp]
             st = b.leaders.get(tp)
             if st is not None:
                 self._maybe_alter(b, tp, st)
@@ -377,16 +441,28 @@ class Cluster:
             if sent is not None and self.now - sent < RETRY_MS:
                 continue
             b.fetching[tp] = self.now
-            fetch = (b.id, b.epoch, tp, p.leader_epoch, log.log_end_offset, log.last_fetched_epoch)
+            fetch = (
+                b.id,
+                b.epoch,
+                b.topic_ids[tp],
+                tp,
+                p.leader_epoch,
+                log.log_end_offset,
+                log.last_fetched_epoch,
+            )
             self.send(b.id, p.leader, self._on_fetch, (p.leader, fetch))
 
-    def _on_fetch(self, arg: tuple[int, tuple[int, int, TopicPartition, int, int, int]]) -> None:
-        lid, (fid, f_epoch, tp, leader_epoch, offset, last_epoch) = arg
+    def _on_fetch(
+        self, arg: tuple[int, tuple[int, int, str, TopicPartition, int, int, int]]
+    ) -> None:
+        lid, (fid, f_epoch, topic_id, tp, leader_epoch, offset, last_epoch) = arg
         leader = self.brokers[lid]
         st = leader.leaders.get(tp)
-        if st is None or st.epoch != leader_epoch:
+        log = self.current_log(leader, tp, topic_id)
+        if st is None or st.epoch != leader_epoch or log is None or leader.view is None:
             return  # NOT_LEADER_OR_FOLLOWER / FENCED_LEADER_EPOCH: the follower refreshes
-        log = leader.logs[tp]
+        if fid not in leader.view.partitions[tp].replicas:
+            return  # not a replica (any more, or not yet as far as the leader knows)
         history = list(log.leader_epochs)
         truncate_to = divergence(history, log.log_end_offset, last_epoch, offset)
         if truncate_to is None:
@@ -399,17 +475,28 @@ class Cluster:
             )
             self._advance_hw(leader, tp, st)
             self._maybe_alter(leader, tp, st)
-        answer = (fid, tp, leader_epoch, offset, history, log.log_end_offset, log.high_watermark)
+        answer = (
+            fid,
+            topic_id,
+            tp,
+            leader_epoch,
+            offset,
+            history,
+            log.log_end_offset,
+            log.high_watermark,
+        )
         self.send(lid, fid, self._on_fetched, (answer, truncate_to))
 
     def _on_fetched(self, arg: tuple[tuple[Any, ...], int | None]) -> None:
-        (fid, tp, leader_epoch, sent_offset, history, leo, hw), truncate_to = arg
+        (fid, topic_id, tp, leader_epoch, sent_offset, history, leo, hw), truncate_to = arg
         b = self.brokers[fid]
+        log = self.current_log(b, tp, topic_id)
+        if log is None:
+            return  # the replica was deleted (or is of another topic id) meanwhile
         b.fetching.pop(tp, None)
-        view = b.view
-        if view is None or tp in b.leaders or view.partitions[tp].leader_epoch != leader_epoch:
+        p = None if b.view is None else b.view.partition(tp)
+        if p is None or tp in b.leaders or p.leader_epoch != leader_epoch:
             return
-        log = b.logs[tp]
         if log.log_end_offset != sent_offset:
             return  # the log changed while the fetch was out: ask again
         if truncate_to is not None:

@@ -2,11 +2,17 @@
 
 A `Schedule` is everything one run needs besides the controller's `Mode`: the cluster
 shape, each broker's flush interval, the background network (drop rate, delay bound and
-so reordering) and the list of `Fault`s: lossy kills (SIGKILL with the page cache lost),
+so reordering), the list of `Fault`s: lossy kills (SIGKILL with the page cache lost),
 plain kills (SIGKILL, page cache kept), controlled shutdowns, and network partitions (a
 broker cut off from the controller, from the other brokers, or from everyone, or one
-broker-to-broker link cut). `generate` derives a schedule from a seed alone, so every
-mode (classic or ELR, any strategy) runs the very same schedules for a given seed.
+broker-to-broker link cut), and the list of lifecycle `Op`s an operator runs meanwhile:
+min.insync.replicas changes of the topic and of the cluster default (raised, lowered,
+above the replication factor, the topic's own deleted), reassignments and their
+cancels, partition additions, topic deletes (each re-created after a while) and
+unregistrations. `generate` derives a schedule from a seed alone, so every mode (classic
+or ELR, any strategy) runs the very same schedules for a given seed; the faults and the
+ops come from separate random streams, so `lifecycle_ops=0` gives exactly the faults of
+the default.
 
 Schedules are msgspec Structs, so a failing one is written as JSON and replayed with
 ``metactl simulate faults --replay FILE`` (`dump_replay`, `load_replay`).
@@ -27,6 +33,17 @@ import msgspec
 
 FaultKind = Literal["lossy_kill", "kill", "shutdown", "isolate", "cut"]
 IsolateScope = Literal["controller", "brokers", "all"]
+OpKind = Literal[
+    "topic_min_isr",
+    "cluster_min_isr",
+    "reassign",
+    "cancel_reassignment",
+    "add_partitions",
+    "delete_topic",
+    "unregister",
+]
+
+LIFECYCLE_OPS: Final = 4  # lifecycle ops per generated schedule (--lifecycle-ops)
 
 REPLAY_FORMAT: Final = "metactl-faults-schedule"
 
@@ -43,6 +60,30 @@ class Fault(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     peer: int | None = None  # cut: the broker at the other end of the link
 
 
+class Op(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One operator request, at `at_ms`, straight to the controller (as `metactl
+    configs/topics/reassign/brokers` would send it). What it names may be gone by then
+    (a partition of a deleted topic, a broker that is active): the controller refuses it
+    and the run counts the refusal.
+
+    - `topic_min_isr`: set the topic's min.insync.replicas to `value`, or delete it
+      (`value` None: the topic follows the cluster default again);
+    - `cluster_min_isr`: set the cluster default to `value` (even to the same value);
+    - `reassign`: move `partition` to `replicas`; `cancel_reassignment`: cancel it;
+    - `add_partitions`: grow the topic by `value` partitions;
+    - `delete_topic`: delete the topic, and create it again `for_ms` later (new id,
+      producers carry on against it);
+    - `unregister`: unregister `broker` (refused unless it is fenced then)."""
+
+    at_ms: int
+    kind: OpKind
+    value: int | None = None
+    partition: int | None = None
+    replicas: list[int] | None = None
+    broker: int | None = None
+    for_ms: int | None = None
+
+
 class Schedule(msgspec.Struct, frozen=True, kw_only=True):
     seed: int  # seeds the network and the producers of the run
     brokers: int
@@ -56,6 +97,7 @@ class Schedule(msgspec.Struct, frozen=True, kw_only=True):
     fault_window_ms: int = 30_000  # faults happen before this; then everything heals
     heal_ms: int = 20_000  # after the window: restart everything, let it settle
     settle_ms: int = 5_000  # after the operator's elections, before the check
+    ops: list[Op] = []  # lifecycle operations in the fault window (none in old replays)
 
 
 class Mode(msgspec.Struct, frozen=True, kw_only=True):
@@ -99,9 +141,10 @@ def schedule_seed(seed: int, index: int) -> int:
     return random.Random(f"metactl-faults:{seed}:{index}").getrandbits(48)
 
 
-def generate(seed: int, lossy_kills: int = 2) -> Schedule:
+def generate(seed: int, lossy_kills: int = 2, lifecycle_ops: int = LIFECYCLE_OPS) -> Schedule:
     """A random schedule: 3-4 brokers, 1-2 partitions (RF 3, MinISR 2), `lossy_kills`
-    lossy kills and 2-5 other faults in a 30 s window.
+    lossy kills and 2-5 other faults in a 30 s window, and `lifecycle_ops` lifecycle
+    operations (`generate_ops`).
 
     Half of the lossy kills are aimed at a broker other than one already partitioned
     away, while the partition lasts: that is how an ISR shrinks to its last member and
@@ -167,7 +210,82 @@ def generate(seed: int, lossy_kills: int = 2) -> Schedule:
         drop=rnd.choice((0.0, 0.0, 0.01, 0.05)),
         max_delay_ms=rnd.choice((5, 20, 100)),
         fault_window_ms=window,
+        ops=generate_ops(
+            seed,
+            lifecycle_ops,
+            brokers=brokers,
+            partitions=partitions,
+            faults=faults,
+            window=window,
+        ),
     )
+
+
+def generate_ops(
+    seed: int, count: int, *, brokers: int, partitions: int, faults: list[Fault], window: int
+) -> list[Op]:
+    """`count` lifecycle operations in the fault window, from their own random stream.
+
+    Half of them are aimed into a fault (between its start and its end: a reassignment
+    or a MinISR change while a broker is down or cut off, where the rules are tested);
+    the rest fall anywhere in the window. A reassignment names a new set of replicas
+    (same replication factor mostly, sometimes one more or one less) in a random order,
+    so the leader may have to move; a third of them are cancelled 0.5-5 s later. A
+    delete is followed by the re-create 0-3 s later. An unregistration is aimed at a
+    killed broker, between 9.5 s after the kill (its session has expired) and its
+    restart, in whichever order they come; unless it is fenced then, the controller
+    refuses it."""
+    rnd = random.Random(f"metactl-faults-ops:{seed}")
+    ids = list(range(1, brokers + 1))
+    # Weights: reassignments most, then MinISR changes; a delete makes every record
+    # acknowledged before it unverifiable, so it is the rarest.
+    kinds: list[OpKind] = [
+        *("topic_min_isr",) * 3,
+        *("cluster_min_isr",) * 3,
+        *("reassign",) * 6,
+        *("add_partitions",) * 2,
+        "delete_topic",
+        *("unregister",) * 2,
+    ]
+    ops: list[Op] = []
+    for _ in range(count):
+        kind = rnd.choice(kinds)
+        if faults and rnd.random() < 0.5:
+            f = rnd.choice(faults)
+            at = f.at_ms + rnd.randint(0, f.for_ms)
+        else:
+            at = rnd.randrange(2_000, window)
+        at = min(at, window - 1)
+        if kind in ("topic_min_isr", "cluster_min_isr"):
+            # Raise, lower, or above the replication factor; a topic's own value may go.
+            values: list[int | None] = [1, 2, 3, 4]
+            if kind == "topic_min_isr":
+                values.append(None)
+            ops.append(Op(at_ms=at, kind=kind, value=rnd.choice(values)))
+        elif kind == "reassign":
+            rf = min(brokers, max(1, 3 + rnd.choice((0, 0, 0, 0, -1, 1))))
+            target = rnd.sample(ids, rf)
+            part = rnd.randrange(partitions)
+            ops.append(Op(at_ms=at, kind="reassign", partition=part, replicas=target))
+            if rnd.random() < 1 / 3:
+                cancel = min(at + rnd.randint(500, 5_000), window - 1)
+                ops.append(Op(at_ms=cancel, kind="cancel_reassignment", partition=part))
+        elif kind == "add_partitions":
+            ops.append(Op(at_ms=at, kind="add_partitions", value=1))
+        elif kind == "delete_topic":
+            ops.append(Op(at_ms=at, kind="delete_topic", for_ms=rnd.randint(0, 3_000)))
+        else:
+            kills = [f for f in faults if f.kind in ("kill", "lossy_kill")]
+            if kills:
+                f = rnd.choice(kills)
+                # Fenced 7-10 s after the kill (a 9 s session, checked every second).
+                low, high = sorted((f.for_ms, 9_500))
+                at = min(f.at_ms + rnd.randint(low, high), window - 1)
+                ops.append(Op(at_ms=at, kind="unregister", broker=f.broker))
+            else:
+                ops.append(Op(at_ms=at, kind="unregister", broker=rnd.choice(ids)))
+    ops.sort(key=lambda o: (o.at_ms, o.kind))
+    return ops
 
 
 # --- replay files -----------------------------------------------------------------------

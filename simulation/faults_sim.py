@@ -15,11 +15,22 @@
   flushes every `flush_ms`; a lossy kill keeps only the flushed prefix, a plain kill
   keeps everything, a controlled shutdown flushes and writes the clean-shutdown epoch
   that the next registration presents (mutant a presents it after every kill);
-* the schedule's faults, then healing: at the end of the fault window every cut heals,
-  messages stop being lost and every broker restarts; after `heal_ms` the operator
-  elects the best log of any partition still without a leader (always needed with the
-  manual strategy); after `settle_ms` `_outcome` classifies each acknowledged record
-  against the final leader's log: present, lost and reported, or lost silently.
+* the schedule's faults and, interleaved with them in virtual time, its lifecycle ops
+  (`_op`): each is one operator request stepped at its time, exactly as the CLI would
+  send it (AlterConfigs of the topic or the cluster default, AlterPartitionReassignments
+  to start or cancel, CreatePartitions, DeleteTopic and the CreateTopic that re-creates
+  the topic, with a fresh random id, `for_ms` later, retried until the controller
+  accepts it, and UnregisterBroker). Nothing else helps them along: a reassignment
+  completes only when the simulated leader's own ISR expansion (AlterPartition, once
+  the new replica has copied the log and caught up) makes the target a subset of the
+  ISR. Refusals are counted, not failures (an op may name what is gone by then);
+* then healing: at the end of the fault window every cut heals, messages stop being
+  lost and every broker restarts; after `heal_ms` the operator elects the best log of
+  any partition still without a leader (always needed with the manual strategy); after
+  `settle_ms` `_outcome` classifies each acknowledged record against the final leader's
+  log: present, lost and reported, or lost silently; a record of a topic id that no
+  longer exists (deleted, whether or not its name was created again) is counted as
+  deleted, not checked: deleting a topic is not losing its records.
 
 It must not change controller rules (it only calls `step`) nor the broker stub's
 modules, nor read the clock or iterate a set or dict in hash order where order matters.
@@ -29,6 +40,8 @@ from __future__ import annotations
 
 import functools
 import heapq
+import random
+import uuid
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -44,26 +57,35 @@ from controller.runtime.sessions import BrokerSessions
 from metactl.errors import MetactlError
 from metadata_image.image import ClusterImage, TopicPartition
 from metadata_log.records import (
+    BROKER_RESOURCE,
+    MIN_ISR_CONFIG,
     NO_LEADER,
+    TOPIC_RESOURCE,
     MetadataRecord,
     PartitionChangeRecord,
     UncleanRecoveryRecord,
 )
 from protocol.messages import (
+    AlterConfigs,
+    AlterPartitionReassignments,
+    AlterPartitionReassignmentsResponse,
     BrokerHeartbeatRequest,
     ControlledShutdown,
     ControlledShutdownResponse,
+    CreatePartitions,
     CreateTopic,
+    DeleteTopic,
     ElectLeader,
     FenceBroker,
+    Reassignment,
     RegisterBroker,
     RegisterBrokerResponse,
     ReplicaLogInfo,
     UnfenceBroker,
+    UnregisterBroker,
 )
 from simulation.faults_cluster import (
     CONTROLLER,
-    PRODUCE_MS,
     PRODUCER,
     RETRY_MS,
     SESSION_CHECK_MS,
@@ -73,12 +95,16 @@ from simulation.faults_cluster import (
     Cluster,
     _Broker,
 )
-from simulation.faults_schedule import Fault, Mode, Schedule
+from simulation.faults_schedule import Fault, Mode, Op, Schedule
 
 # Elections that come with their own UncleanRecoveryRecord, or are clean.
 _KNOWN_ELECTIONS: Final = frozenset({"isr", "elr", "preferred", "unclean_recovery", "manual"})
-# Rules of the audit that encode KIP-966 itself: classic mode breaks them by design.
-CLASSIC_EXEMPT_RULES: Final = frozenset({"unclean_replica_in_isr", "unclean_replica_in_elr"})
+# Rules of the audit that encode KIP-966 itself: classic mode breaks them by design. The
+# classic rules also never empty an ISR, unregistering included (as Kafka's classic
+# controller): the last member of an ISR stays when it is unregistered.
+CLASSIC_EXEMPT_RULES: Final = frozenset(
+    {"unclean_replica_in_isr", "unclean_replica_in_elr", "unregistered_broker_kept"}
+)
 
 
 @functools.cache
@@ -95,10 +121,14 @@ class Outcome(msgspec.Struct, kw_only=True):
     lost_reported: int = 0
     lost_silent: int = 0
     unreadable: int = 0  # acknowledged records of partitions without a leader at the end
+    deleted: int = 0  # acknowledged records of a topic id deleted since (not checked)
     unavailable_partition_ms: int = 0
     unclean_recoveries: int = 0
     operator_elections: int = 0
     refused_requests: int = 0
+    # Lifecycle ops applied and refused, by kind ("reassign", "reassign refused", ...),
+    # and what became of reassignments ("reassignment completed", "... cancelled").
+    lifecycle: dict[str, int] = {}
     violations: list[str] = []
     silent_examples: list[str] = []
 
@@ -124,7 +154,11 @@ class FaultSim(Cluster):
         self.sessions = BrokerSessions(self.config.broker_session_timeout_ms)
         self.checker = LogChecker("faults")
         self.deadlines: set[int] = set()
-        self.reports: dict[TopicPartition, list[int]] = {tp: [] for tp in self.tps}
+        # Potential-data-loss reports by (topic id, partition): event sequence numbers.
+        self.reports: dict[tuple[str, int], list[int]] = {}
+        # Topic ids: random (as the driver draws them), from a stream of their own so that
+        # the rest of the run does not depend on how many topics are created.
+        self.ids = random.Random(f"metactl-faults-ids:{schedule.seed}")
         self.out = Outcome()
         self.unavail_since = 0
 
@@ -133,6 +167,8 @@ class FaultSim(Cluster):
         s = self.s
         for f in s.faults:
             self.at(f.at_ms, self._fault, f)
+        for op in s.ops:
+            self.at(op.at_ms, self._op, op)
         heal = s.fault_window_ms
         self.at(heal, self._heal)
         self.at(heal + s.heal_ms, self._operator)
@@ -161,11 +197,16 @@ class FaultSim(Cluster):
 
     def _commit(self, result: StepResult) -> None:
         records = result.records
+        before = self.core.image
         if records:
             self._account()
-            self.checker.feed(self.core.image.end_offset, self.now, records)
-            self._note_reports(records)
+            self.checker.feed(before.end_offset, self.now, records)
+            self._note_reports(records, before, result.state.image)
         self.core = result.state
+        if result.delta.partitions:
+            self._note_reassignments(before, result.state.image, result.delta.partitions)
+        if result.delta.topics and self.producing:  # (the first ones start in _setup)
+            self.start_producers(result.state.image)
         deadline = result.next_deadline_ms
         if deadline is not None and deadline not in self.deadlines:
             self.deadlines.add(deadline)
@@ -177,23 +218,47 @@ class FaultSim(Cluster):
         for insp in result.inspections:
             self.send(CONTROLLER, insp.broker_id, self._on_inspection, insp)
 
-    def _note_reports(self, records: list[MetadataRecord]) -> None:
+    def _note_reports(
+        self, records: list[MetadataRecord], before: ClusterImage, after: ClusterImage
+    ) -> None:
         """Potential-data-loss events: UncleanRecoveryRecords, and elections of a kind
-        that carries none (Kafka's classic unclean leader election)."""
+        that carries none (Kafka's classic unclean leader election), each for the topic
+        id its partition had (a report about a topic excuses no loss of its successor)."""
+
+        def report(tp: TopicPartition) -> None:
+            t = before.topics.get(tp[0]) or after.topics.get(tp[0])
+            if t is not None:
+                self.reports.setdefault((t.topic_id, tp[1]), []).append(self.seq)
+
         recovered: TopicPartition | None = None
         for r in records:
             if isinstance(r, UncleanRecoveryRecord):
                 recovered = (r.topic, r.partition)
                 self.out.unclean_recoveries += 1
                 if r.potential_data_loss:  # one that claims no loss excuses none
-                    self.reports[recovered].append(self.seq)
+                    report(recovered)
             elif isinstance(r, PartitionChangeRecord):
                 tp = (r.topic, r.partition)
                 kind = r.election
                 if kind is not None and str(kind) not in _KNOWN_ELECTIONS and recovered != tp:
-                    self.reports[tp].append(self.seq)
+                    report(tp)
                     self.out.unclean_recoveries += 1
                 recovered = None
+
+    def _note_reassignments(
+        self, before: ClusterImage, after: ClusterImage, changed: set[TopicPartition]
+    ) -> None:
+        """Count the reassignments that ended in a commit: completed (the target is the
+        assignment) or cancelled (the original is)."""
+        for tp in sorted(changed):
+            old, new = before.partition(tp), after.partition(tp)
+            if old is None or new is None or not old.reassigning or new.reassigning:
+                continue
+            outcome = "completed" if new.replicas == old.target else "cancelled"
+            self._count(f"reassignment {outcome}")
+
+    def _count(self, what: str) -> None:
+        self.out.lifecycle[what] = self.out.lifecycle.get(what, 0) + 1
 
     def _account(self) -> None:
         offline = len(self.core.image.offline)
@@ -214,41 +279,51 @@ class FaultSim(Cluster):
     def _ctl_request(self, msg: tuple[int, Event, Callable[[Any], None] | None]) -> None:
         src, event, reply = msg
         response = self._step(event)
-        if isinstance(event, BrokerHeartbeatRequest) and not isinstance(response, MetactlError):
-            self.sessions.touch(event.broker_id, self.now)
-            self.send(CONTROLLER, src, self._on_image, (src, self.core.image))
+        if isinstance(event, BrokerHeartbeatRequest):
+            if not isinstance(response, MetactlError):
+                self.sessions.touch(event.broker_id, self.now)
+                self.send(CONTROLLER, src, self._on_image, (src, self.core.image))
+            elif response.code == "BROKER_ID_NOT_REGISTERED":
+                # Unregistered while it was fenced but alive (cut off): it registers again.
+                self.send(CONTROLLER, src, self._unregistered, (src, event.broker_epoch))
         if reply is not None:
             self.send(CONTROLLER, src, reply, response)
+
+    def _unregistered(self, arg: tuple[int, int]) -> None:
+        b = self.brokers[arg[0]]
+        if b.up and b.epoch == arg[1]:
+            b.epoch, b.view = None, None
+            b.leaders.clear()
+            b.fetching.clear()
+            self._register((b.id, b.inc, None))  # its registration is gone: unclean
 
     # --- set-up, faults, healing, the operator --------------------------------------------
 
     def _setup(self) -> None:
-        s = self.s
         for bid, b in self.brokers.items():
             self._step(RegisterBroker(broker_id=bid, incarnation_id=f"b{bid}-0"))
             epoch = self.core.image.brokers[bid].epoch
             self._step(UnfenceBroker(broker_id=bid, broker_epoch=epoch))
             self.sessions.touch(bid, 0)
             b.up, b.epoch, b.last_epoch = True, epoch, epoch
-        self._step(
-            CreateTopic(
-                name=TOPIC,
-                partitions=s.partitions,
-                replication_factor=s.replication_factor,
-                min_isr=s.min_isr,
-            )
-        )
+        # The topic follows the cluster default (the config's, s.min_isr), so that both
+        # the topic's and the cluster's min.insync.replicas changes apply to it.
+        self._step(self._create_topic())
         image = self.core.image
-        for tp in self.tps:
-            for r in image.partitions[tp].replicas:
-                self.brokers[r].logs[tp] = ReplicaLog(topic=tp[0], partition=tp[1])
-        self.producer_view = image
+        self.refresh_producers()
         for b in self.brokers.values():
-            self._on_image((b.id, image))
+            self._on_image((b.id, image))  # every broker creates its (empty) replicas
             self._start_timers(b)
-        for tp in self.tps:
-            self.at(self.rnd.randrange(PRODUCE_MS), self._produce_tick, tp)
+        self.start_producers(image)
         self.at(SESSION_CHECK_MS, self._session_check)
+
+    def _create_topic(self) -> CreateTopic:
+        return CreateTopic(
+            name=TOPIC,
+            partitions=self.s.partitions,
+            replication_factor=self.s.replication_factor,
+            topic_id=str(uuid.UUID(int=self.ids.getrandbits(128), version=4)),
+        )
 
     def _start_timers(self, b: _Broker) -> None:
         inc = b.inc
@@ -294,24 +369,86 @@ class FaultSim(Cluster):
             if not b.up:
                 self._restart((b.id, b.inc))
 
+    def _op(self, op: Op) -> None:
+        """One lifecycle operation, stepped as the operator's request (see `Op`)."""
+        image = self.core.image
+        topic = image.topics.get(TOPIC)
+        event: Any
+        if op.kind == "topic_min_isr":
+            event = AlterConfigs(
+                resource_type=TOPIC_RESOURCE,
+                resource_name=TOPIC,
+                set_configs={} if op.value is None else {MIN_ISR_CONFIG: str(op.value)},
+                delete_configs=[MIN_ISR_CONFIG] if op.value is None else [],
+            )
+        elif op.kind == "cluster_min_isr":
+            event = AlterConfigs(
+                resource_type=BROKER_RESOURCE,
+                resource_name="",
+                set_configs={MIN_ISR_CONFIG: str(op.value)},
+            )
+        elif op.kind in ("reassign", "cancel_reassignment"):
+            assert op.partition is not None
+            change = Reassignment(topic=TOPIC, partition=op.partition, replicas=op.replicas)
+            event = AlterPartitionReassignments(reassignments=[change])
+        elif op.kind == "add_partitions":
+            count = (topic.partitions if topic is not None else 0) + (op.value or 1)
+            event = CreatePartitions(topic=TOPIC, count=count)
+        elif op.kind == "delete_topic":
+            event = DeleteTopic(name=TOPIC)
+        else:
+            assert op.broker is not None
+            event = UnregisterBroker(broker_id=op.broker)
+        response = self._step(event)
+        refused = isinstance(response, MetactlError) or (
+            isinstance(response, AlterPartitionReassignmentsResponse)
+            and any(r.error_code is not None for r in response.results)
+        )
+        self._count(f"{op.kind} refused" if refused else op.kind)
+        if op.kind == "reassign" and not refused:
+            tp = (TOPIC, op.partition or 0)
+            old, new = image.partition(tp), self.core.image.partition(tp)
+            if new is not None and new.reassigning:
+                self._count("reassignment started")
+            elif old is not None and new is not None and old.replicas != new.replicas:
+                self._count("reassignment completed at once")
+        if op.kind == "delete_topic" and not refused:
+            self.at(self.now + (op.for_ms or 0), self._recreate)
+
+    def _recreate(self, _: None) -> None:
+        """Create the deleted topic again (a new random id); retried until accepted."""
+        if TOPIC in self.core.image.topics:
+            return
+        if isinstance(self._step(self._create_topic()), MetactlError):
+            self.at(self.now + RETRY_MS, self._recreate)
+        else:
+            self._count("recreate_topic")
+
+    def _best_log(self, b: _Broker, tp: TopicPartition) -> tuple[int, int]:
+        """(last leader epoch, LEO) of the broker's log of `tp`, as its GetReplicaLogInfo
+        answer says: (-1, 0) without one. The request names no topic id, so a broker
+        whose metadata names the topic answers only from a log of that id; one that has
+        no metadata yet (just restarted) answers from whatever log it holds."""
+        log = b.logs.get(tp)
+        if b.view is not None:
+            t = b.view.topics.get(tp[0])
+            log = None if t is None else self.current_log(b, tp, t.topic_id)
+        return (-1, 0) if log is None else (log.last_leader_epoch, log.log_end_offset)
+
     def _operator(self, _: None) -> None:
         """Elect the best log (by last leader epoch, then LEO, as GetReplicaLogInfo shows
         it) of every partition still without a leader, as an operator would."""
         image = self.core.image
-        for tp in self.tps:
+        for tp in [(t, i) for t in sorted(image.topics) for i in range(image.topics[t].partitions)]:
             p = image.partitions[tp]
             if p.leader != NO_LEADER:
                 continue
-            live = [r for r in p.replicas if image.is_active(r)]
+            live = [r for r in p.replicas if image.is_active(r) and r not in p.adding]
             if not live:
                 continue
             best = max(
                 live,
-                key=lambda r: (
-                    self.brokers[r].logs[tp].last_leader_epoch,
-                    self.brokers[r].logs[tp].log_end_offset,
-                    -p.replicas.index(r),
-                ),
+                key=lambda r: (*self._best_log(self.brokers[r], tp), -p.replicas.index(r)),
             )
             request = ElectLeader(
                 topic=tp[0], partition=tp[1], election_type="unclean", replica=best
@@ -409,14 +546,16 @@ class FaultSim(Cluster):
         b = self.brokers[insp.broker_id]
         if b.epoch is None or b.epoch != insp.broker_epoch:
             return
-        log = b.logs.get((insp.topic, insp.partition))
+        # GetReplicaLogInfo names no topic id: the broker answers about its log of the
+        # topic its metadata names (none, -1 and 0, if its log is of another id).
+        last_leader_epoch, leo = self._best_log(b, (insp.topic, insp.partition))
         answer = ReplicaLogInfo(
             broker_id=b.id,
             broker_epoch=b.epoch,
             topic=insp.topic,
             partition=insp.partition,
-            last_leader_epoch=log.last_leader_epoch if log is not None else -1,
-            log_end_offset=log.log_end_offset if log is not None else 0,
+            last_leader_epoch=last_leader_epoch,
+            log_end_offset=leo,
         )
         self.to_controller(b, answer)
 
@@ -425,20 +564,28 @@ class FaultSim(Cluster):
     def _outcome(self) -> Outcome:
         out = self.out
         image = self.core.image
-        for tp, start, end, epoch, seq in self.acked:
+        for _ in image.reassigning:
+            self._count("reassignment in progress at the end")
+        for topic_id, tp, start, end, epoch, seq in self.acked:
             out.acknowledged += end - start
+            t = image.topics.get(tp[0])
+            if t is None or t.topic_id != topic_id:
+                out.deleted += end - start  # its topic was deleted: nothing to keep
+                continue
             p = image.partitions[tp]
             if p.leader == NO_LEADER:
                 out.unreadable += end - start
                 continue
-            log = self.brokers[p.leader].logs[tp]
+            log = self.current_log(self.brokers[p.leader], tp, topic_id)
+            if log is None:  # the leader does not hold the partition: all of it is gone
+                log = ReplicaLog(topic=tp[0], partition=tp[1])
             missing = [
                 offset
                 for offset in range(start, end)
                 if offset >= log.log_end_offset or epoch_at(log.leader_epochs, offset) != epoch
             ]
             out.present += end - start - len(missing)
-            if any(r > seq for r in self.reports[tp]):
+            if any(r > seq for r in self.reports.get((topic_id, tp[1]), ())):
                 out.lost_reported += len(missing)
                 continue
             out.lost_silent += len(missing)

@@ -22,31 +22,46 @@ from typing import Any
 from controller.core.recovery.tracker import Inspection
 from controller.runtime.clock import VirtualClock
 from controller.runtime.driver import Controller
-from metactl.errors import MetactlError, ScenarioError
+from metactl.errors import MetactlError, ScenarioError, error_for_code
 from metadata_image.delta import MetadataDelta
 from metadata_image.image import ClusterImage, parse_tp
 from metadata_log.backends import open_store
-from metadata_log.records import NO_LEADER, MetadataRecord
+from metadata_log.records import BROKER_RESOURCE, NO_LEADER, TOPIC_RESOURCE, MetadataRecord
 from metadata_log.store import LogStore
 from protocol.messages import (
+    AlterConfigs,
     AlterPartition,
+    AlterPartitionReassignments,
     ControlledShutdown,
     ControllerRequest,
+    CreatePartitions,
     CreateTopic,
+    DeleteTopic,
     ElectLeader,
     FenceBroker,
     IsrMember,
+    Reassignment,
     RegisterBroker,
     ReplicaLogInfo,
     UnfenceBroker,
+    UnregisterBroker,
+    UpdateFeature,
 )
-from simulation.scenario_format import AlterPartitionStep, Scenario, Step
+from simulation.scenario_format import (
+    AlterConfigStep,
+    AlterPartitionStep,
+    DeleteConfigStep,
+    Scenario,
+    Step,
+)
 from simulation.scenario_report import (
     StepReport,
     Summary,
+    TopicIds,
     check_expectation,
     delta_events,
     snapshot_state,
+    snapshot_topics,
 )
 
 
@@ -227,6 +242,39 @@ class ScenarioRun:
                 )
             )
             return f"assignments={r.assignments}"
+        elif a == "delete_topic":
+            r = await self.submit(DeleteTopic(name=arg))
+            return f"topic_id={r.topic_id}"
+        elif a == "add_partitions":
+            r = await self.submit(
+                CreatePartitions(topic=arg.topic, count=arg.count, assignments=arg.assignments)
+            )
+            return f"assignments={getattr(r, 'assignments', None)}"
+        elif a in ("alter_config", "delete_config"):
+            r = await self.submit(self._configs(arg))
+            return f"cleared_topics={r.cleared_topics}"
+        elif a in ("upgrade_feature", "downgrade_feature"):
+            r = await self.submit(
+                UpdateFeature(
+                    name=arg.name,
+                    level=arg.level,
+                    upgrade_type="upgrade" if a == "upgrade_feature" else "downgrade",
+                )
+            )
+            return f"level={r.level} cleared_topics={r.cleared_topics}"
+        elif a in ("reassign", "cancel_reassignment"):
+            topic, part = parse_tp(arg.partition if a == "reassign" else arg)
+            replicas = arg.replicas if a == "reassign" else None
+            r = await self.submit(
+                AlterPartitionReassignments(
+                    reassignments=[Reassignment(topic=topic, partition=part, replicas=replicas)]
+                )
+            )
+            for result in r.results:  # each partition succeeds or fails alone
+                if result.error_code is not None:
+                    raise error_for_code(result.error_code, result.message)
+        elif a == "unregister":
+            await self.submit(UnregisterBroker(broker_id=arg))
         elif a == "restart_controller":
             await self.close()
             await self.open()
@@ -235,6 +283,21 @@ class ScenarioRun:
             offset = await self.controller.write_snapshot()
             return f"snapshot at offset {offset}"
         return ""
+
+    @staticmethod
+    def _configs(arg: AlterConfigStep | DeleteConfigStep) -> AlterConfigs:
+        if arg.topic is not None:
+            kind, name = TOPIC_RESOURCE, arg.topic
+        else:  # the cluster default is the broker resource with no name (--entity-default)
+            kind, name = BROKER_RESOURCE, "" if arg.cluster_default else str(arg.broker)
+        if isinstance(arg, DeleteConfigStep):
+            return AlterConfigs(resource_type=kind, resource_name=name, delete_configs=[arg.name])
+        return AlterConfigs(
+            resource_type=kind,
+            resource_name=name,
+            set_configs={k: str(v) for k, v in arg.set_configs.items()},
+            delete_configs=arg.delete,
+        )
 
     def _alter(self, image: ClusterImage, arg: AlterPartitionStep) -> AlterPartition:
         topic, part = parse_tp(arg.partition)
@@ -269,6 +332,8 @@ async def run_scenario(
         await run.open()
         try:
             await run.setup()
+            topic_ids = TopicIds()
+            topic_ids.see(snapshot_topics(run.controller)[0])
             reports: list[StepReport] = []
             failed = 0
             last_error: str | None = None
@@ -290,8 +355,19 @@ async def run_scenario(
                         error = exc.code
                         detail = exc.message
                 parts, brokers = snapshot_state(run.controller)
+                topics, cluster = snapshot_topics(run.controller)
+                topic_ids.see(topics)
                 if step.action == "expect":
-                    failures.extend(check_expectation(step.arg, parts, brokers))
+                    failures.extend(
+                        check_expectation(
+                            step.arg,
+                            parts,
+                            brokers,
+                            topics=topics,
+                            cluster=cluster,
+                            topic_ids=topic_ids,
+                        )
+                    )
                 # An error is expected only if the next step says so.
                 nxt = scenario.steps[step.index] if step.index < len(scenario.steps) else None
                 if error is not None and (nxt is None or nxt.action != "expect_error"):
@@ -307,6 +383,8 @@ async def run_scenario(
                     events=run.step_events,
                     failures=failures,
                     detail=detail,
+                    topics=topics,
+                    cluster=cluster,
                 )
                 reports.append(report)
                 if on_step is not None:

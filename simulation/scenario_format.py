@@ -13,7 +13,7 @@ IO beyond reading the file it is given) nor decide what a step does; the runner,
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 import yaml
@@ -21,6 +21,7 @@ import yaml
 from controller.core.config import ControllerConfig
 from metactl.errors import MetactlError, ScenarioError
 from metadata_image.image import parse_tp
+from metadata_log.records import ELR_FEATURE, MIN_ISR_CONFIG
 
 
 class _Spec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -81,9 +82,49 @@ class CreateTopicStep(_Spec, frozen=True):
     unclean_recovery_strategy: str | None = None
 
 
+class _ConfigResource(_Spec, frozen=True):
+    """Whose config: exactly one of a `topic`, the cluster default (`cluster_default:
+    true`, kafka-configs --entity-type brokers --entity-default) or one `broker` (which
+    metactl refuses: it keeps no per-broker min.insync.replicas)."""
+
+    topic: str | None = None
+    cluster_default: bool = False
+    broker: int | None = None
+
+
+class AlterConfigStep(_ConfigResource, frozen=True):
+    set_configs: dict[str, str | int] = msgspec.field(default_factory=dict, name="set")
+    delete: list[str] = []
+
+
+class DeleteConfigStep(_ConfigResource, frozen=True):
+    name: str = MIN_ISR_CONFIG
+
+
+class FeatureStep(_Spec, frozen=True):
+    level: int
+    name: str = ELR_FEATURE
+
+
+class AddPartitionsStep(_Spec, frozen=True):
+    topic: str
+    count: int
+    assignments: list[list[int]] | None = None
+
+
+class ReassignStep(_Spec, frozen=True):
+    partition: str
+    replicas: list[int]
+
+
 class ExpectStep(_Spec, frozen=True):
+    # The subject: exactly one of these (`_SUBJECT_FIELDS` says which fields go with it).
     partition: str | None = None
     broker: int | None = None
+    topic: str | None = None
+    feature: str | None = None
+    cluster_default: bool = False
+    # partition
     leader: int | msgspec.UnsetType | None = msgspec.UNSET  # null: expect no leader
     leader_epoch: int | None = None
     partition_epoch: int | None = None
@@ -94,9 +135,80 @@ class ExpectStep(_Spec, frozen=True):
     recovery_pending: list[int] | bool | None = None
     min_isr: int | None = None
     replicas: list[int] | None = None
+    adding: list[int] | None = None
+    removing: list[int] | None = None
+    # broker
     epoch: int | None = None
     fenced: bool | None = None
     controlled_shutdown: bool | None = None
+    registered: bool | None = None
+    # topic
+    exists: bool | None = None
+    partitions: int | None = None
+    topic_id_changed: bool | None = None
+    # a topic's own min.insync.replicas (null: expect none), or the cluster default's
+    min_insync_replicas: int | msgspec.UnsetType | None = msgspec.UNSET
+    # feature: the effective level (the finalized one, else the controller's setting)
+    level: int | None = None
+
+    @property
+    def subject(self) -> str | None:
+        """Which subject the expectation names, or None if not exactly one."""
+        given = [
+            name
+            for name, value in (
+                ("partition", self.partition),
+                ("broker", self.broker),
+                ("topic", self.topic),
+                ("feature", self.feature),
+                ("cluster_default", self.cluster_default or None),
+            )
+            if value is not None
+        ]
+        return given[0] if len(given) == 1 else None
+
+
+_SUBJECTS: Final = ("partition", "broker", "topic", "feature", "cluster_default")
+_SUBJECT_FIELDS: Final[dict[str, frozenset[str]]] = {
+    "partition": frozenset(
+        {
+            "leader",
+            "leader_epoch",
+            "partition_epoch",
+            "isr",
+            "elr",
+            "last_known_elr",
+            "recovering",
+            "recovery_pending",
+            "min_isr",
+            "replicas",
+            "adding",
+            "removing",
+        }
+    ),
+    "broker": frozenset({"epoch", "fenced", "controlled_shutdown", "registered"}),
+    "topic": frozenset({"exists", "partitions", "topic_id_changed", "min_insync_replicas"}),
+    "feature": frozenset({"level"}),
+    "cluster_default": frozenset({"min_insync_replicas"}),
+}
+
+
+def _check_expect(value: ExpectStep, where: str) -> None:
+    subject = value.subject
+    if subject is None:
+        raise ScenarioError(
+            f"{where}: give exactly one of `partition` or `broker` (or `topic`, `feature`, "
+            "`cluster_default: true`)"
+        )
+    allowed = _SUBJECT_FIELDS[subject]
+    for name in value.__struct_fields__:
+        if name in _SUBJECTS or name in allowed:
+            continue
+        given = getattr(value, name)
+        if given is not None and given is not msgspec.UNSET:
+            raise ScenarioError(f"{where}: field `{name}` does not apply to a {subject}")
+    if subject == "feature" and value.level is None:
+        raise ScenarioError(f"{where}: give the `level` the feature should be at")
 
 
 STEP_TYPES: dict[str, Any] = {
@@ -110,6 +222,15 @@ STEP_TYPES: dict[str, Any] = {
     "advance_ms": int,
     "elect": ElectStep,
     "create_topic": CreateTopicStep,
+    "delete_topic": str,
+    "add_partitions": AddPartitionsStep,
+    "alter_config": AlterConfigStep,
+    "delete_config": DeleteConfigStep,
+    "upgrade_feature": FeatureStep,
+    "downgrade_feature": FeatureStep,
+    "reassign": ReassignStep,
+    "cancel_reassignment": str,
+    "unregister": int,
     "restart_controller": None,
     "snapshot": None,
     "expect": ExpectStep,
@@ -180,10 +301,21 @@ def parse_scenario(doc: Any, source: str = "") -> Scenario:
             )
         type_ = STEP_TYPES[action]
         value = None if type_ is None else _convert(arg, type_, f"step {i} ({action})")
-        if isinstance(value, ExpectStep) and (value.partition is None) == (value.broker is None):
-            raise ScenarioError(f"step {i} (expect): give exactly one of `partition` or `broker`")
-        if isinstance(value, ExpectStep | AlterPartitionStep | ReplicaLogStep | ElectStep):
+        if isinstance(value, ExpectStep):
+            _check_expect(value, f"step {i} (expect)")
+        if isinstance(
+            value, ExpectStep | AlterPartitionStep | ReplicaLogStep | ElectStep | ReassignStep
+        ):
             _check_tp(value.partition, f"step {i} ({action}): field `partition`")
+        if action == "cancel_reassignment":
+            _check_tp(value, f"step {i} ({action})")
+        if isinstance(value, _ConfigResource):
+            chosen = [value.topic is not None, value.cluster_default, value.broker is not None]
+            if sum(chosen) != 1:
+                raise ScenarioError(
+                    f"step {i} ({action}): give exactly one of `topic`, "
+                    "`cluster_default: true` or `broker`"
+                )
         if isinstance(value, RegisterStep) and value.clean is None and value.previous_epoch is None:
             raise ScenarioError(f"step {i} (register): give `clean` or `previous_epoch`")
         if action == "expect_error" and not steps:

@@ -174,3 +174,166 @@ async def test_data_dir_keeps_a_log_that_verifies(tmp_path: Path) -> None:
         assert report.records == summary.log_end_offset
     finally:
         await store.close()
+
+
+# --- the metadata lifecycle (issue 19) ---------------------------------------------------
+
+LIFECYCLE = (
+    "lifecycle-topic-min-isr-clears-elr",
+    "lifecycle-cluster-min-isr-clears-all",
+    "lifecycle-cluster-default-cannot-be-deleted",
+    "lifecycle-min-isr-above-rf",
+    "lifecycle-elr-downgrade-clears",
+    "lifecycle-elr-upgrade-tracks-from-isr",
+    "lifecycle-delete-recreate-new-id",
+    "lifecycle-add-partitions",
+    "lifecycle-add-partitions-decrease-refused",
+    "lifecycle-reassign-complete-moves-leader",
+    "lifecycle-reassign-cancel",
+    "lifecycle-reassign-during-outage-never-unsafe",
+    "lifecycle-unregister-fenced",
+    "lifecycle-unregister-active-refused",
+    "lifecycle-pending-recovery-cleared",
+)
+LIFECYCLE_STEPS = {
+    "alter_config",
+    "delete_config",
+    "upgrade_feature",
+    "downgrade_feature",
+    "delete_topic",
+    "add_partitions",
+    "reassign",
+    "cancel_reassignment",
+    "unregister",
+}
+
+
+def test_one_lifecycle_scenario_per_rule_is_shipped() -> None:
+    names = {p.stem for p in SCENARIOS}
+    assert set(LIFECYCLE) <= names
+    used = {
+        step.action
+        for p in SCENARIOS
+        if p.stem.startswith("lifecycle-")
+        for step in load_scenario(p).steps
+    }
+    assert used >= LIFECYCLE_STEPS
+
+
+_BASE = (
+    "brokers: [1, 2, 3, 4]\n"
+    "topics: [{name: t, partitions: [[1, 2, 3]], min_insync_replicas: 2}]\n"
+    "steps:\n"
+)
+
+
+async def _failures(tmp_path: Path, steps: str) -> list[str]:
+    f = tmp_path / "s.yaml"
+    f.write_text(_BASE + steps)
+    reports, _ = await run_scenario(load_scenario(f), tmp_path / "data")
+    return [x for r in reports for x in r.failures]
+
+
+@pytest.mark.parametrize(
+    ("steps", "failure"),
+    [
+        # Each new expectation, stated wrongly, is reported with what was found.
+        ("  - delete_topic: t\n  - expect: {topic: t, exists: true}\n", "exists: expected True"),
+        (
+            "  - delete_topic: t\n  - create_topic: {name: t, replication_factor: 3}\n"
+            "  - expect: {topic: t, topic_id_changed: false}\n",
+            "topic_id_changed: expected False, got True",
+        ),
+        ("  - expect: {topic: t, topic_id_changed: true}\n", "topic_id_changed: expected True"),
+        ("  - expect: {topic: t, partitions: 2}\n", "partitions: expected 2, got 1"),
+        ("  - expect: {topic: t, min_insync_replicas: null}\n", "min_insync_replicas: expected"),
+        (
+            "  - fence: 4\n  - unregister: 4\n  - expect: {broker: 4, registered: true}\n",
+            "registered: expected True, got False",
+        ),
+        (
+            "  - expect: {feature: eligible.leader.replicas.version, level: 0}\n",
+            "eligible.leader.replicas.version level: expected 0, got 1",
+        ),
+        (
+            "  - expect: {cluster_default: true, min_insync_replicas: 2}\n",
+            "min_insync_replicas: expected 2, got 1",
+        ),
+        (
+            "  - reassign: {partition: t-0, replicas: [2, 3, 4]}\n"
+            "  - expect: {partition: t-0, adding: [], removing: [], replicas: [2, 3, 4]}\n",
+            "adding: expected [], got [4]",
+        ),
+        (
+            "  - alter_config: {topic: t, set: {min.insync.replicas: 3}}\n"
+            "  - expect: {partition: t-0, min_isr: 2}\n",
+            "min_isr: expected 2, got 3",
+        ),
+        (
+            "  - unregister: 1\n  - expect: {broker: 1, fenced: false}\n",
+            "unexpected error INVALID_REQUEST",
+        ),
+    ],
+)
+async def test_lifecycle_expectations_catch_a_wrong_outcome(
+    tmp_path: Path, steps: str, failure: str
+) -> None:
+    failures = await _failures(tmp_path, steps)
+    assert any(failure in f for f in failures), failures
+
+
+async def test_a_recreated_topic_is_told_apart_from_the_old_one(tmp_path: Path) -> None:
+    steps = (
+        "  - expect: {topic: t, topic_id_changed: false}\n"
+        "  - delete_topic: t\n"
+        "  - expect: {topic: t, exists: false}\n"
+        "  - create_topic: {name: t, replication_factor: 3}\n"
+        "  - expect: {topic: t, topic_id_changed: true}\n"
+    )
+    assert await _failures(tmp_path, steps) == []
+
+
+def test_json_reports_reassignment_topics_and_cluster(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "s.yaml"
+    f.write_text(_BASE + "  - reassign: {partition: t-0, replicas: [2, 3, 4]}\n")
+    status, lines, _ = _run_cli(capsys, str(f), "--json")
+    assert status == 0
+    step = json.loads(lines[0])
+    part = step["partitions"]["t-0"]
+    assert part["replicas"] == [2, 3, 4, 1]
+    assert (part["adding"], part["removing"]) == ([4], [1])
+    assert set(step["topics"]["t"]) == {"topic_id", "partitions", "min_insync_replicas"}
+    assert step["cluster"] == {
+        "min_insync_replicas": 1,
+        "features": {"eligible.leader.replicas.version": 1},
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("steps:\n  - alter_config: {set: {min.insync.replicas: 2}}\n", "exactly one of `topic`"),
+        (
+            "steps:\n  - delete_config: {topic: t, cluster_default: true}\n",
+            "exactly one of `topic`",
+        ),
+        ("steps:\n  - reassign: {partition: t, replicas: [1]}\n", "field `partition`"),
+        ("steps:\n  - cancel_reassignment: t\n", "step 1 (cancel_reassignment)"),
+        ("steps:\n  - upgrade_feature: {name: x}\n", "step 1 (upgrade_feature)"),
+        ("steps:\n  - expect: {topic: t, leader: 1}\n", "`leader` does not apply to a topic"),
+        ("steps:\n  - expect: {broker: 1, exists: false}\n", "`exists` does not apply"),
+        ("steps:\n  - expect: {feature: x}\n", "give the `level`"),
+        ("steps:\n  - expect: {topic: t, broker: 1}\n", "exactly one of `partition` or `broker`"),
+        ("steps:\n  - add_partitions: {topic: t}\n", "step 1 (add_partitions)"),
+    ],
+)
+def test_invalid_lifecycle_steps_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, message: str
+) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text(body)
+    status, _, err = _run_cli(capsys, str(f))
+    assert status == 2
+    assert message in err
