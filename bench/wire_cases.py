@@ -53,6 +53,8 @@ from protocol.messages import (
     DescribeFeaturesRequest,
     DescribeFeaturesResponse,
     ElectLeader,
+    ElectPreferredLeaders,
+    ElectPreferredLeadersResponse,
     ErrorResponse,
     FetchMetadataRequest,
     FetchMetadataResponse,
@@ -101,6 +103,7 @@ ANSWERS: Final[dict[type[Any], type[Any]]] = {
     AlterPartitionReassignments: AlterPartitionReassignmentsResponse,
     ListPartitionReassignmentsRequest: ListPartitionReassignmentsResponse,
     UnregisterBroker: Ack,
+    ElectPreferredLeaders: ElectPreferredLeadersResponse,
 }
 # Every decode failure is one of these (docs/protocol.md).
 DECODE_ERROR_CODES: Final = frozenset({"INVALID_REQUEST", "CORRUPT_MESSAGE"})
@@ -156,6 +159,7 @@ def seed_messages() -> list[Message]:
         ),
         ListPartitionReassignmentsRequest(topics=[t]),
         UnregisterBroker(broker_id=2),
+        ElectPreferredLeaders(partitions=[ReplicaRef(t, 0), ReplicaRef("nope", 0)]),
         DeleteTopicsRequest(topics=["u", "nope"]),
         GetReplicaLogInfoRequest(broker_id=1, broker_epoch=e1, partitions=[ReplicaRef(t, 0)]),
         ReplicaFetchRequest(

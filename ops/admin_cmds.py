@@ -34,8 +34,7 @@ from metactl.errors import (
     error_for_code,
 )
 from metadata_image.image import TopicPartition, parse_tp
-from metadata_log.records import NO_LEADER
-from ops.cli import EXIT_OK, HELP_FORMAT, error_line, examples, exit_status
+from ops.cli import EXIT_OK, EXIT_UNAVAILABLE, HELP_FORMAT, error_line, examples, exit_status
 from ops.client import (
     add_controller_arguments,
     ask,
@@ -46,8 +45,9 @@ from protocol.messages import (
     CreateTopic,
     CreateTopicsRequest,
     CreateTopicsResponse,
-    DescribeClusterRequest,
     ElectLeader,
+    ElectPreferredLeaders,
+    ElectPreferredLeadersResponse,
     PartitionState,
 )
 
@@ -407,29 +407,33 @@ def cmd_elect(args: argparse.Namespace) -> int:
         done(tp, r)
 
     async def run() -> None:
-        from ops.describe_cmds import pages
-
         async with security.controller_client(address) as client:
             if targets is not None:
                 for tp, replica in targets:
                     await elect(client, tp, replica)
                 return
-            # Every partition: those led by their preferred replica need no election.
-            todo: list[TopicPartition] = []
-            skipped = 0
-            request = DescribeClusterRequest(v=2, broker_limit=0)
-            async for page in pages(client, request, timeout_s=args.timeout):
-                for p in page.partitions:
-                    if p.leader != NO_LEADER and p.replicas and p.leader == p.replicas[0]:
-                        skipped += 1
-                    else:
-                        todo.append((p.topic, p.partition))
-            for tp in todo:
-                await elect(client, tp, None)
+            # Every partition, in one request: the controller works through them a work
+            # budget per event (its heartbeats and writes go on in between).
+            r = await ask(client, ElectPreferredLeaders(partitions=None), args.timeout)
+            if not isinstance(r, ElectPreferredLeadersResponse):
+                raise MetactlError(f"unexpected answer {type(r).__name__} from {address}")
+            for f in r.failures:
+                what = (
+                    "the preferred replica is not an active ISR member"
+                    if f.error_code == "PREFERRED_LEADER_NOT_AVAILABLE"
+                    else "no such partition"
+                )
+                exc = error_for_code(f.error_code, f"{f.topic}-{f.partition}: {what}")
+                statuses.append(exit_status(exc))
+                print(error_line(exc), file=sys.stderr, flush=True)
+            failed = r.not_available + r.unknown
+            if failed > len(r.failures):
+                statuses.append(statuses[0] if statuses else EXIT_UNAVAILABLE)
+                print(f"... and {failed - len(r.failures)} more", file=sys.stderr, flush=True)
             print(
-                f"{kind}: {len(todo) - len(statuses)} of {len(todo)} elections done"
-                + (f", {len(statuses)} failed" if statuses else "")
-                + f"; {skipped} partition(s) already led by their preferred replica",
+                f"{kind}: {r.elected} of {r.elected + failed} elections done"
+                + (f", {failed} failed" if failed else "")
+                + f"; {r.not_needed} partition(s) already led by their preferred replica",
                 flush=True,
             )
 

@@ -336,6 +336,31 @@ class ElectLeader(_Msg, tag="ElectLeaders", frozen=True):
     replica: int | None = None  # required for unclean
 
 
+class ElectPreferredLeaders(_Msg, tag="ElectPreferredLeaders", frozen=True):
+    """Move leadership back to each partition's preferred (first) replica wherever it is
+    an active ISR member: `partitions` (None: every partition), as Kafka's ElectLeaders
+    with election type PREFERRED and a null partition list. The controller works through
+    them a work budget per event, each piece committed on its own (as KRaft balances
+    leaders), so heartbeats and writes go on between pieces."""
+
+    partitions: list[ReplicaRef] | None = None
+
+
+class ElectionFailure(msgspec.Struct, frozen=True, kw_only=True):
+    topic: str
+    partition: int
+    error_code: str
+
+
+class ElectPreferredLeadersResponse(_Msg, tag="ElectPreferredLeadersResponse", frozen=True):
+    elected: int = 0
+    not_needed: int = 0  # led by the preferred replica already
+    not_available: int = 0  # the preferred replica is not an active ISR member
+    unknown: int = 0  # partitions named that do not exist
+    # The first failures (not_available and unknown), at most MAX_ELECTION_FAILURES.
+    failures: list[ElectionFailure] = []
+
+
 class DescribeCursor(msgspec.Struct, frozen=True, kw_only=True):
     """A place in DescribeCluster's partition order (topic name, then partition index):
     the first partition a page holds (KIP-966 DescribeTopicPartitions' Cursor)."""
@@ -627,6 +652,7 @@ ControllerResponse = (
     | AlterConfigsResponse
     | UpdateFeatureResponse
     | AlterPartitionReassignmentsResponse
+    | ElectPreferredLeadersResponse
 )
 
 # What travels on the wire. Requests and responses share one union so one decoder serves
@@ -672,4 +698,6 @@ Message = (
     | ListPartitionReassignmentsResponse
     | UnregisterBroker
     | Ack
+    | ElectPreferredLeaders
+    | ElectPreferredLeadersResponse
 )

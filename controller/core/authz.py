@@ -14,6 +14,7 @@ nothing. The rules (docs/protocol.md, "Authorization"):
 | DescribeCluster | describe_cluster | any known principal |
 | CreateTopics | create_topics | `admin` |
 | ElectLeaders | elect_preferred, elect_unclean | `admin` |
+| ElectPreferredLeaders | elect_preferred | `admin` |
 | DeleteTopics | delete_topics | `admin` (TOPIC_AUTHORIZATION_FAILED) |
 | CreatePartitions | create_partitions | `admin` (TOPIC_AUTHORIZATION_FAILED) |
 | IncrementalAlterConfigs | alter_configs | `admin` |
@@ -55,6 +56,7 @@ from protocol.messages import (
     DescribeConfigsRequest,
     DescribeFeaturesRequest,
     ElectLeader,
+    ElectPreferredLeaders,
     FetchMetadataRequest,
     ListPartitionReassignmentsRequest,
     Message,
@@ -113,6 +115,8 @@ def operation_of(request: Message) -> str:
             return "elect_preferred"
         case ElectLeader():
             return "elect_unclean"
+        case ElectPreferredLeaders():
+            return "elect_preferred"
         case DeleteTopicsRequest():
             return "delete_topics"
         case CreatePartitionsRequest():
@@ -169,7 +173,13 @@ def authorize(principal: str | None, request: Message) -> str:
                     f"{who} may not {operation} ({request.topic}-{request.partition}): "
                     f"needs {ADMIN!r}"
                 )
-        case AlterConfigs() | UpdateFeature() | AlterPartitionReassignments() | UnregisterBroker():
+        case (
+            AlterConfigs()
+            | UpdateFeature()
+            | AlterPartitionReassignments()
+            | UnregisterBroker()
+            | ElectPreferredLeaders()
+        ):
             if principal != ADMIN:
                 raise ClusterAuthorizationFailedError(f"{who} may not {operation}: needs {ADMIN!r}")
         case _:

@@ -32,7 +32,7 @@ from controller.core.handlers import (
     _Txn,
     create_topic_slice,
 )
-from controller.core.partition_change import move_replicas
+from controller.core.partition_change import build_change, move_replicas
 from metactl.errors import (
     BrokerIdNotRegisteredError,
     InvalidConfigurationError,
@@ -49,8 +49,10 @@ from metadata_log.records import (
     ELR_FEATURE,
     MIN_ISR_CONFIG,
     TOPIC_RESOURCE,
+    ChangeReason,
     ClearElrRecord,
     ConfigRecord,
+    ElectionKind,
     FeatureLevelRecord,
     MetadataRecord,
     PartitionChangeRecord,
@@ -68,6 +70,8 @@ from protocol.messages import (
     CreatePartitions,
     DeleteTopic,
     DeleteTopicResponse,
+    ElectionFailure,
+    ElectPreferredLeadersResponse,
     Reassignment,
     ReassignmentResult,
     UnregisterBroker,
@@ -421,6 +425,80 @@ def reassign(
         elr_enabled=image.elr_enabled(config.eligible_leader_replicas),
     )
     return [] if change is None else [change]
+
+
+# --- preferred elections in bulk -------------------------------------------------------
+
+MAX_ELECTION_FAILURES: Final = 100
+"""How many failed partitions an ElectPreferredLeaders answer names (the counts are whole)."""
+
+
+class ElectPreferredGroup(msgspec.Struct, frozen=True, gc=False):
+    """One piece of a bulk preferred election: at most a work budget of partitions, as
+    (topic, partition numbers) runs. The service cuts an ElectPreferredLeaders into these
+    and submits them one by one, each its own event and commit (Kafka balances leaders a
+    bounded piece at a time, not atomically), summing the answers."""
+
+    groups: tuple[tuple[str, tuple[int, ...]], ...]
+
+
+def elect_preferred_group(
+    image: ClusterImage, req: ElectPreferredGroup, config: ControllerConfig
+) -> HandlerResult:
+    """Rule 8 for each partition of the piece: leadership moves to the first replica
+    where it is an active ISR member; the others are counted (and the first failures
+    named)."""
+    elected = not_needed = not_available = unknown = 0
+    failures: list[ElectionFailure] = []
+    records: list[MetadataRecord] = []
+    parts = image.partitions
+    for topic, numbers in req.groups:
+        for i in numbers:
+            p = parts.get((topic, i))
+            code = None
+            if p is None:
+                unknown += 1
+                code = "UNKNOWN_TOPIC_OR_PARTITION"
+            elif p.leader == p.replicas[0]:
+                not_needed += 1
+            elif p.replicas[0] not in p.isr or not image.is_active(p.replicas[0]):
+                not_available += 1
+                code = "PREFERRED_LEADER_NOT_AVAILABLE"
+            else:
+                change = build_change(
+                    image,
+                    p,
+                    reason=ChangeReason.ELECTION,
+                    elect=(p.replicas[0], ElectionKind.PREFERRED),
+                )
+                assert change is not None  # the leader changes
+                records.append(change)
+                elected += 1
+            if code is not None and len(failures) < MAX_ELECTION_FAILURES:
+                failures.append(ElectionFailure(topic=topic, partition=i, error_code=code))
+    return HandlerResult(
+        records,
+        ElectPreferredLeadersResponse(
+            elected=elected,
+            not_needed=not_needed,
+            not_available=not_available,
+            unknown=unknown,
+            failures=failures,
+        ),
+    )
+
+
+def add_up(
+    total: ElectPreferredLeadersResponse, piece: ElectPreferredLeadersResponse
+) -> ElectPreferredLeadersResponse:
+    """Two answers of a bulk preferred election as one."""
+    return ElectPreferredLeadersResponse(
+        elected=total.elected + piece.elected,
+        not_needed=total.not_needed + piece.not_needed,
+        not_available=total.not_available + piece.not_available,
+        unknown=total.unknown + piece.unknown,
+        failures=(total.failures + piece.failures)[:MAX_ELECTION_FAILURES],
+    )
 
 
 # --- brokers ----------------------------------------------------------------------------

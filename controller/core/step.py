@@ -46,7 +46,7 @@ from controller.core.handlers import (
     register_broker,
     unfence_broker,
 )
-from controller.core.lifecycle import Bootstrap
+from controller.core.lifecycle import Bootstrap, ElectPreferredGroup
 from controller.core.recovery.policy import RecoveryPolicy
 from controller.core.recovery.registry import require
 from controller.core.recovery.tracker import (
@@ -114,6 +114,7 @@ Event = (
     | Tick
     | LogInfoAnswers
     | Bootstrap
+    | ElectPreferredGroup
     | CreateTopicSlice
     | Continue
     | ClearElrSlice
@@ -423,6 +424,8 @@ def decide(
             result = lifecycle.unregister_broker(image, event, config, budget)
         case Bootstrap():
             result = lifecycle.bootstrap(image, config)
+        case ElectPreferredGroup():
+            result = lifecycle.elect_preferred_group(image, event, config)
         case ElectLeader(election_type="preferred"):
             result = elect_preferred(image, event, now_ms, config)
         case ElectLeader():

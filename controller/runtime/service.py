@@ -32,12 +32,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 
+from controller.core import validation
 from controller.core.authz import AUTHORIZATION_ERRORS, authorize, operation_of
 from controller.core.config import ControllerConfig
-from controller.core.lifecycle import Bootstrap, needs_bootstrap
+from controller.core.lifecycle import Bootstrap, ElectPreferredGroup, add_up, needs_bootstrap
 from controller.core.recovery.tracker import Inspection
 from controller.core.step import LogInfoAnswers
-from controller.core.work import WORK_BUDGET
+from controller.core.work import WORK_BUDGET, PartitionPlan
 from controller.runtime.admin_views import describe_configs, describe_features, list_reassignments
 from controller.runtime.clock import Clock, SystemClock
 from controller.runtime.describe import DescribeNotes, describe_page, partition_state
@@ -89,6 +90,8 @@ from protocol.messages import (
     DescribeConfigsRequest,
     DescribeFeaturesRequest,
     ElectLeader,
+    ElectPreferredLeaders,
+    ElectPreferredLeadersResponse,
     FenceBroker,
     FetchedRecord,
     FetchMetadataRequest,
@@ -242,6 +245,17 @@ class ControllerService:
 
     async def _start(self) -> None:
         verify_all = self.verify_log == "full"
+        # Storage identity (docs/operations.md): the data directory's meta.properties
+        # against the log, before the log is opened; from here on the etcd log is checked
+        # against the cluster id it returns.
+        from dataclasses import replace
+
+        from metadata_log.identity_check import check_storage
+
+        cluster_id = await check_storage(
+            self.data_dir, self.metadata_log, cluster_id=self.ha.cluster_id, node_id=self.ha.node_id
+        )
+        self.ha = replace(self.ha, cluster_id=cluster_id)
         if not self.replicated:
             where = self.metadata_log if self.metadata_log is not None else self.data_dir
             store = await open_store(where, verify_all=verify_all)
@@ -512,6 +526,8 @@ class ControllerService:
                 return self.describe(body)
             case ElectLeader():
                 return await self._elect(body, peer)
+            case ElectPreferredLeaders():
+                return await self._elect_preferred(body)
             case DeleteTopicsRequest():
                 return await self._delete_topics(body)
             case CreatePartitionsRequest():
@@ -536,6 +552,35 @@ class ControllerService:
             case ListPartitionReassignmentsRequest():
                 return list_reassignments(ctl.committed_image, body)
         raise InvalidRequestError(f"the controller does not handle {type(body).__name__}")
+
+    async def _elect_preferred(self, body: ElectPreferredLeaders) -> ElectPreferredLeadersResponse:
+        """A bulk preferred election, a work budget of partitions per event: each piece is
+        its own event and commit, so heartbeats, AlterPartitions and describes go on in
+        between (as KRaft balances leaders), and what was elected before a failover stays
+        elected. Not charged to the mutation quota: it creates nothing (KIP-599 covers
+        CreateTopics, CreatePartitions and DeleteTopics)."""
+        image = self.controller.committed_image
+        if body.partitions is None:
+            plan = PartitionPlan(
+                tuple(
+                    (name, tuple(range(t.partitions)))
+                    for name, t in sorted(image.topics.items())
+                )
+            )
+        else:
+            grouped: dict[str, list[int]] = {}
+            for ref in body.partitions:
+                validation.int32(ref.partition, "partition")
+                grouped.setdefault(ref.topic, []).append(ref.partition)
+            plan = PartitionPlan(tuple((t, tuple(n)) for t, n in grouped.items()))
+        budget = self.work_budget or WORK_BUDGET
+        total = ElectPreferredLeadersResponse()
+        while not plan.done:
+            groups, plan = plan.take_groups(budget)
+            piece = await self.controller.submit(ElectPreferredGroup(tuple(groups)))
+            assert isinstance(piece, ElectPreferredLeadersResponse)
+            total = add_up(total, piece)
+        return total
 
     async def _delete_topics(self, body: DeleteTopicsRequest) -> DeleteTopicsResponse:
         """Each topic alone, in order (Kafka's per-topic errors); the log failing fails

@@ -30,6 +30,7 @@ from protocol.messages import (
     DescribeConfigsRequest,
     DescribeFeaturesRequest,
     ElectLeader,
+    ElectPreferredLeaders,
     ErrorResponse,
     FetchMetadataRequest,
     GetReplicaLogInfoRequest,
@@ -81,6 +82,7 @@ REASSIGN = AlterPartitionReassignments(
     reassignments=[Reassignment(topic="t", partition=0, replicas=[2])]
 )
 UNREGISTER = UnregisterBroker(broker_id=2)
+ELECT_ALL = ElectPreferredLeaders()
 NOT_FOR_THE_CONTROLLER: tuple[Message, ...] = (
     GetReplicaLogInfoRequest(broker_id=1, broker_epoch=1, partitions=[ReplicaRef("demo", 0)]),
     ReplicaFetchRequest(
@@ -114,6 +116,7 @@ RULES: list[tuple[Message, str, frozenset[str], type[Exception]]] = [
     (REASSIGN, "alter_reassignments", frozenset({ADMIN_P}), ClusterAuthorizationFailedError),
     # An admin unregisters broker 2, never broker-2 itself (nor any broker).
     (UNREGISTER, "unregister_broker", frozenset({ADMIN_P}), ClusterAuthorizationFailedError),
+    (ELECT_ALL, "elect_preferred", frozenset({ADMIN_P}), ClusterAuthorizationFailedError),
     (
         DescribeConfigsRequest(resource_type="topic", resource_name="t"),
         "describe_configs",

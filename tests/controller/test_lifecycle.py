@@ -791,3 +791,34 @@ def test_a_removal_only_reassignment_completes_once_the_target_is_back_in_sync()
     assert (p.replicas, p.adding, p.removing, p.isr) == ((1, 2), (), (), frozenset({1, 2}))
     assert not c.image.reassigning
     consistent(c)
+
+
+def test_a_bulk_preferred_election_piece() -> None:
+    from controller.core.lifecycle import ElectPreferredGroup, add_up
+    from protocol.messages import ElectPreferredLeadersResponse
+
+    c = Cluster()
+    c.start(1, 2, 3)
+    c.create("t", assignments=[[1, 2], [2, 1], [3, 1], [1, 3]], min_isr=1)
+    c.fence(1)  # t-0 and t-3 move to 2 and 3
+    c.restart(1, clean=True)
+    c.alter([1, 2], partition=0)  # 1 back in t-0's ISR only
+    r = c.submit(ElectPreferredGroup((("t", (0, 1, 2, 3, 9)), ("nope", (0,)))))
+    answer = r.response
+    assert isinstance(answer, ElectPreferredLeadersResponse)
+    assert (answer.elected, answer.not_needed, answer.not_available, answer.unknown) == (
+        1,
+        2,
+        1,
+        2,
+    )
+    assert [(f.topic, f.partition, f.error_code) for f in answer.failures] == [
+        ("t", 3, "PREFERRED_LEADER_NOT_AVAILABLE"),
+        ("t", 9, "UNKNOWN_TOPIC_OR_PARTITION"),
+        ("nope", 0, "UNKNOWN_TOPIC_OR_PARTITION"),
+    ]
+    assert c.p("t", 0).leader == 1
+    total = add_up(answer, answer)
+    assert (total.elected, total.unknown, len(total.failures)) == (2, 4, 6)
+    many = ElectPreferredLeadersResponse(failures=answer.failures * 40)
+    assert len(add_up(many, many).failures) == 100  # the first failures, capped

@@ -17,6 +17,7 @@ from protocol.codec import parse_address
 from protocol.messages import (
     AlterConfigs,
     AlterConfigsResponse,
+    AlterPartition,
     AlterPartitionReassignments,
     AlterPartitionReassignmentsResponse,
     CreatePartitions,
@@ -34,7 +35,10 @@ from protocol.messages import (
     DescribeFeaturesRequest,
     DescribeFeaturesResponse,
     ElectLeader,
+    ElectPreferredLeaders,
+    ElectPreferredLeadersResponse,
     FenceBroker,
+    IsrMember,
     ListPartitionReassignmentsRequest,
     ListPartitionReassignmentsResponse,
     Reassignment,
@@ -201,6 +205,49 @@ async def test_the_last_unclean_recovery_shows_after_a_restart(tmp_path: Path) -
         d = await conn.request(DescribeClusterRequest(topic="t", recoveries_within_ms=0))
         assert isinstance(d, DescribeClusterResponse)
         assert d.partitions[0].last_unclean_recovery is None
+    finally:
+        await conn.close()
+        await svc.stop()
+
+
+async def test_a_bulk_preferred_election_in_pieces_over_the_wire(tmp_path: Path) -> None:
+    """ElectPreferredLeaders of every partition: the service cuts it into work-budget
+    pieces, each its own event and commit, and sums their answers."""
+    svc = ControllerService(tmp_path, "127.0.0.1:0", config=LONG, work_budget=3)
+    await svc.start()
+    conn = await RpcClient.open(*parse_address(svc.address))
+    try:
+        for b in (1, 2):
+            await register(conn, b, f"i{b}")
+        await create(conn, "t", assignments=[[1, 2]] * 5 + [[2, 1]] * 2, min_isr=1)
+        await svc.controller.submit(FenceBroker(broker_id=1))
+        await register(conn, 1, "i1-again")  # back, not in the ISRs yet
+        before = svc.controller.committed_image.end_offset
+        r = await conn.request(ElectPreferredLeaders())
+        assert isinstance(r, ElectPreferredLeadersResponse)
+        assert (r.elected, r.not_needed, r.not_available) == (0, 2, 5)
+        assert svc.controller.committed_image.end_offset == before  # nothing to write
+        # Back in the ISRs (as their leader would report it): every one moves back.
+        image = svc.controller.committed_image
+        for i in range(5):
+            p = image.partitions[("t", i)]
+            await svc.controller.submit(
+                AlterPartition(
+                    topic="t",
+                    partition=i,
+                    leader=2,
+                    broker_epoch=image.brokers[2].epoch,
+                    partition_epoch=p.partition_epoch,
+                    isr=[
+                        IsrMember(broker_id=b, broker_epoch=image.brokers[b].epoch) for b in (1, 2)
+                    ],
+                )
+            )
+        r = await conn.request(ElectPreferredLeaders())
+        assert isinstance(r, ElectPreferredLeadersResponse)
+        assert (r.elected, r.not_needed, r.not_available, r.failures) == (5, 2, 0, [])
+        leaders = [svc.controller.committed_image.partitions[("t", i)].leader for i in range(7)]
+        assert leaders == [1] * 5 + [2] * 2
     finally:
         await conn.close()
         await svc.stop()
