@@ -42,6 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--data-dir", type=Path, required=True, help="directory for replicas and state files"
     )
     parser.add_argument(
+        "--cluster-id",
+        default=None,
+        help="refuse a data directory of another cluster (its meta.properties); a directory "
+        "not yet told its cluster records this id (default: accept the directory's)",
+    )
+    parser.add_argument(
         "--listen",
         default="127.0.0.1:0",
         metavar="HOST:PORT",
@@ -155,6 +161,15 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, MetactlError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    # Storage identity (docs/operations.md): before anything reads the directory.
+    from brokers_stub.identity_check import check_broker_storage
+
+    try:
+        cluster_id = getattr(args, "cluster_id", None)
+        check_broker_storage(config.data_dir, broker_id=config.broker_id, cluster_id=cluster_id)
+    except (MetactlError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     if config.tls is None:
         structlog.get_logger("metactl.broker").warning(
             "TLS is off (--insecure): anyone may act as the controller or as another broker",

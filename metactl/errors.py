@@ -255,6 +255,50 @@ class InconsistentClusterIdError(LogError):
     code = "INCONSISTENT_CLUSTER_ID"
 
 
+class StorageIdentityError(LogError):
+    """A data directory's identity file (``meta.properties``, as Kafka's) cannot be used:
+    unreadable, of a version this metactl does not read, or of another kind of process
+    (a broker's directory given to a controller). Its subclasses name the other refusals
+    of `metactl storage` and of a process's start-up (docs/operations.md)."""
+
+    code = "INVALID_STORAGE_IDENTITY"
+
+
+class StorageNotFormattedError(StorageIdentityError):
+    """The directory has no identity and holds something that cannot be adopted (an
+    empty log file): run `metactl storage format`."""
+
+    code = "STORAGE_NOT_FORMATTED"
+
+
+class StorageAlreadyFormattedError(StorageIdentityError):
+    """`metactl storage format` on a formatted directory, without --ignore-formatted."""
+
+    code = "STORAGE_ALREADY_FORMATTED"
+
+
+class MetadataLogMissingError(StorageIdentityError):
+    """The identity says the metadata log was created, but it is missing or empty (a
+    deleted or truncated file, a wiped etcd prefix): starting would serve an empty cluster
+    over lost metadata."""
+
+    code = "METADATA_LOG_MISSING"
+
+
+class ReplicaDataMissingError(StorageIdentityError):
+    """A broker's replica directory is missing although its identity says it existed, or
+    a replica file is empty although the last shutdown was clean: the broker would claim
+    data it no longer has."""
+
+    code = "REPLICA_DATA_MISSING"
+
+
+class InconsistentNodeIdError(StorageIdentityError):
+    """The directory belongs to another node (its identity records another node id)."""
+
+    code = "INCONSISTENT_NODE_ID"
+
+
 class RecordDecodeError(LogError):
     """A record's bytes do not decode to a known record type."""
 

@@ -3,7 +3,9 @@ and errors map to the store's types.
 
 File format (schema version 1)::
 
-    meta(key TEXT PRIMARY KEY, value)      -- magic, schema_version, start_offset, created_ms
+    meta(key TEXT PRIMARY KEY, value)      -- magic, schema_version, start_offset, created_ms,
+                                           -- cluster_id (written by the controller's first
+                                           -- start: metadata_log.identity_check)
     batches(base_offset INTEGER PRIMARY KEY, last_offset, record_count, timestamp_ms,
             crc, payload BLOB)             -- payload = records.encode_batch(...)
     snapshots(snap_offset INTEGER PRIMARY KEY, timestamp_ms, crc, payload BLOB)

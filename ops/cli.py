@@ -109,6 +109,7 @@ COMMAND_MODULES = (
     "ops.events_cmds",
     "ops.cluster_cmds",
     "ops.certs_cmds",
+    "ops.storage_cmds",
     "ops.audit_cmds",
     "ops.simulate_cmds",
     "ops.data_cmds",

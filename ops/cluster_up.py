@@ -8,6 +8,11 @@ What it starts, each a child process in a process group of its own, its output i
   (one active, the others hot standbys, docs/ha.md); without, one controller on the
   SQLite log in ``DATA_DIR/controller``;
 * ``--brokers B`` brokers, given every controller's address;
+* before the first of them, on a first start, every controller's and broker's data
+  directory is formatted (`metactl storage format`, docs/operations.md): the cluster id
+  is the one the directories record, else the metadata log's (a cluster made before
+  storage identities), else a new random one, and every child is given it
+  (``--cluster-id``), so a directory of another cluster is refused;
 * the demo topic, once every broker is active.
 
 How it supervises:
@@ -51,10 +56,13 @@ from typing import IO, Any, Final
 
 from metactl.errors import (
     ClusterStartError,
+    InconsistentClusterIdError,
     InvalidConfigurationError,
     MetactlError,
+    MetadataLogMissingError,
     StoreUnavailableError,
 )
+from metadata_log.identity import IDENTITY_FILE
 from ops.certs import default_names, init_certs
 from ops.cli import EXIT_INTERRUPTED
 from ops.client import INSECURE, Security, call
@@ -145,6 +153,8 @@ class ClusterUp:
     metrics: list[str] = field(default_factory=list)
     security: Security = INSECURE
     certs: Path | None = None
+    cluster_id: str = ""  # set by start(): the directories' (docs/operations.md)
+    formatted: list[str] = field(default_factory=list)  # directories formatted by start()
     _lock: int | None = None
 
     @property
@@ -240,11 +250,13 @@ class ClusterUp:
                 bad = next((c for c in self.children if c.proc.poll() is not None), None)
                 error = self._failed(bad, "exited") if bad else ClusterStartError(exc.message)
                 raise error from None
-            log_flags = ["--metadata-log", self.etcd.url("metactl"), "--cluster-id", "local"]
+            log_flags = ["--metadata-log", self.etcd.url("metactl")]
+        self.cluster_id = self.format_storage()
+        log_flags += ["--cluster-id", self.cluster_id]
         for i in range(s.controllers):
             listen, metrics = _port_plus(s.listen, i), _port_plus(s.metrics, i)
             name = "controller" if s.controllers == 1 else f"controller {i + 1}"
-            data = self.data / ("controller" if s.controllers == 1 else f"controller-{i + 1}")
+            data = self.controller_dir(i)
             self.spawn(
                 name,
                 "controller",
@@ -262,10 +274,98 @@ class ClusterUp:
                 f"broker {b}",
                 "broker",
                 [py, "-m", "brokers_stub", "--id", str(b), "--controller", self.bootstrap,
-                 "--data-dir", str(self.data / f"broker-{b}"), *flags],
+                 "--data-dir", str(self.broker_dir(b)), "--cluster-id", self.cluster_id, *flags],
             )  # fmt: skip
         for c in [c for c in self.children if c.kind == "broker"]:
             self.await_ready(c)
+
+    def controller_dir(self, i: int) -> Path:
+        single = self.settings.controllers == 1
+        return self.data / ("controller" if single else f"controller-{i + 1}")
+
+    def broker_dir(self, broker_id: int) -> Path:
+        return self.data / f"broker-{broker_id}"
+
+    def format_storage(self) -> str:
+        """The cluster's id, with every controller's and broker's directory formatted
+        (`metactl storage format`) on a first start: the id the directories already
+        record, else the metadata log's (a cluster from before storage identities), else
+        a new random one. Directories of several clusters are INCONSISTENT_CLUSTER_ID."""
+        from metadata_log.identity import read_identity
+        from ops.storage_cmds import format_directories
+
+        s = self.settings
+        controllers = [self.controller_dir(i) for i in range(s.controllers)]
+        brokers = {b: self.broker_dir(b) for b in range(1, s.brokers + 1)}
+        recorded: dict[str, list[str]] = {}
+        for d in [*controllers, *brokers.values()]:
+            identity = read_identity(d)
+            if identity is not None and identity.cluster_id is not None:
+                recorded.setdefault(identity.cluster_id, []).append(d.name)
+        if len(recorded) > 1:
+            raise InconsistentClusterIdError(
+                f"the directories in {self.data} belong to several clusters: "
+                + "; ".join(f"{c!r}: {', '.join(ds)}" for c, ds in sorted(recorded.items()))
+            )
+        cluster_id = next(iter(recorded), None) or self._log_cluster_id()
+        if recorded and not s.etcd:
+            self._refuse_a_lost_controller_log(controllers[0], brokers, cluster_id)
+        formatted: list[str] = []
+        for i, d in enumerate(controllers):
+            node = f"c{i + 1}" if s.etcd else None
+            done = format_directories(
+                [d], cluster_id=cluster_id, node_id=node, ignore_formatted=True
+            )
+            cluster_id = done[0].identity.cluster_id
+            formatted += [f.data_dir.name for f in done if f.written]
+        assert cluster_id is not None
+        for b, d in brokers.items():
+            done = format_directories(
+                [d], cluster_id=cluster_id, node_id=str(b), ignore_formatted=True
+            )
+            formatted += [f.data_dir.name for f in done if f.written]
+        self.formatted = formatted
+        return cluster_id
+
+    def _refuse_a_lost_controller_log(
+        self, controller: Path, brokers: dict[int, Path], cluster_id: str | None
+    ) -> None:
+        """The controller's directory empty (no identity, no log) while brokers ran in
+        this cluster: its metadata log is lost (a wiped directory), and formatting it
+        anew would give the brokers an empty cluster under the old id. Refused, as Kafka
+        refuses an unformatted directory; `storage format` does it on purpose."""
+        from metadata_log.identity import read_identity
+        from metadata_log.identity_check import inspect_sqlite_log
+        from metadata_log.sqlite_format import LOG_FILE_NAME
+
+        if read_identity(controller) is not None:
+            return
+        if inspect_sqlite_log(controller / LOG_FILE_NAME).kind != "absent":
+            return
+        ran = [
+            d.name
+            for d in brokers.values()
+            if (identity := read_identity(d)) is not None and identity.log_created
+        ]
+        if ran:
+            raise MetadataLogMissingError(
+                f"{controller} holds no metadata log and no {IDENTITY_FILE}, but "
+                f"{', '.join(ran)} ran in cluster {cluster_id!r}: the cluster's metadata "
+                f"is lost. Restore {controller}; to start an empty cluster for these "
+                f"brokers on purpose, run `metactl storage format --data-dir {controller} "
+                f"--cluster-id {cluster_id}` first"
+            )
+
+    def _log_cluster_id(self) -> str | None:
+        """The cluster id the metadata log records, if it exists and records one."""
+        if self.etcd is not None:
+            from ops.storage_cmds import etcd_log_info
+
+            return asyncio.run(etcd_log_info(self.etcd.url("metactl"))).get("cluster_id")
+        from metadata_log.identity_check import inspect_sqlite_log
+        from metadata_log.sqlite_format import LOG_FILE_NAME
+
+        return inspect_sqlite_log(self.controller_dir(0) / LOG_FILE_NAME).cluster_id
 
     async def create_demo_topic(self) -> str:
         s = self.settings
@@ -436,9 +536,12 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             else f"{settings.controllers} controllers {up.bootstrap} "
             f"on a {settings.etcd}-member etcd"
         )
+        formatted = f"; formatted {', '.join(up.formatted)}" if up.formatted else ""
         print(
             f"metactl cluster up: {where}, {settings.brokers} brokers, "
             f"topic {settings.topic} {topic}\n"
+            f"  storage:  cluster.id {up.cluster_id}{formatted}  (metactl storage info "
+            f"--data-dir {up.controller_dir(0)})\n"
             + how_to(settings.data_dir, up.bootstrap, up.metrics[0], up.certs, up.etcd)
             + f"  pids:     {pids}\nCtrl-C stops everything cleanly. Events follow:",
             flush=True,

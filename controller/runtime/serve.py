@@ -5,6 +5,12 @@ stops the service cleanly: in-flight commits finish and the log is closed. Mutua
 on unless `--insecure` (certificates from `--tls-dir`, `$METACTL_TLS_DIR` or
 `<data-dir>/certs`; the shared flags of `protocol.flags`), for the listener, the calls to
 brokers and `/metrics`.
+
+Before the log is opened, the data directory's identity (``meta.properties``) is checked
+against it (`metadata_log.identity_check`): another cluster's directory, or a log that is
+missing or empty although the identity says it was created, fails the start with a named
+error and exit 1; a directory without identity is formatted (no log in it) or adopted (a
+log from an earlier version). docs/operations.md, Storage identity.
 """
 
 from __future__ import annotations
@@ -137,8 +143,9 @@ def add_ha_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cluster-id",
         default=None,
-        help="refuse a log that belongs to another cluster; a new etcd log takes this id "
-        "(default: accept the log's id; a new log gets a random one)",
+        help="refuse a data directory (its meta.properties) or a log that belongs to "
+        "another cluster; a new directory and a new log take this id (default: accept the "
+        "directory's or the log's id; a new cluster gets a random one)",
     )
     p.add_argument(
         "--lease-ttl-s",

@@ -388,7 +388,7 @@ class ControllerService:
                 await asyncio.sleep(STORAGE_REOPEN_BACKOFF_S)
                 where = self.metadata_log if self.metadata_log is not None else self.data_dir
                 try:
-                    reopened = await open_store(where)
+                    reopened = await open_store(where, create=False)  # a log gone is not a new one
                 except MetactlError as exc:
                     error = exc
                     log.warning(
@@ -563,8 +563,7 @@ class ControllerService:
         if body.partitions is None:
             plan = PartitionPlan(
                 tuple(
-                    (name, tuple(range(t.partitions)))
-                    for name, t in sorted(image.topics.items())
+                    (name, tuple(range(t.partitions))) for name, t in sorted(image.topics.items())
                 )
             )
         else:

@@ -83,3 +83,22 @@ async def test_a_log_that_cannot_be_reopened_fails_the_service(tmp_path: Path) -
     finally:
         await conn.close()
         await svc.stop()
+
+
+async def test_a_log_deleted_while_serving_is_not_reopened_as_a_new_one(tmp_path: Path) -> None:
+    svc = ControllerService(tmp_path, "127.0.0.1:0", config=ControllerConfig())
+    await svc.start()
+    conn = await RpcClient.open(*parse_address(svc.address), retry=NO_RETRY)
+    try:
+        await register(conn, 1)
+        (tmp_path / LOG_FILE_NAME).rename(tmp_path / "moved-away.sqlite")
+        await make_read_only(svc)
+        with pytest.raises(StorageError):
+            await register(conn, 2)
+        async with asyncio.timeout(30):
+            await svc.failed.wait()
+        assert svc.storage_failure is not None
+        assert not (tmp_path / LOG_FILE_NAME).exists()  # no empty cluster was created
+    finally:
+        await conn.close()
+        await svc.stop()
