@@ -100,10 +100,11 @@ class CreateTopicSlice(msgspec.Struct, frozen=True, gc=False):
     partitions: int
     min_isr: int
     start: int
-    assignments: list[list[int]] | None = None
+    assignments: list[list[int]] | None = None  # explicit, from partition `first` on
     brokers: tuple[int, ...] = ()
     replication_factor: int = 0
     placed: tuple[list[list[int]], ...] = ()
+    first: int = 0  # the partition `assignments[0]` is for (add partitions: the old count)
 
 
 class BrokerOp(enum.Enum):
@@ -796,7 +797,7 @@ def create_topic_slice(
     if slice_partitions is not None:
         end = min(end, s.start + slice_partitions)
     if s.assignments is not None:
-        part = s.assignments[s.start : end]
+        part = s.assignments[s.start - s.first : end - s.first]
     elif placed is not None:
         part = placed
     else:

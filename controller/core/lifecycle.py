@@ -320,7 +320,7 @@ def create_partitions(
                 raise InvalidReplicaAssignmentError(f"partition {i}: unknown broker(s) {unknown}")
             if not any(image.is_active(r) for r in a):
                 raise InvalidReplicaAssignmentError(f"partition {i}: no active replica in {a}")
-        assignments: list[list[int]] | None = [[] for _ in range(t.partitions)] + explicit
+        assignments: list[list[int]] | None = explicit
     else:
         validation.check_replication_factor(rf, len(image.active))
         order = _broker_order(image)
@@ -334,6 +334,7 @@ def create_partitions(
         assignments=assignments,
         brokers=order,
         replication_factor=rf,
+        first=t.partitions,
     )
     grown = TopicRecord(
         name=t.name,
@@ -415,6 +416,18 @@ def reassign(
     adding = tuple(b for b in target if b not in original)
     removing = tuple(b for b in original if b not in target)
     full = target + removing
+    elr_on = image.elr_enabled(config.eligible_leader_replicas)
+    # Under the classic rules an ISR never empties: a move (or cancel) that would take
+    # every ISR member out of the assignment now (replicas being added that are the only
+    # ones in sync) is refused; bring a replica of the new assignment into the ISR first.
+    # (Kafka resets such an ISR to the original replicas and calls the revert unclean;
+    # refusing loses nothing.)
+    leaving = frozenset(p.replicas) - frozenset(full)
+    if not elr_on and p.isr and not frozenset(target) <= p.isr and p.isr <= leaving:
+        raise InvalidReplicaAssignmentError(
+            f"{r.topic}-{r.partition}: under the classic rules every ISR member "
+            f"({sorted(p.isr)}) would leave the assignment; the ISR cannot empty"
+        )
     change = move_replicas(
         image,
         p,
@@ -422,7 +435,7 @@ def reassign(
         adding,
         removing,
         configured_min_isr=image.topic_min_isr(p.topic, config.default_min_insync_replicas),
-        elr_enabled=image.elr_enabled(config.eligible_leader_replicas),
+        elr_enabled=elr_on,
     )
     return [] if change is None else [change]
 

@@ -272,6 +272,11 @@ def _restamped(
         image, v, reason=reason, target_isr=p.isr - leaving, broker=broker, elr_enabled=elr_enabled
     )
     isr = v.isr if change is None or change.isr is None else frozenset(change.isr)
+    if replicas is not None:
+        # A replica that leaves the assignment leaves the ISR, whatever the rules: under the
+        # classic rules build_change keeps an ISR that would empty (an unregistered last
+        # member stays, as in Kafka), but a non-replica in the ISR is never right.
+        isr -= leaving
     elr = (v.elr if change is None or change.elr is None else frozenset(change.elr)) - leaving
     lkelr = (
         v.last_known_elr

@@ -480,6 +480,15 @@ def queue_touched(
                 for tp in delta.partitions
                 if tp in offline or tp in notes or tp in pending or tp in wakes
             )
+    if delta.features:
+        # The rules changed (eligible.leader.replicas.version): every leaderless partition
+        # and every recovery pending under the old rules is looked at again (a budget at
+        # a time, as any backlog; an operator's rare change, so O(offline) once is fine).
+        known: dict[TopicPartition, None] = dict.fromkeys(image.offline)
+        if tracker is not None:
+            known.update(dict.fromkeys(tracker.pending))
+            known.update(dict.fromkeys(tracker.offline))
+        backlog = backlog.with_partitions(known)
     if delta.removed_topics and tracker is not None:
         # A deleted topic's recoveries and notes end: the next looks find them gone.
         gone = delta.removed_topics

@@ -822,3 +822,16 @@ def test_a_bulk_preferred_election_piece() -> None:
     assert (total.elected, total.unknown, len(total.failures)) == (2, 4, 6)
     many = ElectPreferredLeadersResponse(failures=answer.failures * 40)
     assert len(add_up(many, many).failures) == 100  # the first failures, capped
+
+
+def test_a_feature_change_queues_every_leaderless_partition() -> None:
+    from controller.core.step import touched
+    from metadata_image.replay import apply
+
+    c = Cluster()
+    c.start(1, 2)
+    c.create("t", assignments=[[1], [2]], min_isr=1)
+    c.fence(1)
+    assert ("t", 0) in c.image.offline
+    image, delta = apply(c.image, [FeatureLevelRecord(name=ELR_FEATURE, level=0)])
+    assert touched(image, delta) == frozenset({("t", 0)})

@@ -3,16 +3,25 @@
 The centrepiece is `ControllerMachine`, a Hypothesis state machine that drives random
 sequences of every controller action through the one event step
 (`controller.core.step.step`, which evaluates unclean recoveries after every event, as the
-driver does; virtual-time ticks are `Tick` events through the same step).
+driver does; virtual-time ticks are `Tick` events through the same step), the metadata
+lifecycle's included (issue 19: min.insync.replicas changes of a topic or of the cluster
+default, the ELR feature level, topic deletion and re-creation, added partitions, KIP-455
+reassignment with its completion and cancel, broker unregistration, the bootstrap records).
 Beside the image it keeps an independent model of the rules, written from the rule text
 rather than from the code, and checks after every step that
 
-* the image equals the model (brokers, and every partition's leader, ISR, ELR,
-  LastKnownELR, epochs and recovery state), and every response and error code is the one
-  the model predicts, in the documented validation order;
+* the image equals the model (brokers, topics with their ids and configs, the finalized
+  features and cluster configs, and every partition's replicas, adding and removing
+  replicas, MinISR, leader, ISR, ELR, LastKnownELR, epochs and recovery state), and every
+  response and error code is the one the model predicts, in the documented validation
+  order;
 * the invariants hold: ISR ∩ ELR = ∅; |ISR| >= MinISR ⇒ ELR = LastKnownELR = ∅; the
-  leader is an active ISR member or there is none; no fenced broker is in an ISR;
-  Unclean Exclusion; MinISR Recovery Quorum; and
+  leader is an active ISR member or there is none; only assigned replicas are in the
+  ISR, ELR or LastKnownELR, and only registered brokers in the ELR or LastKnownELR; no
+  fenced broker is in an ISR; Unclean Exclusion; MinISR Recovery Quorum; a reassignment's
+  shape (KIP-455: replicas = target + removing, adding ⊆ target); and 0 silent losses
+  through a reassignment: a replica being added is in no ISR, ELR or LastKnownELR until an
+  AlterPartition names it, and only an operator's election ever made one leader; and
 * replaying the whole log from scratch, or from a msgpack snapshot plus the records after
   it, gives the same image.
 
@@ -23,27 +32,42 @@ last two are the documented exception of section 5.1.2 (log inspection elects a 
 the controller cannot vouch for), so the property is restricted to that premise.
 
 MinISR Recovery Quorum, as checked: if a partition's ISR has had at least MinISR members
-since its creation, its last unclean recovery (or operator election) or its last
-ClearElrRecord, then whenever its ISR and ELR are both empty its LastKnownELR has at
-least MinISR members. (An unclean recovery starts a new history with an ISR of one; a
-ClearElrRecord, written when min.insync.replicas changes, voids the ELR by design.)
+since its creation, its last unclean recovery (or operator election), its last
+ClearElrRecord, the last ELR upgrade, or the last time a replica in its ISR, ELR or
+LastKnownELR left the assignment or unregistered, then whenever its ISR and ELR are both
+empty its LastKnownELR has at least MinISR members. (An unclean recovery starts a new
+history with an ISR of one; a ClearElrRecord, written when min.insync.replicas changes or
+ELR is downgraded, voids the ELR by design; a replica that leaves takes its guarantee.)
 
 The machine's controller settings are its class attribute `CONFIG`, and the model follows
 them: `test_properties_classic.py` runs the same machine under Kafka's classic rules
 (`eligible_leader_replicas=False`, with and without `unclean_leader_election`), which the
 model restates on its own (`Model.classic_change`, `elects_on_unfence`, `strategy_of`);
 there Unclean Exclusion and "no fenced broker is in an ISR" do not hold by design, and
-the classic machines check the classic invariants instead.
+the classic machines check the classic invariants instead. The ELR feature level switches
+either machine between the two sets of rules at run time; a partition whose state the
+other rules made is checked by the current rules' invariants once they hold for it
+(`Model.legacy`).
+
+`KNOWN_CORE_BUGS` names what the core does against a rule the model states; each has a
+strict xfail test at the end, and `test_lifecycle_planted.py` shows the machine catching a
+planted bug in each lifecycle rule.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import uuid
+from collections import Counter
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import msgspec
-from hypothesis import given, settings
+import pytest
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
@@ -59,19 +83,24 @@ from controller.core.handlers import (
     register_broker,
     unfence_broker,
 )
+from controller.core.lifecycle import Bootstrap
 from controller.core.partition_change import build_change, next_elr, remove_from_isrs
 from controller.core.recovery.policy import best_candidate
 from controller.core.recovery.tracker import RecoveryTracker
 from controller.core.step import ControllerState, Event, Rules, StepResult, Tick, settle
-from controller.core.work import WORK_BUDGET
+from controller.core.work import EVERYTHING, WORK_BUDGET
 from metactl.errors import MetactlError
 from metadata_image.image import EMPTY, ClusterImage, PartitionState, TopicPartition
 from metadata_image.replay import image_from_records, image_to_records, replay
 from metadata_image.snapshot import ImageSnapshot, from_snapshot, to_snapshot
 from metadata_log.records import (
+    ELR_FEATURE,
+    MIN_ISR_CONFIG,
     NO_LEADER,
+    BeginTransactionRecord,
     ChangeReason,
     ClearElrRecord,
+    ElectionKind,
     LeaderRecoveryState,
     MetadataRecord,
     PartitionChangeRecord,
@@ -80,22 +109,34 @@ from metadata_log.records import (
     UncleanRecoveryRecord,
 )
 from protocol.messages import (
+    Ack,
+    AlterConfigs,
+    AlterConfigsResponse,
     AlterPartition,
+    AlterPartitionReassignments,
+    AlterPartitionReassignmentsResponse,
     ControlledShutdown,
     ControlledShutdownResponse,
+    CreatePartitions,
     CreateTopic,
     CreateTopicResponse,
+    DeleteTopic,
+    DeleteTopicResponse,
     ElectLeader,
     FenceBroker,
     IsrMember,
     PartitionView,
+    Reassignment,
     RegisterBroker,
     RegisterBrokerResponse,
     ReplicaLogInfo,
     UnfenceBroker,
+    UnregisterBroker,
+    UpdateFeature,
+    UpdateFeatureResponse,
 )
 
-from .testkit import KNOWN_STRATEGIES, POLICIES
+from .testkit import KNOWN_STRATEGIES, POLICIES, Cluster
 
 CONTROLLER = settings.get_profile("metactl-controller")
 WINDOW = 1000
@@ -105,6 +146,25 @@ UNKNOWN_BROKER = 9
 MAX_TOPICS = 6
 STRATEGIES = (None, "balanced", "proactive", "manual")
 CONFIG = ControllerConfig(unclean_recovery_window_ms=WINDOW, unclean_recovery_strategy="balanced")
+
+# What the core does against a rule the model states (each found by this machine). While
+# a name is here the model follows the core on that point only, so that the machine keeps
+# checking everything else; each has a strict xfail test at the end
+# that starts passing once the core is fixed: then drop the name here.
+KNOWN_CORE_BUGS: frozenset[str] = frozenset(
+    # None open. Fixed after this machine found them: a feature-level change re-evaluated
+    # no recovery; an explicit add-partitions answer was padded with the existing
+    # partitions; under the classic rules a reassignment could leave unassigned replicas
+    # in the ISR; the ClearElr MinISR cap used the whole replica list; a removal-only
+    # reassignment never completed.
+)
+
+
+def note(text: str) -> None:
+    """`hypothesis.event` (statistics of what the examples reached), also callable when a
+    test drives the machine by hand."""
+    with contextlib.suppress(InvalidArgument):
+        event(text)
 
 
 # --- the model: the rules restated, independently of controller.core.partition_change -------------
@@ -124,9 +184,18 @@ class MBroker:
 
 
 @dataclass
+class MTopic:
+    topic_id: str
+    partitions: int
+    min_isr: int | None  # the topic's own min.insync.replicas; None: the cluster's
+    strategy: str | None  # as created; None: the controller's default
+
+
+@dataclass
 class MPartition:
     topic: str
     partition: int
+    # During a reassignment (KIP-455): the target first, then the replicas being removed.
     replicas: tuple[int, ...]
     min_isr: int
     isr: frozenset[int]
@@ -136,10 +205,20 @@ class MPartition:
     le: int = 0
     pe: int = 0
     recovering: bool = False
+    adding: tuple[int, ...] = ()
+    removing: tuple[int, ...] = ()
 
     @property
     def tp(self) -> TopicPartition:
         return (self.topic, self.partition)
+
+    @property
+    def target(self) -> tuple[int, ...]:
+        return tuple(r for r in self.replicas if r not in self.removing)
+
+    @property
+    def original(self) -> tuple[int, ...]:
+        return tuple(r for r in self.replicas if r not in self.adding)
 
 
 @dataclass
@@ -155,22 +234,38 @@ CLASSIC_UNCLEAN_ELECTION = "unclean_leader_election"
 
 
 class Model:
-    """The rules restated. `classic` selects Kafka's pre-KIP-966 rules
-    (`eligible_leader_replicas=False`), `unclean` its unclean leader election."""
+    """The rules restated. `classic` says whether Kafka's pre-KIP-966 rules apply: the
+    finalized eligible.leader.replicas.version if there is one (`feature`), else the
+    controller's `--eligible-leader-replicas`; `unclean` is its unclean leader election."""
 
-    def __init__(self, *, classic: bool = False, unclean: bool = False) -> None:
-        assert classic or not unclean  # the controller refuses the combination
-        self.classic = classic
-        self.unclean = unclean
+    def __init__(self, config: ControllerConfig) -> None:
+        self.config = config
+        self.unclean = config.unclean_leader_election
+        self.feature: int | None = None  # the finalized eligible.leader.replicas.version
+        self.cluster_min: int | None = None  # the dynamic cluster-default min.insync.replicas
         self.brokers: dict[int, MBroker] = {}
+        self.topics: dict[str, MTopic] = {}
         self.parts: dict[TopicPartition, MPartition] = {}
-        self.strategy: dict[str, str] = {}  # topic -> effective strategy
         self.pending: dict[TopicPartition, MPending] = {}
         # Leaderless partitions: when they lost their last leader.
         self.offline_since: dict[TopicPartition, int] = {}
         # Invariant bookkeeping.
         self.tainted: dict[TopicPartition, set[int]] = {}
         self.reached_min: dict[TopicPartition, bool] = {}
+        # Replicas an AlterPartition named in the ISR (or an operator elected) since they
+        # joined the assignment: only these may be in the ISR, ELR or LastKnownELR while
+        # a reassignment is adding them.
+        self.vouched: dict[TopicPartition, set[int]] = {}
+        # Partitions whose state was made under the other mode (ELR on/off): the mode's
+        # own invariants wait until the state satisfies them (`partition_invariants`).
+        self.legacy: set[TopicPartition] = set()
+        self.ids_seen: set[str] = set()  # every topic id ever given
+
+    @property
+    def classic(self) -> bool:
+        if self.feature is not None:
+            return self.feature == 0
+        return not self.config.eligible_leader_replicas
 
     def active(self, b: int) -> bool:
         m = self.brokers.get(b)
@@ -178,6 +273,41 @@ class Model:
 
     def hosted_by(self, b: int) -> list[MPartition]:
         return [p for p in self.parts.values() if b in p.replicas]
+
+    def of_topic(self, name: str) -> list[MPartition]:
+        return [self.parts[(name, i)] for i in range(self.topics[name].partitions)]
+
+    def configured_default(self) -> int:
+        """The cluster-default min.insync.replicas: the dynamic one, else the static one."""
+        if self.cluster_min is not None:
+            return self.cluster_min
+        return self.config.default_min_insync_replicas
+
+    def configured_min(self, topic: str) -> int:
+        """The topic's min.insync.replicas: its own, else the cluster default."""
+        own = self.topics[topic].min_isr
+        return own if own is not None else self.configured_default()
+
+    def add_partition(self, topic: str, i: int, a: list[int], configured: int) -> None:
+        """A new partition (create, add partitions): every active replica in the ISR, the
+        first active one leads, MinISR capped at the replication factor."""
+        isr = frozenset(r for r in a if self.active(r))
+        leader = next(r for r in a if self.active(r))
+        p = MPartition(topic, i, tuple(a), min(configured, len(a)), isr, leader)
+        self.parts[p.tp] = p
+        self.tainted[p.tp] = set()
+        self.reached_min[p.tp] = False
+        self.vouched[p.tp] = set()
+        self.note_isr(p)
+
+    def drop_topic(self, name: str) -> None:
+        for p in self.of_topic(name):
+            for book in (self.parts, self.pending, self.offline_since, self.tainted):
+                book.pop(p.tp, None)
+            self.reached_min.pop(p.tp, None)
+            self.vouched.pop(p.tp, None)
+            self.legacy.discard(p.tp)
+        del self.topics[name]
 
     # Rule 1 and rule 2, as the issue states them.
     def change(
@@ -187,17 +317,23 @@ class Model:
         *,
         excluded: frozenset[int] = EMPTY,
         recovered: bool = False,
+        leaving: frozenset[int] = EMPTY,
+        force: bool = False,
     ) -> bool:
+        """The ISR becomes `new_isr` (rule 1) and a valid leader is kept or elected (rule
+        2). `excluded` registered uncleanly (their ELR membership moves to the
+        LastKnownELR); `leaving` leave the partition's ISR, ELR, LastKnownELR and
+        leadership altogether (a reassignment drops them, or the broker unregistered)."""
         if self.classic:
-            return self.classic_change(p, new_isr, recovered=recovered)
+            return self.classic_change(p, new_isr, recovered=recovered, force=force)
         old = p.isr
-        elr = p.elr - excluded
-        lkelr = p.lkelr | (p.elr & excluded)
+        elr = p.elr - excluded - leaving
+        lkelr = (p.lkelr | (p.elr & excluded)) - leaving
 
         def rule1(n: frozenset[int]) -> tuple[frozenset[int], frozenset[int]]:
             if len(n) >= p.min_isr:
                 return EMPTY, EMPTY
-            return frozenset((elr | (old - n)) - n), frozenset(lkelr - n)
+            return frozenset((elr | (old - n)) - n - leaving), frozenset(lkelr - n)
 
         isr = new_isr
         new_elr, new_lkelr = rule1(isr)
@@ -210,18 +346,20 @@ class Model:
                 if leader != NO_LEADER:  # case B: from the ELR to the ISR, then rule 1
                     isr = frozenset({leader})
                     new_elr, new_lkelr = rule1(isr)
-        return self.apply(p, leader, isr, new_elr, new_lkelr, recovered=recovered)
+        return self.apply(p, leader, isr, new_elr, new_lkelr, recovered=recovered, force=force)
 
-    def classic_change(self, p: MPartition, new_isr: frozenset[int], *, recovered: bool) -> bool:
+    def classic_change(
+        self, p: MPartition, new_isr: frozenset[int], *, recovered: bool, force: bool = False
+    ) -> bool:
         """Kafka's classic rules: no ELR or LastKnownELR; an ISR that would become empty
         keeps its members (the last one stays, inactive, and the partition has no leader);
         a valid leader stays, else the first active ISR member in assignment order."""
-        isr = new_isr or p.isr
-        if p.leader in isr and self.active(p.leader):
+        isr = new_isr or frozenset(r for r in p.isr if r in p.replicas)
+        if p.leader in isr and p.leader in p.replicas and self.active(p.leader):
             leader = p.leader
         else:
             leader = next((r for r in p.replicas if r in isr and self.active(r)), NO_LEADER)
-        return self.apply(p, leader, isr, EMPTY, EMPTY, recovered=recovered)
+        return self.apply(p, leader, isr, EMPTY, EMPTY, recovered=recovered, force=force)
 
     def apply(
         self,
@@ -232,10 +370,12 @@ class Model:
         lkelr: frozenset[int],
         *,
         recovered: bool,
+        force: bool = False,
     ) -> bool:
-        """Write the change (if anything changes), bumping the epochs as a record does."""
+        """Write the change (if anything changes, or `force`: something else about the
+        partition did), bumping the epochs as a record does."""
         recovering = p.recovering and not recovered
-        if (leader, isr, elr, lkelr, recovering) == (
+        if not force and (leader, isr, elr, lkelr, recovering) == (
             p.leader,
             p.isr,
             p.elr,
@@ -274,15 +414,16 @@ class Model:
 
     def elects_on_unfence(self, p: MPartition, b: int) -> bool:
         """Rule 4: an unfenced broker is elected where it is in the ELR of a leaderless
-        partition (classic rules: in its ISR, where the last member stays)."""
-        return p.leader == NO_LEADER and b in (p.isr if self.classic else p.elr)
+        partition (classic rules: in its ISR, where the last member stays; after an
+        upgrade to ELR, a last ISR member kept by the classic rules is elected too)."""
+        return p.leader == NO_LEADER and b in (p.isr if self.classic else p.isr | p.elr)
 
     def strategy_of(self, p: MPartition) -> str | None:
         """The recovery strategy that applies to `p`: the topic's (KIP-966), the classic
         unclean election, or none (classic rules without it)."""
         if self.classic:
             return CLASSIC_UNCLEAN_ELECTION if self.unclean else None
-        return self.strategy[p.topic]
+        return self.topics[p.topic].strategy or self.config.unclean_recovery_strategy
 
     # Rule 7's triggers.
     def trigger(self, p: MPartition) -> bool:
@@ -299,13 +440,15 @@ class Model:
         return False
 
     def candidates(self, p: MPartition) -> frozenset[int]:
-        """Whose log a recovery of `p` asks for (the classic election asks nobody)."""
+        """Whose log a recovery of `p` asks for (the classic election asks nobody). A
+        replica a reassignment is adding is never one (it may not hold the acknowledged
+        records); the LastKnownELR holds only replicas that were in the ISR."""
         strategy = self.strategy_of(p)
         if strategy is None or strategy == CLASSIC_UNCLEAN_ELECTION:
             return EMPTY
         if strategy == "balanced":
             return p.lkelr
-        return frozenset(p.replicas)
+        return frozenset(p.replicas) - frozenset(p.adding)
 
     def valid_answers(self, tp: TopicPartition) -> dict[int, RecoveryCandidate]:
         return {
@@ -313,6 +456,85 @@ class Model:
             for b, a in self.pending[tp].answers.items()
             if b in self.brokers and self.brokers[b].epoch == a.broker_epoch
         }
+
+    # --- the lifecycle -----------------------------------------------------------------
+
+    def clear(self, p: MPartition, configured: int | None) -> None:
+        """KIP-966's clearing: the ELR and LastKnownELR go; with `configured` (a
+        min.insync.replicas change), the effective MinISR becomes it capped at the target
+        replication factor. The completeness history restarts (MinISR Recovery Quorum)."""
+        min_isr = p.min_isr if configured is None else min(configured, len(p.target))
+        if p.elr or p.lkelr or min_isr != p.min_isr:
+            p.elr, p.lkelr, p.min_isr = EMPTY, EMPTY, min_isr
+            p.pe += 1
+        self.reached_min[p.tp] = len(p.isr) >= p.min_isr
+
+    def switch_mode(self) -> None:
+        """ELR tracking stopped or started: every partition's state was made under the
+        other rules, and tracking starts afresh from the current ISRs."""
+        self.legacy = set(self.parts)
+        for p in self.parts.values():
+            self.reached_min[p.tp] = len(p.isr) >= p.min_isr
+
+    def move(
+        self,
+        p: MPartition,
+        target: tuple[int, ...],
+        adding: tuple[int, ...],
+        removing: tuple[int, ...],
+    ) -> bool:
+        """KIP-455: `p` reassigned to `target` (its replicas become the target, then the
+        replicas being removed); complete at once when every target replica is in the
+        ISR. A replica that leaves the assignment leaves the ISR, ELR, LastKnownELR and
+        leadership; the effective MinISR follows the target's replication factor."""
+        replicas = target + removing
+        if frozenset(target) <= p.isr:
+            replicas, adding, removing = target, (), ()
+        leaving = frozenset(p.replicas) - frozenset(replicas)
+        voided = leaving & (p.isr | p.elr | p.lkelr)
+        min_isr = min(self.configured_min(p.topic), len(target))
+        moved = (replicas, adding, removing, min_isr) != (
+            p.replicas,
+            p.adding,
+            p.removing,
+            p.min_isr,
+        )
+        # A lower MinISR keeps what a higher one guaranteed; a higher one starts afresh.
+        kept = self.reached_min[p.tp] and min_isr <= p.min_isr
+        p.replicas, p.adding, p.removing, p.min_isr = replicas, adding, removing, min_isr
+        self.reached_min[p.tp] = kept
+        changed = self.change(p, p.isr - leaving, leaving=leaving, force=moved)
+        if voided:  # MinISR Recovery Quorum: the history restarts without them
+            self.reached_min[p.tp] = False
+        self.note_isr(p)
+        self.vouched[p.tp] &= set(replicas)
+        self.tainted[p.tp] &= set(replicas)
+        return changed
+
+    def strands_isr(self, topic: str, number: int, target: list[int] | None) -> bool:
+        """Whether reassigning the partition to `target` (None: cancelling) under the
+        classic rules takes every ISR member out of the assignment (refused: the classic
+        ISR never empties)."""
+        p = self.parts.get((topic, number))
+        if not self.classic or p is None or not p.isr:
+            return False
+        if target is None:
+            leaving = frozenset(p.adding)
+        elif frozenset(target) <= p.isr:
+            return False
+        else:
+            leaving = frozenset(p.replicas) - frozenset(target) - frozenset(p.original)
+        return p.isr <= leaving
+
+    def unregister(self, b: int) -> None:
+        """KIP-966: an unregistered broker leaves every ISR, ELR and LastKnownELR (its
+        replicas stay assigned); every partition that names it gets a record."""
+        del self.brokers[b]
+        for p in self.hosted_by(b):
+            if b in p.isr | p.elr | p.lkelr:
+                self.change(p, p.isr - {b}, leaving=frozenset({b}), force=True)
+                # A recovery candidate is gone: MinISR Recovery Quorum's history restarts.
+                self.reached_min[p.tp] = len(p.isr) >= p.min_isr
 
 
 def model_best(p: MPartition, answers: list[RecoveryCandidate]) -> int | None:
@@ -322,6 +544,21 @@ def model_best(p: MPartition, answers: list[RecoveryCandidate]) -> int | None:
     top = max((a.last_leader_epoch, a.log_end_offset) for a in answers)
     tied = {a.broker_id for a in answers if (a.last_leader_epoch, a.log_end_offset) == top}
     return next(r for r in p.replicas if r in tied)
+
+
+def placement_order(image: ClusterImage) -> list[int]:
+    """The active brokers in the order placement stripes over: by id, and with more than
+    one rack, the racks alternating (their columns in rack-name order)."""
+    active = sorted(b.broker_id for b in image.brokers.values() if b.active)
+    columns: dict[str, list[int]] = {}
+    for b in active:
+        columns.setdefault(image.brokers[b].rack or "", []).append(b)
+    if len(columns) <= 1:
+        return active
+    order: list[int] = []
+    for row in itertools.zip_longest(*(columns[r] for r in sorted(columns))):
+        order.extend(b for b in row if b is not None)
+    return order
 
 
 def placement_ok(image: ClusterImage, assignments: list[list[int]], rf: int) -> None:
@@ -351,6 +588,8 @@ class ControllerMachine(RuleBasedStateMachine):
     # Partitions per event step (controller.core.work); the sliced machine below makes
     # every broker operation and creation a transaction of many slices.
     WORK_BUDGET: int | None = WORK_BUDGET
+    # Transactions seen, by the kind of event that opened them (see `commit`).
+    SLICED: ClassVar[Counter[str]] = Counter()
 
     def __init__(self) -> None:
         super().__init__()
@@ -360,13 +599,14 @@ class ControllerMachine(RuleBasedStateMachine):
         self.state = ControllerState(ClusterImage())
         self.log: list[MetadataRecord] = []
         self.now = 0
-        self.model = Model(
-            classic=not self.CONFIG.eligible_leader_replicas,
-            unclean=self.CONFIG.unclean_leader_election,
-        )
+        self.model = Model(self.CONFIG)
         self.snapshots: list[tuple[int, bytes]] = []
         self.incarnations = itertools.count(1)
         self.last: StepResult | None = None  # the last successful step, checked by evaluate
+        # Elections of a replica a reassignment is adding, from outside the ISR, ELR and
+        # LastKnownELR: (partition, replica, how); only an operator's may exist.
+        self.adding_elections: list[tuple[TopicPartition, int, ElectionKind | None]] = []
+        self.ids = (str(uuid.UUID(int=(7 << 64) + i)) for i in itertools.count(1))
 
     @property
     def image(self) -> ClusterImage:
@@ -396,6 +636,13 @@ class ControllerMachine(RuleBasedStateMachine):
                 bump = 1 if after.leader != before.leader else 0
                 assert after.leader_epoch == before.leader_epoch + bump
                 assert (r.leader is not None) == (after.leader != before.leader)
+                known = before.isr | before.elr | before.last_known_elr
+                if after.leader in before.adding and after.leader not in known:
+                    self.adding_elections.append((after.tp, after.leader, r.election))
+            elif isinstance(r, BeginTransactionRecord):
+                # Which operations ran as transactions of several slices (the sliced machine
+                # must reach each lifecycle continuation).
+                type(self).SLICED[r.name.split(" ")[0]] += 1
         assert image.same_state(replay(self.image, records))  # batching does not matter
         assert image.same_state(state.image)
         assert image.end_offset == state.image.end_offset
@@ -611,12 +858,12 @@ class ControllerMachine(RuleBasedStateMachine):
 
     # --- partitions -----------------------------------------------------------------------
 
-    @precondition(lambda self: len(self.model.strategy) < MAX_TOPICS)
+    @precondition(lambda self: len(self.model.topics) < MAX_TOPICS)
     @rule(
-        name=st.sampled_from(["t1", "t2", "t3", "bal", "bad name"]),
+        name=st.sampled_from(["t1", "t2", "t3", "bal", "pro", "bad name"]),
         partitions=st.one_of(st.none(), st.integers(0, 3)),
         rf=st.integers(0, 5),
-        min_isr=st.integers(0, 4),
+        min_isr=st.one_of(st.none(), st.integers(0, 4)),
         strategy=st.sampled_from((*STRATEGIES, "yolo")),
         explicit=st.one_of(
             st.none(),
@@ -626,6 +873,7 @@ class ControllerMachine(RuleBasedStateMachine):
                 max_size=3,
             ),
         ),
+        topic_id=st.sampled_from(["drawn", "drawn", "none", "taken"]),
     )
     def create(
         self,
@@ -633,9 +881,10 @@ class ControllerMachine(RuleBasedStateMachine):
         name: str,
         partitions: int | None,
         rf: int,
-        min_isr: int,
+        min_isr: int | None,
         strategy: str | None,
         explicit: list[list[int]] | None,
+        topic_id: str,
     ) -> None:
         self.do_create(
             name,
@@ -644,6 +893,7 @@ class ControllerMachine(RuleBasedStateMachine):
             min_isr=min_isr,
             strategy=strategy,
             explicit=explicit,
+            topic_id=topic_id,
         )
 
     def do_create(
@@ -652,11 +902,18 @@ class ControllerMachine(RuleBasedStateMachine):
         *,
         partitions: int | None,
         rf: int,
-        min_isr: int,
+        min_isr: int | None,
         strategy: str | None,
         explicit: list[list[int]] | None,
+        topic_id: str = "drawn",
     ) -> None:
+        """Rule 9. The topic id is drawn by the driver (here: a fresh one, or one already
+        taken), or derived when the caller has no randomness (None)."""
         m = self.model
+        taken = sorted(t.topic_id for t in m.topics.values())
+        tid = {"drawn": next(self.ids), "none": None, "taken": taken[0] if taken else None}[
+            topic_id
+        ]
         request = CreateTopic(
             name=name,
             partitions=partitions,
@@ -664,16 +921,18 @@ class ControllerMachine(RuleBasedStateMachine):
             assignments=explicit,
             min_isr=min_isr,
             recovery_strategy=strategy,
+            topic_id=tid,
         )
         n_active = sum(1 for b in m.brokers.values() if b.active)
+        configured = min_isr if min_isr is not None else m.configured_default()
         expected: str | None = None
         if name == "bad name":
             expected = "INVALID_TOPIC_EXCEPTION"
-        elif name in m.strategy:
+        elif name in m.topics:
             expected = "TOPIC_ALREADY_EXISTS"
         elif strategy is not None and strategy not in KNOWN_STRATEGIES:
             expected = "UNKNOWN_RECOVERY_POLICY"
-        elif min_isr < 1:
+        elif configured < 1:
             expected = "INVALID_CONFIG"
         elif explicit is not None:
             if not explicit:
@@ -694,28 +953,35 @@ class ControllerMachine(RuleBasedStateMachine):
             expected = "INVALID_PARTITIONS"
         elif rf < 1 or rf > n_active:
             expected = "INVALID_REPLICATION_FACTOR"
+        if expected is None and tid is not None and tid in taken:
+            expected = "TOPIC_ALREADY_EXISTS"  # the id is taken: the driver draws again
         # A min ISR above the RF is accepted, as in Kafka (effective: capped at the RF).
         result = self.attempt(request, expected)
         if result is None:
             return
         response = result.response
         assert isinstance(response, CreateTopicResponse)
+        if tid is not None:
+            assert response.topic_id == tid
+        else:  # derived: still never an id any topic had before
+            assert response.topic_id not in m.ids_seen
+        m.ids_seen.add(response.topic_id)
         if explicit is not None:
             assert response.assignments == explicit
         else:
             assert len(response.assignments) == (partitions or self.CONFIG.default_partitions)
             placement_ok(self.image, response.assignments, rf)
-        m.strategy[name] = strategy or self.CONFIG.unclean_recovery_strategy
+            order = placement_order(self.image)
+            assert response.assignments == [
+                [order[(i + j) % len(order)] for j in range(rf)]
+                for i in range(len(response.assignments))
+            ]
+        m.topics[name] = MTopic(response.topic_id, len(response.assignments), min_isr, strategy)
         for i, a in enumerate(response.assignments):
-            isr = frozenset(r for r in a if m.active(r))
-            leader = next(r for r in a if m.active(r))
-            p = MPartition(name, i, tuple(a), min(min_isr, len(a)), isr, leader)
-            m.parts[p.tp] = p
-            m.tainted[p.tp] = set()
-            m.reached_min[p.tp] = False
-            m.note_isr(p)
+            m.add_partition(name, i, a, configured)
         self.after_action()
 
+    @precondition(lambda self: self.model.parts)
     @rule(
         i=st.integers(0, 100),
         shape=st.sampled_from(["shrink", "expand", "any"]),
@@ -803,12 +1069,22 @@ class ControllerMachine(RuleBasedStateMachine):
         result = self.attempt(request, expected)
         if result is None:
             return
-        m.change(p, frozenset(target), recovered=recovered)
+        changed = m.change(p, frozenset(target), recovered=recovered)
         for r in target:
             m.tainted[p.tp].discard(r)
+        m.vouched[p.tp] |= target
+        if changed and (p.adding or p.removing) and frozenset(p.target) <= p.isr:
+            # KIP-455: every target replica is in the ISR: the reassignment completes, in a
+            # second record.
+            assert len(result.records) == 2, result.records
+            m.move(p, p.target, (), ())
+            note("reassignment completed by an AlterPartition")
+        else:
+            assert len(result.records) == int(changed)
         assert result.response == model_view(p)
         self.after_action()
 
+    @precondition(lambda self: self.model.parts)
     @rule(
         i=st.integers(0, 100),
         shape=st.sampled_from(["shrink", "expand"]),
@@ -827,6 +1103,7 @@ class ControllerMachine(RuleBasedStateMachine):
             recovered=recovered,
         )
 
+    @precondition(lambda self: self.model.parts)
     @rule(i=st.integers(0, 100), unknown=st.booleans())
     def elect_preferred(self, i: int, unknown: bool) -> None:
         p = self.pick_partition(i)
@@ -850,6 +1127,7 @@ class ControllerMachine(RuleBasedStateMachine):
         assert result.response == model_view(p)
         self.after_action()
 
+    @precondition(lambda self: self.model.parts)
     @rule(i=st.integers(0, 100), replica=st.one_of(st.none(), st.sampled_from((*BROKERS, 9))))
     def elect_unclean(self, i: int, replica: int | None) -> None:
         m = self.model
@@ -882,29 +1160,32 @@ class ControllerMachine(RuleBasedStateMachine):
         assert p.tp not in self.tracker.pending
         m.pending.pop(p.tp, None)
         m.recover(p, replica)
+        m.vouched[p.tp].add(replica)  # the operator's choice, logged as a potential loss
         self.after_action()
 
-    @rule(i=st.integers(0, 100), tick=st.booleans())
-    def clear_elr(self, i: int, tick: bool) -> None:
-        """min.insync.replicas changed: the topic's ELRs are cleared (ClearElrRecord), a
-        record no event produced: the state absorbs it, and the next step (a tick now, or
-        whatever event comes next) evaluates what it changed.
-
-        This voids the completeness guarantees MinISR Recovery Quorum rests on, so the
-        quorum's history restarts for the cleared partitions."""
+    @precondition(lambda self: self.model.topics)
+    @rule(
+        i=st.integers(0, 100), tick=st.booleans(), first=st.integers(0, 3), span=st.integers(0, 4)
+    )
+    def clear_elr(self, i: int, tick: bool, first: int, span: int) -> None:
+        """A ClearElrRecord no event produced (a range of one topic's partitions, MinISR
+        unchanged): the state absorbs it, and the next step (a tick now, or whatever event
+        comes next) evaluates what it changed. The controller writes the same record for
+        a min.insync.replicas change or an ELR downgrade (`alter_configs`,
+        `update_feature`)."""
         m = self.model
-        topic = sorted(m.strategy)[i % len(m.strategy)]
-        records: list[MetadataRecord] = [ClearElrRecord(topic=topic)]
+        topic = sorted(m.topics)[i % len(m.topics)]
+        end = None if span == 0 else first + span
+        records: list[MetadataRecord] = [ClearElrRecord(topic=topic, first=first, end=end)]
         was_queued = self.state.backlog
         state, _ = self.state.absorb(records)
         self.commit(records, state)
         changed = set()
-        for p in m.parts.values():
-            if p.topic == topic and (p.elr or p.lkelr):
-                p.elr, p.lkelr = EMPTY, EMPTY
-                p.pe += 1
-                m.reached_min[p.tp] = len(p.isr) >= p.min_isr
-                changed.add(p.tp)
+        for p in m.of_topic(topic):
+            if p.partition >= first and (end is None or p.partition < end):
+                if p.elr or p.lkelr:
+                    changed.add(p.tp)
+                m.clear(p, None)
         # What the next step must look at: every changed partition that is leaderless or
         # known to the recovery tracker (a led one without either has nothing to end).
         assert state.backlog.everything == was_queued.everything
@@ -922,6 +1203,448 @@ class ControllerMachine(RuleBasedStateMachine):
         if tick:
             self.attempt(Tick(), None)
             self.after_action()
+
+    # --- the lifecycle: configs, features, delete, add partitions, reassignment, unregister ----
+
+    @rule(
+        where=st.sampled_from(
+            [
+                "topic",
+                "topic",
+                "topic",
+                "cluster",
+                "cluster",
+                "cluster",
+                "unknown",
+                "bad",
+                "broker",
+                "other",
+            ]
+        ),
+        i=st.integers(0, 100),
+        op=st.sampled_from(["set", "set", "set", "delete", "both", "foreign", "none"]),
+        value=st.sampled_from(["same", "same", "1", "2", "3", "4", " 2", "0", "-1", "x"]),
+    )
+    def alter_configs(self, where: str, i: int, op: str, value: str) -> None:
+        """kafka-configs --alter of min.insync.replicas, of a topic or of the cluster
+        default. KIP-966: a topic's change clears that topic's ELRs and LastKnownELRs, a
+        cluster-default change (even to the same value) every topic's; each cleared
+        partition's MinISR becomes the new configured value capped at its target
+        replication factor."""
+        m = self.model
+        topics = sorted(m.topics)
+        resource_type, name = {
+            "topic": ("topic", topics[i % len(topics)] if topics else "zz"),
+            "cluster": ("broker", ""),
+            "unknown": ("topic", "zz"),
+            "bad": ("topic", "bad name"),
+            "broker": ("broker", "1"),
+            "other": ("cluster", ""),
+        }[where]
+        if value == "same":  # the value in force (for a topic: its own, else the default's)
+            if resource_type == "topic" and name in m.topics:
+                value = str(m.configured_min(name))
+            else:
+                value = str(m.configured_default())
+        set_configs: dict[str, str] = {}
+        delete_configs: list[str] = []
+        if op in ("set", "both"):
+            set_configs[MIN_ISR_CONFIG] = value
+        if op in ("delete", "both"):
+            delete_configs.append(MIN_ISR_CONFIG)
+        if op == "foreign":
+            set_configs["retention.ms"] = "1000"
+        request = AlterConfigs(
+            resource_type=resource_type,
+            resource_name=name,
+            set_configs=set_configs,
+            delete_configs=delete_configs,
+        )
+        number = value.strip().lstrip("-")
+        expected: str | None = None
+        if resource_type not in ("topic", "broker"):
+            expected = "INVALID_REQUEST"
+        elif name == "bad name":
+            expected = "INVALID_TOPIC_EXCEPTION"
+        elif op == "both":
+            expected = "INVALID_REQUEST"
+        elif op == "foreign":
+            expected = "INVALID_CONFIG"
+        elif op == "none":
+            expected = "INVALID_REQUEST"
+        elif op == "set" and (not number.isdigit() or int(value) < 1):
+            expected = "INVALID_CONFIG"
+        elif resource_type == "topic" and name not in m.topics:
+            expected = "UNKNOWN_TOPIC_OR_PARTITION"
+        elif resource_type == "broker" and name != "":
+            expected = "INVALID_REQUEST"
+        elif resource_type == "broker" and op == "delete":
+            expected = "INVALID_CONFIG"  # the cluster default cannot be deleted
+        result = self.attempt(request, expected)
+        if result is None:
+            return
+        new = int(value) if op == "set" else None
+        if resource_type == "topic":
+            m.topics[name].min_isr = new
+            cleared = [name]
+        else:
+            assert new is not None
+            m.cluster_min = new
+            cleared = topics
+        for t in cleared:
+            configured = m.configured_min(t)
+            for p in m.of_topic(t):
+                m.clear(p, configured)
+        assert result.response == AlterConfigsResponse(
+            resource_type=resource_type, resource_name=name, cleared_topics=len(cleared)
+        )
+        self.after_action()
+
+    @rule()
+    def reapply_cluster_default(self) -> None:
+        """The cluster default set to the value it has: KIP-966 still clears every
+        topic's ELR and LastKnownELR (an operator's way to void them all)."""
+        self.alter_configs(where="cluster", i=0, op="set", value="same")
+
+    @rule(
+        name=st.sampled_from([ELR_FEATURE, ELR_FEATURE, ELR_FEATURE, "metadata.version"]),
+        level=st.sampled_from([0, 1, 0, 1, 2, -1]),
+        upgrade_type=st.sampled_from(["upgrade", "downgrade"]),
+    )
+    def update_feature(self, name: str, level: int, upgrade_type: str) -> None:
+        """kafka-features: a downgrade of eligible.leader.replicas.version to 0 switches
+        to the classic rules and clears every ELR and LastKnownELR; an upgrade to 1
+        resumes KIP-966's rules from the current ISRs, changing nothing else."""
+        m = self.model
+        current = 0 if m.classic else 1
+        request = UpdateFeature(name=name, level=level, upgrade_type=upgrade_type)  # type: ignore[arg-type]
+        expected: str | None = None
+        if (
+            name != ELR_FEATURE
+            or not 0 <= level <= 1
+            or (upgrade_type == "upgrade" and level < current)
+            or (upgrade_type == "downgrade" and level > current)
+            or (level == 1 and m.unclean)
+        ):
+            expected = "INVALID_REQUEST"
+        result = self.attempt(request, expected)
+        if result is None:
+            return
+        cleared = 0
+        if m.feature == level:
+            assert result.records == []
+        else:
+            m.feature = level
+            if level != current:
+                if level == 0:
+                    for p in m.parts.values():
+                        m.clear(p, None)
+                    cleared = len(m.topics)
+                m.switch_mode()
+                note(f"ELR feature switched to {level}")
+                if "feature_change_evaluates_nothing" in KNOWN_CORE_BUGS:
+                    self.look_at_everything()
+        assert result.response == UpdateFeatureResponse(
+            name=name, level=level, cleared_topics=cleared
+        )
+        self.after_action()
+
+    def look_at_everything(self) -> None:
+        """Evaluate every leaderless partition and every recovery the tracker knows, at
+        once, as part of the step just taken (what the core should do when the rules
+        change under them; see KNOWN_CORE_BUGS)."""
+        first = self.last
+        assert first is not None
+        state = msgspec.structs.replace(self.state, backlog=EVERYTHING)
+        again = settle(state, Tick(), self.now, self.step_rules)
+        self.commit(again.records, again.state)
+        self.last = msgspec.structs.replace(
+            again,
+            records=first.records + again.records,
+            inspections=first.inspections + again.inspections,
+            recovery_records=first.recovery_records + len(again.records),
+        )
+
+    @rule()
+    def bootstrap(self) -> None:
+        """What a controller becoming active writes when the log holds neither: the ELR
+        level and the cluster-default min.insync.replicas from its static settings (they
+        change no rule's outcome)."""
+        m = self.model
+        result = self.attempt(Bootstrap(), None)
+        assert result is not None and result.response == Ack()
+        assert len(result.records) == (m.feature is None) + (m.cluster_min is None)
+        if m.feature is None:
+            m.feature = 0 if m.classic else 1
+        if m.cluster_min is None:
+            m.cluster_min = self.CONFIG.default_min_insync_replicas
+        self.after_action()
+
+    @rule(i=st.integers(0, 100), which=st.sampled_from(["known", "known", "unknown", "bad"]))
+    def delete_topic(self, i: int, which: str) -> None:
+        """kafka-topics --delete: the topic, its partitions, their pending recoveries and
+        everything the tracker noted go; a topic created again under the name is new."""
+        m = self.model
+        topics = sorted(m.topics)
+        name = {"known": topics[i % len(topics)] if topics else "zz", "unknown": "zz"}.get(
+            which, "bad name"
+        )
+        expected: str | None = None
+        if name == "bad name":
+            expected = "INVALID_TOPIC_EXCEPTION"
+        elif name not in m.topics:
+            expected = "UNKNOWN_TOPIC_OR_PARTITION"
+        result = self.attempt(DeleteTopic(name=name), expected)
+        if result is None:
+            return
+        assert result.response == DeleteTopicResponse(name=name, topic_id=m.topics[name].topic_id)
+        m.drop_topic(name)
+        self.after_action()
+
+    @precondition(lambda self: self.model.topics)
+    @rule(i=st.integers(0, 100), derived=st.booleans())
+    def recreate(self, i: int, derived: bool) -> None:
+        """A topic deleted and created again under its name is a different topic: a new
+        id (drawn by the driver, or derived without randomness) and no old state."""
+        name = sorted(self.model.topics)[i % len(self.model.topics)]
+        old = self.model.topics[name].topic_id
+        self.delete_topic(i, "known")
+        active = sum(1 for b in self.model.brokers.values() if b.active)
+        self.do_create(
+            name,
+            partitions=2,
+            rf=min(2, max(1, active)),
+            min_isr=None,
+            strategy=None,
+            explicit=None,
+            topic_id="none" if derived else "drawn",
+        )
+        if name in self.model.topics:
+            assert self.model.topics[name].topic_id != old
+
+    @rule(
+        i=st.integers(0, 100),
+        which=st.sampled_from(["known", "known", "known", "unknown", "bad"]),
+        more=st.sampled_from([1, 1, 2, 3, 0, -1, -5]),
+        explicit=st.one_of(
+            st.none(),
+            st.none(),
+            st.lists(
+                st.lists(st.sampled_from((*BROKERS, UNKNOWN_BROKER)), min_size=0, max_size=4),
+                min_size=0,
+                max_size=3,
+            ),
+        ),
+    )
+    def create_partitions(
+        self, i: int, which: str, more: int, explicit: list[list[int]] | None
+    ) -> None:
+        """kafka-topics --alter --partitions: the topic grows, its new partitions placed
+        as at create (striped over the active brokers from the new partition's index,
+        with the replication factor of its partition 0's target); a count that is not
+        larger is INVALID_PARTITIONS."""
+        m = self.model
+        topics = sorted(m.topics)
+        name = {"known": topics[i % len(topics)] if topics else "zz", "unknown": "zz"}.get(
+            which, "bad name"
+        )
+        t = m.topics.get(name)
+        current = t.partitions if t is not None else 1
+        count = current + more
+        if explicit is not None and more > 0 and len(explicit) < 3:  # (3: a count mismatch)
+            explicit = (explicit * more)[:more]
+        request = CreatePartitions(topic=name, count=count, assignments=explicit)
+        n_active = sum(1 for b in m.brokers.values() if b.active)
+        expected: str | None = None
+        rf = 0
+        if name == "bad name":
+            expected = "INVALID_TOPIC_EXCEPTION"
+        elif count < 1:
+            expected = "INVALID_PARTITIONS"
+        elif t is None:
+            expected = "UNKNOWN_TOPIC_OR_PARTITION"
+        elif count <= current:
+            expected = "INVALID_PARTITIONS"
+        elif explicit is not None:
+            if len(explicit) != more:
+                expected = "INVALID_REPLICA_ASSIGNMENT"
+            for a in explicit:
+                if (
+                    not a
+                    or len(set(a)) != len(a)
+                    or any(r not in m.brokers for r in a)
+                    or not any(m.active(r) for r in a)
+                ):
+                    expected = "INVALID_REPLICA_ASSIGNMENT"
+        else:
+            rf = len(m.parts[(name, 0)].target)
+            if rf > n_active:
+                expected = "INVALID_REPLICATION_FACTOR"
+        order = placement_order(self.image)
+        result = self.attempt(request, expected)
+        if result is None:
+            return
+        assert t is not None
+        if explicit is not None:
+            placed = explicit
+        else:
+            placed = [
+                [order[(k + j) % len(order)] for j in range(rf)] for k in range(current, count)
+            ]
+        response = result.response
+        assert isinstance(response, CreateTopicResponse)
+        assert (response.name, response.topic_id) == (name, t.topic_id)
+        answer = placed
+        if explicit is not None and "explicit_create_partitions_response_pads" in KNOWN_CORE_BUGS:
+            answer = [[] for _ in range(current)] + placed
+        assert response.assignments == answer, (response.assignments, answer)
+        if explicit is None:
+            placement_ok(self.image, placed, rf)
+        configured = m.configured_min(name)
+        for k, a in enumerate(placed, current):
+            m.add_partition(name, k, a, configured)
+        t.partitions = count
+        self.after_action()
+
+    @precondition(lambda self: self.model.parts)
+    @rule(
+        moves=st.lists(
+            st.tuples(
+                st.integers(0, 100),
+                st.one_of(
+                    st.none(),  # cancel
+                    st.lists(st.sampled_from(BROKERS), min_size=1, max_size=4, unique=True),
+                    st.lists(st.sampled_from(BROKERS), min_size=1, max_size=4, unique=True),
+                    st.lists(st.sampled_from((*BROKERS, UNKNOWN_BROKER)), max_size=3),
+                ),
+                st.booleans(),  # an unknown partition
+            ),
+            min_size=0,
+            max_size=3,
+        ),
+    )
+    def reassign(self, moves: list[tuple[int, list[int] | None, bool]]) -> None:
+        """kafka-reassign-partitions --execute / --cancel (KIP-455), each partition alone:
+        the replicas become the target then the original replicas not in it; the targets'
+        new ones are adding, the leaving ones removing. Complete at once if the target is
+        in the ISR; a cancel restores the original replicas."""
+        m = self.model
+        parts = sorted(m.parts)
+        named = [
+            (parts[i % len(parts)][0], parts[i % len(parts)][1] + (10 if unknown else 0), target)
+            for i, target, unknown in moves
+        ]
+        request = AlterPartitionReassignments(
+            reassignments=[Reassignment(topic=t, partition=n, replicas=r) for t, n, r in named]
+        )
+        if not named or len({(t, n) for t, n, _ in named}) < len(named):
+            self.attempt(request, "INVALID_REQUEST")
+            return
+        result = self.attempt(request, None)
+        assert result is not None
+        response = result.response
+        assert isinstance(response, AlterPartitionReassignmentsResponse)
+        outcomes: list[tuple[str, int, str | None]] = []
+        written = 0
+        for topic, number, target in named:
+            p = m.parts.get((topic, number))
+            code: str | None = None
+            if p is None:
+                code = "UNKNOWN_TOPIC_OR_PARTITION"
+            elif target is None:
+                if (p.adding or p.removing) and m.strands_isr(topic, number, None):
+                    code = "INVALID_REPLICA_ASSIGNMENT"  # classic: the ISR cannot empty
+                elif p.adding or p.removing:
+                    written += m.move(p, p.original, (), ())
+                    note("reassignment cancelled")
+                else:
+                    code = "NO_REASSIGNMENT_IN_PROGRESS"
+            elif (
+                not target
+                or len(set(target)) != len(target)
+                or any(r not in m.brokers for r in target)
+            ):
+                code = "INVALID_REPLICA_ASSIGNMENT"
+            elif (tuple(target) != p.replicas or p.adding or p.removing) and m.strands_isr(
+                topic, number, target
+            ):
+                code = "INVALID_REPLICA_ASSIGNMENT"  # classic: the ISR cannot empty
+            elif tuple(target) != p.replicas or p.adding or p.removing:
+                original = p.original
+                adding = tuple(r for r in target if r not in original)
+                removing = tuple(r for r in original if r not in target)
+                written += m.move(p, tuple(target), adding, removing)
+                if p.adding or p.removing:
+                    note("reassignment in progress")
+            outcomes.append((topic, number, code))
+        assert [(r.topic, r.partition, r.error_code) for r in response.results] == outcomes
+        assert len(result.records) == written + (
+            len([r for r in result.records if isinstance(r, BeginTransactionRecord)]) * 2
+        )
+        self.after_action()
+
+    def reassigning(self) -> list[MPartition]:
+        return [p for _, p in sorted(self.model.parts.items()) if p.adding or p.removing]
+
+    @precondition(lambda self: any(p.leader != NO_LEADER for p in self.reassigning()))
+    @rule(i=st.integers(0, 100), recovered=st.booleans(), first_only=st.booleans())
+    def catch_up(self, i: int, recovered: bool, first_only: bool) -> None:
+        """The replicas a reassignment adds have copied the log: the leader names the
+        active ones (or the first of them) in the ISR, which completes the reassignment
+        if that covers the target."""
+        led = [p for p in self.reassigning() if p.leader != NO_LEADER]
+        p = led[i % len(led)]
+        everyone_led = sorted(tp for tp, x in self.model.parts.items() if x.leader != NO_LEADER)
+        self.alter(
+            i=everyone_led.index(p.tp),
+            shape="expand",
+            pick=list(p.adding[:1] if first_only else p.adding),
+            sender="leader",
+            faults=frozenset(),
+            with_leader_epoch=True,
+            recovered=recovered,
+        )
+
+    @precondition(lambda self: self.reassigning())
+    @rule(i=st.integers(0, 100))
+    def cancel(self, i: int) -> None:
+        """kafka-reassign-partitions --cancel of a reassignment in progress."""
+        p = self.reassigning()[i % len(self.reassigning())]
+        self.reassign([(sorted(self.model.parts).index(p.tp), None, False)])
+
+    @rule(b=st.sampled_from((*BROKERS, UNKNOWN_BROKER)))
+    def unregister(self, b: int) -> None:
+        """kafka-cluster unregister: a fenced broker's registration goes and it leaves
+        every ISR, ELR and LastKnownELR; its replicas stay assigned, and registering the
+        id again is a first registration of a broker that hosts replicas (unclean)."""
+        m = self.model
+        request = UnregisterBroker(broker_id=b)
+        if b not in m.brokers:
+            self.attempt(request, "BROKER_ID_NOT_REGISTERED")
+            return
+        if not m.brokers[b].fenced:
+            self.attempt(request, "INVALID_REQUEST")
+            return
+        result = self.attempt(request, None)
+        assert result is not None and result.response == Ack()
+        m.unregister(b)
+        self.after_action()
+
+    @rule(b=st.sampled_from(BROKERS))
+    def retire(self, b: int) -> None:
+        """An operator retires a broker: moves every partition off it, stops it (its
+        session expires) and unregisters it."""
+        m = self.model
+        for p in sorted(m.hosted_by(b), key=lambda p: p.tp):
+            target = [r for r in p.target if r != b]
+            spare = [r for r in BROKERS if m.active(r) and r not in p.replicas]
+            if spare:
+                target.append(spare[0])
+            if target:
+                self.reassign([(sorted(m.parts).index(p.tp), target, False)])
+        if b in m.brokers:
+            self.fence(b)
+        self.unregister(b)
 
     # --- unclean recovery: answers and time ------------------------------------------------
 
@@ -949,6 +1672,7 @@ class ControllerMachine(RuleBasedStateMachine):
             if tp in self.model.pending:  # an earlier answer may have ended its recovery
                 self.do_answer(tp, b, epoch, *logs[b % len(logs)])
 
+    @precondition(lambda self: self.model.parts)
     @rule(
         i=st.integers(0, 100),
         b=st.sampled_from((*BROKERS, UNKNOWN_BROKER)),
@@ -1042,8 +1766,9 @@ class ControllerMachine(RuleBasedStateMachine):
             valid = m.valid_answers(tp)
             due: int | None = None
             if strategy == CLASSIC_UNCLEAN_ELECTION:
-                # At once, without inspection: the first active replica in assignment order.
-                due = next((r for r in p.replicas if m.active(r)), None)
+                # At once, without inspection: the first active replica in assignment order
+                # that a reassignment is not adding.
+                due = next((r for r in p.replicas if m.active(r) and r not in p.adding), None)
             elif strategy == "balanced":
                 members = p.lkelr
                 if members and members <= set(valid):
@@ -1053,7 +1778,7 @@ class ControllerMachine(RuleBasedStateMachine):
             else:
                 assert strategy == "proactive"
                 if self.now >= pr.window_start + WINDOW:
-                    usable = [a for b, a in valid.items() if b in p.replicas and m.active(b)]
+                    usable = [a for b, a in valid.items() if b in m.candidates(p) and m.active(b)]
                     due = model_best(p, usable)
                     if due is None:
                         pr.window_start = self.now
@@ -1145,10 +1870,23 @@ class ControllerMachine(RuleBasedStateMachine):
                 mb.cs,
             )
             assert ib.last_registration_clean == mb.clean
+        image = self.image
+        assert {
+            n: (t.topic_id, t.partitions, t.min_isr, t.recovery_strategy)
+            for n, t in image.topics.items()
+        } == {n: (t.topic_id, t.partitions, t.min_isr, t.strategy) for n, t in m.topics.items()}
+        assert dict(image.topic_ids) == {t.topic_id: n for n, t in m.topics.items()}
+        assert dict(image.features) == ({} if m.feature is None else {ELR_FEATURE: m.feature})
+        assert dict(image.cluster_configs) == (
+            {} if m.cluster_min is None else {MIN_ISR_CONFIG: str(m.cluster_min)}
+        )
+        assert image.elr_enabled(self.CONFIG.eligible_leader_replicas) == (not m.classic)
+        assert set(image.reassigning) == {tp for tp, p in m.parts.items() if p.adding or p.removing}
         assert set(self.image.partitions) == set(m.parts)
         for tp, mp in m.parts.items():
             p = self.image.partitions[tp]
-            assert (p.replicas, p.min_isr) == (mp.replicas, mp.min_isr)
+            assert (p.replicas, p.min_isr) == (mp.replicas, mp.min_isr), tp
+            assert (p.adding, p.removing) == (mp.adding, mp.removing), tp
             assert (p.leader, p.isr, p.elr, p.last_known_elr) == (
                 mp.leader,
                 mp.isr,
@@ -1163,7 +1901,8 @@ class ControllerMachine(RuleBasedStateMachine):
         """The invariants common to both modes, and KIP-966's own unless the machine runs
         the classic rules (whose machines check theirs instead)."""
         image = self.image
-        kip966 = not self.model.classic
+        m = self.model
+        kip966 = not m.classic
         for tp, p in image.partitions.items():
             assert not p.isr & p.elr
             assert not p.isr & p.last_known_elr
@@ -1173,16 +1912,23 @@ class ControllerMachine(RuleBasedStateMachine):
             if p.leader != NO_LEADER:
                 assert p.leader in p.isr and image.is_active(p.leader)
             assert (tp in image.offline) == (p.leader == NO_LEADER)
-            if kip966:
+            # Only assigned replicas are in the ISR, ELR or LastKnownELR (a replica a
+            # reassignment removed, or an unregistered broker, is in none).
+            assert p.isr | p.elr | p.last_known_elr <= set(p.replicas), (tp, view_of(p))
+            assert not (p.elr | p.last_known_elr) - set(image.brokers), (tp, view_of(p))
+            tainted = m.tainted[tp]
+            inactive = {r for r in p.isr if not image.is_active(r)}
+            if kip966 and tp in m.legacy and not inactive and not tainted & (p.isr | p.elr):
+                # Made under the classic rules, now as KIP-966's rules keep it.
+                m.legacy.discard(tp)
+            if kip966 and tp not in m.legacy:
                 # Unclean Exclusion (see the module docstring for the premise).
-                tainted = self.model.tainted[tp]
                 assert not tainted & (p.isr | p.elr), (tp, tainted)
+                # No inactive broker is in an ISR (rule 2).
+                assert not inactive, (tp, inactive)
+            if kip966 and m.reached_min[tp] and not p.isr and not p.elr:
                 # MinISR Recovery Quorum.
-                if self.model.reached_min[tp] and not p.isr and not p.elr:
-                    assert len(p.last_known_elr) >= p.min_isr, (tp, view_of(p))
-        for broker in image.brokers.values():
-            if kip966 and not broker.active:
-                assert not any(broker.broker_id in p.isr for p in image.partitions.values())
+                assert len(p.last_known_elr) >= p.min_isr, (tp, view_of(p))
         for bid, index in image.replicas_by_broker.items():
             assert set(index) == {tp for tp, p in image.partitions.items() if bid in p.replicas}
             assert len(index) == len(set(index))
@@ -1193,7 +1939,7 @@ class ControllerMachine(RuleBasedStateMachine):
         # `remove_from_isrs` plans once per partition shape and restamps; it must give
         # exactly what `build_change` gives partition by partition, for every broker.
         image = self.image
-        elr = self.CONFIG.eligible_leader_replicas
+        elr = image.elr_enabled(self.CONFIG.eligible_leader_replicas)
         for bid in image.brokers:
             expected = [
                 build_change(
@@ -1209,6 +1955,35 @@ class ControllerMachine(RuleBasedStateMachine):
             ]
             bulk = remove_from_isrs(image, bid, reason=ChangeReason.FENCE, elr_enabled=elr)
             assert bulk == [c for c in expected if c is not None]
+
+    @invariant()
+    def reassignments_are_consistent(self) -> None:
+        """KIP-455's shape: the replicas are the target then the removing replicas; the
+        adding ones are the target's new ones; a reassignment is in progress only while
+        some target replica is not in the ISR (or no AlterPartition completed it yet)."""
+        for tp, p in self.image.partitions.items():
+            assert p.replicas and len(set(p.replicas)) == len(p.replicas), tp
+            assert not set(p.adding) & set(p.removing), tp
+            assert set(p.adding) <= set(p.target), tp
+            assert p.replicas == p.target + p.removing, tp
+            assert p.original == tuple(r for r in p.replicas if r not in p.adding), tp
+            assert len(p.target) >= 1 and p.min_isr <= len(p.target), tp
+            if p.reassigning:
+                assert p.target != p.original, tp
+            assert (tp in self.image.reassigning) == p.reassigning
+
+    @invariant()
+    def adding_replicas_are_never_silently_elected(self) -> None:
+        """0 silent losses: a replica a reassignment is adding holds none of the
+        acknowledged records until an AlterPartition names it in the ISR. Until then it
+        is in no ISR, ELR or LastKnownELR (so no clean election and no recovery policy
+        picks it), and only an operator's unclean election (logged as a potential loss)
+        ever made one leader."""
+        for tp, p in self.image.partitions.items():
+            named = (p.isr | p.elr | p.last_known_elr | {p.leader}) & set(p.adding)
+            assert named <= self.model.vouched[tp], (tp, named, self.model.vouched[tp])
+        for tp, replica, how in self.adding_elections:
+            assert how is ElectionKind.MANUAL, (tp, replica, how)
 
     @invariant()
     def replay_from_scratch_and_from_snapshots(self) -> None:
@@ -1250,6 +2025,7 @@ class SlicedMachine(ControllerMachine):
     answer that missed a slice) fails against it."""
 
     WORK_BUDGET = 1
+    SLICED: ClassVar[Counter[str]] = Counter()
 
 
 SlicedMachine.TestCase.settings = settings(
@@ -1355,3 +2131,103 @@ def test_default_placement(racks: list[str | None], partitions: int, data: st.Da
     for i, a in enumerate(response.assignments):
         p = after.partitions[("t", i)]
         assert (p.leader, p.isr, p.replicas) == (a[0], frozenset(a), tuple(a))
+
+
+# --- the core bugs this machine found (see KNOWN_CORE_BUGS) ------------------------------------
+
+
+def known_bug(name: str) -> pytest.MarkDecorator:
+    """Expected to fail while `name` is in KNOWN_CORE_BUGS (strictly: a fix makes the test
+    pass, and the mark fails it until the name goes, with the model's workaround)."""
+    return pytest.mark.xfail(name in KNOWN_CORE_BUGS, reason=f"core bug {name}", strict=True)
+
+
+def lifecycle_cluster(config: ControllerConfig = CONFIG, brokers: int = 3) -> Cluster:
+    """Brokers 1..`brokers` and topic t: one partition on [1, 2, 3], MinISR 2."""
+    c = Cluster(config)
+    c.start(*range(1, brokers + 1))
+    c.create("t", assignments=[[1, 2, 3]], min_isr=2)
+    return c
+
+
+def test_regression_a_downgrade_ends_the_pending_recoveries() -> None:
+    """Every broker restarts uncleanly: t's balanced recovery waits for its LastKnownELR;
+    a min.insync.replicas change clears that (the recovery waits for an operator); then the
+    ELR downgrade (classic rules, no unclean election) must end it."""
+    c = lifecycle_cluster()
+    for b in (1, 2, 3):
+        c.fence(b)
+    for b in (1, 2, 3):
+        c.register(b)
+    c.submit(
+        AlterConfigs(resource_type="topic", resource_name="t", set_configs={MIN_ISR_CONFIG: "2"})
+    )
+    assert list(c.tracker.pending) == [("t", 0)]
+    c.submit(UpdateFeature(name=ELR_FEATURE, level=0, upgrade_type="downgrade"))
+    assert not c.image.elr_enabled(True)
+    assert list(c.tracker.pending) == []
+
+
+def test_regression_an_upgrade_starts_the_recoveries_now_needed() -> None:
+    """Under the classic rules t lost every ISR member it had under KIP-966's (the
+    downgrade cleared its ELR); upgraded again, its balanced recovery must start."""
+    c = lifecycle_cluster()
+    for b in (1, 2, 3):
+        c.fence(b)
+    c.submit(UpdateFeature(name=ELR_FEATURE, level=0, upgrade_type="downgrade"))
+    assert c.view() == (NO_LEADER, [], [], [])
+    c.submit(UpdateFeature(name=ELR_FEATURE, level=1, upgrade_type="upgrade"))
+    assert list(c.tracker.pending) == [("t", 0)]
+
+
+def test_a_reassignment_that_only_removes_completes() -> None:
+    """[1, 2, 3] -> [2, 3] while 3 is out of the ISR: in progress, removing 1; once the
+    leader names 3 in the ISR again, the target is in the ISR and it must complete."""
+    c = lifecycle_cluster()
+    c.shutdown(3)
+    c.submit(
+        AlterPartitionReassignments(
+            reassignments=[Reassignment(topic="t", partition=0, replicas=[2, 3])]
+        )
+    )
+    assert (c.p().replicas, c.p().removing) == ((2, 3, 1), (1,))
+    c.restart(3, clean=True)
+    c.alter([1, 2, 3])
+    p = c.p()
+    assert (p.replicas, p.adding, p.removing, p.isr) == ((2, 3), (), (), frozenset({2, 3}))
+    assert p.leader in (2, 3) and ("t", 0) not in c.image.reassigning
+
+
+def test_regression_add_partitions_answers_the_new_assignments() -> None:
+    """The answer lists the new partitions' assignments, explicit or placed."""
+    c = lifecycle_cluster()
+    explicit = c.run(CreatePartitions(topic="t", count=2, assignments=[[1]])).response
+    placed = c.run(CreatePartitions(topic="t", count=3)).response
+    assert isinstance(placed, CreateTopicResponse) and len(placed.assignments) == 1
+    assert isinstance(explicit, CreateTopicResponse) and explicit.assignments == [[1]]
+
+
+def test_classic_rules_refuse_a_move_that_would_empty_the_isr() -> None:
+    """Classic rules: t moves from [1, 2, 3] to [4, 5]; 4 catches up and joins the ISR;
+    1, 2 and 3 fail, so the ISR is 4 alone (the last member stays). A cancel would take 4,
+    the only ISR member, out of the assignment (the machine found the core keeping it in
+    the ISR of a partition it no longer belonged to): it is refused, and the partition
+    keeps only assigned replicas in its ISR."""
+    classic = ControllerConfig(
+        unclean_recovery_window_ms=WINDOW,
+        unclean_recovery_strategy="balanced",
+        eligible_leader_replicas=False,
+    )
+    c = lifecycle_cluster(classic, brokers=5)
+    move = Reassignment(topic="t", partition=0, replicas=[4, 5])
+    c.submit(AlterPartitionReassignments(reassignments=[move]))
+    c.alter([1, 2, 3, 4])
+    for b in (1, 2, 3):
+        c.fence(b)
+    assert (c.p().isr, c.p().leader) == (frozenset({4}), 4)
+    cancel = Reassignment(topic="t", partition=0, replicas=None)
+    r = c.submit(AlterPartitionReassignments(reassignments=[cancel])).response
+    assert isinstance(r, AlterPartitionReassignmentsResponse)
+    assert r.results[0].error_code == "INVALID_REPLICA_ASSIGNMENT"
+    p = c.p()
+    assert p.isr <= set(p.replicas), sorted(p.isr)

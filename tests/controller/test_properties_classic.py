@@ -8,6 +8,12 @@ where the broker is in the ISR, and the classic unclean election at once, withou
 inspection), so every rule's expectation, error code and recovery record is still the
 model's. The KIP-966 invariants that do not hold here by design (Unclean Exclusion, no
 inactive broker in any ISR) give way to the classic invariants below.
+
+The lifecycle runs here too (issue 19). Upgrading eligible.leader.replicas.version to 1
+switches `ClassicMachine` to KIP-966's rules (the model follows, and the KIP-966
+invariants apply while it lasts); `ClassicUncleanMachine` refuses the upgrade (unclean
+leader election is a classic-mode setting). A replica a reassignment is adding is never
+chosen by the classic unclean election.
 """
 
 from __future__ import annotations
@@ -67,8 +73,15 @@ class ClassicMachine(ControllerMachine):
 
     @invariant()
     def classic_partition_invariants(self) -> None:
+        """While the classic rules apply (the ELR feature may be upgraded, and then
+        downgraded again), for the partitions whose state they made: a partition that was
+        under KIP-966's rules keeps what those rules did (`Model.legacy`)."""
         image = self.image
+        if not self.model.classic:
+            return
         for tp, p in image.partitions.items():
+            if tp in self.model.legacy:
+                continue
             # No ELR, no LastKnownELR, ever; and the ISR never empties (every partition
             # starts with a live ISR member).
             assert not p.elr and not p.last_known_elr, tp
@@ -90,18 +103,20 @@ class ClassicMachine(ControllerMachine):
                     event("classic: an uncleanly restarted last ISR member leads again")
             if self.model.unclean and p.leader == NO_LEADER:
                 # The unclean election leaves a partition leaderless only while no
-                # replica at all is active.
-                assert not any(image.is_active(r) for r in p.replicas), tp
+                # replica is active but those a reassignment is adding (which hold none of
+                # the acknowledged records, and are never elected).
+                assert not any(image.is_active(r) for r in p.original), tp
 
     @invariant()
     def recovery_records_are_classic(self) -> None:
         """Plain classic: only an operator's election writes an UncleanRecoveryRecord.
-        With unclean election: only the classic election does (an operator's needs a
-        leaderless partition with an active replica, which it has already elected)."""
+        With unclean election: the classic election does, and an operator's only of a
+        replica a reassignment is adding (needing a leaderless partition with an active
+        replica, which the classic election elects unless the reassignment is adding it)."""
         for r in self.log[self.audited :]:
-            if not isinstance(r, UncleanRecoveryRecord):
+            if not isinstance(r, UncleanRecoveryRecord) or not self.model.classic:
                 continue
-            if self.model.unclean:
+            if self.model.unclean and r.strategy != "manual":
                 assert (r.strategy, r.trigger, r.candidates) == (
                     CLASSIC_UNCLEAN_ELECTION,
                     "no_live_isr_member",
@@ -110,6 +125,9 @@ class ClassicMachine(ControllerMachine):
                 event("classic: unclean leader election")
             else:
                 assert (r.strategy, r.trigger) == ("manual", "operator"), r
+                if self.model.unclean:
+                    p = self.model.parts.get((r.topic, r.partition))
+                    assert p is None or r.chosen not in p.original, r
         self.audited = len(self.log)
 
 
