@@ -78,8 +78,13 @@ _HEADER: Final = (
 
 
 def new_id() -> str:
-    """A random id in Kafka's form: 22 characters of URL-safe base64 (a v4 UUID)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A random id in Kafka's form: 22 characters of URL-safe base64 (a v4 UUID), never
+    starting with "-" (as Kafka's Uuid.randomUuid: such an id would read as a flag on a
+    command line)."""
+    while True:
+        value = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not value.startswith("-"):
+            return value
 
 
 def valid_id(value: str, what: str) -> str:

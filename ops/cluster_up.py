@@ -252,7 +252,7 @@ class ClusterUp:
                 raise error from None
             log_flags = ["--metadata-log", self.etcd.url("metactl")]
         self.cluster_id = self.format_storage()
-        log_flags += ["--cluster-id", self.cluster_id]
+        log_flags += [f"--cluster-id={self.cluster_id}"]  # an id may begin with "-"
         for i in range(s.controllers):
             listen, metrics = _port_plus(s.listen, i), _port_plus(s.metrics, i)
             name = "controller" if s.controllers == 1 else f"controller {i + 1}"
@@ -274,7 +274,7 @@ class ClusterUp:
                 f"broker {b}",
                 "broker",
                 [py, "-m", "brokers_stub", "--id", str(b), "--controller", self.bootstrap,
-                 "--data-dir", str(self.broker_dir(b)), "--cluster-id", self.cluster_id, *flags],
+                 "--data-dir", str(self.broker_dir(b)), f"--cluster-id={self.cluster_id}", *flags],
             )  # fmt: skip
         for c in [c for c in self.children if c.kind == "broker"]:
             self.await_ready(c)

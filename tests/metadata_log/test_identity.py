@@ -338,3 +338,13 @@ async def test_a_wiped_etcd_prefix_is_refused_once_the_log_was_created(
         await etcd.close()
     with pytest.raises(MetadataLogMissingError, match="the prefix is empty"):
         await check_storage(tmp_path, url)
+
+
+def test_new_ids_never_start_with_a_dash() -> None:
+    # About one in 64 random ids would: `--cluster-id -x...` reads as a flag (found when
+    # cluster up passed one to a controller).
+    from metadata_log.identity import new_id
+
+    ids = [new_id() for _ in range(2000)]
+    assert not any(i.startswith("-") for i in ids)
+    assert len(set(ids)) == len(ids) and all(len(i) == 22 for i in ids)
