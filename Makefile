@@ -68,6 +68,7 @@ bench: setup-test system
 	$(BIN)/python bench/produce.py
 	$(BIN)/python bench/ha.py
 	$(BIN)/python bench/lifecycle.py
+	$(BIN)/python bench/connection_flood.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -14,9 +14,10 @@ commands (`describe`, `brokers`, `topics create`, `elect`, `produce`, `consume`)
   directory is always used, and a missing file in it is named.
 - Client commands choose the principal they act as with `--principal` (`admin` by
   default; `viewer` is read-only).
-- `--max-connections`, `--max-connections-per-peer`, `--idle-timeout-ms`,
-  `--frame-deadline-ms`, `--handshake-timeout-ms`: a listener's `ServerLimits`, with its
-  defaults.
+- `--max-connections`, `--max-connections-per-peer`, `--max-pending-handshakes`,
+  `--max-pending-handshakes-per-address`, `--max-handshakes-in-progress`,
+  `--idle-timeout-ms`, `--frame-deadline-ms`,
+  `--handshake-timeout-ms`: a listener's `ServerLimits`, with its defaults.
 
 This module parses flags and loads nothing but certificate paths: it opens no socket and
 decides nothing about what a principal may do.
@@ -37,6 +38,9 @@ from protocol.server import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_CONNECTIONS_PER_PEER,
+    DEFAULT_MAX_HANDSHAKES_IN_PROGRESS,
+    DEFAULT_MAX_PENDING_HANDSHAKES,
+    DEFAULT_MAX_PENDING_HANDSHAKES_PER_ADDRESS,
     ServerLimits,
 )
 from protocol.tls import ADMIN, CA_CERT, TlsIdentity
@@ -120,7 +124,8 @@ def add_limit_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_MAX_CONNECTIONS,
         metavar="N",
-        help="open connections in all; more are closed at once (default %(default)s)",
+        help="authenticated client connections in all; more are closed at once (the "
+        "controller's and brokers' own sessions have slots of their own) (default %(default)s)",
     )
     g.add_argument(
         "--max-connections-per-peer",
@@ -128,6 +133,30 @@ def add_limit_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAX_CONNECTIONS_PER_PEER,
         metavar="N",
         help="open connections per principal (per address without TLS) (default %(default)s)",
+    )
+    g.add_argument(
+        "--max-pending-handshakes",
+        type=int,
+        default=DEFAULT_MAX_PENDING_HANDSHAKES,
+        metavar="N",
+        help="connections accepted but not yet authenticated, in all; a new one drops the "
+        "oldest (default %(default)s)",
+    )
+    g.add_argument(
+        "--max-pending-handshakes-per-address",
+        type=int,
+        default=DEFAULT_MAX_PENDING_HANDSHAKES_PER_ADDRESS,
+        metavar="N",
+        help="connections not yet authenticated from one address; a new one drops that "
+        "address's oldest (default %(default)s)",
+    )
+    g.add_argument(
+        "--max-handshakes-in-progress",
+        type=int,
+        default=DEFAULT_MAX_HANDSHAKES_IN_PROGRESS,
+        metavar="N",
+        help="TLS handshakes running at once (each holds about 300 KB); one more drops the "
+        "oldest of the address running the most (default %(default)s)",
     )
     g.add_argument(
         "--idle-timeout-ms",
@@ -148,7 +177,7 @@ def add_limit_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=int(DEFAULT_HANDSHAKE_TIMEOUT_S * 1000),
         metavar="MS",
-        help="a TLS handshake must finish within this (default %(default)s)",
+        help="a TLS handshake must finish within this of the accept (default %(default)s)",
     )
 
 
@@ -157,6 +186,9 @@ def server_limits(args: Any) -> ServerLimits:
     values = {
         "--max-connections": args.max_connections,
         "--max-connections-per-peer": args.max_connections_per_peer,
+        "--max-pending-handshakes": args.max_pending_handshakes,
+        "--max-pending-handshakes-per-address": args.max_pending_handshakes_per_address,
+        "--max-handshakes-in-progress": args.max_handshakes_in_progress,
         "--idle-timeout-ms": args.idle_timeout_ms,
         "--frame-deadline-ms": args.frame_deadline_ms,
         "--handshake-timeout-ms": args.handshake_timeout_ms,
@@ -170,4 +202,7 @@ def server_limits(args: Any) -> ServerLimits:
         idle_timeout_s=args.idle_timeout_ms / 1000,
         frame_deadline_s=args.frame_deadline_ms / 1000,
         handshake_timeout_s=args.handshake_timeout_ms / 1000,
+        max_pending_handshakes=args.max_pending_handshakes,
+        max_pending_handshakes_per_address=args.max_pending_handshakes_per_address,
+        max_handshakes_in_progress=args.max_handshakes_in_progress,
     )

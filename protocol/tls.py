@@ -118,3 +118,10 @@ def principal_of(peercert: dict[str, Any] | None) -> str | None:
             if key == "commonName" and isinstance(value, str):
                 return value
     return None
+
+
+def is_cluster_principal(principal: str | None) -> bool:
+    """True for the cluster's own members, `controller` and `broker-<id>`: the principals
+    whose sessions a listener keeps slots for outside its client cap (protocol/server.py),
+    as Kafka exempts its inter-broker listener from max.connections."""
+    return principal == CONTROLLER or broker_id_of(principal) is not None

@@ -5,9 +5,12 @@ Certificates come from `ops.certs.init_certs`, the code behind `metactl certs in
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import errno
+import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -16,6 +19,7 @@ from metactl.errors import InvalidConfigurationError, NetworkError, SslAuthentic
 from ops.certs import default_names, init_certs
 from protocol.client import RpcClient
 from protocol.codec import encode_frame, parse_address
+from protocol.flags import add_limit_arguments, server_limits
 from protocol.messages import DescribeClusterRequest, DescribeClusterResponse, Message
 from protocol.server import FrameServer, Peer, ServerLimits
 from protocol.tls import TlsIdentity
@@ -149,9 +153,10 @@ async def test_connections_per_peer_are_capped(certs: Path, handler: Scripted) -
         assert srv.stats.closed_total["max_connections_per_peer"] == 1
         await first.close()
         await eventually(lambda: srv.stats.open_connections == 0, what="the connections closed")
-        # Every key (addresses during handshakes, then principals) is forgotten with its
-        # last connection: a stream of new peers cannot grow the table.
+        # Every key (addresses in the pending pool, principals once established) is
+        # forgotten with its last connection: a stream of new peers cannot grow a table.
         assert srv._per_peer == {}
+        assert len(srv._pending) == 0 and srv._pending._by_host == {}
     finally:
         await srv.stop()
 
@@ -185,23 +190,35 @@ async def test_a_frame_that_trickles_in_is_cut_off(handler: Scripted) -> None:
         await srv.stop()
 
 
-async def test_accept_errors_are_logged_once_a_second_with_a_count(handler: Scripted) -> None:
+class _Emfile:
+    """A listening socket whose accept() fails as when the process is out of
+    descriptors."""
+
+    def __init__(self, real: socket.socket) -> None:
+        self.real = real
+
+    def fileno(self) -> int:
+        return self.real.fileno()
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+
+async def test_accept_errors_pause_accepting_and_are_logged_once_a_second_with_a_count(
+    handler: Scripted,
+) -> None:
     srv = FrameServer(handler)
     srv._throttled.period_s = 0.5  # a burst of 50 calls takes far less
     await srv.start("127.0.0.1:0")
-    loop = asyncio.get_running_loop()
+    failing = _Emfile(srv._listeners[0])
     try:
         with capture_logs() as logs:
             for _ in range(50):
-                loop.call_exception_handler(
-                    {
-                        "message": "socket.accept() out of system resource",
-                        "exception": OSError(errno.EMFILE, "Too many open files"),
-                    }
-                )
+                srv._accept(failing)  # type: ignore[arg-type]
             lines = [e for e in logs if e["event"].startswith("accept failed")]
             assert len(lines) == 1 and lines[0]["count"] == 1
             assert srv.stats.closed_total["accept_error"] == 50
+            assert failing in srv._paused  # accepting pauses, as asyncio's own server does
             # The 49 held back are told one period later, though nothing else happens.
             await eventually(
                 lambda: sum(e["event"].startswith("accept failed") for e in logs) > 1,
@@ -210,7 +227,6 @@ async def test_accept_errors_are_logged_once_a_second_with_a_count(handler: Scri
         lines = [e for e in logs if e["event"].startswith("accept failed")]
         assert [e["count"] for e in lines] == [1, 49]
     finally:
-        loop.set_exception_handler(None)
         await srv.stop()
 
 
@@ -224,3 +240,29 @@ def test_limits_must_be_positive() -> None:
         ServerLimits(max_connections=0)
     with pytest.raises(ValueError):
         ServerLimits(idle_timeout_s=0)
+    with pytest.raises(ValueError):
+        ServerLimits(max_pending_handshakes_per_address=0)
+    with pytest.raises(ValueError):
+        ServerLimits(max_handshakes_in_progress=0)
+
+
+def test_the_pending_handshake_flags_read_into_limits_and_refuse_nonsense() -> None:
+    p = argparse.ArgumentParser()
+    add_limit_arguments(p)
+    limits = server_limits(
+        p.parse_args(["--max-pending-handshakes", "64", "--max-pending-handshakes-per-address",
+                      "8", "--max-handshakes-in-progress", "4"])
+    )  # fmt: skip
+    assert (
+        limits.max_pending_handshakes,
+        limits.max_pending_handshakes_per_address,
+        limits.max_handshakes_in_progress,
+    ) == (64, 8, 4)
+    assert server_limits(p.parse_args([])) == ServerLimits()
+    for flag in (
+        "--max-pending-handshakes",
+        "--max-pending-handshakes-per-address",
+        "--max-handshakes-in-progress",
+    ):
+        with pytest.raises(InvalidConfigurationError, match=f"{flag} must be >= 1, got 0"):
+            server_limits(p.parse_args([flag, "0"]))
