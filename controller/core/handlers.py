@@ -687,6 +687,22 @@ def _broker_order(image: ClusterImage) -> tuple[int, ...]:
     return tuple(active)
 
 
+def check_explicit(image: ClusterImage, assignments: list[list[int]], first: int = 0) -> None:
+    """Explicit assignments of partitions `first` on: valid broker ids, each list
+    non-empty and distinct, every broker registered, at least one active per partition."""
+    validation.check_assignment_ids(assignments)
+    for i, a in enumerate(assignments, first):
+        if not a or len(set(a)) != len(a):
+            raise InvalidReplicaAssignmentError(
+                f"partition {i}: replicas must be non-empty and distinct, got {a}"
+            )
+        unknown = [r for r in a if r not in image.brokers]
+        if unknown:
+            raise InvalidReplicaAssignmentError(f"partition {i}: unknown broker(s) {unknown}")
+        if not any(image.is_active(r) for r in a):
+            raise InvalidReplicaAssignmentError(f"partition {i}: no active replica in {a}")
+
+
 def create_topic(
     image: ClusterImage,
     req: CreateTopic,
@@ -727,17 +743,7 @@ def create_topic(
             raise InvalidReplicaAssignmentError("an explicit assignment needs a partition")
         if req.partitions is not None and req.partitions != len(assignments):
             raise InvalidRequestError("partitions does not match the explicit assignment")
-        validation.check_assignment_ids(assignments)
-        for i, a in enumerate(assignments):
-            if not a or len(set(a)) != len(a):
-                raise InvalidReplicaAssignmentError(
-                    f"partition {i}: replicas must be non-empty and distinct, got {a}"
-                )
-            unknown = [r for r in a if r not in image.brokers]
-            if unknown:
-                raise InvalidReplicaAssignmentError(f"partition {i}: unknown broker(s) {unknown}")
-            if not any(image.is_active(r) for r in a):
-                raise InvalidReplicaAssignmentError(f"partition {i}: no active replica in {a}")
+        check_explicit(image, assignments)
     else:
         partitions = req.partitions if req.partitions is not None else config.default_partitions
         validation.check_partition_count(partitions)

@@ -30,6 +30,7 @@ from controller.core.handlers import (
     _broker_op,
     _broker_order,
     _Txn,
+    check_explicit,
     create_topic_slice,
 )
 from controller.core.partition_change import build_change, move_replicas
@@ -309,17 +310,7 @@ def create_partitions(
             raise InvalidReplicaAssignmentError(
                 f"{len(explicit)} assignments given for {new} new partitions"
             )
-        validation.check_assignment_ids(explicit)
-        for i, a in enumerate(explicit, t.partitions):
-            if not a or len(set(a)) != len(a):
-                raise InvalidReplicaAssignmentError(
-                    f"partition {i}: replicas must be non-empty and distinct, got {a}"
-                )
-            unknown = [r for r in a if r not in image.brokers]
-            if unknown:
-                raise InvalidReplicaAssignmentError(f"partition {i}: unknown broker(s) {unknown}")
-            if not any(image.is_active(r) for r in a):
-                raise InvalidReplicaAssignmentError(f"partition {i}: no active replica in {a}")
+        check_explicit(image, explicit, t.partitions)
         assignments: list[list[int]] | None = explicit
     else:
         validation.check_replication_factor(rf, len(image.active))
