@@ -631,7 +631,7 @@ class ControllerService:
                 CreateTopicResult(
                     name=spec.topic,
                     topic_id=r.topic_id,
-                    assignments=[a for a in r.assignments if a],  # the new partitions'
+                    assignments=r.assignments,  # the new partitions'
                 )
             )
         return CreatePartitionsResponse(results=results)
