@@ -52,6 +52,7 @@ MAIN_COLUMNS = (
     "election_kind",
     "replicas",
     "adding_replicas",
+    "removing_replicas",
 )
 SIDE_COLUMNS = (
     "cluster",
@@ -171,6 +172,7 @@ _FIELDS = (
     "election_kind",
     "replicas",
     "adding_replicas",
+    "removing_replicas",
     "first_partition",
     "end_partition",
     "level",
