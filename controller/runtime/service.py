@@ -557,8 +557,8 @@ class ControllerService:
         """A bulk preferred election, a work budget of partitions per event: each piece is
         its own event and commit, so heartbeats, AlterPartitions and describes go on in
         between (as KRaft balances leaders), and what was elected before a failover stays
-        elected. Not charged to the mutation quota: it creates nothing (KIP-599 covers
-        CreateTopics, CreatePartitions and DeleteTopics)."""
+        elected. Not charged to the mutation quota: it creates nothing (here the quota
+        covers CreateTopics, CreatePartitions and single ElectLeaders)."""
         image = self.controller.committed_image
         if body.partitions is None:
             plan = PartitionPlan(
