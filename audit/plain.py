@@ -1,23 +1,56 @@
-"""The single-process baseline: one plain pass over a log, no Spark.
+"""The single-process baseline: one plain pass over each log, no Spark.
 
 Reads the SQLite log with the stdlib, decodes every batch with msgspec through
-`metadata_log.records.decode_batch`, and computes in plain Python what the
-``unclean-recoveries`` and ``invariants`` jobs compute (the same `PartitionChecker`).
-The benchmark times it against Spark on the same log; tests use it as an independent
-cross-check of the Spark jobs' answers.
+`metadata_log.records.decode_batch` (leaving out aborted transactions,
+`audit.transactions`), and computes in plain Python what every audit job computes: the
+same tables, handed to each job's own ``_result``, so that summaries, statistics and
+reports come out exactly as the Spark jobs' do (the invariants with the same
+`audit.rules.LogChecker`). The benchmark (`bench/spark_audit.py`) times it against Spark
+on the same logs; tests use it as an independent implementation to cross-check the
+Spark jobs' answers.
+
+Like the Spark paths, the pass runs with the cyclic garbage collector paused
+(`audit.rows.paused_gc`): decoding makes millions of objects without cycles, and
+collections triggered by their count would double the time of the decode.
+
+`run_jobs` computes any of the jobs (each job's own per-record work only: a job run
+alone pays the decode and its own work). `run` is the older entry point: recoveries and
+violations as plain values.
 """
 
 from __future__ import annotations
 
 import time
+from array import array
+from bisect import bisect_left
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
-from audit.logread import cluster_name, log_info
-from audit.rules import LogChecker, Violation
+import numpy as np
+import pandas as pd
+
+from audit.logread import cluster_name, log_info, log_time_bounds
+from audit.rows import paused_gc
+from audit.rules import LogChecker, Violation, bucket_of
 from audit.transactions import committed_batches
-from metadata_log.records import PartitionChangeRecord, UncleanRecoveryRecord
+from metadata_log.records import (
+    BrokerRegistrationChangeRecord,
+    ClearElrRecord,
+    FenceBrokerRecord,
+    PartitionChangeRecord,
+    PartitionRecord,
+    RegisterBrokerRecord,
+    RemoveTopicRecord,
+    UncleanRecoveryRecord,
+    UnfenceBrokerRecord,
+    UnregisterBrokerRecord,
+)
+
+JOBS: Final = ("elections", "unclean-recoveries", "offline", "brokers", "invariants")
+_NEVER: Final = -(2**62)
+_UNIT_MS: Final = {"minute": 60_000, "hour": 3_600_000, "day": 86_400_000}
 
 
 @dataclass
@@ -52,6 +85,525 @@ def _margin(r: UncleanRecoveryRecord) -> tuple[str, int | None, int | None]:
     return "tie", 0, runner.broker_id
 
 
+def _in(ts: int, since: int | None, until: int | None) -> bool:
+    return (since is None or ts >= since) and (until is None or ts < until)
+
+
+def _utc(ms: Any) -> Any:
+    return pd.to_datetime(ms, unit="ms", utc=True)
+
+
+# --- unclean-recoveries --------------------------------------------------------------------
+
+
+class _Recoveries:
+    def __init__(self, since: int | None, until: int | None) -> None:
+        self.since, self.until = since, until
+        self.rows: list[dict[str, Any]] = []
+        self.went_offline: dict[tuple[str, str, int], int] = {}
+
+    def feed(self, cluster: str, base: int, ts: int, records: Sequence[Any]) -> None:
+        for i, r in enumerate(records):
+            if type(r) is PartitionChangeRecord:
+                if r.leader == -1:
+                    self.went_offline[(cluster, r.topic, r.partition)] = ts
+            elif type(r) is UncleanRecoveryRecord and _in(ts, self.since, self.until):
+                kind, margin, runner = _margin(r)
+                start = self.went_offline.get((cluster, r.topic, r.partition))
+                won = next((c for c in r.candidates if c.broker_id == r.chosen), None)
+                up = next((c for c in r.candidates if c.broker_id == runner), None)
+                self.rows.append(
+                    {
+                        "cluster": cluster,
+                        "offset": base + i,
+                        "timestamp": ts,
+                        "topic": r.topic,
+                        "partition": r.partition,
+                        "strategy": r.strategy,
+                        "trigger": r.trigger,
+                        "chosen": r.chosen,
+                        "chosen_last_leader_epoch": None if won is None else won.last_leader_epoch,
+                        "chosen_log_end_offset": None if won is None else won.log_end_offset,
+                        "runner_up": runner,
+                        "runner_up_last_leader_epoch": None if up is None else up.last_leader_epoch,
+                        "runner_up_log_end_offset": None if up is None else up.log_end_offset,
+                        "margin_kind": kind,
+                        "margin": margin,
+                        "candidates": [
+                            {
+                                "broker": c.broker_id,
+                                "last_leader_epoch": c.last_leader_epoch,
+                                "log_end_offset": c.log_end_offset,
+                            }
+                            for c in r.candidates
+                        ],
+                        "candidates_reported": len(r.candidates),
+                        "potential_data_loss": r.potential_data_loss,
+                        "offline_start": start,
+                        "time_to_recovery_ms": None if start is None else ts - start,
+                        "offline_since": r.offline_since_ms,
+                    }
+                )
+
+    def table(self) -> pd.DataFrame:
+        from audit.jobs.unclean import OUTPUT_COLUMNS
+
+        df = pd.DataFrame.from_records(self.rows, columns=list(OUTPUT_COLUMNS))
+        for col in ("timestamp", "offline_start", "offline_since"):
+            df[col] = _utc(df[col])
+        return df.sort_values(["cluster", "offset"]).reset_index(drop=True)
+
+
+# --- elections -----------------------------------------------------------------------------
+
+
+class _Elections:
+    def __init__(self, since: int | None, until: int | None) -> None:
+        self.since, self.until = since, until
+        self.stamps: dict[tuple[str, str, str], array[int]] = {}
+        # (cluster, topic, partition) -> [leader, leader offset, replicas, replicas offset]
+        self.final: dict[tuple[str, str, int], list[Any]] = {}
+        self.removed: dict[tuple[str, str], int] = {}
+
+    def feed(self, cluster: str, base: int, ts: int, records: Sequence[Any]) -> None:
+        for i, r in enumerate(records):
+            kind = type(r)
+            if kind is PartitionChangeRecord:
+                if r.leader is None and r.replicas is None:
+                    continue
+                if r.election is not None and _in(ts, self.since, self.until):
+                    key = (cluster, r.topic, str(r.election))
+                    got = self.stamps.get(key)
+                    if got is None:
+                        got = self.stamps[key] = array("q")
+                    got.append(ts)
+            elif kind is PartitionRecord:
+                pass
+            elif kind is RemoveTopicRecord:
+                self.removed[(cluster, r.name)] = base + i
+                continue
+            else:
+                continue
+            state = self.final.get((cluster, r.topic, r.partition))
+            if state is None:
+                state = self.final[(cluster, r.topic, r.partition)] = [None, None, None, None]
+            if r.leader is not None:
+                state[0], state[1] = r.leader, base + i
+            if r.replicas is not None:
+                state[2], state[3] = list(r.replicas), base + i
+
+    def tables(self, bucket: str | None) -> tuple[str, pd.DataFrame, pd.DataFrame]:
+        from audit.jobs.elections import pick_bucket
+
+        everything = [np.frombuffer(a, dtype=np.int64) for a in self.stamps.values() if len(a)]
+        lo = min((int(a.min()) for a in everything), default=None)
+        hi = max((int(a.max()) for a in everything), default=None)
+        unit = bucket or pick_bucket(0 if lo is None or hi is None else hi - lo)
+        step = _UNIT_MS[unit]
+        rows: list[tuple[str, str, str, int, int]] = []
+        for (cluster, topic, kind), got in self.stamps.items():
+            stamps = np.frombuffer(got, dtype=np.int64)
+            buckets, counts = np.unique(stamps - stamps % step, return_counts=True)
+            rows.extend(
+                (cluster, topic, kind, int(b), int(c))
+                for b, c in zip(buckets.tolist(), counts.tolist(), strict=True)
+            )
+        by_bucket = pd.DataFrame.from_records(
+            rows, columns=["cluster", "topic", "election_kind", "bucket", "elections"]
+        )
+        by_bucket["bucket"] = _utc(by_bucket["bucket"])
+        by_bucket = by_bucket.sort_values(["bucket", "cluster", "topic", "election_kind"])
+        final_rows = []
+        for (cluster, topic, part), (leader, leader_at, replicas, replicas_at) in sorted(
+            self.final.items()
+        ):
+            if replicas is None:
+                continue
+            last = max(replicas_at, leader_at if leader_at is not None else replicas_at)
+            removed = self.removed.get((cluster, topic))
+            if removed is not None and removed >= last:
+                continue
+            final_rows.append(
+                (cluster, topic, part, leader, replicas, replicas[0] if replicas else None)
+            )
+        final = pd.DataFrame.from_records(
+            final_rows, columns=["cluster", "topic", "partition", "leader", "replicas", "preferred"]
+        )
+        return unit, by_bucket.reset_index(drop=True), final
+
+
+# --- offline -------------------------------------------------------------------------------
+
+
+class _Timeline:
+    """One partition: its state so far, what it has added up, its pending interval."""
+
+    __slots__ = (
+        "at_ts",
+        "elr",
+        "elr_ms",
+        "intervals",
+        "isr",
+        "leader",
+        "min_isr",
+        "offline_ms",
+        "pending",
+        "under_ms",
+    )
+
+    def __init__(self) -> None:
+        self.at_ts: int | None = None  # the previous row's time
+        self.leader: int | None = None
+        self.isr: int | None = None
+        self.elr: int | None = None
+        self.min_isr: int | None = None
+        self.offline_ms = 0
+        self.under_ms = 0
+        self.elr_ms = 0
+        self.intervals: list[dict[str, Any]] = []
+        self.pending: tuple[int, int] | None = None  # (start ts, offset) of a leader -1 row
+
+
+class _Offline:
+    """The offline measures, per partition; with ``buckets > 1`` only of the partitions
+    of `bucket` (`audit.rules.bucket_of`: the offline job's logs method runs one such
+    pass per Spark task)."""
+
+    def __init__(
+        self, since: int | None, until: int | None, *, bucket: int = 0, buckets: int = 1
+    ) -> None:
+        self.lo = since if since is not None else _NEVER
+        self.until = until
+        self.bucket, self.buckets = bucket, buckets
+        self._mine: dict[tuple[str, str, int], bool] = {}
+        self.parts: dict[tuple[str, str, int], _Timeline] = {}
+        self.created: dict[tuple[str, str], list[tuple[str, str, int]]] = {}
+        self.known: set[tuple[str, str, int]] = set()  # partitions with a PartitionRecord
+        self.ends: dict[str, int] = {}
+
+    def _row(  # noqa: PLR0917 - one call per record: positional is the cheap call
+        self,
+        key: tuple[str, str, int],
+        offset: int,
+        ts: int,
+        leader: int | None,
+        isr: int | None,
+        elr: int | None,
+        min_isr: int | None,
+    ) -> None:
+        t = self.parts.get(key)
+        if t is None:
+            t = self.parts[key] = _Timeline()
+        end = self.ends[key[0]]
+        if t.at_ts is not None:
+            self._account(t, min(ts, end), end)
+        if leader is not None:
+            if t.pending is not None:
+                self._close(t, ts, end, closed=True)
+            if leader == -1:
+                t.pending = (ts, offset)
+            t.leader = leader
+        if isr is not None:
+            t.isr = isr
+        if elr is not None:
+            t.elr = elr
+        if min_isr is not None:
+            t.min_isr = min_isr
+        t.at_ts = ts
+
+    def _account(self, t: _Timeline, upto: int, end: int) -> None:
+        assert t.at_ts is not None
+        dur = max(0, min(upto, end) - max(t.at_ts, self.lo))
+        if not dur:
+            return
+        if t.leader == -1:
+            t.offline_ms += dur
+        if t.isr is not None and t.min_isr is not None and t.isr < t.min_isr:
+            t.under_ms += dur
+        if t.elr is not None and t.elr > 0:
+            t.elr_ms += dur
+
+    def _close(self, t: _Timeline, at: int, end: int, *, closed: bool) -> None:
+        assert t.pending is not None
+        start, offset = t.pending
+        t.pending = None
+        if (at > self.lo or start >= self.lo) and start <= end:
+            t.intervals.append(
+                {"start_ms": start, "end_ms": at, "open": not closed, "offset": offset}
+            )
+
+    def _elsewhere(self, key: tuple[str, str, int]) -> bool:
+        mine = self._mine.get(key)
+        if mine is None:
+            mine = self._mine[key] = bucket_of(key[1], key[2], self.buckets) == self.bucket
+        return not mine
+
+    def feed(self, cluster: str, base: int, ts: int, records: Sequence[Any]) -> None:
+        split = self.buckets > 1
+        for i, r in enumerate(records):
+            kind = type(r)
+            if kind is PartitionChangeRecord:
+                if r.leader is None and r.isr is None and r.elr is None:
+                    continue
+                if split and self._elsewhere((cluster, r.topic, r.partition)):
+                    continue
+                self._row(
+                    (cluster, r.topic, r.partition),
+                    base + i,
+                    ts,
+                    r.leader,
+                    None if r.isr is None else len(r.isr),
+                    None if r.elr is None else len(r.elr),
+                    r.min_isr,
+                )
+            elif kind is PartitionRecord:
+                key = (cluster, r.topic, r.partition)
+                if split and self._elsewhere(key):
+                    continue
+                if key not in self.known:
+                    self.known.add(key)
+                    self.created.setdefault((cluster, r.topic), []).append(key)
+                self._row(key, base + i, ts, r.leader, len(r.isr), len(r.elr), r.min_isr)
+            elif kind is ClearElrRecord:
+                # Every partition of the topic (those created later are not touched: a
+                # clear before a partition's creation changes none of its measures).
+                for key in self.created.get((cluster, r.topic), ()):
+                    self._row(key, base + i, ts, None, None, 0, None)
+
+    def table(self) -> pd.DataFrame:
+        rows = []
+        for key in sorted(self.parts):
+            t = self.parts[key]
+            end = self.ends[key[0]]
+            if t.at_ts is not None:
+                self._account(t, end, end)
+            if t.pending is not None:
+                self._close(t, end, end, closed=False)
+            rows.append((*key, t.offline_ms, t.under_ms, t.elr_ms, t.intervals, t.leader))
+        return pd.DataFrame.from_records(
+            rows,
+            columns=[
+                "cluster",
+                "topic",
+                "partition",
+                "offline_ms",
+                "under_min_isr_ms",
+                "elr_ms",
+                "intervals",
+                "leader_at_end",
+            ],
+        )
+
+
+# --- brokers -------------------------------------------------------------------------------
+
+
+def _brc_reason(r: BrokerRegistrationChangeRecord) -> str | None:
+    if r.in_controlled_shutdown:
+        return "controlled_shutdown"
+    if r.fenced is not None:
+        return "fenced" if r.fenced else "unfenced"
+    return None
+
+
+class _Brokers:
+    _COUNTS = (
+        "fences",
+        "unfences",
+        "registrations",
+        "unclean_registrations",
+        "controlled_shutdowns",
+        "session_timeouts",
+        "unregistrations",
+    )
+
+    def __init__(self, since: int | None, until: int | None) -> None:
+        self.since, self.until = since, until
+        self.counts: dict[tuple[str, int], dict[str, Any]] = {}
+        self.fence_times: dict[tuple[str, int], list[int]] = {}
+        self.reasons: dict[str, int] = {}
+
+    def _broker(self, key: tuple[str, int]) -> dict[str, Any]:
+        c = self.counts.get(key)
+        if c is None:
+            c = self.counts[key] = dict.fromkeys(self._COUNTS, 0)
+            c["first_registration"] = c["last_fence"] = None
+        return c
+
+    def _fence(self, key: tuple[str, int], c: dict[str, Any], ts: int, reason: str) -> None:
+        c["fences"] += 1
+        c["last_fence"] = ts if c["last_fence"] is None else max(c["last_fence"], ts)
+        self.fence_times.setdefault(key, []).append(ts)
+        self.reasons[reason] = self.reasons.get(reason, 0) + 1
+
+    def feed(self, cluster: str, base: int, ts: int, records: Sequence[Any]) -> None:
+        del base
+        if not _in(ts, self.since, self.until):
+            return
+        for r in records:
+            kind = type(r)
+            if kind is PartitionChangeRecord:
+                continue
+            if kind is FenceBrokerRecord:
+                key = (cluster, r.broker_id)
+                c = self._broker(key)
+                self._fence(key, c, ts, r.reason)
+                if r.reason == "session_timeout":
+                    c["session_timeouts"] += 1
+            elif kind is UnfenceBrokerRecord:
+                self._broker((cluster, r.broker_id))["unfences"] += 1
+            elif kind is RegisterBrokerRecord:
+                c = self._broker((cluster, r.broker_id))
+                c["registrations"] += 1
+                if not r.clean:
+                    c["unclean_registrations"] += 1
+                first = c["first_registration"]
+                c["first_registration"] = ts if first is None else min(first, ts)
+            elif kind is BrokerRegistrationChangeRecord:
+                key = (cluster, r.broker_id)
+                c = self._broker(key)
+                reason = _brc_reason(r)
+                if reason == "fenced":
+                    self._fence(key, c, ts, reason)
+                elif reason == "unfenced":
+                    c["unfences"] += 1
+                elif reason == "controlled_shutdown":
+                    c["controlled_shutdowns"] += 1
+            elif kind is UnregisterBrokerRecord:
+                self._broker((cluster, r.broker_id))["unregistrations"] += 1
+
+    def tables(self, window_ms: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+        rows = []
+        for key in sorted(self.counts):
+            c = self.counts[key]
+            worst, worst_end = 0, None
+            times = sorted(self.fence_times.get(key, []))
+            for t in times:
+                # Fences in [t - window + 1, t], those at t itself included (a range frame).
+                n = bisect_left(times, t + 1) - bisect_left(times, t - window_ms + 1)
+                if n > worst:
+                    worst, worst_end = n, t
+            rows.append(
+                {
+                    "cluster": key[0],
+                    "broker": key[1],
+                    **{k: c[k] for k in self._COUNTS},
+                    "first_registration": c["first_registration"],
+                    "last_fence": c["last_fence"],
+                    "max_fences_in_window": worst,
+                    "worst_window_end_ms": worst_end,
+                }
+            )
+        table = pd.DataFrame.from_records(
+            rows,
+            columns=[
+                "cluster",
+                "broker",
+                *self._COUNTS,
+                "first_registration",
+                "last_fence",
+                "max_fences_in_window",
+                "worst_window_end_ms",
+            ],
+        )
+        for col in ("first_registration", "last_fence"):
+            table[col] = _utc(table[col])
+        reasons = pd.DataFrame(
+            sorted(self.reasons.items(), key=lambda kv: -kv[1]), columns=["reason", "count"]
+        )
+        return table, reasons
+
+
+# --- the pass ------------------------------------------------------------------------------
+
+
+@dataclass
+class PlainRun:
+    """What `run_jobs` returns: each job's result, and what the pass read."""
+
+    results: dict[str, Any]
+    records: int
+    seconds: float
+
+
+def run_jobs(
+    data_dirs: Sequence[str | Path],
+    jobs: Iterable[str] = JOBS,
+    *,
+    clusters: Sequence[str] = (),
+    since_ms: int | None = None,
+    until_ms: int | None = None,
+    bucket: str | None = None,
+    flap_fences: int = 3,
+    flap_window_ms: int = 600_000,
+    show: int = 20,
+    top: int = 20,
+) -> PlainRun:
+    """The audits of `jobs` over the logs in `data_dirs`, in one plain pass each, as the
+    Spark jobs' `JobResult` (same tables, summaries and statistics)."""
+    from audit.jobs import brokers, elections, invariants, offline, unclean
+    from audit.source import resolve_sources
+    from audit.spark import AuditInput
+
+    wanted = list(dict.fromkeys(jobs))
+    unknown = [j for j in wanted if j not in JOBS]
+    if unknown:
+        raise ValueError(f"unknown job(s) {unknown}; known: {', '.join(JOBS)}")
+    started = time.perf_counter()
+    sources = resolve_sources([str(d) for d in data_dirs], list(clusters))
+    inp = AuditInput.of(
+        [str(d) for d in data_dirs],
+        clusters=tuple(clusters),
+        since_ms=since_ms,
+        until_ms=until_ms,
+    )
+    rec = _Recoveries(since_ms, until_ms) if "unclean-recoveries" in wanted else None
+    ele = _Elections(since_ms, until_ms) if "elections" in wanted else None
+    off = _Offline(since_ms, until_ms) if "offline" in wanted else None
+    bro = _Brokers(since_ms, until_ms) if "brokers" in wanted else None
+    checks: list[LogChecker] = []
+    n = 0
+    with paused_gc():
+        for src in sources:
+            info = log_info(src.path)
+            if off is not None:
+                newest = log_time_bounds(info.path)[1]
+                if newest is not None:
+                    off.ends[src.cluster] = newest if until_ms is None else min(newest, until_ms)
+            lc = LogChecker(src.cluster) if "invariants" in wanted else None
+            if lc is not None:
+                checks.append(lc)
+            feeders = [a.feed for a in (rec, ele, off, bro) if a is not None]
+            stored = committed_batches(info.path, info.start_offset, info.end_offset, until_ms)
+            for base, ts, records in stored:
+                n += len(records)
+                if lc is not None:
+                    lc.feed(base, ts, records)
+                for feed in feeders:
+                    feed(src.cluster, base, ts, records)
+    results: dict[str, Any] = {}
+    for job in wanted:
+        if job == "unclean-recoveries" and rec is not None:
+            results[job] = unclean._result(inp, rec.table(), show)
+        elif job == "elections" and ele is not None:
+            unit, by_bucket, final = ele.tables(bucket)
+            results[job] = elections._result(inp, unit, by_bucket, final)
+        elif job == "offline" and off is not None:
+            results[job] = offline._result(inp, off.table(), top)
+        elif job == "brokers" and bro is not None:
+            table, reasons = bro.tables(flap_window_ms)
+            table["flapping"] = table["max_fences_in_window"] > flap_fences
+            results[job] = brokers._result(inp, table, reasons, flap_fences, flap_window_ms)
+        elif job == "invariants":
+            out: list[tuple[Any, ...]] = []
+            for lc in checks:
+                for c in lc.finish():
+                    invariants._finish(c, out)
+            rows = invariants._to_batch(out).to_pandas()
+            results[job] = invariants._result(inp, rows, show)
+    return PlainRun(results, n, time.perf_counter() - started)
+
+
 def run(
     data_dir: str | Path,
     *,
@@ -59,42 +611,40 @@ def run(
     invariants: bool = True,
     cluster: str | None = None,
 ) -> PlainResult:
-    """One pass over the log computing the selected audits."""
+    """One pass over the log computing the recoveries and the violations (plain values)."""
     started = time.perf_counter()
     info = log_info(data_dir)
     name = cluster if cluster is not None else cluster_name(data_dir)
     out = PlainResult()
-    went_offline: dict[tuple[str, int], int] = {}
+    acc = _Recoveries(None, None)
     checker = LogChecker(name)
     n = 0
-    for base, ts, records in committed_batches(info.path, info.start_offset, info.end_offset):
-        n += len(records)
-        if invariants:
-            checker.feed(base, ts, records)
-        if not recoveries:
-            continue
-        for i, r in enumerate(records):
-            if type(r) is PartitionChangeRecord:
-                if r.leader == -1:
-                    went_offline[(r.topic, r.partition)] = ts
-            elif type(r) is UncleanRecoveryRecord:
-                kind, margin, runner = _margin(r)
-                start = went_offline.get((r.topic, r.partition))
-                out.recoveries.append(
-                    {
-                        "cluster": name,
-                        "offset": base + i,
-                        "topic": r.topic,
-                        "partition": r.partition,
-                        "strategy": r.strategy,
-                        "trigger": r.trigger,
-                        "chosen": r.chosen,
-                        "runner_up": runner,
-                        "margin_kind": kind,
-                        "margin": margin,
-                        "time_to_recovery_ms": None if start is None else ts - start,
-                    }
-                )
+    with paused_gc():
+        for base, ts, records in committed_batches(info.path, info.start_offset, info.end_offset):
+            n += len(records)
+            if invariants:
+                checker.feed(base, ts, records)
+            if recoveries:
+                acc.feed(name, base, ts, records)
+    out.recoveries = [
+        {
+            k: r[k]
+            for k in (
+                "cluster",
+                "offset",
+                "topic",
+                "partition",
+                "strategy",
+                "trigger",
+                "chosen",
+                "runner_up",
+                "margin_kind",
+                "margin",
+                "time_to_recovery_ms",
+            )
+        }
+        for r in acc.rows
+    ]
     for c in checker.finish():
         out.violations.extend(c.out)
         out.checked += c.records
@@ -102,3 +652,25 @@ def run(
     out.records = n
     out.seconds = time.perf_counter() - started
     return out
+
+
+def offline_bucket(
+    sources: Sequence[tuple[str, str]],
+    *,
+    bucket: int,
+    buckets: int,
+    ends: dict[str, int],
+    since_ms: int | None,
+    until_ms: int | None,
+) -> pd.DataFrame:
+    """The offline job's per-partition table for the partitions of one bucket, from a
+    pass over every log (`sources`: (log file, cluster)); its logs method's task."""
+    acc = _Offline(since_ms, until_ms, bucket=bucket, buckets=buckets)
+    acc.ends = dict(ends)
+    with paused_gc():
+        for path, cluster in sources:
+            info = log_info(path)
+            stored = committed_batches(path, info.start_offset, info.end_offset, until_ms)
+            for base, ts, records in stored:
+                acc.feed(cluster, base, ts, records)
+    return acc.table()

@@ -166,6 +166,7 @@ class PartitionChecker:
         "records",
         "recovery",
         "removing",
+        "replica_set",
         "replicas",
         "skipped",
         "tainted",
@@ -197,6 +198,7 @@ class PartitionChecker:
         self.leader_epoch = -1
         self.partition_epoch = -1
         self.replicas: tuple[int, ...] = ()
+        self.replica_set: frozenset[int] = EMPTY  # the same, for membership tests
         self.adding: frozenset[int] = EMPTY
         # The replicas a reassignment removes: the effective MinISR caps at the target's
         # size (replicas minus these), as the controller's does.
@@ -236,7 +238,8 @@ class PartitionChecker:
         removing: Iterable[int] | None = None,
     ) -> None:
         self.records += 1
-        self._settle_unregistered()
+        if self.unregistered:
+            self._settle_unregistered()
         before = self.isr if self.created else EMPTY
         self.created = True
         self.recovery = None
@@ -249,6 +252,7 @@ class PartitionChecker:
         self.min_isr = min_isr if min_isr is not None else 1
         if replicas is not None:
             self.replicas = tuple(replicas)
+            self.replica_set = frozenset(self.replicas)
         self.adding = frozenset(adding or ())
         self.removing = frozenset(removing or ())
         self.unproven = set(self.adding - self.isr)
@@ -276,12 +280,14 @@ class PartitionChecker:
             self.skipped += 1
             return
         self.records += 1
-        if reason != UNREGISTER:
+        if self.unregistered and reason != UNREGISTER:
             self._settle_unregistered()
         chosen, self.recovery = self.recovery, None
         before = self.isr
-        elr_before = self.elr | self.lkelr
-        unproven_before = frozenset(self.unproven)
+        # What `_check_adding` compares with (only called when a replica is or becomes
+        # unproven: never for most partitions, so not computed for them).
+        unproven_before = frozenset(self.unproven) if self.unproven else EMPTY
+        elr_before = self.elr | self.lkelr if unproven_before or adding is not None else EMPTY
         new_leader = self.leader if leader is None else leader
         if partition_epoch is not None and partition_epoch <= self.partition_epoch:
             self._flag(
@@ -323,6 +329,7 @@ class PartitionChecker:
             self.min_isr = min_isr
         if replicas is not None:
             self.replicas = tuple(replicas)
+            self.replica_set = frozenset(self.replicas)
         if removing is not None:
             self.removing = frozenset(removing)
         if adding is not None:
@@ -583,38 +590,43 @@ class PartitionChecker:
                 leader,
                 f"leader {leader} with ISR {_fmt(isr)} and ELR {_fmt(elr)} (reason {reason})",
             )
-        both = isr & elr
-        if both:
-            self._flag(
-                offset,
-                ts,
-                "isr_elr_overlap",
-                min(both),
-                f"{_fmt(both)} in ISR {_fmt(isr)} and ELR {_fmt(elr)}",
-            )
-        if elr and len(isr) >= self.min_isr:
-            self._flag(
-                offset,
-                ts,
-                "elr_at_or_above_min_isr",
-                None,
-                f"ELR {_fmt(elr)} with ISR {_fmt(isr)} and MinISR {self.min_isr}",
-            )
-        if self.replicas:
-            members = isr | elr | self.lkelr
-            outside = members.difference(self.replicas)
-            if leader != NO_LEADER and leader not in self.replicas:
-                outside |= {leader}
-            if outside:
+        if elr:
+            both = isr & elr
+            if both:
                 self._flag(
                     offset,
                     ts,
-                    "member_outside_replicas",
-                    min(outside),
-                    f"{_fmt(outside)} not among the replicas {list(self.replicas)}: leader "
-                    f"{leader}, ISR {_fmt(isr)}, ELR {_fmt(elr)}, LastKnownELR "
-                    f"{_fmt(self.lkelr)} (reason {reason})",
+                    "isr_elr_overlap",
+                    min(both),
+                    f"{_fmt(both)} in ISR {_fmt(isr)} and ELR {_fmt(elr)}",
                 )
+            if len(isr) >= self.min_isr:
+                self._flag(
+                    offset,
+                    ts,
+                    "elr_at_or_above_min_isr",
+                    None,
+                    f"ELR {_fmt(elr)} with ISR {_fmt(isr)} and MinISR {self.min_isr}",
+                )
+        rs, lkelr = self.replica_set, self.lkelr
+        if rs and not (
+            isr <= rs
+            and (not elr or elr <= rs)
+            and (not lkelr or lkelr <= rs)
+            and (leader == NO_LEADER or leader in rs)
+        ):
+            outside = (isr | elr | lkelr).difference(rs)
+            if leader != NO_LEADER and leader not in rs:
+                outside |= {leader}
+            self._flag(
+                offset,
+                ts,
+                "member_outside_replicas",
+                min(outside),
+                f"{_fmt(outside)} not among the replicas {list(self.replicas)}: leader "
+                f"{leader}, ISR {_fmt(isr)}, ELR {_fmt(elr)}, LastKnownELR "
+                f"{_fmt(lkelr)} (reason {reason})",
+            )
         if self.tainted:
             for b in sorted((isr - before) & self.tainted.keys()):
                 reg_offset = self.tainted.pop(b)[0]
@@ -675,61 +687,79 @@ class LogChecker:
         self.by_topic: dict[str, list[PartitionChecker]] = {}
         self._routed: set[tuple[int, str, int]] = set()  # (broker, topic, partition)
         self._in_topic: set[tuple[str, int]] = set()
+        self._elsewhere: set[tuple[str, int]] = set()  # partitions of other buckets
         self.elr_enabled = True  # the cluster's, for partitions created from now on
         self.records = 0
 
-    def _checker(self, topic: str, partition: int) -> PartitionChecker | None:
+    def checker(self, topic: str, partition: int) -> PartitionChecker | None:
+        """The partition's checker, made at its first record; None when the partition is
+        in another bucket. Hot loops try ``checkers.get((topic, partition))`` first."""
         tp = (topic, partition)
         c = self.checkers.get(tp)
-        if c is None:
+        if c is None and tp not in self._elsewhere:
             if self.buckets > 1 and bucket_of(topic, partition, self.buckets) != self.bucket:
+                self._elsewhere.add(tp)
                 return None
             c = self.checkers[tp] = PartitionChecker(
                 self.cluster, topic, partition, elr_enabled=self.elr_enabled
             )
         return c
 
-    def _route(self, c: PartitionChecker, replicas: Iterable[int]) -> None:
+    def route(self, c: PartitionChecker, replicas: Iterable[int]) -> None:
+        """Broker events of these replicas reach `c` from now on (a partition's records
+        set its replicas: at creation, and a reassignment's)."""
         for b in replicas:
             key = (b, c.topic, c.partition)
             if key not in self._routed:
                 self._routed.add(key)
                 self.by_broker.setdefault(b, []).append(c)
 
+    def join_topic(self, c: PartitionChecker) -> None:
+        """Topic events (ClearElr, RemoveTopic) reach `c` from now on (at its PartitionRecord)."""
+        tp = (c.topic, c.partition)
+        if tp not in self._in_topic:
+            self._in_topic.add(tp)
+            self.by_topic.setdefault(c.topic, []).append(c)
+
     def feed(self, base_offset: int, timestamp_ms: int, records: Iterable[MetadataRecord]) -> None:
-        """The records of one stored batch (offsets base_offset, base_offset + 1, ...)."""
+        """The records of one stored batch (offsets base_offset, base_offset + 1, ...).
+
+        Partition records go to their partition's checker (`checker`, `route`,
+        `join_topic`); the other events through the methods below, which readers of rows
+        call too (`audit.jobs.invariants.feed_rows` does exactly this from Arrow columns).
+        """
         ts = timestamp_ms
+        checkers = self.checkers
         for i, r in enumerate(records):
             self.records += 1
             if isinstance(r, PartitionChangeRecord):
-                c = self._checker(r.topic, r.partition)
-                if c is not None:
-                    if r.replicas is not None:
-                        self._route(c, r.replicas)
-                    c.on_change(
-                        base_offset + i,
-                        ts,
-                        reason=r.reason,
-                        leader=r.leader,
-                        isr=r.isr,
-                        elr=r.elr,
-                        last_known_elr=r.last_known_elr,
-                        leader_epoch=r.leader_epoch,
-                        partition_epoch=r.partition_epoch,
-                        election=r.election,
-                        replicas=r.replicas,
-                        adding=r.adding_replicas,
-                        removing=r.removing_replicas,
-                        min_isr=r.min_isr,
-                    )
-            elif isinstance(r, PartitionRecord):
-                c = self._checker(r.topic, r.partition)
+                c = checkers.get((r.topic, r.partition)) or self.checker(r.topic, r.partition)
                 if c is None:
                     continue
-                self._route(c, r.replicas)
-                if (r.topic, r.partition) not in self._in_topic:
-                    self._in_topic.add((r.topic, r.partition))
-                    self.by_topic.setdefault(r.topic, []).append(c)
+                if r.replicas is not None:
+                    self.route(c, r.replicas)
+                c.on_change(
+                    base_offset + i,
+                    ts,
+                    reason=r.reason,
+                    leader=r.leader,
+                    isr=r.isr,
+                    elr=r.elr,
+                    last_known_elr=r.last_known_elr,
+                    leader_epoch=r.leader_epoch,
+                    partition_epoch=r.partition_epoch,
+                    election=r.election,
+                    replicas=r.replicas,
+                    adding=r.adding_replicas,
+                    removing=r.removing_replicas,
+                    min_isr=r.min_isr,
+                )
+            elif isinstance(r, PartitionRecord):
+                c = self.checker(r.topic, r.partition)
+                if c is None:
+                    continue
+                self.route(c, r.replicas)
+                self.join_topic(c)
                 c.on_partition(
                     base_offset + i,
                     ts,
@@ -745,26 +775,65 @@ class LogChecker:
                     removing=r.removing_replicas,
                 )
             elif isinstance(r, UncleanRecoveryRecord):
-                c = self._checker(r.topic, r.partition)
-                if c is not None:
-                    c.on_recovery(base_offset + i, ts, chosen=r.chosen)
+                self.recovery(base_offset + i, ts, r.topic, r.partition, r.chosen)
             elif isinstance(r, RegisterBrokerRecord):
-                if not r.clean:
-                    for c in self.by_broker.get(r.broker_id, ()):
-                        c.on_unclean_registration(base_offset + i, ts, broker=r.broker_id)
+                self.registration(base_offset + i, ts, r.broker_id, r.clean)
             elif isinstance(r, ClearElrRecord):
-                for c in self.by_topic.get(r.topic, ()):
-                    c.on_clear_elr(base_offset + i, ts, min_isr=r.min_isr, first=r.first, end=r.end)
+                self.clear_elr(
+                    base_offset + i, ts, r.topic, min_isr=r.min_isr, first=r.first, end=r.end
+                )
             elif isinstance(r, UnregisterBrokerRecord):
-                for c in self.by_broker.get(r.broker_id, ()):
-                    c.on_unregister(base_offset + i, ts, broker=r.broker_id)
+                self.unregistration(base_offset + i, ts, r.broker_id)
             elif isinstance(r, RemoveTopicRecord):
-                for c in self.by_topic.get(r.name, ()):
-                    c.on_remove(base_offset + i, ts)
-            elif isinstance(r, FeatureLevelRecord) and r.name == ELR_FEATURE:
-                self.elr_enabled = r.level >= 1
-                for c in self.checkers.values():
-                    c.on_feature(base_offset + i, ts, level=r.level)
+                self.removal(base_offset + i, ts, r.name)
+            elif isinstance(r, FeatureLevelRecord):
+                self.feature(base_offset + i, ts, r.name, r.level)
+
+    # The other events, in offset order.
+
+    def recovery(self, offset: int, ts: int, topic: str, partition: int, chosen: int) -> None:
+        """An UncleanRecoveryRecord."""
+        c = self.checker(topic, partition)
+        if c is not None:
+            c.on_recovery(offset, ts, chosen=chosen)
+
+    def registration(self, offset: int, ts: int, broker: int, clean: bool) -> None:
+        """A RegisterBrokerRecord: an unclean one taints the broker's replicas."""
+        if not clean:
+            for c in self.by_broker.get(broker, ()):
+                c.on_unclean_registration(offset, ts, broker=broker)
+
+    def clear_elr(
+        self,
+        offset: int,
+        ts: int,
+        topic: str,
+        *,
+        min_isr: int | None,
+        first: int | None,
+        end: int | None,
+    ) -> None:
+        """A ClearElrRecord."""
+        for c in self.by_topic.get(topic, ()):
+            c.on_clear_elr(offset, ts, min_isr=min_isr, first=first, end=end)
+
+    def unregistration(self, offset: int, ts: int, broker: int) -> None:
+        """An UnregisterBrokerRecord."""
+        for c in self.by_broker.get(broker, ()):
+            c.on_unregister(offset, ts, broker=broker)
+
+    def removal(self, offset: int, ts: int, topic: str) -> None:
+        """A RemoveTopicRecord."""
+        for c in self.by_topic.get(topic, ()):
+            c.on_remove(offset, ts)
+
+    def feature(self, offset: int, ts: int, name: str, level: int) -> None:
+        """A FeatureLevelRecord (only eligible.leader.replicas.version matters here)."""
+        if name != ELR_FEATURE:
+            return
+        self.elr_enabled = level >= 1
+        for c in self.checkers.values():
+            c.on_feature(offset, ts, level=level)
 
     def finish(self) -> list[PartitionChecker]:
         """Every checker, finished (their ``out`` lists hold the violations)."""

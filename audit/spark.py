@@ -43,9 +43,10 @@ from audit.schema import (
     TIMESTAMP,
     check_columns,
     check_types,
+    spark_schema,
 )
 from audit.source import FORMAT, register
-from audit.transactions import MARKER_TYPES, aborted_ranges
+from audit.transactions import MARKER_TYPES, OPEN_END, aborted_ranges
 
 DEFAULT_MASTER: Final = "local[*]"
 LOOPBACK: Final = "127.0.0.1"
@@ -226,6 +227,7 @@ class AuditInput:
     _aborted: dict[str, list[tuple[int, int]]] | None = field(
         default=None, init=False, compare=False, repr=False
     )
+    _manifest: Any = field(default=None, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if bool(self.data_dirs) == bool(self.parquet):
@@ -280,7 +282,7 @@ class AuditInput:
             needed.update((CLUSTER, OFFSET))
         read = check_columns(list(needed))
         if self.parquet is not None:
-            df = spark.read.parquet(self.parquet).select(*read)
+            df = self._parquet(spark, wanted).select(*read)
             if wanted is not None:
                 df = df.where(F.col(RECORD_TYPE).isin(sorted(wanted)))
             if any_of:
@@ -299,13 +301,48 @@ class AuditInput:
         if self.until_ms is not None:
             df = df.where(F.unix_millis(F.col(TIMESTAMP)) < F.lit(self.until_ms))
         if ranges:
-            df = df.where(_outside(ranges))
+            df = _outside(df, ranges)
         return df.select(*cols)
 
+    def manifest(self) -> Any:
+        """The Parquet export's manifest (`audit.export.Manifest`), or None: data
+        directories, or an export of another layout (read once per input)."""
+        if self.parquet is None:
+            return None
+        found = self._manifest
+        if found is None:
+            from audit.export import read_manifest
+
+            found = read_manifest(self.parquet) or False
+            object.__setattr__(self, "_manifest", found)  # a cache on a frozen dataclass
+        return found or None
+
+    def _parquet(self, spark: Any, wanted: frozenset[str] | None) -> Any:
+        """The export as a DataFrame. With a manifest the schema is known (no inference
+        job) and the ``kind`` directories that cannot hold a wanted type are pruned."""
+        from pyspark.sql import functions as F
+
+        from audit.export import CLUSTER_KIND, KIND, PARTITION_KIND, PARTITION_TYPES
+
+        if self.manifest() is None:
+            return spark.read.parquet(self.parquet)
+        from pyspark.sql.types import StringType, StructField
+
+        schema = spark_schema().add(StructField(KIND, StringType()))
+        df = spark.read.schema(schema).parquet(self.parquet)
+        if wanted is not None and wanted <= PARTITION_TYPES:
+            df = df.where(F.col(KIND) == PARTITION_KIND)
+        elif wanted is not None and not wanted & PARTITION_TYPES:
+            df = df.where(F.col(KIND) == CLUSTER_KIND)
+        return df
+
     def aborted(self, spark: Any) -> dict[str, list[tuple[int, int]]]:
-        """Per cluster, the offset ranges of aborted and unfinished transactions (from a
-        scan of the marker records only; computed once per input)."""
+        """Per cluster, the offset ranges of aborted and unfinished transactions (from the
+        export's manifest, else a scan of the marker records only; once per input)."""
         ranges = self._aborted
+        if ranges is None and self.manifest() is not None:
+            ranges = self.manifest().aborted()
+            object.__setattr__(self, "_aborted", ranges)
         if ranges is None:
             markers = self.load(
                 spark, (CLUSTER, OFFSET, RECORD_TYPE), MARKER_TYPES, include_aborted=True
@@ -331,18 +368,53 @@ class AuditInput:
         return cores * rounds
 
 
-def _outside(ranges: dict[str, list[tuple[int, int]]]) -> Any:
-    """A Spark condition: the record is in none of its cluster's offset `ranges`."""
+# Up to this many closed ranges become one condition; more, a broadcast range join.
+OUTSIDE_CONDITION_RANGES: Final = 16
+_BLOCK: Final = 4096  # offsets per join key of the range join
+
+
+def _outside(df: Any, ranges: dict[str, list[tuple[int, int]]]) -> Any:
+    """The rows of `df` in none of their cluster's offset `ranges` (inclusive).
+
+    An open range (a transaction unfinished at the end of the log, at most one per
+    cluster) is one condition. Closed ranges, when few, are a condition too; when many
+    (a chain of hundreds of ORs is slow to plan and to evaluate), a left anti join on
+    (cluster, offset block) against the ranges cut into blocks, broadcast: each row
+    probes only the ranges of its block.
+    """
     from pyspark.sql import functions as F
 
+    offset, cluster = F.col(OFFSET), F.col(CLUSTER)
+    closed = {c: [(a, b) for a, b in spans if b != OPEN_END] for c, spans in ranges.items()}
     keep = F.lit(True)
-    offset = F.col(OFFSET)
-    for cluster, spans in ranges.items():
-        inside = F.lit(False)
+    for name, spans in ranges.items():
         for first, last in spans:
-            inside = inside | offset.between(first, last)
-        keep = keep & ~((F.col(CLUSTER) == F.lit(cluster)) & inside)
-    return keep
+            if last == OPEN_END:
+                keep = keep & ~((cluster == F.lit(name)) & (offset >= F.lit(first)))
+    total = sum(len(spans) for spans in closed.values())
+    if total <= OUTSIDE_CONDITION_RANGES:
+        for name, spans in closed.items():
+            inside = F.lit(False)
+            for first, last in spans:
+                inside = inside | offset.between(first, last)
+            keep = keep & ~((cluster == F.lit(name)) & inside)
+        return df.where(keep)
+    rows = [
+        (name, block, first, last)
+        for name, spans in closed.items()
+        for first, last in spans
+        for block in range(first // _BLOCK, last // _BLOCK + 1)
+    ]
+    cut = df.sparkSession.createDataFrame(
+        rows, "r_cluster string, r_block long, r_first long, r_last long"
+    )
+    return df.where(keep).join(
+        F.broadcast(cut),
+        (cluster == F.col("r_cluster"))
+        & (F.floor(offset / F.lit(_BLOCK)).cast("long") == F.col("r_block"))
+        & offset.between(F.col("r_first"), F.col("r_last")),
+        "left_anti",
+    )
 
 
 def _any_of_condition(text: str) -> Any:

@@ -1,15 +1,22 @@
 """Benchmark of the Spark audits against a plain single-process pass over the same logs.
 
-Run ``python bench/spark_audit.py [--sizes 1M,10M] [--master local[2]]``. For each size it
-times, in the same run and on the same log:
+Run ``python bench/spark_audit.py [--sizes 1M,10M] [--master local[2]] [--json]``. For each
+size, in the same run and on the same log:
 
-* ``unclean-recoveries`` and ``invariants`` on Spark (warm session, results collected);
-* the plain pass (`audit.plain`): stdlib SQLite, msgspec ``decode_batch`` of every batch,
-  and plain Python for the same answers (the same invariant checker);
+* ``metactl log export`` of the log to Parquet, timed (records/s; with
+  ``--one-process-export`` also the same export in one process, for its speed-up);
+* every job (``--jobs``) on Spark, warm session, results collected, from each source
+  (``--sources``): ``parquet`` (the export: buckets, pruning) and ``sqlite`` (the
+  ``metactl`` data source over the log, or the jobs' logs methods);
+* the plain pass (`audit.plain.run_jobs`, one job at a time): stdlib SQLite, msgspec
+  ``decode_batch`` of every batch, plain Python for the same answers (the same
+  invariant checker), the garbage collector paused as in the Spark tasks.
 
-and prints records/s, the speed-up of Spark over the plain pass, and how each cost grew
-from the smallest size (linear growth means that ratio follows the size ratio). The
-answers of both are compared; a mismatch fails the run.
+It prints each job's times and speed-up (plain / Spark) per source, and how Spark's time
+grew from the smallest size; with ``--json`` one JSON object per line instead (``job``,
+``source``, ``records``, ``speedup``, times; the export as job ``log-export``). Every
+Spark answer is compared with the plain pass's (summary and statistics); a mismatch fails
+the run.
 
 ``python bench/spark_audit.py --cli [--repeat N]`` measures instead what an operator waits
 for (issue 13): ``metactl audit elections`` on a ~30k-record log, one fresh process per
@@ -17,25 +24,22 @@ run, its wall time beside Spark's start-up time, with the class-data sharing arc
 (`audit.cds`, in a temporary cache) and without it.
 
 Logs: a base history is simulated once (``metactl simulate history``: 30 brokers, 5000
-partitions, days enough for ~1M records), then larger logs are *tiled* from it: copy k of
-the base is appended with its broker ids, topic names, broker epochs and timestamps
-shifted, so the big log is k independent, healthy sub-clusters one after another (a
-faster synthetic writer than simulating 10M records). Logs are kept under ``--dir``
-(default ``bench/out/spark-audit``) and reused by later runs.
+partitions, days enough for ~1M records), then larger logs are tiled from it
+(`audit.tile`: copy k of the base appended with its broker ids, topic names, broker epochs
+and timestamps shifted, so the big log is k independent, healthy sub-clusters one after
+another). Logs and exports are kept under ``--dir`` (default ``bench/out/spark-audit``) and
+reused by later runs (exports are rewritten, to time them). `bench/spark_cluster.py` runs
+``audit all`` on a standalone cluster on the same logs.
 
-Design note (measured while building the jobs, 2.7M records, 2 cores): the invariants
-check through Spark rows (shuffle by partition, sort, ``mapInArrow``) took ~45 s against
-~5 s for the plain pass; the per-record cost of building Arrow rows in Python, moving
-them through the JVM and back exceeds the check itself. So on data directories the job
-splits partitions into one bucket per core and each task reads the log itself
-(``--method logs``); the rows path serves Parquet input. This script measures; it must
-not be imported by the product.
+Where the time goes is in audit/README.md (Spark event logs: per-stage task and CPU
+time, shuffle bytes). This script measures; it must not be imported by the product.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import re
@@ -46,32 +50,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
-from audit import plain
-from audit.logread import iter_batches, log_info
+from audit.logread import log_info
+from audit.tile import tile_log
 from metactl.logs import configure
-from metadata_log.records import (
-    BrokerRegistrationChangeRecord,
-    ClearElrRecord,
-    FenceBrokerRecord,
-    MetadataRecord,
-    PartitionChangeRecord,
-    PartitionRecord,
-    RecoveryCandidate,
-    RegisterBrokerRecord,
-    TopicRecord,
-    UncleanRecoveryRecord,
-    UnfenceBrokerRecord,
-    decode_batch,
-)
 from metadata_log.sqlite_format import LOG_FILE_NAME
-from metadata_log.sqlite_store import SqliteLogStore
 from simulation.history import simulate_history
-from simulation.history_config import DAY_MS, HistoryConfig
+from simulation.history_config import HistoryConfig
 
 BASE_DAYS = 12.0  # 30 brokers / 5000 partitions make ~90k records a day
-BROKER_STRIDE = 1000
 
 
 def parse_size(text: str) -> int:
@@ -100,116 +86,13 @@ def base_log(root: Path) -> Path:
     return _simulated(root, "base", cfg)
 
 
-def _shift(r: MetadataRecord, k: int, shift: int) -> MetadataRecord:
-    """Copy k of a record: brokers + k*STRIDE, topics prefixed, broker epochs + shift."""
-    if k == 0:
-        return r
-    db = k * BROKER_STRIDE
-    rep = msgspec.structs.replace
-
-    def topic(name: str) -> str:
-        return f"c{k}-{name}"
-
-    def brokers(ids: list[int] | None) -> list[int] | None:
-        return None if ids is None else [b + db for b in ids]
-
-    match r:
-        case PartitionChangeRecord():
-            return rep(
-                r,
-                topic=topic(r.topic),
-                leader=r.leader if r.leader is None or r.leader < 0 else r.leader + db,
-                isr=brokers(r.isr),
-                elr=brokers(r.elr),
-                last_known_elr=brokers(r.last_known_elr),
-                broker=None if r.broker is None else r.broker + db,
-            )
-        case PartitionRecord():
-            return rep(
-                r,
-                topic=topic(r.topic),
-                replicas=[b + db for b in r.replicas],
-                isr=[b + db for b in r.isr],
-                elr=[b + db for b in r.elr],
-                last_known_elr=[b + db for b in r.last_known_elr],
-                leader=r.leader + db if r.leader >= 0 else r.leader,
-            )
-        case RegisterBrokerRecord():
-            return rep(
-                r,
-                broker_id=r.broker_id + db,
-                incarnation_id=f"c{k}-{r.incarnation_id}",
-                broker_epoch=r.broker_epoch + shift,
-                previous_epoch=None if r.previous_epoch is None else r.previous_epoch + shift,
-            )
-        case FenceBrokerRecord() | UnfenceBrokerRecord() | BrokerRegistrationChangeRecord():
-            return rep(r, broker_id=r.broker_id + db, broker_epoch=r.broker_epoch + shift)
-        case UncleanRecoveryRecord():
-            return rep(
-                r,
-                topic=topic(r.topic),
-                chosen=r.chosen + db,
-                candidates=[
-                    RecoveryCandidate(
-                        broker_id=c.broker_id + db,
-                        last_leader_epoch=c.last_leader_epoch,
-                        log_end_offset=c.log_end_offset,
-                        broker_epoch=c.broker_epoch + shift,
-                    )
-                    for c in r.candidates
-                ],
-            )
-        case TopicRecord():
-            return rep(r, name=topic(r.name), topic_id=f"c{k}-{r.topic_id}")
-        case ClearElrRecord():
-            return rep(r, topic=topic(r.topic))
-    return r
-
-
-async def _tile(base: Path, out: Path, target: int) -> int:
-    info = log_info(base)
-    first, last = _time_span(base)
-    period = last - first + DAY_MS
-    store = await SqliteLogStore.open(out)
-    written = 0
-    try:
-        k = 0
-        while written < target:
-            shift = written
-            pending = []
-            for chunk in iter_batches(info.path, info.start_offset, info.end_offset):
-                for _base, count, ts, payload in chunk:
-                    if written >= target:
-                        break
-                    records = [_shift(r, k, shift) for r in decode_batch(payload)]
-                    pending.append(store.append(records, timestamp_ms=ts + k * period))
-                    written += count
-                    if len(pending) >= 2000:
-                        await asyncio.gather(*pending)
-                        pending = []
-            if pending:
-                await asyncio.gather(*pending)
-            k += 1
-    finally:
-        await store.close()
-    return written
-
-
-def _time_span(path: Path) -> tuple[int, int]:
-    from audit.logread import log_time_bounds
-
-    lo, hi = log_time_bounds(log_info(path).path)
-    assert lo is not None and hi is not None
-    return lo, hi
-
-
 def sized_log(root: Path, size: int) -> Path:
     base = base_log(root)
     path = root / f"tiled-{size}"
     if not (path / LOG_FILE_NAME).exists():
         shutil.rmtree(path, ignore_errors=True)
         started = time.perf_counter()
-        n = asyncio.run(_tile(base, path, size))
+        n = tile_log(base, path, size)
         dt = time.perf_counter() - started
         print(f"tiled {n:,} records into {path} in {dt:.1f} s ({n / dt:,.0f} records/s)")
     return path
@@ -217,12 +100,15 @@ def sized_log(root: Path, size: int) -> Path:
 
 # --- measuring ----------------------------------------------------------------------------
 
+JOBS = ("elections", "unclean-recoveries", "offline", "brokers", "invariants")
+
 
 @dataclass
 class Row:
     size: int
     records: int
     job: str
+    source: str  # parquet | sqlite
     spark_s: float
     plain_s: float
     answer: str
@@ -232,81 +118,175 @@ class Row:
         return self.plain_s / self.spark_s if self.spark_s else 0.0
 
 
-def measure(spark: Any, path: Path, size: int, repeat: int) -> list[Row]:
-    from audit.jobs import invariants, unclean
+@dataclass
+class ExportRow:
+    records: int
+    seconds: float
+    one_process_s: float | None
+    workers: int
+    megabytes: float
+
+    @property
+    def rate(self) -> float:
+        return self.records / self.seconds if self.seconds else 0.0
+
+    @property
+    def speedup(self) -> float | None:
+        return self.one_process_s / self.seconds if self.one_process_s else None
+
+
+def best_of(repeat: int, fn: Any) -> tuple[float, Any]:
+    times, result = [], None
+    for _ in range(repeat):
+        started = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - started)
+    return min(times), result
+
+
+def exported(path: Path, root: Path, size: int, *, one_process: bool) -> tuple[Path, ExportRow]:
+    """The log's Parquet export (written by this run, timed), and the one-process
+    export's time on the same log when `one_process`."""
+    from audit.export import export_parquet
+
+    out = root / f"pq-{size}"
+    single = None
+    if one_process:
+        single = export_parquet([str(path)], out, overwrite=True, workers=1).seconds
+    report = export_parquet([str(path)], out, overwrite=True)
+    megabytes = sum(f.stat().st_size for f in out.rglob("*.parquet")) / 1e6
+    return out, ExportRow(report.records, report.seconds, single, report.workers, megabytes)
+
+
+def _same(job: str, spark_res: Any, plain_res: Any) -> None:
+    """The Spark job and the plain pass must agree (all but the first summary line, which
+    names the input)."""
+    if spark_res.summary[1:] != plain_res.summary[1:] or spark_res.stats != plain_res.stats:
+        raise SystemExit(
+            f"answers differ for {job}:\n  spark: {spark_res.summary}\n  plain: {plain_res.summary}"
+        )
+
+
+def _answer(job: str, res: Any) -> str:
+    s = res.stats
+    return {
+        "elections": lambda: f"{s['elections']:,} elections",
+        "unclean-recoveries": lambda: f"{s['recoveries']:,} recoveries",
+        "offline": lambda: f"{s['intervals']:,} offline intervals",
+        "brokers": lambda: f"{s['fences']:,} fences",
+        "invariants": lambda: f"{s['violations']} violations / {s['records']:,} events",
+    }[job]()
+
+
+def measure(
+    spark: Any,
+    path: Path,
+    pq: Path,
+    size: int,
+    *,
+    repeat: int,
+    sources: tuple[str, ...],
+    jobs: tuple[str, ...] = JOBS,
+) -> list[Row]:
+    """Each job: the plain pass over the SQLite log, Spark from each source."""
+    import importlib
+
+    from audit import plain
+    from audit.jobs import MODULES
     from audit.spark import AuditInput
 
     records = log_info(path).end_offset
-    inp = AuditInput.of(str(path))
     rows = []
-
-    def best(fn: Any) -> tuple[float, Any]:
-        times, result = [], None
-        for _ in range(repeat):
-            t = time.perf_counter()
-            result = fn()
-            times.append(time.perf_counter() - t)
-        return min(times), result
-
-    s_time, s_res = best(lambda: unclean.run(spark, inp))
-    p_time, p_res = best(lambda: plain.run(path, invariants=False))
-    if s_res.stats["recoveries"] != len(p_res.recoveries):
-        raise SystemExit(f"answers differ: {s_res.stats['recoveries']} vs {len(p_res.recoveries)}")
-    rows.append(
-        Row(
-            size,
-            records,
-            "unclean-recoveries",
-            s_time,
-            p_time,
-            f"{len(p_res.recoveries):,} recoveries",
-        )
-    )
-    s_time, s_res = best(lambda: invariants.run(spark, inp))
-    p_time, p_res = best(lambda: plain.run(path, recoveries=False))
-    if (
-        s_res.stats["violations"] != len(p_res.violations)
-        or s_res.stats["records"] != p_res.checked
-    ):
-        raise SystemExit(f"answers differ: {s_res.stats} vs {len(p_res.violations)} violations")
-    rows.append(
-        Row(
-            size,
-            records,
-            "invariants",
-            s_time,
-            p_time,
-            f"{len(p_res.violations)} violations / {p_res.checked:,} events",
-        )
-    )
+    for job in jobs:
+        p_time, p_run = best_of(repeat, lambda job=job: plain.run_jobs([str(path)], [job]))
+        expected = p_run.results[job]
+        module = importlib.import_module(MODULES[job])
+        for source in sources:
+            if source == "parquet":
+                inp = AuditInput.of(parquet=str(pq))
+            else:
+                inp = AuditInput.of(str(path))
+            inp.aborted(spark)  # per input, once (what `audit all` shares between jobs)
+            s_time, s_res = best_of(repeat, lambda m=module, i=inp: m.run(spark, i))
+            _same(job, s_res, expected)
+            rows.append(Row(size, records, job, source, s_time, p_time, _answer(job, s_res)))
+            print(
+                f"  {job} from {source}: Spark {s_time:.1f} s, plain {p_time:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
     return rows
 
 
-def print_table(rows: list[Row], master: str) -> None:
+def print_table(rows: list[Row], exports: dict[int, ExportRow], master: str) -> None:
     print()
-    print(f"Spark ({master}, warm session) vs one plain Python process, same log, same run")
+    print(f"Spark ({master}, warm session) vs one plain Python process (from the SQLite log)")
     head = (
-        f"{'records':>12}  {'job':<19} {'spark s':>8} {'spark rec/s':>12} "
-        f"{'plain s':>8} {'plain rec/s':>12} {'speed-up':>8} {'growth':>12}  answer"
+        f"{'records':>12}  {'job':<19} {'source':<8} {'spark s':>8} {'plain s':>8} "
+        f"{'speed-up':>8} {'growth':>11}  answer"
     )
     print(head)
     print("-" * len(head))
-    first: dict[str, Row] = {}
+    first: dict[tuple[str, str], Row] = {}
     for r in rows:
-        base = first.setdefault(r.job, r)
+        base = first.setdefault((r.job, r.source), r)
         growth = (
             f"x{r.spark_s / base.spark_s:.1f}/x{r.records / base.records:.0f}"
             if r is not base
             else "-"
         )
         print(
-            f"{r.records:>12,}  {r.job:<19} {r.spark_s:>8.1f} {r.records / r.spark_s:>12,.0f} "
-            f"{r.plain_s:>8.1f} {r.records / r.plain_s:>12,.0f} {r.speedup:>7.2f}x "
-            f"{growth:>12}  {r.answer}"
+            f"{r.records:>12,}  {r.job:<19} {r.source:<8} {r.spark_s:>8.1f} {r.plain_s:>8.1f} "
+            f"{r.speedup:>7.2f}x {growth:>11}  {r.answer}"
         )
     print()
     print("speed-up: plain time / Spark time (> 1: Spark is faster). growth: Spark time and")
     print("record count relative to the smallest size (linear: the two numbers match).")
+    for _size, e in sorted(exports.items()):
+        single = (
+            f"; one process {e.one_process_s:.1f} s ({e.records / e.one_process_s:,.0f} "
+            f"records/s, {e.speedup:.2f}x)"
+            if e.one_process_s
+            else ""
+        )
+        print(
+            f"log export {e.records:,} records: {e.seconds:.1f} s, {e.rate:,.0f} records/s on "
+            f"{e.workers} processes, {e.megabytes:.0f} MB{single}"
+        )
+
+
+def print_json(rows: list[Row], exports: dict[int, ExportRow], master: str) -> None:
+    for r in rows:
+        print(
+            json.dumps(
+                {
+                    "job": r.job,
+                    "source": r.source,
+                    "records": r.records,
+                    "speedup": round(r.speedup, 3),
+                    "spark_s": round(r.spark_s, 3),
+                    "plain_s": round(r.plain_s, 3),
+                    "master": master,
+                    "answer": r.answer,
+                }
+            )
+        )
+    for e in exports.values():
+        print(
+            json.dumps(
+                {
+                    "job": "log-export",
+                    "source": "sqlite",
+                    "records": e.records,
+                    "speedup": None if e.speedup is None else round(e.speedup, 3),
+                    "seconds": round(e.seconds, 3),
+                    "records_per_s": round(e.rate),
+                    "one_process_s": None if e.one_process_s is None else round(e.one_process_s, 3),
+                    "workers": e.workers,
+                    "megabytes": round(e.megabytes, 1),
+                }
+            )
+        )
 
 
 # --- the command as a user runs it (issue 13) ------------------------------------------------
@@ -411,6 +391,22 @@ def main(argv: list[str] | None = None) -> int:
         help="best of N runs (default 1); with --cli, N runs of each variant (default 3)",
     )
     parser.add_argument(
+        "--sources",
+        default="parquet,sqlite",
+        help="Spark's inputs to time: parquet (the export), sqlite (the data source)",
+    )
+    parser.add_argument("--jobs", default=",".join(JOBS), help="comma-separated jobs to time")
+    parser.add_argument(
+        "--one-process-export",
+        action="store_true",
+        help="also time the export in one process (its speed-up over it; ~3 s per 1M records)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per line (job, source, records, speedup, ...) instead of the table",
+    )
+    parser.add_argument(
         "--cli",
         action="store_true",
         help=f"instead: `metactl audit elections` on ~{CLI_RECORDS // 1000}k records as a "
@@ -419,6 +415,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.repeat is not None and args.repeat < 1:
         parser.error("--repeat must be at least 1")
+    sources = tuple(s.strip() for s in args.sources.split(",") if s.strip())
+    jobs = tuple(j.strip() for j in args.jobs.split(",") if j.strip())
+    if not set(sources) <= {"parquet", "sqlite"} or not sources:
+        parser.error("--sources takes parquet and/or sqlite")
+    if not set(jobs) <= set(JOBS) or not jobs:
+        parser.error(f"--jobs takes some of {', '.join(JOBS)}")
     configure(json=False, level=logging.WARNING)
     if args.cli:
         args.dir.mkdir(parents=True, exist_ok=True)
@@ -428,6 +430,18 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     args.dir.mkdir(parents=True, exist_ok=True)
     logs = {size: sized_log(args.dir, size) for size in sizes}
+    exports: dict[int, ExportRow] = {}
+    parquet: dict[int, Path] = {}
+    for size in sizes:
+        parquet[size], exports[size] = exported(
+            logs[size], args.dir, size, one_process=args.one_process_export
+        )
+        e = exports[size]
+        print(
+            f"exported {e.records:,} records in {e.seconds:.1f} s ({e.rate:,.0f} records/s)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     from audit.jobs import unclean
     from audit.spark import AuditInput, get_session
@@ -435,12 +449,23 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     spark = get_session(master, app_name="metactl-bench", shuffle_partitions=8)
     unclean.run(spark, AuditInput.of(str(base_log(args.dir))))  # warm the Python workers
-    print(f"Spark session up and warm in {time.perf_counter() - started:.1f} s")
+    print(
+        f"Spark session up and warm in {time.perf_counter() - started:.1f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     rows: list[Row] = []
     for size in sizes:
-        rows.extend(measure(spark, logs[size], size, repeat))
-        print_table(rows, master)
+        rows.extend(
+            measure(
+                spark, logs[size], parquet[size], size, repeat=repeat, sources=sources, jobs=jobs
+            )
+        )
     spark.stop()
+    if args.json:
+        print_json(rows, exports, master)
+    else:
+        print_table(rows, exports, master)
     return 0
 
 

@@ -181,10 +181,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         if job in ("invariants", ALL):
             p.add_argument(
                 "--method",
-                choices=("auto", "logs", "rows"),
+                choices=("auto", "logs", "buckets", "rows"),
                 default="auto",
-                help="logs: check straight from data directories; rows: through Spark rows "
-                "(default auto: logs for data directories, rows for Parquet)",
+                help="logs: check straight from data directories; buckets: one task per "
+                "bucket of a `metactl log export` (no shuffle); rows: through Spark rows, any "
+                "input (default auto: logs for data directories, buckets for an export, else "
+                "rows)",
             )
         p.set_defaults(func=_run)
 
@@ -253,6 +255,10 @@ def _run(args: argparse.Namespace) -> int:
         options = {job: _options(args, job) for job in names}
         extra = _settings(args.conf)
         check_master(args.master, inp.data_dirs)
+        if "invariants" in names:
+            from audit.jobs.invariants import pick_method
+
+            pick_method(inp, args.method)  # a method that cannot read the input: exit 2
     except ValueError as exc:
         return fail(InvalidConfigurationError(str(exc)))
     except (MetactlError, OSError) as exc:
@@ -304,9 +310,34 @@ def _run(args: argparse.Namespace) -> int:
             out = args.out / result.job if args.audit_job == ALL else args.out
             paths = write_outputs(result, out, args.format)
             print(f"wrote {len(paths)} files to {out} (report: {out / 'report.html'})")
+    hint = parquet_hint(inp.data_dirs, args.data_dir or [])
+    if hint:
+        print(hint)
     total = time.perf_counter() - started
     print(f"({total:.1f} s on {args.master}, of which {up:.1f} s starting Spark)")
     return max(int(r.exit_status) for r in results)
+
+
+# From this many records, audits of a Parquet export beat the SQLite data source by far
+# (bench/spark_audit.py: every job, 10M records, audit/README.md).
+PARQUET_HINT_RECORDS = 1_000_000
+
+
+def parquet_hint(data_dirs: tuple[str, ...], typed: list[str]) -> str | None:
+    """One line when the logs are large enough that a Parquet export would make audits
+    faster; None otherwise (Parquet input, or small logs). `typed`: --data-dir as given."""
+    from audit.logread import log_info
+
+    if not data_dirs:
+        return None
+    records = sum(log_info(d).end_offset - log_info(d).start_offset for d in data_dirs)
+    if records < PARQUET_HINT_RECORDS:
+        return None
+    return (
+        f"hint: {records:,} records read from SQLite; audits of a Parquet export run "
+        f"several times faster: metactl log export --data-dir {','.join(typed or data_dirs)} "
+        f"--parquet OUT, then --parquet OUT"
+    )
 
 
 def spark_error(exc: BaseException, *, verbose: bool = False) -> MetactlError:

@@ -5,7 +5,8 @@ Counted in the [since, until) window. A fence is a FenceBrokerRecord (any reason
 session timeout, an operator, or ``reregistration`` when a broker in controlled shutdown
 registers again) or a BrokerRegistrationChange that sets ``fenced``. A broker *flaps*
 when more than ``flap_fences`` fences fall within some ``flap_window`` (a sliding window
-ending at each fence).
+ending at each fence); its worst window ends at the earliest fence with the most fences
+in the window before it.
 """
 
 from __future__ import annotations
@@ -63,12 +64,18 @@ def run(
         .orderBy("ts_ms")
         .rangeBetween(-(flap_window_ms - 1), 0)
     )
+    # The worst window: the most fences, ending at the earliest fence that reaches that
+    # many (a struct's max: deterministic, where max_by would pick any of equal counts).
+    worst = F.max(F.struct(F.col("fences_in_window").alias("n"), (-F.col("ts_ms")).alias("t")))
     flap = (
         fences.withColumn("fences_in_window", F.count(F.lit(1)).over(recent))
         .groupBy("cluster", "broker")
-        .agg(
-            F.max("fences_in_window").alias("max_fences_in_window"),
-            F.max_by("ts_ms", "fences_in_window").alias("worst_window_end_ms"),
+        .agg(worst.alias("worst"))
+        .select(
+            "cluster",
+            "broker",
+            F.col("worst.n").alias("max_fences_in_window"),
+            (-F.col("worst.t")).alias("worst_window_end_ms"),
         )
     )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -34,7 +35,8 @@ def ms_col(col: str) -> Any:
 
 
 def cluster_end_ms(spark: Any, inp: AuditInput) -> dict[str, int]:
-    """When each cluster's known history ends: its newest record's time, capped at --until."""
+    """When each cluster's known history ends: its newest record's time, capped at --until
+    (from the logs' bounds, an export's manifest, or a scan of the export)."""
     from pyspark.sql import functions as F
 
     if inp.data_dirs:
@@ -44,6 +46,8 @@ def cluster_end_ms(spark: Any, inp: AuditInput) -> dict[str, int]:
             src.cluster: log_time_bounds(log_info(src.path).path)[1]
             for src in resolve_sources(list(inp.data_dirs), list(inp.clusters))
         }
+    elif inp.manifest() is not None:
+        ends = inp.manifest().last_ms()
     else:
         rows = (
             inp.load(spark, ["cluster", "timestamp"])
@@ -117,7 +121,14 @@ def window_text(inp: AuditInput) -> str:
 
 
 def source_text(inp: AuditInput) -> str:
-    return ", ".join(inp.data_dirs) if inp.data_dirs else f"Parquet {inp.parquet}"
+    """What the audit read, for its summary: a local path absolute, so that the same input
+    reads the same whatever the directory the command ran in (a URL as given)."""
+    if inp.data_dirs:
+        return ", ".join(inp.data_dirs)
+    where = str(inp.parquet)
+    if "://" not in where:
+        where = os.path.abspath(where)
+    return f"Parquet {where}"
 
 
 def percentiles(values: Sequence[float] | pd.Series) -> dict[str, float | None]:

@@ -1,31 +1,47 @@
 """``invariants``: replay every partition's history and flag every violation of the rules.
 
-The rules and the checker are in `audit.rules`. The Spark plan: the partition records
-(Partition, PartitionChange, UncleanRecovery) of one scan, plus the broker-, topic- and
-cluster-level events each partition must see, joined in from a cheap second scan: every
-unclean RegisterBroker and every UnregisterBroker fanned out to the partitions that have
-or had a replica on that broker (assignments, and the replicas a reassignment set), every
-ClearElr and RemoveTopic to the partitions of its topic, every
-eligible.leader.replicas.version FeatureLevel to every partition of the cluster. The
-union is shuffled by partition, sorted by offset within each Spark partition, and a
-``mapInArrow`` function runs one `PartitionChecker` per metadata partition over the
-sorted stream (no per-group overhead, no pandas). Each checker also emits one
-statistics row (``_checked``).
+The rules and the checker are in `audit.rules`; every method feeds the same checker, and
+the plain pass (`audit.plain`) too. Three ways to get each partition's events to it in
+offset order (`pick_method`):
 
-Violations are reported in [since, until); the replay always starts at the beginning.
+* ``buckets`` (a `metactl log export` with its manifest): one Spark task per bucket of
+  partition records (`audit.buckets`) reads its files and every broker-, topic- and
+  cluster-level event with Arrow, and feeds them in offset order to a `LogChecker`,
+  exactly as the plain pass feeds it a log (`feed_rows`). The export grouped each
+  partition's history: no shuffle, no sort, only violations reach the JVM.
+* ``logs`` (data directories): one task per core reads every log and checks the
+  partitions of its hash bucket (`audit.rules.bucket_of`).
+* ``rows`` (any input, e.g. Parquet of another layout): the partition records of one
+  scan, plus the broker-, topic- and cluster-level events each partition must see,
+  joined in from a cheap second scan: every unclean RegisterBroker and every
+  UnregisterBroker fanned out to the partitions that have or had a replica on that broker
+  (assignments, and the replicas a reassignment set), every ClearElr and RemoveTopic to
+  the partitions of its topic, every eligible.leader.replicas.version FeatureLevel to
+  every partition of the cluster. The union is shuffled by partition, sorted by offset
+  within each Spark partition, and a ``mapInArrow`` function runs one `PartitionChecker`
+  per metadata partition over the sorted stream (`feed_sorted`).
+
+The Python loops read Arrow columns in bulk (`_values`: numpy for plain ints, absent and
+all-null columns never converted), and run with the garbage collector paused. Each
+checker also emits one statistics row (``_checked``). Violations are reported in [since,
+until); the replay always starts at the beginning.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Final
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from audit.buckets import by_cluster, committed, export_root, read_bucket, read_events, run_buckets
 from audit.jobs.common import JobResult, counts_text, fmt_time, source_text, window_text
 from audit.logread import log_info
 from audit.report import bar_chart, section, table_html
+from audit.rows import paused_gc
 from audit.rules import RULES, LogChecker, PartitionChecker, Violation
 from audit.spark import AuditInput
 from audit.transactions import committed_batches
@@ -54,6 +70,7 @@ MAIN_COLUMNS = (
     "adding_replicas",
     "removing_replicas",
 )
+MAIN_TYPES = ("Partition", "PartitionChange", "UncleanRecovery")
 SIDE_COLUMNS = (
     "cluster",
     "offset",
@@ -79,6 +96,22 @@ SIDE_TYPES = (
     "UnregisterBroker",
     "FeatureLevel",
 )
+# The broker-, topic- and cluster-level events (what the bucket method reads in full).
+EVENT_TYPES = ("RegisterBroker", "ClearElr", "RemoveTopic", "UnregisterBroker", "FeatureLevel")
+EVENT_COLUMNS = (
+    "cluster",
+    "offset",
+    "timestamp",
+    "record_type",
+    "topic",
+    "broker",
+    "clean",
+    "min_isr",
+    "first_partition",
+    "end_partition",
+    "feature",
+    "level",
+)
 # Of the PartitionChange records only those that set replicas (a reassignment's): the
 # byte pre-filter skips every batch without one.
 SIDE_ANY_OF = ",".join(
@@ -103,62 +136,25 @@ OUTPUT_DDL = (
     "rule string, broker int, detail string, records long, skipped long"
 )
 
+# --- rows to checkers ----------------------------------------------------------------------
 
-def feed(checker: PartitionChecker, rt: str, offset: int, ts: int, row: dict[str, Any]) -> None:
-    """Hand one event (a row of the audit schema, as a dict) to the partition's checker."""
-    if rt == "PartitionChange":
-        checker.on_change(
-            offset,
-            ts,
-            reason=row["reason"],
-            leader=row["leader"],
-            isr=row["isr"],
-            elr=row["elr"],
-            last_known_elr=row["last_known_elr"],
-            leader_epoch=row["leader_epoch"],
-            partition_epoch=row["partition_epoch"],
-            election=row["election_kind"],
-            replicas=row["replicas"],
-            adding=row["adding_replicas"],
-            removing=row["removing_replicas"],
-            min_isr=row["min_isr"],
-        )
-    elif rt == "Partition":
-        checker.on_partition(
-            offset,
-            ts,
-            isr=row["isr"] or (),
-            elr=row["elr"],
-            last_known_elr=row["last_known_elr"],
-            leader=row["leader"],
-            leader_epoch=row["leader_epoch"],
-            partition_epoch=row["partition_epoch"],
-            min_isr=row["min_isr"],
-            replicas=row["replicas"],
-            adding=row["adding_replicas"],
-            removing=row["removing_replicas"],
-        )
-    elif rt == "UncleanRecovery":
-        checker.on_recovery(offset, ts, chosen=row["chosen"])
-    elif rt == "RegisterBroker":
-        checker.on_unclean_registration(offset, ts, broker=row["broker"])
-    elif rt == "ClearElr":
-        checker.on_clear_elr(
-            offset,
-            ts,
-            min_isr=row["min_isr"],
-            first=row["first_partition"],
-            end=row["end_partition"],
-        )
-    elif rt == "UnregisterBroker":
-        checker.on_unregister(offset, ts, broker=row["broker"])
-    elif rt == "RemoveTopic":
-        checker.on_remove(offset, ts)
-    elif rt == "FeatureLevel":
-        checker.on_feature(offset, ts, level=row["level"])
-
-
-_FIELDS = (
+# Record types as the small ints the row loops dispatch on.
+_TYPE_CODES = (
+    "PartitionChange",
+    "Partition",
+    "UncleanRecovery",
+    "RegisterBroker",
+    "ClearElr",
+    "UnregisterBroker",
+    "RemoveTopic",
+    "FeatureLevel",
+)
+(_CHANGE, _PARTITION, _RECOVERY, _REGISTER, _CLEAR, _UNREGISTER, _REMOVE, _FEATURE) = range(8)
+_ROW_COLUMNS = (
+    "offset",
+    "timestamp",
+    "topic",
+    "partition",
     "leader",
     "leader_epoch",
     "partition_epoch",
@@ -168,61 +164,283 @@ _FIELDS = (
     "reason",
     "chosen",
     "min_isr",
-    "broker",
     "election_kind",
     "replicas",
     "adding_replicas",
     "removing_replicas",
+    "broker",
+    "clean",
     "first_partition",
     "end_partition",
+    "feature",
     "level",
 )
+_SLICE_ROWS = 65_536
+
+
+def _values(batch: pa.RecordBatch, name: str) -> Any:
+    """A column as Python values, cheaply: absent or all-null columns are a repeat of
+    None; int columns without nulls go through numpy; timestamps become epoch ms."""
+    n = batch.num_rows
+    i = batch.schema.get_field_index(name)
+    if i < 0:
+        return itertools.repeat(None, n)
+    col = batch.column(i)
+    if col.null_count == n:
+        return itertools.repeat(None, n)
+    if pa.types.is_timestamp(col.type):
+        return (col.cast(pa.int64()).to_numpy() // 1000).tolist()
+    if col.null_count == 0 and pa.types.is_integer(col.type):
+        return col.to_numpy().tolist()
+    return col.to_pylist()
+
+
+def _codes(batch: pa.RecordBatch) -> list[int]:
+    found = pc.index_in(batch.column("record_type"), value_set=pa.array(_TYPE_CODES))
+    codes: list[int] = found.fill_null(-1).to_numpy().tolist()
+    return codes
+
+
+_PARTITION_COLUMNS = (
+    "offset",
+    "timestamp",
+    "topic",
+    "partition",
+    "leader",
+    "leader_epoch",
+    "partition_epoch",
+    "isr",
+    "elr",
+    "last_known_elr",
+    "reason",
+    "chosen",
+    "min_isr",
+    "election_kind",
+    "replicas",
+    "adding_replicas",
+    "removing_replicas",
+)
+_NO_MORE: Final = 1 << 63
+
+
+def feed_event(lc: LogChecker, row: dict[str, Any]) -> None:
+    """A broker-, topic- or cluster-level event (a row of the audit schema as a dict)."""
+    rt, offset = row["record_type"], row["offset"]
+    ts = int(row["timestamp"].timestamp() * 1000)
+    if rt == "RegisterBroker":
+        lc.registration(offset, ts, row["broker"], bool(row["clean"]))
+    elif rt == "ClearElr":
+        lc.clear_elr(
+            offset,
+            ts,
+            row["topic"],
+            min_isr=row["min_isr"],
+            first=row["first_partition"],
+            end=row["end_partition"],
+        )
+    elif rt == "UnregisterBroker":
+        lc.unregistration(offset, ts, row["broker"])
+    elif rt == "RemoveTopic":
+        lc.removal(offset, ts, row["topic"])
+    elif rt == "FeatureLevel":
+        lc.feature(offset, ts, row["feature"], row["level"])
+
+
+def feed_rows(lc: LogChecker, parts: pa.Table, events: list[dict[str, Any]]) -> None:
+    """Hand one cluster's history to `lc` in offset order, as `LogChecker.feed` hands it
+    the records of a log (the same calls): `parts`, the partition records (Partition,
+    PartitionChange, UncleanRecovery) in offset order, and `events`, the broker-, topic-
+    and cluster-level rows (few) in offset order, each fed where its offset falls."""
+    checkers = lc.checkers
+    pending = iter(events)
+    event = next(pending, None)
+    at = _NO_MORE if event is None else event["offset"]
+    for batch in parts.to_batches(max_chunksize=_SLICE_ROWS):
+        rows = zip(_codes(batch), *(_values(batch, c) for c in _PARTITION_COLUMNS), strict=True)
+        for (
+            code,
+            offset,
+            ts,
+            topic,
+            part,
+            leader,
+            le,
+            pe,
+            isr,
+            elr,
+            lkelr,
+            reason,
+            chosen,
+            min_isr,
+            election,
+            replicas,
+            adding,
+            removing,
+        ) in rows:
+            while at < offset:
+                assert event is not None
+                feed_event(lc, event)
+                event = next(pending, None)
+                at = _NO_MORE if event is None else event["offset"]
+            if code == _CHANGE:
+                c = checkers.get((topic, part)) or lc.checker(topic, part)
+                if c is None:
+                    continue
+                if replicas is not None:
+                    lc.route(c, replicas)
+                c.on_change(
+                    offset,
+                    ts,
+                    reason=reason,
+                    leader=leader,
+                    isr=isr,
+                    elr=elr,
+                    last_known_elr=lkelr,
+                    leader_epoch=le,
+                    partition_epoch=pe,
+                    election=election,
+                    replicas=replicas,
+                    adding=adding,
+                    removing=removing,
+                    min_isr=min_isr,
+                )
+            elif code == _PARTITION:
+                c = lc.checker(topic, part)
+                if c is None:
+                    continue
+                lc.route(c, replicas)
+                lc.join_topic(c)
+                c.on_partition(
+                    offset,
+                    ts,
+                    isr=isr,
+                    elr=elr,
+                    last_known_elr=lkelr,
+                    leader=leader,
+                    leader_epoch=le,
+                    partition_epoch=pe,
+                    min_isr=min_isr,
+                    replicas=replicas,
+                    adding=adding,
+                    removing=removing,
+                )
+            elif code == _RECOVERY:
+                lc.recovery(offset, ts, topic, part, chosen)
+    while event is not None:
+        feed_event(lc, event)
+        event = next(pending, None)
+
+
+def feed_sorted(batches: Iterator[pa.RecordBatch]) -> Iterator[PartitionChecker]:
+    """Rows sorted by (cluster, topic, partition, offset), the broker-, topic- and
+    cluster-level events already fanned out to each partition (the rows method): one
+    finished `PartitionChecker` per metadata partition."""
+    checker: PartitionChecker | None = None
+    for batch in batches:
+        keys = zip(
+            _values(batch, "cluster"),
+            _values(batch, "topic"),
+            _values(batch, "partition"),
+            strict=True,
+        )
+        rows = zip(keys, _codes(batch), *(_values(batch, c) for c in _ROW_COLUMNS), strict=True)
+        for (
+            key,
+            code,
+            offset,
+            ts,
+            _topic,
+            _part,
+            leader,
+            le,
+            pe,
+            isr,
+            elr,
+            lkelr,
+            reason,
+            chosen,
+            min_isr,
+            election,
+            replicas,
+            adding,
+            removing,
+            broker,
+            _clean,
+            first,
+            end,
+            _feature,
+            level,
+        ) in rows:
+            if checker is None or key != (checker.cluster, checker.topic, checker.partition):
+                if checker is not None:
+                    checker.finish()
+                    yield checker
+                checker = PartitionChecker(*key)
+            if code == _CHANGE:
+                checker.on_change(
+                    offset,
+                    ts,
+                    reason=reason,
+                    leader=leader,
+                    isr=isr,
+                    elr=elr,
+                    last_known_elr=lkelr,
+                    leader_epoch=le,
+                    partition_epoch=pe,
+                    election=election,
+                    replicas=replicas,
+                    adding=adding,
+                    removing=removing,
+                    min_isr=min_isr,
+                )
+            elif code == _PARTITION:
+                checker.on_partition(
+                    offset,
+                    ts,
+                    isr=isr or (),
+                    elr=elr,
+                    last_known_elr=lkelr,
+                    leader=leader,
+                    leader_epoch=le,
+                    partition_epoch=pe,
+                    min_isr=min_isr,
+                    replicas=replicas,
+                    adding=adding,
+                    removing=removing,
+                )
+            elif code == _RECOVERY:
+                checker.on_recovery(offset, ts, chosen=chosen)
+            elif code == _REGISTER:
+                checker.on_unclean_registration(offset, ts, broker=broker)
+            elif code == _CLEAR:
+                checker.on_clear_elr(offset, ts, min_isr=min_isr, first=first, end=end)
+            elif code == _UNREGISTER:
+                checker.on_unregister(offset, ts, broker=broker)
+            elif code == _REMOVE:
+                checker.on_remove(offset, ts)
+            elif code == _FEATURE:
+                checker.on_feature(offset, ts, level=level)
+    if checker is not None:
+        checker.finish()
+        yield checker
 
 
 def check_sorted(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The ``mapInArrow`` function: rows sorted by (cluster, topic, partition, offset)."""
-    checker: PartitionChecker | None = None
+    """The rows method's ``mapInArrow`` function (see `feed_sorted`)."""
     out: list[tuple[Any, ...]] = []
-    for batch in batches:
-        n = batch.num_rows
-
-        def col(name: str, batch: pa.RecordBatch = batch, n: int = n) -> list[Any]:
-            i = batch.schema.get_field_index(name)
-            return [None] * n if i < 0 else batch.column(i).to_pylist()
-
-        ts_ms = batch.column("timestamp").cast(pa.int64()).to_pylist()
-        rows = zip(
-            col("cluster"),
-            col("topic"),
-            col("partition"),
-            col("offset"),
-            ts_ms,
-            col("record_type"),
-            *(col(f) for f in _FIELDS),
-            strict=True,
-        )
-        for cluster, topic, part, offset, ts, rt, *values in rows:
-            if (
-                checker is None
-                or part != checker.partition
-                or topic != checker.topic
-                or cluster != checker.cluster
-            ):
-                if checker is not None:
-                    _finish(checker, out)
-                checker = PartitionChecker(cluster, topic, part)
-            feed(checker, rt, offset, ts // 1000, dict(zip(_FIELDS, values, strict=True)))
-        if len(out) >= 10_000:
-            yield _to_batch(out)
-            out = []
-    if checker is not None:
-        _finish(checker, out)
+    with paused_gc():
+        for checker in feed_sorted(batches):
+            _finish(checker, out)
+            if len(out) >= 10_000:
+                yield _to_batch(out)
+                out = []
     if out:
         yield _to_batch(out)
 
 
 def _finish(checker: PartitionChecker, out: list[tuple[Any, ...]]) -> None:
-    for v in checker.finish():
+    """The checker's violations (it is finished) and its statistics row, as output rows."""
+    for v in checker.out:
         out.append((*v[:4], v.timestamp_ms * 1000, v.rule, v.broker, v.detail, None, None))
     out.append(
         (
@@ -241,7 +459,7 @@ def _finish(checker: PartitionChecker, out: list[tuple[Any, ...]]) -> None:
 
 
 def _to_batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
-    columns = list(zip(*rows, strict=True))
+    columns: list[Any] = list(zip(*rows, strict=True)) if rows else [[] for _ in OUTPUT_ARROW]
     arrays = []
     for field, values in zip(OUTPUT_ARROW, columns, strict=True):
         if pa.types.is_timestamp(field.type):
@@ -251,12 +469,15 @@ def _to_batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=OUTPUT_ARROW)
 
 
+# --- the rows method: any input, through Spark's shuffle --------------------------------------
+
+
 def events(spark: Any, inp: AuditInput) -> tuple[Any, Any]:
     """Every event each partition's checker must see (MAIN_COLUMNS plus ``broker``), and
     the cached side input they were joined from."""
     from pyspark.sql import functions as F
 
-    main = inp.load(spark, MAIN_COLUMNS, ["Partition", "PartitionChange", "UncleanRecovery"])
+    main = inp.load(spark, MAIN_COLUMNS, MAIN_TYPES)
     side = inp.load(spark, SIDE_COLUMNS, SIDE_TYPES, any_of=SIDE_ANY_OF)
     side = side.cache()
     rt = F.col("record_type")
@@ -304,6 +525,51 @@ def violations_from_rows(spark: Any, inp: AuditInput) -> tuple[Any, Any]:
     return out, side
 
 
+# --- the buckets method: an export of this layout, no shuffle ----------------------------------
+
+
+def check_bucket(
+    root: str,
+    bucket: int,
+    *,
+    aborted: dict[str, list[tuple[int, int]]],
+    until_ms: int | None,
+) -> list[tuple[Any, ...]]:
+    """Checker output for one bucket of an export (`audit.buckets`): its partition records
+    and every broker-, topic- and cluster-level event, merged in offset order per cluster
+    and fed to a `LogChecker`, exactly as the plain pass feeds it a log."""
+    parts = read_bucket(root, bucket, MAIN_COLUMNS)
+    if parts is None:
+        return []
+    events = read_events(root, EVENT_COLUMNS, EVENT_TYPES)
+    with paused_gc():
+        side = by_cluster(None if events is None else committed(events, aborted, until_ms))
+        out: list[tuple[Any, ...]] = []
+        for name, mine in sorted(by_cluster(committed(parts, aborted, until_ms)).items()):
+            lc = LogChecker(name)
+            feed_rows(lc, mine, side[name].to_pylist() if name in side else [])
+            for c in lc.finish():
+                _finish(c, out)
+        return out
+
+
+def violations_from_buckets(spark: Any, inp: AuditInput) -> Any:
+    """Checker output from an export's buckets: one task per bucket of partition records,
+    which reads its own files and every broker-level event with Arrow and checks them.
+    No shuffle: the export already grouped each partition's history."""
+    aborted = inp.aborted(spark)
+    until = inp.until_ms
+
+    def check(root: str, bucket: int) -> pa.RecordBatch | None:
+        rows = check_bucket(root, bucket, aborted=aborted, until_ms=until)
+        return _to_batch(rows) if rows else None
+
+    return run_buckets(spark, inp, check, OUTPUT_DDL)
+
+
+# --- the logs method: data directories, no rows at all --------------------------------------
+
+
 def violations_from_logs(spark: Any, inp: AuditInput, buckets: int | None = None) -> Any:
     """Checker output straight from data directories: no shuffle, no per-record rows.
 
@@ -331,8 +597,9 @@ def violations_from_logs(spark: Any, inp: AuditInput, buckets: int | None = None
                     info = log_info(path)
                     lc = LogChecker(cluster, int(bucket), k)
                     stored = committed_batches(path, info.start_offset, info.end_offset, until)
-                    for base, ts, records in stored:
-                        lc.feed(base, ts, records)
+                    with paused_gc():
+                        for base, ts, records in stored:
+                            lc.feed(base, ts, records)
                     for c in lc.finish():
                         _finish(c, out)
         if out:
@@ -341,12 +608,36 @@ def violations_from_logs(spark: Any, inp: AuditInput, buckets: int | None = None
     return spark.range(0, k, 1, k).mapInArrow(check, OUTPUT_DDL)
 
 
+METHODS = ("auto", "logs", "rows", "buckets")
+
+
+def pick_method(inp: AuditInput, method: str = "auto") -> str:
+    """``auto``: logs for data directories, buckets for an export with a manifest, else
+    rows. An explicit method that cannot read the input is INVALID_CONFIG's ValueError."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}")
+    if method == "auto":
+        if inp.data_dirs:
+            return "logs"
+        return "buckets" if export_root(inp) is not None else "rows"
+    if method == "logs" and not inp.data_dirs:
+        raise ValueError("--method logs reads data directories (--data-dir)")
+    if method == "buckets" and export_root(inp) is None:
+        raise ValueError(
+            "--method buckets reads a local `metactl log export` directory of this version "
+            "(--parquet, with its _metactl.json)"
+        )
+    return method
+
+
 def run(spark: Any, inp: AuditInput, *, show: int = 20, method: str = "auto") -> JobResult:
-    """`method`: ``logs`` (data directories only), ``rows`` (any input) or ``auto``."""
-    if method not in ("auto", "logs", "rows"):
-        raise ValueError("method must be auto, logs or rows")
-    if method == "logs" or (method == "auto" and inp.data_dirs):
+    """`method`: ``logs`` (data directories), ``buckets`` (an export of this layout),
+    ``rows`` (any input) or ``auto`` (see `pick_method`)."""
+    chosen = pick_method(inp, method)
+    if chosen == "logs":
         rows = violations_from_logs(spark, inp).toPandas()
+    elif chosen == "buckets":
+        rows = violations_from_buckets(spark, inp).toPandas()
     else:
         out, side = violations_from_rows(spark, inp)
         try:

@@ -16,6 +16,7 @@ from xml.etree import ElementTree
 import pandas as pd
 import pytest
 
+import ops.audit_cmds
 import ops.cli
 from audit.jobs.common import fmt_time
 from audit.logread import iter_batches, log_info, log_time_bounds
@@ -169,6 +170,9 @@ def test_bad_options_are_usage_errors(
     assert status == 2 and err.startswith("error: INVALID_CONFIG: --flap-window '0s':")
     status, _, err = _run(capsys, "audit", "elections", "--data-dir", data, "--since", "noon")
     assert status == 2 and err.startswith("error: INVALID_CONFIG: --since 'noon': expected")
+    # The buckets method reads an export's buckets: refused for a data directory.
+    status, _, err = _run(capsys, "audit", "invariants", "--data-dir", data, "--method", "buckets")
+    assert status == 2 and err.startswith("error: INVALID_CONFIG: --method buckets")
 
 
 def test_a_data_dir_with_a_cluster_master_is_refused_before_spark(
@@ -309,3 +313,27 @@ def test_simulate_history(capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
     assert status == 0
     status, _, err = _run(capsys, *args)
     assert status == 1 and "already holds a metadata log" in err
+
+
+def test_a_large_sqlite_log_gets_a_parquet_hint(
+    spark: Any,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    scenario_logs: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One line says when an export would be faster: a data directory of at least
+    PARQUET_HINT_RECORDS records (lowered here), never a Parquet input or a small log."""
+    data = str(scenario_logs[BALANCED])
+    status, out, _ = _run(capsys, "audit", "brokers", "--data-dir", data)
+    assert status == 0 and "hint:" not in out  # 24 records
+    monkeypatch.setattr(ops.audit_cmds, "PARQUET_HINT_RECORDS", 20)
+    status, out, _ = _run(capsys, "audit", "brokers", "--data-dir", data)
+    hints = [line for line in out.splitlines() if line.startswith("hint:")]
+    assert status == 0 and len(hints) == 1
+    assert "24 records read from SQLite" in hints[0]
+    assert f"metactl log export --data-dir {data} --parquet OUT" in hints[0]
+    pq = tmp_path / "pq"
+    assert _run(capsys, "log", "export", "--data-dir", data, "--parquet", str(pq))[0] == 0
+    status, out, _ = _run(capsys, "audit", "brokers", "--parquet", str(pq))
+    assert status == 0 and "hint:" not in out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,7 @@ import pandas as pd
 import pytest
 
 from audit import plain
-from audit.export import export_parquet
+from audit.export import MANIFEST, export_parquet
 from audit.jobs import brokers, elections, invariants, offline, unclean
 from audit.spark import AuditInput
 
@@ -243,43 +244,130 @@ def test_simulated_history_is_healthy(spark: Any, sim_log: tuple[Path, Any]) -> 
     assert res.stats["records"] == base.checked and res.stats["partitions"] == 60
 
 
-# --- the Parquet export gives the same answers ------------------------------------------
+# --- every source, every method and the plain pass give the same answers ---------------
 
 
-def _frames_equal(a: pd.DataFrame, b: pd.DataFrame) -> None:
+def _frames_equal(a: pd.DataFrame, b: pd.DataFrame, what: str = "", *, dtypes: bool = True) -> None:
     pd.testing.assert_frame_equal(
-        a.reset_index(drop=True), b.reset_index(drop=True), check_dtype=False
+        a.reset_index(drop=True), b.reset_index(drop=True), check_dtype=dtypes, obj=what
     )
 
 
-def test_parquet_input_gives_the_same_results(
-    spark: Any, scenario_logs: dict[str, Path], crafted_log: Path, parquet_of: Any
+def _same_result(a: Any, b: Any, what: str, *, dtypes: bool = True) -> None:
+    """Two results of one job: the same summary (but its first line, naming the input),
+    statistics and tables (of the same types, unless not `dtypes`: the plain pass's)."""
+    assert a.summary[1:] == b.summary[1:], what
+    assert a.stats == b.stats, what
+    assert a.tables.keys() == b.tables.keys(), what
+    for name in a.tables:
+        _frames_equal(a.tables[name], b.tables[name], f"{what}: {name}", dtypes=dtypes)
+
+
+JOB_MODULES = {
+    "elections": elections,
+    "unclean-recoveries": unclean,
+    "offline": offline,
+    "brokers": brokers,
+    "invariants": invariants,
+}
+
+
+def test_every_job_gives_the_same_answers_from_every_source(
+    spark: Any,
+    scenario_logs: dict[str, Path],
+    crafted_log: Path,
+    sim_log: tuple[Path, Any],
+    parquet_of: Any,
 ) -> None:
-    dirs = [scenario_logs[BALANCED], scenario_logs[MANUAL], crafted_log]
+    """Data directories (the SQLite data source), their Parquet export (buckets) and the
+    plain single-process pass: every table, summary and statistic of every job equal."""
+    dirs = [scenario_logs[BALANCED], scenario_logs[MANUAL], crafted_log, sim_log[0]]
     from_dirs = AuditInput.of([str(d) for d in dirs])
     from_pq = AuditInput.of(parquet=parquet_of(*dirs))
-    for job, key in (
-        (unclean, "unclean_recoveries"),
-        (elections, "elections_by_bucket"),
-        (offline, "offline_partitions"),
-        (brokers, "brokers"),
-        (invariants, "violations"),
-    ):
-        a = job.run(spark, from_dirs).tables[key]
-        b = job.run(spark, from_pq).tables[key]
-        order = [
-            c
-            for c in ("cluster", "offset", "topic", "partition", "broker", "bucket", "rule")
-            if c in a.columns
-        ]
-        _frames_equal(a.sort_values(order), b.sort_values(order))
+    base = plain.run_jobs([str(d) for d in dirs])
+    for job, module in JOB_MODULES.items():
+        spark_dirs = module.run(spark, from_dirs)
+        _same_result(spark_dirs, module.run(spark, from_pq), f"{job} (Parquet)")
+        _same_result(spark_dirs, base.results[job], f"{job} (plain)", dtypes=False)
+        assert spark_dirs.tables[next(iter(spark_dirs.tables))].shape[0] > 0, job
+    assert base.results["invariants"].stats["violations"] > 0  # the comparison covers findings
 
 
-def test_both_invariant_methods_agree(
-    spark: Any, crafted_log: Path, sim_log: tuple[Path, Any]
+def test_windowed_answers_are_the_same_from_every_source(
+    spark: Any, crafted_log: Path, sim_log: tuple[Path, Any], parquet_of: Any
 ) -> None:
-    inp = AuditInput.of([str(crafted_log), str(sim_log[0])])
-    logs = invariants.run(spark, inp, method="logs")
-    rows = invariants.run(spark, inp, method="rows")
-    _frames_equal(logs.tables["violations"], rows.tables["violations"])
-    assert logs.stats == rows.stats
+    """A window [since, until) cuts the same events in the plain pass as on Parquet."""
+    dirs = [str(crafted_log), str(sim_log[0])]
+    since, until = 1_767_225_600_000 + 3 * 3_600_000, 1_767_225_600_000 + 20 * 3_600_000
+    from_pq = AuditInput.of(
+        parquet=parquet_of(crafted_log, sim_log[0]), since_ms=since, until_ms=until
+    )
+    base = plain.run_jobs(dirs, ["offline", "brokers", "elections"], since_ms=since, until_ms=until)
+    whole = plain.run_jobs(dirs, ["offline"])
+    for job in ("offline", "brokers", "elections"):
+        _same_result(JOB_MODULES[job].run(spark, from_pq), base.results[job], job, dtypes=False)
+    assert base.results["offline"].stats != whole.results["offline"].stats  # it did cut
+
+
+def test_every_invariant_method_agrees(
+    spark: Any, crafted_log: Path, sim_log: tuple[Path, Any], parquet_of: Any
+) -> None:
+    """logs (data directories), rows (Spark's shuffle, from data directories and from
+    Parquet) and buckets (the export's): the same violations and statistics, which are
+    the crafted log's planted ones."""
+    from tests.audit.logs import EXPECTED
+
+    dirs = AuditInput.of([str(crafted_log), str(sim_log[0])])
+    pq = AuditInput.of(parquet=parquet_of(crafted_log, sim_log[0]))
+    logs = invariants.run(spark, dirs, method="logs")
+    found = logs.tables["violations"]
+    crafted = found[found["cluster"] == crafted_log.name]
+    got = sorted(
+        (t, o, r, None if pd.isna(b) else int(b))
+        for t, o, r, b in zip(
+            crafted["topic"], crafted["offset"], crafted["rule"], crafted["broker"], strict=True
+        )
+    )
+    assert got == sorted(EXPECTED)
+    for inp, method in ((dirs, "rows"), (pq, "rows"), (pq, "buckets")):
+        other = invariants.run(spark, inp, method=method)
+        _frames_equal(found, other.tables["violations"], method)
+        assert logs.stats == other.stats, method
+    with pytest.raises(ValueError, match="buckets"):
+        invariants.run(spark, dirs, method="buckets")
+
+
+def test_an_export_without_its_manifest_takes_the_row_paths(
+    spark: Any,
+    crafted_log: Path,
+    sim_log: tuple[Path, Any],
+    parquet_of: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Parquet of another layout (an older export, another producer): no buckets, so every
+    job reads rows through Spark (markers and time bounds scanned, a shuffle by partition
+    where a job replays partitions): the same answers as the buckets."""
+    exported = parquet_of(crafted_log, sim_log[0])
+    with_buckets = {
+        job: module.run(spark, AuditInput.of(parquet=exported))
+        for job, module in JOB_MODULES.items()
+    }
+    monkeypatch.setattr(AuditInput, "manifest", lambda self: None)
+    rows = AuditInput.of(parquet=exported)
+    assert invariants.pick_method(rows) == "rows"
+    for job, module in JOB_MODULES.items():
+        _same_result(with_buckets[job], module.run(spark, rows), f"{job} (rows)")
+
+
+def test_an_export_the_executors_cannot_read_fails_loudly(
+    spark: Any, crafted_log: Path, parquet_of: Any, tmp_path: Path
+) -> None:
+    """The driver read the manifest; an executor that cannot see the export (not a shared
+    path) must fail the job, never report an empty, healthy history."""
+    copy = tmp_path / "pq"
+    shutil.copytree(parquet_of(crafted_log), copy)
+    inp = AuditInput.of(parquet=str(copy))
+    assert inp.manifest() is not None
+    (copy / MANIFEST).unlink()
+    with pytest.raises(Exception, match="not readable from this executor"):
+        invariants.run(spark, inp)

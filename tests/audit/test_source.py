@@ -10,8 +10,8 @@ import msgspec
 import pyarrow.parquet as pq
 import pytest
 
-from audit.export import export_parquet
-from audit.logread import iter_batches, log_info
+from audit.export import MANIFEST, bucket_file_glob, export_parquet, read_manifest
+from audit.logread import iter_batches, log_info, log_time_bounds
 from audit.rows import RowBuilder, read_arrow
 from audit.schema import COLUMN_NAMES, FIELD_SOURCES, POSITIONAL
 from audit.selection import NOT_NULL
@@ -169,19 +169,56 @@ def test_corrupt_batch_is_reported(tmp_path: Path, scenario_logs: dict[str, Path
         list(read_arrow(copy, 0, 100, RowBuilder("x")))
 
 
-def test_export_writes_the_same_rows_by_date(
-    spark: Any, tmp_path: Path, sim_log: tuple[Path, Any]
+def test_export_writes_the_same_rows_in_buckets(
+    spark: Any, tmp_path: Path, sim_log: tuple[Path, Any], crafted_log: Path
 ) -> None:
+    """The export's rows are the data source's; partition records are bucketed so that
+    each partition's history is in one bucket, in offset order; the rest is apart; the
+    manifest says so. Parallel tasks (a pool of processes) write the same rows."""
     path, report = sim_log
     out = tmp_path / "pq"
-    result = export_parquet([str(path)], out)
-    assert result.records == report.records
-    assert sorted(p.name for p in out.iterdir()) == [f"date={d}" for d in sorted(result.dates)]
-    table = pq.read_table(out, partitioning="hive")
-    assert table.num_rows == report.records
-    from_parquet = spark.read.parquet(str(out)).drop("date").orderBy("offset").collect()
-    from_source = spark.read.format("metactl").load(str(path)).orderBy("offset").collect()
-    assert [r.asDict() for r in from_parquet] == [r.asDict() for r in from_source]
+    result = export_parquet([str(path), str(crafted_log)], out, buckets=4)
+    total = report.records + log_info(crafted_log).end_offset
+    assert result.records == total and result.buckets == 4
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "kind=cluster", "kind=partition"]
+    manifest = read_manifest(str(out))
+    assert manifest is not None and manifest.buckets == 4
+    assert manifest.clusters[path.name]["records"] == report.records
+    assert manifest.last_ms()[path.name] == log_time_bounds(log_info(path).path)[1]
+
+    # Each partition's records in exactly one bucket, in offset order there.
+    seen: dict[tuple[str, str, int], int] = {}
+    for bucket in range(4):
+        files = sorted((out / "kind=partition").glob(bucket_file_glob(bucket)))
+        assert files
+        table = pq.read_table(files[0], columns=["cluster", "offset", "topic", "partition"])
+        rows = table.to_pylist()
+        assert {r["cluster"] for r in rows} <= {path.name, crafted_log.name}
+        for cluster in {r["cluster"] for r in rows}:
+            offsets = [r["offset"] for r in rows if r["cluster"] == cluster]
+            assert offsets == sorted(offsets)
+        for r in rows:
+            key = (r["cluster"], r["topic"], r["partition"])
+            assert seen.setdefault(key, bucket) == bucket
+    assert len({k for k in seen if k[0] == path.name}) == 60
+    kinds = pq.read_table(out / "kind=cluster", columns=["record_type"]).column(0).to_pylist()
+    assert kinds and not set(kinds) & {"Partition", "PartitionChange", "UncleanRecovery"}
+
+    # The same rows as the data source (Spark reads the layout; `kind` is its partitioning).
+    from_parquet = spark.read.parquet(str(out)).drop("kind").orderBy("cluster", "offset")
+    from_source = spark.read.format("metactl").load(f"{path},{crafted_log}")
+    want = [r.asDict() for r in from_source.orderBy("cluster", "offset").collect()]
+    assert [r.asDict() for r in from_parquet.collect()] == want
+
+    # Several tasks in a pool of processes: the same rows, and the same manifest answers.
+    pooled = export_parquet(
+        [str(path), str(crafted_log)], tmp_path / "pooled", buckets=4, workers=2, task_records=2500
+    )
+    assert pooled.workers == 2 and pooled.files > result.files
+    again = spark.read.parquet(str(tmp_path / "pooled")).drop("kind").orderBy("cluster", "offset")
+    assert [r.asDict() for r in again.collect()] == want
+    assert read_manifest(str(tmp_path / "pooled")) == manifest
+
     with pytest.raises(FileExistsError):
         export_parquet([str(path)], out)
     assert export_parquet([str(path)], out, overwrite=True).records == report.records
