@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from audit.spark import AuditInput
+from metactl.errors import LogDirNotFoundError
 
 Ranges = dict[str, list[tuple[int, int]]]
 
@@ -130,7 +131,7 @@ def run_buckets(spark: Any, inp: AuditInput, fn: BucketFn, ddl: str) -> Any:
 
         if not (Path(root) / MANIFEST).is_file():
             # An empty bucket is no error, but an export this executor cannot see is one.
-            raise FileNotFoundError(
+            raise LogDirNotFoundError(
                 f"the Parquet export {root} is not readable from this executor: it must be "
                 "at the same path on the driver and on every worker (a shared directory)"
             )

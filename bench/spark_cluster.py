@@ -209,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     exports = {
         size: _exported(logs[size], args.dir, size, args.reuse_exports) for size in (part, full)
     }
+    counts = {}
+    for size, (pq, _) in exports.items():
+        manifest = read_manifest(str(pq))
+        assert manifest is not None
+        counts[size] = sum(int(c["records"]) for c in manifest.clusters.values())
     runs: list[AuditRun] = []
     work = args.dir / "cluster-run"
     cluster = Standalone((work / "spark").resolve())
@@ -226,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                     work / f"cluster-{size}",
                     cluster.url,
                     label,
-                    size,
+                    counts[size],
                     extra=extra,
                     watch=watch,
                 )
@@ -239,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             work / f"local-{part}",
             "local[2]",
             "slice",
-            part,
+            counts[part],
             extra=["--driver-memory", args.driver_memory],
             watch={},
         )
@@ -269,10 +274,14 @@ def main(argv: list[str] | None = None) -> int:
         if seconds:
             print(f"  export of {size:,} records: {seconds:.1f} s ({size / seconds:,.0f} rec/s)")
     print(
-        f"growth from {part:,} to {full:,} records: x{full_run.seconds / slice_run.seconds:.1f} "
-        f"for x{full / part:.0f} (cluster)"
+        f"growth from {counts[part]:,} to {counts[full]:,} records: "
+        f"x{full_run.seconds / slice_run.seconds:.1f} for x{counts[full] / counts[part]:.1f} "
+        "(cluster)"
     )
-    print(f"the {part:,}-record slice: the cluster's answers equal local[2]'s (every table)")
+    print(
+        f"the {counts[part]:,}-record slice: the cluster's answers equal local[2]'s (every "
+        "table and summary)"
+    )
     print(f"local[2] on the slice: {local_run.seconds:.1f} s")
     print()
     print(full_run.stdout)
