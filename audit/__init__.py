@@ -4,13 +4,17 @@
 * `audit.logread`: reads the SQLite log read-only with the stdlib (stored batches, bounds).
 * `audit.selection`: the record filters (types, anyOf) a reader can apply to raw bytes.
 * `audit.rows`: turns stored batches into Arrow record batches of that schema (used by
-  the data source and export).
+  the data source).
 * `audit.source`: the Spark 4 Python data source ``metactl``
   (``spark.read.format("metactl").load("data-dir")``).
-* `audit.export`: ``metactl log export``: the same rows as Parquet, partitioned by date.
+* `audit.export`: ``metactl log export``: the same rows as Parquet, laid out for the
+  audits (partition records in buckets, the rest apart, a manifest), by parallel processes.
+* `audit.buckets`: jobs over an export's buckets, one Spark task each, no shuffle.
 * `audit.jobs`: the audits (elections, unclean recoveries, offline time, brokers,
   invariants); `audit.rules` holds the invariant checker they share with `audit.plain`,
-  the single-process baseline.
+  the single-process baseline of every job.
+* `audit.tile`: large histories tiled from a simulated one (benchmarks, tests).
+* `audit.standalone`: a Spark standalone cluster (master, workers) on this machine.
 
 The history simulator that writes long logs for these audits is `simulation.history`.
 

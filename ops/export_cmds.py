@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     export = commands.add_parser(
         "export",
-        help="write the log as Parquet in the audit schema, partitioned by date",
+        help="write the log as Parquet in the audit schema, laid out for the audits",
         description="Write every record as one row of the audit schema to a Parquet "
         "dataset OUT/date=YYYY-MM-DD/ (read-only on the log; no Spark needed). To audit "
         "on a Spark cluster, write OUT where every worker can read it.",
