@@ -50,7 +50,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from audit.logread import iter_batches, log_info
-from audit.rows import paused_gc
+from audit.rows import paused_gc, to_arrow
 from audit.schema import (
     COLUMN_NAMES,
     FIELD_SOURCES,
@@ -157,27 +157,7 @@ def _column(col: str, tag: str, records: list[Any]) -> pa.Array:
         return pa.array([_brc_reason(r) for r in records], tp)
     if src is None:
         return pa.nulls(n, tp)
-    values = list(map(attrgetter(src), records))
-    if col == "offline_since":
-        return pa.array([None if v is None else v * 1000 for v in values], pa.int64()).cast(tp)
-    if col == "candidates":
-        return pa.array(
-            [
-                None
-                if v is None
-                else [
-                    {
-                        "broker": c.broker_id,
-                        "last_leader_epoch": c.last_leader_epoch,
-                        "log_end_offset": c.log_end_offset,
-                    }
-                    for c in v
-                ]
-                for v in values
-            ],
-            tp,
-        )
-    return pa.array(values, tp)
+    return to_arrow(col, list(map(attrgetter(src), records)))
 
 
 def _brc_reason(r: Any) -> str | None:

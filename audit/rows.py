@@ -291,7 +291,7 @@ class RowBuilder:
             elif col == RECORD_TYPE:
                 arrays.append(pa.array(tags, pa.string()))
             else:
-                arrays.append(_to_arrow(col, values[col]))
+                arrays.append(to_arrow(col, values[col]))
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
 
@@ -306,7 +306,9 @@ def _timestamps(ms: Any) -> pa.Array:
     )
 
 
-def _to_arrow(col: str, values: Sequence[Any]) -> pa.Array:
+def to_arrow(col: str, values: Sequence[Any]) -> pa.Array:
+    """One column's Python values (record fields) as Arrow of the schema's type: the data
+    source's rows and `log export`'s files share it."""
     tp = arrow_type(col)
     if col == "offline_since":
         ms = [None if v is None else v * 1000 for v in values]

@@ -119,22 +119,16 @@ def _from_rows(
         # int's max_by is a hash aggregation; an array's falls back to sorting its rows,
         # which only the few rows that set replicas (creations, reassignments) then need.
         key = ["cluster", "topic", "partition"]
-        leaders = (
-            rows.where(F.col("leader").isNotNull())
-            .groupBy(*key)
-            .agg(
-                F.max("offset").alias("leader_offset"),
-                F.max_by("leader", "offset").alias("leader"),
+
+        def last(col: str) -> Any:
+            """Each partition's last non-null `col`, and the offset that set it."""
+            return (
+                rows.where(F.col(col).isNotNull())
+                .groupBy(*key)
+                .agg(F.max("offset").alias(f"{col}_offset"), F.max_by(col, "offset").alias(col))
             )
-        )
-        assignments = (
-            rows.where(F.col("replicas").isNotNull())
-            .groupBy(*key)
-            .agg(
-                F.max("offset").alias("replicas_offset"),
-                F.max_by("replicas", "offset").alias("replicas"),
-            )
-        )
+
+        leaders, assignments = last("leader"), last("replicas")
         final = (
             assignments.join(leaders, key, "left")
             .withColumn(

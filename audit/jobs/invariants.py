@@ -150,7 +150,7 @@ _TYPE_CODES = (
     "FeatureLevel",
 )
 (_CHANGE, _PARTITION, _RECOVERY, _REGISTER, _CLEAR, _UNREGISTER, _REMOVE, _FEATURE) = range(8)
-_ROW_COLUMNS = (
+_PARTITION_COLUMNS = (
     "offset",
     "timestamp",
     "topic",
@@ -168,6 +168,9 @@ _ROW_COLUMNS = (
     "replicas",
     "adding_replicas",
     "removing_replicas",
+)
+_ROW_COLUMNS = (
+    *_PARTITION_COLUMNS,
     "broker",
     "clean",
     "first_partition",
@@ -201,25 +204,6 @@ def _codes(batch: pa.RecordBatch) -> list[int]:
     return codes
 
 
-_PARTITION_COLUMNS = (
-    "offset",
-    "timestamp",
-    "topic",
-    "partition",
-    "leader",
-    "leader_epoch",
-    "partition_epoch",
-    "isr",
-    "elr",
-    "last_known_elr",
-    "reason",
-    "chosen",
-    "min_isr",
-    "election_kind",
-    "replicas",
-    "adding_replicas",
-    "removing_replicas",
-)
 _NO_MORE: Final = 1 << 63
 
 
