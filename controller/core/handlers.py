@@ -650,19 +650,26 @@ def elect_preferred(
     """Rule 8: move leadership to the first assigned replica if it is an active ISR member."""
     validation.check_elect_leader(req)
     p = _require_partition(image, req.topic, req.partition)
+    change = preferred_change(image, p)
+    return HandlerResult([change], partition_view(p, change))
+
+
+def preferred_change(image: ClusterImage, p: PartitionState) -> PartitionChangeRecord:
+    """Rule 8 for one partition: leadership to its first replica, or why not (raised):
+    ELECTION_NOT_NEEDED, or PREFERRED_LEADER_NOT_AVAILABLE when that replica is not an
+    active ISR member. One election and bulk elections alike."""
     preferred = p.replicas[0]
     if p.leader == preferred:
-        raise ElectionNotNeededError(f"{req.topic}-{req.partition} is led by its preferred replica")
+        raise ElectionNotNeededError(f"{p.topic}-{p.partition} is led by its preferred replica")
     if preferred not in p.isr or not image.is_active(preferred):
         raise PreferredLeaderNotAvailableError(
-            f"preferred replica {preferred} of {req.topic}-{req.partition} "
-            "is not an active ISR member"
+            f"preferred replica {preferred} of {p.topic}-{p.partition} is not an active ISR member"
         )
     change = build_change(
         image, p, reason=ChangeReason.ELECTION, elect=(preferred, ElectionKind.PREFERRED)
     )
     assert change is not None  # the leader changes
-    return HandlerResult([change], partition_view(p, change))
+    return change
 
 
 def _striped(order: tuple[int, ...], start: int, end: int, rf: int) -> list[list[int]]:

@@ -32,16 +32,19 @@ from controller.core.handlers import (
     _Txn,
     check_explicit,
     create_topic_slice,
+    preferred_change,
 )
-from controller.core.partition_change import build_change, move_replicas
+from controller.core.partition_change import move_replicas
 from metactl.errors import (
     BrokerIdNotRegisteredError,
+    ElectionNotNeededError,
     InvalidConfigurationError,
     InvalidPartitionsError,
     InvalidReplicaAssignmentError,
     InvalidRequestError,
     MetactlError,
     NoReassignmentInProgressError,
+    PreferredLeaderNotAvailableError,
     UnknownTopicOrPartitionError,
 )
 from metadata_image.image import ClusterImage
@@ -50,10 +53,8 @@ from metadata_log.records import (
     ELR_FEATURE,
     MIN_ISR_CONFIG,
     TOPIC_RESOURCE,
-    ChangeReason,
     ClearElrRecord,
     ConfigRecord,
-    ElectionKind,
     FeatureLevelRecord,
     MetadataRecord,
     PartitionChangeRecord,
@@ -462,22 +463,16 @@ def elect_preferred_group(
             code = None
             if p is None:
                 unknown += 1
-                code = "UNKNOWN_TOPIC_OR_PARTITION"
-            elif p.leader == p.replicas[0]:
-                not_needed += 1
-            elif p.replicas[0] not in p.isr or not image.is_active(p.replicas[0]):
-                not_available += 1
-                code = "PREFERRED_LEADER_NOT_AVAILABLE"
+                code = UnknownTopicOrPartitionError.code
             else:
-                change = build_change(
-                    image,
-                    p,
-                    reason=ChangeReason.ELECTION,
-                    elect=(p.replicas[0], ElectionKind.PREFERRED),
-                )
-                assert change is not None  # the leader changes
-                records.append(change)
-                elected += 1
+                try:
+                    records.append(preferred_change(image, p))
+                    elected += 1
+                except ElectionNotNeededError:
+                    not_needed += 1
+                except PreferredLeaderNotAvailableError as exc:
+                    not_available += 1
+                    code = exc.code
             if code is not None and len(failures) < MAX_ELECTION_FAILURES:
                 failures.append(ElectionFailure(topic=topic, partition=i, error_code=code))
     return HandlerResult(

@@ -482,13 +482,11 @@ def queue_touched(
             )
     if delta.features:
         # The rules changed (eligible.leader.replicas.version): every leaderless partition
-        # and every recovery pending under the old rules is looked at again (a budget at
-        # a time, as any backlog; an operator's rare change, so O(offline) once is fine).
-        known: dict[TopicPartition, None] = dict.fromkeys(image.offline)
-        if tracker is not None:
-            known.update(dict.fromkeys(tracker.pending))
-            known.update(dict.fromkeys(tracker.offline))
-        backlog = backlog.with_partitions(known)
+        # and every recovery the tracker knows is looked at again, as after a restart
+        # (`Backlog.resolve` of EVERYTHING; a budget at a time, as any backlog).
+        noted = (tracker.offline, tracker.pending) if tracker is not None else ()
+        again = EVERYTHING.resolve(image, *noted)
+        backlog = Backlog((*backlog.parts, *again.parts), backlog.everything)
     if delta.removed_topics and tracker is not None:
         # A deleted topic's recoveries and notes end: the next looks find them gone.
         gone = delta.removed_topics

@@ -31,33 +31,23 @@ def describe_configs(
 ) -> DescribeConfigsResponse:
     """min.insync.replicas of a topic (its own, else the cluster default it inherits) or
     of the cluster default, with where the value comes from, as Kafka names sources."""
-    static = str(config.default_min_insync_replicas)
+    # The cluster default: the dynamic one, else the controller's static setting.
     cluster = image.cluster_configs.get(MIN_ISR_CONFIG)
+    if cluster is not None:
+        value, source = cluster, "DYNAMIC_DEFAULT_BROKER_CONFIG"
+    else:
+        value, source = str(config.default_min_insync_replicas), "STATIC_BROKER_CONFIG"
     if req.resource_type == TOPIC_RESOURCE:
         t = image.topics.get(req.resource_name)
         if t is None:
             raise UnknownTopicOrPartitionError(f"unknown topic {req.resource_name[:255]}")
-        if t.min_isr is not None:
-            entry = ConfigEntry(
-                name=MIN_ISR_CONFIG, value=str(t.min_isr), source="DYNAMIC_TOPIC_CONFIG"
-            )
-        elif cluster is not None:
-            entry = ConfigEntry(
-                name=MIN_ISR_CONFIG, value=cluster, source="DYNAMIC_DEFAULT_BROKER_CONFIG"
-            )
-        else:
-            entry = ConfigEntry(name=MIN_ISR_CONFIG, value=static, source="STATIC_BROKER_CONFIG")
-    elif req.resource_type == BROKER_RESOURCE and req.resource_name == "":
-        if cluster is not None:
-            entry = ConfigEntry(
-                name=MIN_ISR_CONFIG, value=cluster, source="DYNAMIC_DEFAULT_BROKER_CONFIG"
-            )
-        else:
-            entry = ConfigEntry(name=MIN_ISR_CONFIG, value=static, source="STATIC_BROKER_CONFIG")
-    else:
+        if t.min_isr is not None:  # the topic's own
+            value, source = str(t.min_isr), "DYNAMIC_TOPIC_CONFIG"
+    elif req.resource_type != BROKER_RESOURCE or req.resource_name != "":
         raise InvalidRequestError(
             "configs are kept for topics and for the cluster default (--entity-default) only"
         )
+    entry = ConfigEntry(name=MIN_ISR_CONFIG, value=value, source=source)
     return DescribeConfigsResponse(
         resource_type=req.resource_type, resource_name=req.resource_name, configs=[entry]
     )

@@ -435,7 +435,7 @@ class TestReassignment:
         assert reassign(c, ("t", 0, [2, 3, 4])) == [None]
         p = c.p()
         assert (p.replicas, p.adding, p.removing, p.leader) == ((2, 3, 4, 1), (4,), (1,), 1)
-        assert c.image.reassigning.get(("t", 0), 0) is None
+        assert ("t", 0) in c.image.reassigning
         assert ("t", 0) in c.image.replicas_by_broker[4]
         c.alter([1, 2, 3, 4])  # the leader adds the caught-up replica
         p = c.p()
