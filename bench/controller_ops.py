@@ -67,8 +67,22 @@ def cluster_records(brokers: int, partitions: int, rf: int = 3) -> list[Metadata
     return out
 
 
-def raw_insert_seconds(records: list[MetadataRecord], path: Path) -> float:
-    """Encode the records and insert them as one row with sqlite3, WAL + synchronous=FULL."""
+def raw_insert_seconds(
+    records: list[MetadataRecord], path: Path, repeat: int = 1
+) -> tuple[float, float]:
+    """Encode the records and insert them as one row with sqlite3, WAL + synchronous=FULL:
+    the best of `repeat` runs, each on a new file, as the controller's figure is its best
+    of `repeat`, and the first run alone. The ratios of issue 20 were taken against one
+    raw run, which is up to a fifth slower than the best on a loaded machine: both are
+    printed."""
+    runs = [
+        _raw_insert_once(records, path.with_name(f"{path.stem}-{i}{path.suffix}"))
+        for i in range(repeat)
+    ]
+    return min(runs), runs[0]
+
+
+def _raw_insert_once(records: list[MetadataRecord], path: Path) -> float:
     conn = sqlite3.connect(path)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
@@ -110,7 +124,7 @@ async def bench_fences(brokers: int, partitions: int, tmp: Path, repeat: int) ->
             await store.close()
     one = min(runs)
     records = fence_broker(image, FenceBroker(broker_id=0), 0, CONFIG).records
-    raw = raw_insert_seconds(records, tmp / "raw1.sqlite")
+    raw, raw_once = raw_insert_seconds(records, tmp / "raw1.sqlite", repeat)
     affected = len(records) - 1
     print(f"fence 1 of {brokers} brokers ({partitions:,} partitions, RF 3), best of {repeat}:")
     print(
@@ -119,8 +133,10 @@ async def bench_fences(brokers: int, partitions: int, tmp: Path, repeat: int) ->
         f"{one / max(affected, 1) * 1e6:.1f} µs per partition (goal ≤ 60 ms)"
     )
     print(
-        f"  raw encode+insert of the same {len(records):,} records: {raw * 1000:.1f} ms; "
-        f"ratio {one / raw:.2f}× (goal ≤ 6×)"
+        f"  raw encode+insert of the same {len(records):,} records, best of {repeat}: "
+        f"{raw * 1000:.1f} ms; "
+        f"ratio {one / raw:.2f}× (goal ≤ 4×); to its first run alone ({raw_once * 1000:.1f} "
+        f"ms, as issue 20 measured) {one / raw_once:.2f}×"
     )
 
     start = time.perf_counter()
@@ -152,11 +168,12 @@ async def bench_create(brokers: int, partitions: int, tmp: Path, repeat: int) ->
         await store.close()
     took = min(runs)
     records = create_topic(image, req, 0, CONFIG).records
-    raw = raw_insert_seconds(records, tmp / "raw2.sqlite")
+    raw, raw_once = raw_insert_seconds(records, tmp / "raw2.sqlite", repeat)
     print(
         f"create one topic of {partitions:,} partitions, best of {repeat}: {took:.2f} s "
         f"(runs: {', '.join(f'{r:.2f}' for r in runs)} s; goal ≤ 0.5 s); "
-        f"raw encode+insert {raw:.2f} s, ratio {took / raw:.2f}×"
+        f"raw encode+insert {raw:.3f} s (best of {repeat}), ratio {took / raw:.2f}× (goal ≤ 5×); "
+        f"to the first raw run alone ({raw_once:.3f} s) {took / raw_once:.2f}×"
     )
 
 

@@ -64,11 +64,14 @@ class ReplicaIndex(msgspec.Struct, frozen=True, gc=False, eq=False):
             for i in numbers:
                 yield (topic, i)
 
-    def by_topic(self) -> Iterator[tuple[str, frozenset[int]]]:
-        """Each topic (in name order) with its partition numbers: the iteration order."""
+    def by_topic(self) -> Iterator[tuple[str, list[int]]]:
+        """Each topic (in name order) with its partition numbers in ascending order: the
+        iteration order. Ascending, so that a walk over the partitions (`of_topic`) meets
+        each chunk of the partition map in one run; in a set's order it came back to a
+        chunk many times (sorting 10,000 numbers costs about 0.2 ms, in C)."""
         topics = self.topics
         for topic in sorted(topics.keys()):
-            yield topic, _whole(topics[topic])
+            yield topic, sorted(_whole(topics[topic]))
 
     def __len__(self) -> int:
         return self.size
@@ -90,8 +93,12 @@ class ReplicaIndex(msgspec.Struct, frozen=True, gc=False, eq=False):
 
     __hash__ = None  # type: ignore[assignment]  # equal indexes may be chunked differently
 
-    def added(self, new: Mapping[str, Collection[int]]) -> ReplicaIndex:
-        """This index plus new partitions (topic -> partition numbers not yet in it)."""
+    def added(self, new: Mapping[str, Collection[int]], *, fresh: bool = False) -> ReplicaIndex:
+        """This index plus new partitions (topic -> partition numbers); one already in it
+        is not added twice, unless the caller says none is (`fresh`: replay adds only a
+        partition new to the image, or the replica a reassignment adds, and the property
+        tests check the index against the partitions after every step). Skipping the
+        check saves a probe per number and chunk, a tenth of a sliced create."""
         size = self.size
         m = self.topics.mutate()
         for topic, parts in new.items():
@@ -99,8 +106,18 @@ class ReplicaIndex(msgspec.Struct, frozen=True, gc=False, eq=False):
             if old is None:
                 chunk = frozenset(parts)
                 chunks: tuple[frozenset[int], ...] = (chunk,)
+            elif fresh:
+                chunk = frozenset(parts)
+                chunks = (*old, chunk)
             else:  # a partition already in it is not added twice
-                chunk = frozenset(p for p in parts if not any(p in c for c in old))
+                # Probed in C, chunk by chunk: `isdisjoint` walks the smaller (new) set and
+                # allocates nothing, so the usual case (all new) costs a probe per number
+                # and chunk. (A generator testing each number against each chunk was half
+                # of a sliced create's replay.)
+                chunk = frozenset(parts)
+                for c in old:
+                    if not chunk.isdisjoint(c):
+                        chunk = chunk.difference(c)
                 chunks = (*old, chunk) if chunk else old
             while len(chunks) > 1 and len(chunks[-2]) <= 2 * len(chunks[-1]):
                 chunks = (*chunks[:-2], chunks[-2] | chunks[-1])

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator, Sized
 from contextlib import contextmanager
 from itertools import groupby
 from sys import intern
-from typing import Any
+from typing import Any, cast
 
 from metactl.errors import ReplayError
 from metadata_image.delta import Election, MetadataDelta
@@ -168,7 +168,7 @@ class _Builder:
         im = self.index
         if self.added:
             for broker_id, new in self.added.items():
-                im[broker_id] = im.get(broker_id, EMPTY_INDEX).added(new)
+                im[broker_id] = im.get(broker_id, EMPTY_INDEX).added(new, fresh=True)
             self.index_brokers.update(self.added)
             self.added = {}
         return im
@@ -185,7 +185,7 @@ class _Builder:
         elif self.added:
             with index.mutate() as im:
                 for broker_id, new in self.added.items():
-                    im[broker_id] = im.get(broker_id, EMPTY_INDEX).added(new)
+                    im[broker_id] = im.get(broker_id, EMPTY_INDEX).added(new, fresh=True)
                 index = im.finish()
         brokers = self.brokers.finish()
         active = self._base_active
@@ -297,6 +297,75 @@ class _Builder:
                 changed.add(tp)
                 if r.election is not None and r.leader is not None:
                     elections.append(Election(tp, r.leader, r.election))  # type: ignore[union-attr]
+
+    def partition_records(self, records: Iterable[PartitionRecord]) -> None:
+        """Apply a run of PartitionRecords (a create writes a thousand per slice).
+
+        The usual record, a new partition outside any reassignment, is stored in one loop
+        with the lookups inlined, as in `partition_changes`: the chunk of the partition
+        map is fetched once per chunk and each broker's list of new partitions once per
+        topic. Anything else (a partition that exists, a reassignment) takes `_partition`.
+        A sliced 100,000-partition create spent a quarter of its replay in the per-record
+        calls this saves."""
+        parts = self.partitions
+        offline = self.offline
+        changed = None if self.delta is None else self.delta.partitions
+        added = self.added
+        fset = _fset
+        tup = _tuple
+        last_topic: str | None = None
+        topic = ""
+        lists: dict[int, list[int]] = {}  # broker -> its new partitions of `topic`
+        last_c = -1
+        chunk: list[PartitionState | None] = []
+        for r in records:
+            i = r.partition
+            c = i >> CHUNK_BITS
+            if r.topic != last_topic:
+                last_topic = r.topic
+                topic = intern(r.topic)
+                lists = {}
+                last_c = -1
+            if c != last_c:
+                chunk = parts.own_chunk(topic, c)
+                last_c = c
+            j = i & CHUNK_MASK
+            n = len(chunk)
+            if (j < n and chunk[j] is not None) or r.adding_replicas or r.removing_replicas:
+                tp = self._partition(r)
+            else:
+                tp = (topic, i)
+                replicas = tup(r.replicas)
+                state = PartitionState(
+                    topic=topic,
+                    partition=i,
+                    tp=tp,
+                    replicas=replicas,
+                    isr=fset(r.isr),
+                    elr=fset(r.elr),
+                    last_known_elr=fset(r.last_known_elr),
+                    leader=r.leader,
+                    leader_epoch=r.leader_epoch,
+                    partition_epoch=r.partition_epoch,
+                    recovery_state=r.recovery_state,
+                    min_isr=r.min_isr,
+                )
+                if j < n:
+                    chunk[j] = state
+                else:
+                    if j > n:
+                        chunk.extend([None] * (j - n))
+                    chunk.append(state)
+                parts.count_new(1)
+                if r.leader == NO_LEADER:
+                    offline[tp] = None
+                for b in replicas:
+                    new = lists.get(b)
+                    if new is None:
+                        new = lists[b] = added.setdefault(b, {}).setdefault(topic, [])
+                    new.append(i)
+            if changed is not None:
+                changed.add(tp)
 
     def _reassigned(
         self, p: PartitionState, r: PartitionChangeRecord, leader: int
@@ -471,9 +540,7 @@ class _Builder:
                 delta.unclean_registrations.append(record.broker_id)
 
     def _apply_partition(self, record: PartitionRecord) -> None:
-        tp = self._partition(record)
-        if self.delta is not None:
-            self.delta.partitions.add(tp)
+        self.partition_records((record,))
 
     def _apply_topic(self, record: TopicRecord) -> None:
         if self.delta is not None:
@@ -662,12 +729,7 @@ def _replay(
     b = _Builder(image, delta)
     batch = records if isinstance(records, list) else list(records)
     with _bulk(len(batch)):
-        for kind, run in groupby(batch, type):
-            if kind is PartitionChangeRecord:
-                b.partition_changes(run)
-            else:
-                for record in run:
-                    b.apply(record)
+        _apply_runs(b, batch)
         b.end_offset += len(batch)
         if delta is not None:
             # Counted in one C-level pass rather than a dict update per record.
@@ -675,6 +737,20 @@ def _replay(
                 tag = _TAGS[kind]
                 delta.records_by_type[tag] = delta.records_by_type.get(tag, 0) + n
         return b.finish()
+
+
+def _apply_runs(b: _Builder, records: Iterable[MetadataRecord]) -> None:
+    """Apply records in runs of one type: partition records and changes (thousands in a
+    row in a create, a fence or a snapshot) take their bulk loops, the rest one by one.
+    Consumes an iterator as it goes."""
+    for kind, run in groupby(records, type):
+        if kind is PartitionChangeRecord:
+            b.partition_changes(cast("Iterator[PartitionChangeRecord]", run))
+        elif kind is PartitionRecord:
+            b.partition_records(cast("Iterator[PartitionRecord]", run))
+        else:
+            for record in run:
+                b.apply(record)
 
 
 def image_to_records(image: ClusterImage) -> list[MetadataRecord]:
@@ -740,7 +816,6 @@ def image_from_records(records: Iterable[MetadataRecord], end_offset: int) -> Cl
     b = _Builder(ClusterImage())
     # An iterator (a snapshot decoding batch by batch) is consumed as it goes, never listed.
     with _bulk(len(records) if isinstance(records, Sized) else BULK):
-        for record in records:
-            b.apply(record)
+        _apply_runs(b, records)
         b.end_offset = end_offset
         return b.finish()

@@ -185,7 +185,7 @@ class TestReads:
 
 class TestReplayOfChangeRuns:
     def test_a_change_outside_a_run_applies_alike(self) -> None:
-        # A snapshot is read record by record (`image_from_records`), not in runs.
+        # A snapshot's partition records are read in runs too; a lone change is a run of 1.
         change = PartitionChangeRecord(
             topic="t", partition=1, reason=ChangeReason.FENCE, partition_epoch=1,
             leader_epoch=1, leader=NO_LEADER, isr=[],
@@ -195,6 +195,41 @@ class TestReplayOfChangeRuns:
         one_by_one = image_from_records(records, image.end_offset + 1)
         assert one_by_one.same_state(replay(image, [change]))
         assert [p.tp for p in one_by_one.offline_partitions()] == [("t", 1)]
+
+    def test_records_of_a_subclass_replay_as_their_base_one_by_one(self) -> None:
+        # A subclass (a newer record version) is not a run of the base type: it takes the
+        # one-record handlers, and replays exactly as the base records would.
+        class NewerPartition(PartitionRecord, tag="NewerPartition"):
+            pass
+
+        class NewerChange(PartitionChangeRecord, tag="NewerChange"):
+            pass
+
+        base = self.cluster()
+        new = PartitionRecord(topic="t", partition=5, replicas=[1], isr=[1], leader=1)
+        change = PartitionChangeRecord(
+            topic="t", partition=1, reason=ChangeReason.FENCE, partition_epoch=1,
+            leader_epoch=1, leader=NO_LEADER, isr=[],
+        )  # fmt: skip
+        newer = [
+            NewerPartition(**msgspec.structs.asdict(new)),
+            NewerChange(**msgspec.structs.asdict(change)),
+        ]
+        assert replay(base, newer).same_state(replay(base, [new, change]))
+
+    def test_partition_records_out_of_order_fill_the_holes_they_leave(self) -> None:
+        records: list[MetadataRecord] = [
+            TopicRecord(name="t", topic_id="t", partitions=CHUNK + 3, min_isr=1)
+        ]
+        order = [CHUNK + 2, 3, 0, CHUNK, 1, 2, CHUNK + 1, *range(4, CHUNK)]
+        parts = {
+            i: PartitionRecord(topic="t", partition=i, replicas=[1], isr=[1], leader=1)
+            for i in order
+        }
+        shuffled = replay(ClusterImage(), records + [parts[i] for i in order])
+        in_order = replay(ClusterImage(), records + [parts[i] for i in sorted(order)])
+        assert shuffled.same_state(in_order)
+        assert len(shuffled.partitions) == CHUNK + 3 == len(in_order.partitions)
 
     def test_a_partition_created_again_with_a_leader_is_online(self) -> None:
         again = PartitionRecord(topic="t", partition=0, replicas=[1], isr=[1], leader=1)
