@@ -29,7 +29,11 @@ setup: $(STAMP)
 
 setup-test: $(TEST_STAMP)
 
-# Debian packages (prometheus for the alert tests, a JRE for Spark), installed when missing.
+# Debian packages, installed when missing: a JRE (the Spark audits, `metactl audit`),
+# etcd-server (`cluster up --etcd`, HA) and prometheus (DATA_DIR/prometheus.yml, the alert
+# tests). `make test` needs all three; `make run` needs none of them, and installs none
+# (that takes root and ~300 MB): each command that lacks one says so in one line naming
+# `make system` (JAVA_NOT_FOUND for an audit, INVALID_CONFIG for --etcd).
 system:
 	@./scripts/ensure-system-packages.sh
 

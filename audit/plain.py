@@ -248,6 +248,7 @@ class _Timeline:
         "min_isr",
         "offline_ms",
         "pending",
+        "under_led_ms",
         "under_ms",
     )
 
@@ -259,6 +260,7 @@ class _Timeline:
         self.min_isr: int | None = None
         self.offline_ms = 0
         self.under_ms = 0
+        self.under_led_ms = 0  # under MinISR with a leader (the rest of it is offline)
         self.elr_ms = 0
         self.intervals: list[dict[str, Any]] = []
         self.pending: tuple[int, int] | None = None  # (start ts, offset) of a leader -1 row
@@ -320,6 +322,8 @@ class _Offline:
             t.offline_ms += dur
         if t.isr is not None and t.min_isr is not None and t.isr < t.min_isr:
             t.under_ms += dur
+            if t.leader != -1:
+                t.under_led_ms += dur
         if t.elr is not None and t.elr > 0:
             t.elr_ms += dur
 
@@ -379,7 +383,17 @@ class _Offline:
                 self._account(t, end, end)
             if t.pending is not None:
                 self._close(t, end, end, closed=False)
-            rows.append((*key, t.offline_ms, t.under_ms, t.elr_ms, t.intervals, t.leader))
+            rows.append(
+                (
+                    *key,
+                    t.offline_ms,
+                    t.under_ms,
+                    t.elr_ms,
+                    t.intervals,
+                    t.leader,
+                    t.under_led_ms,
+                )
+            )
         return pd.DataFrame.from_records(
             rows,
             columns=[
@@ -391,6 +405,7 @@ class _Offline:
                 "elr_ms",
                 "intervals",
                 "leader_at_end",
+                "under_min_isr_led_ms",
             ],
         )
 

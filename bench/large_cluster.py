@@ -25,7 +25,9 @@
     restarts cleanly and every partition is led again, it is killed again, and restarts
     uncleanly: every partition is recovered from its log (a GetReplicaLogInfo listener
     answers for broker 1). moving: N partitions at RF 3 on brokers 1-3, broker 1 leading
-    all; it is killed (leadership moves), and restarts cleanly. Prints the time of each
+    all; it is killed (leadership moves), restarts cleanly, rejoins every ISR (broker 2's
+    batched AlterPartitions) and a bulk preferred election (ElectPreferredLeaders) moves
+    leadership back. Prints the time of each
     phase, heartbeat and describe p99/max, healthy brokers fenced and the controller's
     peak RSS; `--json` prints one object with the worst of the two.
 
@@ -39,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import signal
 import sqlite3
@@ -56,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from controller_ops import CONFIG, cluster_records, peak_rss_mib
 
+from brokers_stub.leader import MAX_ALTER_ITEMS
 from controller.core.work import WORK_BUDGET as CREATE_SLICE_PARTITIONS
 from controller.runtime.clock import SystemClock
 from controller.runtime.driver import Controller, load_image
@@ -74,15 +78,21 @@ from metadata_log.sqlite_format import resolve_log_path
 from metadata_log.sqlite_store import SqliteLogStore
 from protocol.client import RpcClient
 from protocol.messages import (
+    AlterPartition,
+    AlterPartitions,
+    AlterPartitionsResponse,
     BrokerHeartbeatRequest,
     BrokerHeartbeatResponse,
     CreateTopic,
     CreateTopicsRequest,
     CreateTopicsResponse,
     DescribeClusterRequest,
+    ElectPreferredLeaders,
+    ElectPreferredLeadersResponse,
     FenceBroker,
     GetReplicaLogInfoRequest,
     GetReplicaLogInfoResponse,
+    IsrMember,
     Message,
     RegisterBroker,
     RegisterBrokerResponse,
@@ -646,6 +656,35 @@ async def register_broker1(address: str, endpoint: str, previous: int | None) ->
     return r.broker_epoch
 
 
+async def rejoin_isrs(address: str, partitions: int, epochs: list[int], epoch1: int) -> int:
+    """Broker 1 back into the ISR of each of the moving topology's partitions, in the
+    batched AlterPartitions that broker 2, their leader after the fence, sends (one
+    request in flight, `MAX_ALTER_ITEMS` items each, as brokers_stub.leader does). The
+    states are the fence's: leader 2, leader and partition epoch 1, ISR [2, 3]. Returns
+    the items refused."""
+    members = [
+        IsrMember(broker_id=1, broker_epoch=epoch1),
+        IsrMember(broker_id=2, broker_epoch=epochs[1]),
+        IsrMember(broker_id=3, broker_epoch=epochs[2]),
+    ]
+    refused = 0
+    names = [(t, min(10_000, partitions - t)) for t in range(0, partitions, 10_000)]
+    items = (
+        AlterPartition(
+            topic=f"t{t // 10_000:04d}", partition=i, leader=2, broker_epoch=epochs[1],
+            partition_epoch=1, leader_epoch=1, isr=members,
+        )
+        for t, n in names
+        for i in range(n)
+    )  # fmt: skip
+    async with RpcClient(address) as c:
+        while batch := list(itertools.islice(items, MAX_ALTER_ITEMS)):
+            r = await c.request(AlterPartitions(items=batch), timeout_s=600)
+            assert isinstance(r, AlterPartitionsResponse), r
+            refused += sum(1 for x in r.results if x.error_code is not None)
+    return refused
+
+
 async def bench_topology(kind: str, partitions: int, tmp: Path) -> dict[str, object]:
     records, epochs = topology_records(kind, partitions)
     data = tmp / f"topology-{kind}"
@@ -691,6 +730,21 @@ async def bench_topology(kind: str, partitions: int, tmp: Path) -> dict[str, obj
         else:
             await wait_metrics(metrics, "broker 1 unfenced", lambda m: fenced(m) == 0)
         phases["clean_restart_to_led_s"] = time.perf_counter() - t
+        if kind == "moving":
+            # Broker 1 back in every ISR, as broker 2 (the leader now) asks in batched
+            # AlterPartitions, then a bulk preferred election moves leadership back.
+            probes.enter("isr_rejoin")
+            t = time.perf_counter()
+            refused = await rejoin_isrs(address, partitions, epochs, epoch)
+            phases["isr_rejoin_s"] = time.perf_counter() - t
+            phases["isr_rejoin_refused"] = refused
+            probes.enter("preferred_election")
+            t = time.perf_counter()
+            async with RpcClient(address) as c:
+                r = await c.request(ElectPreferredLeaders(), timeout_s=1800)
+            assert isinstance(r, ElectPreferredLeadersResponse), r
+            phases["preferred_election_s"] = time.perf_counter() - t
+            phases["preferred_elected"] = r.elected
         if kind == "offline":
             # Kill it again, and restart it uncleanly: every partition is recovered from
             # its only replica (balanced: ELR -> LastKnownELR, inspection, recovery).

@@ -64,8 +64,9 @@ EXIT_STARTUP_FAILED: Final = 1
 EXIT_INTERNAL: Final = 70
 
 
-def ready_line(broker_id: int, epoch: int, endpoint: str) -> str:
-    return f"READY broker={broker_id} epoch={epoch} endpoint={endpoint}"
+def ready_line(broker_id: int, epoch: int, endpoint: str, metrics: str | None = None) -> str:
+    line = f"READY broker={broker_id} epoch={epoch} endpoint={endpoint}"
+    return line if metrics is None else f"{line} metrics={metrics}"
 
 
 class Broker:
@@ -107,6 +108,7 @@ class Broker:
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._metrics_stop: object | None = None
+        self.metrics_address: str | None = None  # where /metrics is served, once it is
         # Authorization refusals, (principal, operation) -> count, for /metrics; a WARNING
         # at most once per principal per period: principal -> (its last line, held since).
         self.authorization_failures: Counter[tuple[str, str]] = Counter()
@@ -263,6 +265,9 @@ class Broker:
             )
             self.replicas.load(lose_unflushed=cfg.lose_unflushed)
             self.endpoint = await self.server.start(cfg.listen)
+            # A busy --metrics port fails the start as a busy --listen does (LISTEN_FAILED,
+            # as the controller's): a broker never runs without the metrics it was given.
+            self._start_metrics()
         except (OSError, MetactlError) as exc:
             self.log.error("broker start-up failed", error=str(exc))
             print(f"error: {exc}", file=sys.stderr)
@@ -272,7 +277,6 @@ class Broker:
                     write_clean_shutdown(cfg.data_dir, previous_epoch)
             return EXIT_STARTUP_FAILED
         self.log.info("listening", endpoint=self.endpoint)
-        self._start_metrics()
 
         if not await self._register(previous_epoch):
             # Stopped before the controller ever answered: nothing new was written, so the
@@ -283,7 +287,11 @@ class Broker:
             self.log.info("stopped before registering")
             return EXIT_OK
         assert self.epoch is not None
-        print(ready_line(cfg.broker_id, self.epoch, self.endpoint), file=self.stdout, flush=True)
+        print(
+            ready_line(cfg.broker_id, self.epoch, self.endpoint, self.metrics_address),
+            file=self.stdout,
+            flush=True,
+        )
 
         self.replicas.start()
         self._spawn(self.metadata.run(), "metadata")
@@ -471,12 +479,8 @@ class Broker:
             return
         from brokers_stub.metrics import start_metrics
 
-        try:
-            self._metrics_stop, address = start_metrics(self, self.config.metrics)
-        except (OSError, MetactlError) as exc:
-            self.log.error("metrics endpoint not started", error=str(exc))
-        else:
-            self.log.info("metrics endpoint", address=address)
+        self._metrics_stop, self.metrics_address = start_metrics(self, self.config.metrics)
+        self.log.info("metrics endpoint", address=self.metrics_address)
 
     def _stop_metrics(self) -> None:
         stop, self._metrics_stop = self._metrics_stop, None

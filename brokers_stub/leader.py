@@ -7,8 +7,10 @@ but not yet in the image, or refused), and the event its parked (long-polled) fe
 wait on: the replica manager signals it when the log end, the high watermark or the
 leadership moves.
 `IsrUpdater` decides with `replication.isr_change` whether a led partition's ISR should
-change (or its recovery be reported) and sends one AlterPartition at a time per
-partition, recording the answer in that partition's `LeaderState`.
+change (or its recovery be reported), at most one change in flight per partition, and
+sends the changes it has queued as one batched AlterPartitions request at a time (as
+Kafka's AlterPartitionManager does), recording each item's answer in its partition's
+`LeaderState`. A broker back in a million ISRs sends a thousand requests, not a million.
 
 This module must not touch replica logs or files, nor follow the metadata log: the
 replica manager hands it the caught-up image and the state of the partition it leads,
@@ -30,10 +32,15 @@ from metadata_image.image import ClusterImage, TopicPartition
 from metadata_log.records import LeaderRecoveryState
 from protocol import messages as wire
 from protocol.client import RpcClient
-from protocol.messages import AlterPartition, IsrMember
+from protocol.messages import AlterPartition, AlterPartitions, IsrMember
 
 ALTER_RETRY_MS = 1000
 PENDING_MAX_MS = 10_000
+MAX_ALTER_ITEMS = 5_000
+"""Items per AlterPartitions request: about 100 bytes each on the wire, well inside the
+frame limit; the controller works through them a work budget at a time."""
+
+_Queued = tuple["LeaderState", AlterPartition, list[int]]  # state, item, ISR before it
 
 
 @dataclass
@@ -129,6 +136,8 @@ class IsrUpdater:
         self.clock_ms = clock_ms
         self._spawn = spawn  # the replica manager's: it cancels them at stop
         self._in_flight: set[asyncio.Task[None]] = set()
+        self._queue: list[_Queued] = []  # decided, not yet sent
+        self._sender: asyncio.Task[None] | None = None  # sends the queue, a batch at a time
 
     async def settled(self) -> None:
         """Return once every AlterPartition sent so far has been answered (or has failed).
@@ -192,48 +201,95 @@ class IsrUpdater:
             recovered=True,  # the simulated log needs no recovery work
         )
         st.in_flight_isr = frozenset(isr)
-        task = self._spawn(self._alter_partition(st, req, sorted(p.isr)), f"alter-{tp[0]}-{tp[1]}")
-        self._in_flight.add(task)
-        task.add_done_callback(self._in_flight.discard)
+        self._queue.append((st, req, sorted(p.isr)))
+        if self._sender is None:
+            task = self._sender = self._spawn(self._send_queued(), "alter-partitions")
+            self._in_flight.add(task)
+            task.add_done_callback(self._in_flight.discard)
 
-    async def _alter_partition(
-        self, st: LeaderState, req: AlterPartition, old_isr: list[int]
-    ) -> None:
-        name = f"{req.topic}-{req.partition}"
-        new_isr = [m.broker_id for m in req.isr]
-        assert self.controller is not None
+    async def _send_queued(self) -> None:
+        """Send the queue, `MAX_ALTER_ITEMS` at a time, one request in flight: what is
+        queued meanwhile goes in the next. Stopped (cancelled), the unsent items are
+        dropped and their partitions free to decide again."""
         try:
-            resp = await self.controller.request(req, self.config.request_timeout_ms / 1000)
-            if not isinstance(resp, wire.PartitionState):
-                raise InvalidRequestError(f"unexpected {type(resp).__name__}")
+            while self._queue:
+                batch = self._queue[:MAX_ALTER_ITEMS]
+                del self._queue[:MAX_ALTER_ITEMS]
+                try:
+                    await self._alter_partitions(batch)
+                finally:
+                    for st, _, _ in batch:
+                        st.in_flight_isr = None
+        finally:
+            # No await from the last look at the queue to here: an item queued after it
+            # finds no sender and starts one.
+            self._sender = None
+            for st, _, _ in self._queue:
+                st.in_flight_isr = None
+            self._queue.clear()
+
+    async def _alter_partitions(self, batch: list[_Queued]) -> None:
+        assert self.controller is not None
+        request = AlterPartitions(items=[req for _, req, _ in batch])
+        try:
+            resp = await self.controller.request(request, self.config.request_timeout_ms / 1000)
+            if not isinstance(resp, wire.AlterPartitionsResponse) or len(resp.results) != len(
+                batch
+            ):
+                raise InvalidRequestError(f"unexpected answer {type(resp).__name__}")
         except NetworkError as exc:
-            # The outcome is unknown: the controller may have committed it. Keep counting
-            # the proposed ISR until the image moves past the epoch we proposed against.
-            st.await_change(req.partition_epoch + 1, new_isr, self.clock_ms())
-            st.retry_at_ms = self.clock_ms() + ALTER_RETRY_MS // 2
-            self.log.warning("AlterPartition failed; will retry", partition=name, error=str(exc))
-        except MetactlError as exc:
-            # INVALID_UPDATE_VERSION, NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH,
-            # INELIGIBLE_REPLICA, STALE_BROKER_EPOCH, INVALID_REQUEST: our view is behind.
-            # Re-evaluate once the metadata moves on (or after a pause).
-            st.refused_at_partition_epoch = req.partition_epoch
-            st.retry_at_ms = self.clock_ms() + ALTER_RETRY_MS
-            self.log.info(
-                "AlterPartition refused", partition=name, code=exc.code, error=exc.message
+            # The outcome is unknown: the controller may have committed any of them. Keep
+            # counting each proposed ISR until the image moves past the epoch we proposed
+            # against.
+            now = self.clock_ms()
+            for st, req, _ in batch:
+                st.await_change(req.partition_epoch + 1, [m.broker_id for m in req.isr], now)
+                st.retry_at_ms = now + ALTER_RETRY_MS // 2
+            self.log.warning(
+                "AlterPartition failed; will retry",
+                partition=_names(batch),
+                partitions=len(batch),
+                error=str(exc),
             )
-        else:
-            st.await_change(resp.partition_epoch, resp.isr, self.clock_ms())
+            return
+        except MetactlError as exc:  # the whole request refused
+            for st, req, _ in batch:
+                self._refused(st, req, exc.code, exc.message)
+            return
+        for (st, req, old_isr), result in zip(batch, resp.results, strict=True):
+            if result.error_code is not None or result.view is None:
+                self._refused(st, req, result.error_code or "UNKNOWN_SERVER_ERROR", result.message)
+                continue
+            view = result.view
+            st.await_change(view.partition_epoch, view.isr, self.clock_ms())
             self.log.info(
                 "AlterPartition accepted",
-                partition=name,
+                partition=f"{req.topic}-{req.partition}",
                 old_isr=old_isr,
-                proposed_isr=new_isr,
-                isr=resp.isr,
-                partition_epoch=resp.partition_epoch,
-                recovering=resp.recovering,
+                proposed_isr=[m.broker_id for m in req.isr],
+                isr=view.isr,
+                partition_epoch=view.partition_epoch,
             )
-        finally:
-            st.in_flight_isr = None
+
+    def _refused(self, st: LeaderState, req: AlterPartition, code: str, message: str) -> None:
+        """INVALID_UPDATE_VERSION, NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH,
+        INELIGIBLE_REPLICA, STALE_BROKER_EPOCH, INVALID_REQUEST: our view is behind.
+        Re-evaluate once the metadata moves on (or after a pause)."""
+        st.refused_at_partition_epoch = req.partition_epoch
+        st.retry_at_ms = self.clock_ms() + ALTER_RETRY_MS
+        self.log.info(
+            "AlterPartition refused",
+            partition=f"{req.topic}-{req.partition}",
+            code=code,
+            error=message,
+        )
+
+
+def _names(batch: list[_Queued], shown: int = 3) -> str:
+    """The first partitions of a batch, for a log line."""
+    names = [f"{req.topic}-{req.partition}" for _, req, _ in batch[:shown]]
+    more = len(batch) - shown
+    return ", ".join(names) + (f" and {more} more" if more > 0 else "")
 
 
 def _active_epochs(image: ClusterImage) -> dict[int, int]:

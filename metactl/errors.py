@@ -350,6 +350,13 @@ class SparkJobFailedError(MetactlError):
     code = "SPARK_JOB_FAILED"
 
 
+class JavaNotFoundError(MetactlError):
+    """An audit needs a Java runtime (Spark's driver is a JVM) and none is installed: the
+    message names the one command that installs it (`make system`)."""
+
+    code = "JAVA_NOT_FOUND"
+
+
 # --- wire protocol ------------------------------------------------------------------------
 
 

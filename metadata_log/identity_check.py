@@ -40,6 +40,7 @@ from metactl.errors import (
     MetadataLogMissingError,
     StorageNotFormattedError,
 )
+from metadata_log.etcd.tls import PROCESS_DEFAULT, EtcdTls, ProcessDefault
 from metadata_log.identity import (
     CONTROLLER,
     IDENTITY_FILE,
@@ -217,10 +218,11 @@ async def check_storage(
     *,
     cluster_id: str | None = None,
     node_id: str | None = None,
+    etcd_tls: EtcdTls | ProcessDefault | None = PROCESS_DEFAULT,
 ) -> str | None:
     """Check (and complete) the controller's directory and log before it opens the log;
     the cluster id it serves. An in-memory log has no storage to check (`cluster_id` is
-    returned as given)."""
+    returned as given). `etcd_tls`: TLS to an etcd log (default: the process's)."""
     data_dir = Path(data_dir)
     for value, what in ((cluster_id, "--cluster-id"), (node_id, "--node-id")):
         if value is not None:
@@ -229,7 +231,9 @@ async def check_storage(
     if path is not None:
         return await _check_sqlite(data_dir, path, cluster_id=cluster_id, node_id=node_id)
     if metadata_log is not None and metadata_log.startswith("etcd://"):
-        return await _check_etcd(data_dir, metadata_log, cluster_id=cluster_id, node_id=node_id)
+        return await _check_etcd(
+            data_dir, metadata_log, cluster_id=cluster_id, node_id=node_id, tls=etcd_tls
+        )
     return cluster_id
 
 
@@ -267,7 +271,12 @@ async def _check_sqlite(
 
 
 async def _check_etcd(
-    data_dir: Path, url: str, *, cluster_id: str | None, node_id: str | None
+    data_dir: Path,
+    url: str,
+    *,
+    cluster_id: str | None,
+    node_id: str | None,
+    tls: EtcdTls | ProcessDefault | None = PROCESS_DEFAULT,
 ) -> str:
     from metadata_log.etcd.client import Etcd, EtcdTarget
     from metadata_log.etcd.layout import Keys, open_meta
@@ -278,7 +287,7 @@ async def _check_etcd(
             check(identity, data_dir, cluster_id=cluster_id, node_id=node_id, role=CONTROLLER)
         expected = identity is not None and identity.log_created
         wanted = (identity.cluster_id if identity is not None else None) or cluster_id
-        target = EtcdTarget.parse(url)
+        target = EtcdTarget.parse(url, tls=tls)
         etcd = await Etcd.connect(target)
         try:
             found, _ = await etcd.get(Keys(target).meta)

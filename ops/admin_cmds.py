@@ -135,6 +135,11 @@ def register(sub: Any) -> None:
         metavar="NAME",
         help=f"alias of --config {STRATEGY}=NAME (default: the cluster's)",
     )
+    c.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also print the assignment, one line per partition (default: a summary)",
+    )
     c.set_defaults(func=cmd_topics_create)
 
     e = sub.add_parser(
@@ -272,8 +277,42 @@ def cmd_topics_create(args: argparse.Namespace) -> int:
     res = asyncio.run(run()).results[0]
     if res.error_code:
         raise error_for_code(res.error_code, res.message)
-    print(f"Created topic {res.name} ({res.topic_id}) with assignments {res.assignments}")
+    print(creation_summary(res.name, res.topic_id, res.assignments or [], hint=not args.verbose))
+    if args.verbose:
+        for i, replicas in enumerate(res.assignments or []):
+            print(f"  {i}: {','.join(map(str, replicas))}")
     return EXIT_OK
+
+
+def creation_summary(
+    name: str, topic_id: str | None, assignments: list[list[int]], *, hint: bool = True
+) -> str:
+    """One line, whatever the partition count (issue 22: 10k partitions printed 100 KB):
+    the count, the replication factor and the brokers the replicas landed on."""
+    sizes = sorted({len(a) for a in assignments})
+    rf = "/".join(map(str, sizes)) or "0"
+    brokers = sorted({b for a in assignments for b in a})
+    on = _ranges(brokers)
+    return (
+        f"Created topic {name} ({topic_id}): {len(assignments)} partition(s), replication "
+        f"factor {rf}, replicas on broker(s) {on}"
+        + (" (--verbose prints the assignment)" if hint else "")
+    )
+
+
+def _ranges(ids: list[int]) -> str:
+    """1,2,3,5,7,8,9 as 1-3,5,7-9 (sorted, distinct ids)."""
+    out: list[str] = []
+    i = 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        out.append(str(ids[i]) if j - i < 2 else f"{ids[i]}-{ids[j]}")
+        if j - i == 1:
+            out.append(str(ids[j]))
+        i = j + 1
+    return ",".join(out) or "none"
 
 
 # --- elect ----------------------------------------------------------------------------------

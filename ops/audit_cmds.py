@@ -15,7 +15,7 @@ progress bar per Spark job (`audit.progress`); Spark's own output only with
 ``audit all`` runs every job in one session (one JVM start-up instead of five).
 
 Exit status (`ops.cli`'s table): 0; 1 when ``invariants`` finds a violation, or a Spark
-job fails; 2 for bad arguments; 4 when an input is not found; 130 on Ctrl-C.
+job fails; 2 for bad arguments; 4 when an input, or Java, is not found; 130 on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ import importlib
 import logging
 import os
 import re
+import shutil
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -37,6 +39,7 @@ from typing import Any
 
 from metactl.errors import (
     InvalidConfigurationError,
+    JavaNotFoundError,
     MetactlError,
     SparkJobFailedError,
     error_for_code,
@@ -233,6 +236,29 @@ def _settings(pairs: list[str]) -> dict[str, str]:
     return out
 
 
+def java_binary() -> str:
+    """The Java runtime Spark's launcher will run (``$JAVA_HOME/bin/java``, else ``java``
+    on PATH, as ``spark-class`` looks); JAVA_NOT_FOUND, naming what installs one,
+    before anything starts."""
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        java = Path(home) / "bin" / "java"
+        if os.access(java, os.X_OK):
+            return str(java)
+        raise JavaNotFoundError(
+            f"JAVA_HOME is {home}, which holds no bin/java: the audits run Spark, which needs "
+            "a Java runtime; unset JAVA_HOME, or install one with `make system` (Debian's "
+            "default-jre-headless)"
+        )
+    found = shutil.which("java")
+    if found is None:
+        raise JavaNotFoundError(
+            "no `java` on PATH: the audits run Spark, which needs a Java runtime; install "
+            "one with `make system` (Debian's default-jre-headless)"
+        )
+    return found
+
+
 def check_master(master: str, data_dirs: tuple[str, ...]) -> None:
     """A data directory with a cluster master is refused: its executors, on other
     machines, cannot open the controller's SQLite file."""
@@ -259,10 +285,18 @@ def _run(args: argparse.Namespace) -> int:
             from audit.jobs.invariants import pick_method
 
             pick_method(inp, args.method)  # a method that cannot read the input: exit 2
+        java_binary()
     except ValueError as exc:
         return fail(InvalidConfigurationError(str(exc)))
     except (MetactlError, OSError) as exc:
         return fail(exc)
+    from audit.progress import default_mode
+
+    mode = None if args.progress == "auto" else args.progress
+    if (mode or default_mode(sys.stderr)) != "off":
+        # At once, before the imports and the JVM that take seconds (issue 22: a loaded
+        # machine showed nothing for 120 s): then the bars, one per Spark job.
+        print(f"starting Spark ({args.master})…", file=sys.stderr, flush=True)
     results = []
     with _interruptible(verbose=args.verbose) as interrupted:
         started = time.perf_counter()
@@ -281,7 +315,6 @@ def _run(args: argparse.Namespace) -> int:
             interrupted.spark = spark
             _on_sigint(interrupted)  # again: SparkContext() installs its own handler
             up = time.perf_counter() - started
-            mode = None if args.progress == "auto" else args.progress
             for job in names:
                 module = importlib.import_module(MODULES[job])
                 group = f"metactl-audit-{job}-{time.time_ns()}"

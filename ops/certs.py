@@ -6,6 +6,15 @@ recipe: one CA per cluster, and one certificate per principal (`controller`, `br
 127.0.0.1 and localhost so ordinary TLS clients can reach loopback listeners. Keys are
 P-256 ECDSA, written with mode 0600. The layout is protocol/tls.py's.
 
+The metadata log's etcd gets a CA of its own, in ``<certs>/etcd`` (`init_etcd_certs`):
+``server`` (the members' client listeners), ``peer`` (between members), and the client
+certificates ``controller`` (the controllers) and ``admin`` (the operator's offline
+tools: `log dump --data-dir etcd://...`, `storage info`). A CA of its own because etcd's
+``--client-cert-auth`` admits *any* certificate its trusted CA signed, with every right
+on every key: trusting the cluster CA would let a broker's or the viewer's certificate
+rewrite the metadata log behind the controller's back. With its own CA only the
+controllers and the operator reach etcd at all.
+
 This module writes files and nothing else: it opens no socket and knows no rule about
 what a principal may do.
 """
@@ -25,22 +34,29 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from metactl.errors import InvalidConfigurationError
+from metadata_log.etcd.tls import EtcdTls
 from protocol.tls import ADMIN, CA_CERT, CA_KEY, CONTROLLER, VIEWER, broker_principal, cert_path
 from protocol.tls import key_path as _key_path
 
 VALID_DAYS: Final = 825
 CA_NAME: Final = "metactl cluster CA"
+ETCD_CA_NAME: Final = "metactl etcd CA"
+ETCD_DIR: Final = "etcd"  # under the cluster's certificate directory
+ETCD_SERVER: Final = "server"
+ETCD_PEER: Final = "peer"
+ETCD_CLIENTS: Final = (CONTROLLER, ADMIN)
+ETCD_NAMES: Final = (ETCD_SERVER, ETCD_PEER, *ETCD_CLIENTS)
 
 
 def default_names(broker_ids: Iterable[int]) -> list[str]:
     return [CONTROLLER, ADMIN, VIEWER, *(broker_principal(b) for b in broker_ids)]
 
 
-def init_certs(certs_dir: Path, names: Iterable[str]) -> list[str]:
+def init_certs(certs_dir: Path, names: Iterable[str], *, ca_name: str = CA_NAME) -> list[str]:
     """Create the CA if absent and a certificate for each name that has none; returns the
     names it created. Existing files are kept, so re-running adds brokers."""
     certs_dir.mkdir(parents=True, exist_ok=True)
-    ca_key, ca_cert = _load_or_create_ca(certs_dir)
+    ca_key, ca_cert = _load_or_create_ca(certs_dir, ca_name)
     created = []
     for name in names:
         if cert_path(certs_dir, name).exists():
@@ -48,6 +64,24 @@ def init_certs(certs_dir: Path, names: Iterable[str]) -> list[str]:
         issue(certs_dir, name, ca_key, ca_cert)
         created.append(name)
     return created
+
+
+def init_etcd_certs(certs_dir: Path) -> list[str]:
+    """The etcd CA and certificates in ``certs_dir/etcd`` (the names it created, as
+    ``etcd/<name>``); existing files are kept."""
+    created = init_certs(certs_dir / ETCD_DIR, ETCD_NAMES, ca_name=ETCD_CA_NAME)
+    return [f"{ETCD_DIR}/{name}" for name in created]
+
+
+def etcd_dir(certs_dir: Path) -> Path:
+    return certs_dir / ETCD_DIR
+
+
+def etcd_client_tls(certs_dir: Path, name: str = CONTROLLER) -> EtcdTls:
+    """A client's TLS to the local etcd: its CA and `name`'s certificate (controller or
+    admin) in ``certs_dir/etcd``."""
+    d = etcd_dir(certs_dir)
+    return EtcdTls(d / CA_CERT, cert_path(d, name), _key_path(d, name))
 
 
 def issue(
@@ -86,7 +120,9 @@ def issue(
     cert_path(certs_dir, name).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
-def _load_or_create_ca(certs_dir: Path) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+def _load_or_create_ca(
+    certs_dir: Path, ca_name: str = CA_NAME
+) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     cert_file, key_file = certs_dir / CA_CERT, certs_dir / CA_KEY
     if cert_file.exists() and key_file.exists():
         try:
@@ -103,7 +139,7 @@ def _load_or_create_ca(certs_dir: Path) -> tuple[ec.EllipticCurvePrivateKey, x50
         )
     key = ec.generate_private_key(ec.SECP256R1())
     now = _dt.datetime.now(_dt.UTC)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CA_NAME)])
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, ca_name)])
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)

@@ -18,8 +18,8 @@ Each record (offset o, written in leader epoch e) is classified:
 - **unreadable**: its partition could not be read at the end (no leader: e.g. a manual
   recovery waiting for the operator). Neither present nor lost.
 
-Also here: leaderless partition-seconds from the metadata log's record timestamps and
-the sum of a counter in a Prometheus text page.
+Also here: leaderless partition-seconds from the metadata log's record timestamps, the
+sum of a counter and the value of a gauge in a Prometheus text page.
 
 Pure: no processes, no network.
 """
@@ -179,3 +179,12 @@ def counter_sum(text: str, name: str) -> float:
         if line.startswith((sample + "{", sample + " ")):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def gauge_value(text: str, name: str) -> float | None:
+    """The value of the unlabelled sample `name` in a Prometheus text page (None: absent)."""
+    prefix = name + " "
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return float(line.rsplit(" ", 1)[1])
+    return None

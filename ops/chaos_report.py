@@ -24,6 +24,7 @@ from ops.chaos_check import (
     leaderless_seconds,
     recoveries_of,
 )
+from ops.chaos_plan import CONTROLLER_OPS, ETCD_OPS
 
 if TYPE_CHECKING:
     from ops.chaos import ChaosRun
@@ -50,6 +51,9 @@ def build_report(run: ChaosRun) -> dict[str, Any]:
             "duration_s": cfg.duration_s,
             "seed": cfg.seed,
             "schedule": "random" if cfg.schedule is None else "given",
+            "controllers": cfg.controllers,
+            "etcd": cfg.etcd,
+            "base_port": cfg.base_port,
         },
         "data_dir": str(run.root),
         "acked_log": str(run.acked_path),
@@ -60,6 +64,13 @@ def build_report(run: ChaosRun) -> dict[str, Any]:
         "fault_counts": dict(sorted(counts.items())),
         "fault_log": run.faults,
         "faults_skipped": run.skipped,
+        "controller_faults": sum(n for k, n in counts.items() if k in CONTROLLER_OPS),
+        "etcd_faults": sum(n for k, n in counts.items() if k in ETCD_OPS),
+        "fault_roles": dict(
+            sorted(Counter(f"{f['kind']} {f['role']}" for f in run.faults if "role" in f).items())
+        ),
+        "restart_failures": list(run.restart_failures),
+        "unexpected_exits": list(run.unexpected_exits),
         "lossy_kills": counts.get("kill_lossy", 0),
         "fault_phase_s": round(run.fault_phase_s, 2),
         "acknowledged": acknowledged,
@@ -100,13 +111,23 @@ def build_report(run: ChaosRun) -> dict[str, Any]:
         ),
         unclean_recoveries=sum(1 for r in recs if r.potential_data_loss),
         unclean_recovery_records=[vars(r) for r in recs],
-        potential_data_loss_metric=None
-        if final is None
-        else int(run.metric_before_restarts + final),
+        potential_data_loss_metric=None if final is None else int(final),
+        potential_data_loss_by_term=[
+            {"controller": name, "pid": pid, "failovers": term, "value": int(value)}
+            for (name, pid, term), value in sorted(run.term_metric.items())
+        ],
         metadata_snapshot_at=res["snapshot_at"],
     )
     doc["metric_matches_log"] = doc["potential_data_loss_metric"] == doc["unclean_recoveries"]
-    doc["verdict"] = "SILENT LOSS" if v.lost_silent else "no silent loss"
+    # A potential data-loss event the metric did not count (or one counted twice) is a
+    # broken report too; a metric that could not be read at all is only unknown.
+    doc["metric_mismatch"] = (
+        doc["potential_data_loss_metric"] is not None and not doc["metric_matches_log"]
+    )
+    verdict_text = "SILENT LOSS" if v.lost_silent else "no silent loss"
+    if doc["metric_mismatch"]:
+        verdict_text += "; METRIC != LOG"
+    doc["verdict"] = verdict_text
     return doc
 
 
@@ -120,6 +141,11 @@ def table(report: dict[str, Any]) -> str:
         ("seed", str(report["config"]["seed"])),
         ("fault phase (s)", f"{report['fault_phase_s']:.1f}"),
         ("faults", f"{report['faults']}  {_kinds(report['fault_counts'])}"),
+        (
+            "on controllers / etcd",
+            f"{report['controller_faults']} / {report['etcd_faults']}  "
+            + ", ".join(f"{k} {v}" for k, v in report["fault_roles"].items()),
+        ),
         ("lossy kills", str(report["lossy_kills"])),
         ("acknowledged records", str(report["acknowledged"])),
         ("acked records/s", f"{report['acked_records_per_s']:.1f}"),
@@ -134,6 +160,11 @@ def table(report: dict[str, Any]) -> str:
         ("unavailable partition-s (sampled)", _f(report.get("unavailable_sampled_seconds"))),
         ("verdict", str(report["verdict"])),
     ]
+    cfg = report["config"]
+    if cfg.get("controllers", 1) == 1 and not cfg.get("etcd"):
+        rows = [r for r in rows if r[0] != "on controllers / etcd"]
+    else:
+        rows.insert(0, ("controllers / etcd members", f"{cfg['controllers']} / {cfg['etcd']}"))
     width = max(len(k) for k, _ in rows)
     lines = [f"metactl chaos run — {report['data_dir']}"]
     lines += [f"  {k:<{width}}  {v}" for k, v in rows]

@@ -18,8 +18,8 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
-from typing import Final
+from collections.abc import Iterable, Sequence
+from typing import Final, TypeVar
 
 from metactl import __version__
 from metactl.errors import InvalidConfigurationError, MetactlError
@@ -38,7 +38,12 @@ EXIT_INTERRUPTED: Final = 130  # Ctrl-C (128 + SIGINT)
 
 USAGE_CODES: Final = frozenset({"INVALID_CONFIG", "INVALID_SCENARIO"})
 NOT_FOUND_CODES: Final = frozenset(
-    {"UNKNOWN_TOPIC_OR_PARTITION", "BROKER_ID_NOT_REGISTERED", "LOG_DIR_NOT_FOUND"}
+    {
+        "UNKNOWN_TOPIC_OR_PARTITION",
+        "BROKER_ID_NOT_REGISTERED",
+        "LOG_DIR_NOT_FOUND",
+        "JAVA_NOT_FOUND",  # a program the command needs is not installed (`make system`)
+    }
 )
 
 
@@ -78,9 +83,27 @@ def error_line(exc: BaseException) -> str:
     return f"error: {name}: " + " ".join((message or name).split())
 
 
+E = TypeVar("E", bound=BaseException)
+
+
+def with_details(exc: E, lines: Iterable[str]) -> E:
+    """`exc`, with lines that `fail` prints after its one error line (indented context,
+    e.g. the end of a child's log: `cluster up`, `broker start`)."""
+    exc.__dict__["details"] = tuple(lines)
+    return exc
+
+
+def details_of(exc: BaseException) -> tuple[str, ...]:
+    details = exc.__dict__.get("details", ())
+    return tuple(details) if isinstance(details, tuple | list) else ()
+
+
 def fail(exc: BaseException) -> int:
-    """Print the failure's one line on stderr; its exit status."""
+    """Print the failure's one line on stderr (then its details, if it has any); its exit
+    status."""
     print(error_line(exc), file=sys.stderr, flush=True)
+    for line in details_of(exc):
+        print(line, file=sys.stderr, flush=True)
     return exit_status(exc)
 
 
@@ -110,6 +133,7 @@ COMMAND_MODULES = (
     "ops.cluster_cmds",
     "ops.certs_cmds",
     "ops.storage_cmds",
+    "ops.quorum_cmds",
     "ops.audit_cmds",
     "ops.simulate_cmds",
     "ops.data_cmds",
@@ -140,7 +164,19 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # a command module not written yet
             raise
         module.register(sub)
+    _mark_usage(parser)
     return parser
+
+
+def _mark_usage(parser: argparse.ArgumentParser) -> None:
+    """Every (sub-)command's parser records itself as `usage_parser`: the deepest one
+    chosen wins (a sub-command's defaults are applied after its parent's), so a usage
+    error is reported with the sub-command's usage, not the top level's (issue 22)."""
+    parser.set_defaults(usage_parser=parser)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _mark_usage(sub)
 
 
 def kafka_habit(argv: Sequence[str]) -> MetactlError | None:
@@ -167,13 +203,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         parser = build_parser()
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            # argparse would report these with the top-level usage: the sub-command's
+            # own usage says what it takes (exit 2, as argparse's).
+            chosen: argparse.ArgumentParser = getattr(args, "usage_parser", parser)
+            chosen.error(f"unrecognized arguments: {' '.join(extra)}")
         func = getattr(args, "func", None)
         if func is None:
             # A group without its sub-command (`metactl log`): its help, a usage status.
             chosen = getattr(args, "help_parser", parser)
             chosen.print_help(sys.stderr)
             return EXIT_USAGE
+        if hasattr(args, "etcd_cacert"):  # --etcd-cacert/--etcd-cert/--etcd-key
+            from metadata_log.etcd.tls import etcd_tls_from
+
+            etcd_tls_from(args)  # the process's TLS to an etcd log, wherever it is opened
         status = func(args)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

@@ -35,6 +35,7 @@ from metactl.errors import (
     MetactlError,
     RequestTimedOutError,
 )
+from metadata_log.etcd.tls import add_etcd_tls_arguments
 from protocol.client import DEFAULT_TIMEOUT_S, Endpoints, RetryPolicy, RideFailover, RpcClient
 from protocol.codec import parse_address
 from protocol.flags import CLI_FALLBACK_TLS_DIR, add_tls_arguments, tls_identity
@@ -90,6 +91,7 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
         help="read the log offline: a cluster's data directory, the controller's, or an "
         "etcd log's URL (etcd://HOST:PORT/PREFIX) (default: ask the controller)",
     )
+    add_etcd_tls_arguments(parser)
 
 
 def controller_address(args: Any) -> str:

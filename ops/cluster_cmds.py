@@ -12,6 +12,7 @@ at the cluster, then the cluster's events, until Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from ops.cli import HELP_FORMAT, examples
 from ops.client import DEFAULT_CONTROLLER
 from ops.etcd_local import LocalEtcd
 from protocol.flags import ENV_TLS_DIR
-from protocol.tls import CA_CERT, VIEWER, cert_path, key_path
+from protocol.tls import ADMIN, CA_CERT, VIEWER, cert_path, key_path
 
 
 def register(sub: Any) -> None:
@@ -112,24 +113,46 @@ def _cluster_up(args: argparse.Namespace) -> int:
     return cmd_cluster_up(args)
 
 
+def metactl_path() -> str:
+    """This environment's `metactl` by its full path (the venv's bin directory need not
+    be on PATH; `source .venv/bin/activate` puts it there)."""
+    script = Path(sys.executable).with_name("metactl")
+    return str(script) if script.exists() else "metactl"
+
+
 def how_to(
-    data: Path, address: str, metrics: str, certs: Path | None, etcd: LocalEtcd | None = None
+    data: Path,
+    address: str,
+    metrics: str,
+    certs: Path | None,
+    etcd: LocalEtcd | None = None,
+    *,
+    broker_metrics: dict[int, str] | None = None,
+    prometheus: Path | None = None,
 ) -> str:
     """What `cluster up` prints after its first line: where things are, what to run. The
-    commands name the `metactl` of this environment by its full path (the venv's bin
-    directory need not be on PATH; `source .venv/bin/activate` puts it there)."""
-    script = Path(sys.executable).with_name("metactl")
-    me = str(script) if script.exists() else "metactl"
+    commands name the `metactl` of this environment by its full path (`metactl_path`)."""
+    me = metactl_path()
     log = etcd.url("metactl") if etcd is not None else str(data / "controller")
+    scheme = "http" if certs is None else "https"
+    brokers = ", ".join(
+        f"{b}: {scheme}://{where}/metrics" for b, where in sorted((broker_metrics or {}).items())
+    )
     lines = [f"  data:     {data}  (logs in {data / 'logs'})"]
     if etcd is not None:
         lines.append(f"  log:      {log}  ({len(etcd.members)}-member etcd in {data / 'etcd'})")
+        etcd_tls = etcd.client_tls(ADMIN)
+        if etcd_tls is not None:  # the offline tools reach etcd with the admin's certificate
+            log += " " + " ".join(etcd_tls.flags())
+            lines.append(f"            etcd: mutual TLS, its own CA in {etcd.tls_dir}")
     if certs is None:
         sec = "--insecure"
         lines += [
             "  security: none (--insecure): anyone may act as any broker or as an admin",
             f"  metrics:  http://{metrics}/metrics",
         ]
+        if brokers:
+            lines.append(f"            brokers {brokers}")
     else:
         sec = f"--tls-dir {certs}"
         ca, cert, key = certs / CA_CERT, cert_path(certs, VIEWER), key_path(certs, VIEWER)
@@ -138,8 +161,15 @@ def how_to(
             "            --principal viewer reads only). Instead of --tls-dir on every",
             f"            command: export {ENV_TLS_DIR}={certs}",
             f"  metrics:  https://{metrics}/metrics  (a client certificate of the CA)",
+            *([f"            brokers {brokers}"] if brokers else []),
             f"            curl --cacert {ca} --cert {cert} --key {key} https://{metrics}/metrics",
         ]
+    if prometheus is not None:
+        missing = "" if shutil.which("prometheus") else "; not installed: `make system`"
+        lines.append(
+            f"            prometheus --config.file={prometheus}  (scrapes all of them; "
+            f"dashboard and alerts: grafana/README.md{missing})"
+        )
     target = f"--bootstrap-controller {address} {sec}"
     lines += [
         f"  try:      {me} describe {target}",
@@ -147,5 +177,6 @@ def how_to(
         f"            {me} events --follow {target}",
         f"            {me} log tail --data-dir {log}",
         "            kill -9 <a broker pid> and watch the events: fence, ELR, recovery",
+        f"            {me} broker start --id <N> --data-dir {data}   (brings broker N back)",
     ]
     return "\n".join(lines) + "\n"

@@ -7,7 +7,9 @@ What it starts, each a child process in a process group of its own, its output i
   (`ops.etcd_local`), and ``--controllers N`` controllers sharing the metadata log on it
   (one active, the others hot standbys, docs/ha.md); without, one controller on the
   SQLite log in ``DATA_DIR/controller``;
-* ``--brokers B`` brokers, given every controller's address;
+* ``--brokers B`` brokers, given every controller's address, each serving /metrics on
+  the ports after the controllers' (DATA_DIR/prometheus.yml scrapes them all,
+  `ops.scrape_config`); their command lines are recorded in DATA_DIR/cluster-up.json;
 * before the first of them, on a first start, every controller's and broker's data
   directory is formatted (`metactl storage format`, docs/operations.md): the cluster id
   is the one the directories record, else the metadata log's (a cluster made before
@@ -24,7 +26,10 @@ How it supervises:
   running one's pid) instead of failing later inside a child.
 * **Running**, it prints the committed log as readable events (`metactl events
   --follow`'s lines), and says when a child dies, with its exit status and the last
-  lines of its log; the rest keep running (killing a broker is how the demo is tried).
+  lines of its log (readable: `ops.child_log`); the rest keep running (killing a broker
+  is how the demo is tried). `metactl broker start --id N` asks it, through its control
+  socket (`ops.control`), to start broker N again with its recorded command line, as a
+  supervised child like the first.
 * **Stopping** (Ctrl-C, SIGTERM, or a failure): brokers first (their controlled
   shutdown needs a controller), then the controllers, then etcd; each gets SIGTERM, and
   SIGKILL if it outlives the bound.
@@ -49,7 +54,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Final
@@ -58,13 +62,16 @@ from metactl.errors import (
     ClusterStartError,
     InconsistentClusterIdError,
     InvalidConfigurationError,
+    InvalidRequestError,
     MetactlError,
     MetadataLogMissingError,
     StoreUnavailableError,
 )
+from metadata_log.etcd.tls import tls_flags
 from metadata_log.identity import IDENTITY_FILE
-from ops.certs import default_names, init_certs
-from ops.cli import EXIT_INTERRUPTED
+from ops.certs import default_names, etcd_dir, init_certs, init_etcd_certs
+from ops.child_log import LOG_TAIL_LINES, failure_reason, readable_tail, tail_lines
+from ops.cli import EXIT_INTERRUPTED, with_details
 from ops.client import INSECURE, Security, call
 from ops.etcd_local import LocalEtcd, dies_with_parent
 from ops.events import Event, Feed
@@ -75,13 +82,12 @@ from protocol.messages import (
     CreateTopicsRequest,
     CreateTopicsResponse,
 )
-from protocol.tls import ADMIN, TlsIdentity
+from protocol.tls import ADMIN, CONTROLLER, TlsIdentity
 
 __all__ = ["ClusterUp", "UpSettings"]
 
 READY_TIMEOUT_S: Final = 60.0
 STOP_TIMEOUT_S: Final = 30.0
-LOG_TAIL_LINES: Final = 8
 LOCK_FILE: Final = "cluster.lock"
 
 
@@ -124,11 +130,12 @@ class Child:
     reported: bool = False  # its death has been told
 
     def tail(self, n: int = LOG_TAIL_LINES) -> list[str]:
-        try:
-            with self.log_path.open(errors="replace") as f:
-                return [line.rstrip("\n") for line in deque(f, maxlen=n)]
-        except OSError:
-            return []
+        """The last lines of its log, as written."""
+        return tail_lines(self.log_path, n)
+
+    def readable_tail(self) -> list[str]:
+        """The last lines of its log as an operator reads them (`ops.child_log`)."""
+        return readable_tail(self.log_path)
 
 
 def _exit_text(status: int) -> str:
@@ -155,7 +162,11 @@ class ClusterUp:
     certs: Path | None = None
     cluster_id: str = ""  # set by start(): the directories' (docs/operations.md)
     formatted: list[str] = field(default_factory=list)  # directories formatted by start()
+    # Each broker's command line (`broker start` runs it again) and /metrics address.
+    broker_cmds: dict[int, list[str]] = field(default_factory=dict)
+    broker_metrics: dict[int, str] = field(default_factory=dict)
     _lock: int | None = None
+    _restarting: set[int] = field(default_factory=set)
 
     @property
     def data(self) -> Path:
@@ -186,7 +197,7 @@ class ClusterUp:
         self._lock = fd
 
     def spawn(self, name: str, kind: str, cmd: list[str]) -> Child:
-        log_path = self.data / "logs" / f"{name.replace(' ', '-')}.log"
+        log_path = self.log_path(name)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_file = log_path.open("a")
         log_file.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} cluster up starts {name}\n")
@@ -217,10 +228,14 @@ class ClusterUp:
         return line
 
     def _failed(self, child: Child, what: str) -> ClusterStartError:
-        lines = child.tail()
-        shown = "\n".join(f"    {line}" for line in lines) or "    (its log is empty)"
-        return ClusterStartError(
-            f"{child.name} {what}; the last lines of {child.log_path}:\n{shown}"
+        """One line (who, what, and why, from the end of its log), then the end of its
+        log, readable, as the error's details (issue 22: never its raw JSON lines)."""
+        reason = failure_reason(child.tail(64))
+        error = ClusterStartError(
+            f"{child.name} {what}" + (f": {reason}" if reason else "") + f" (log: {child.log_path})"
+        )
+        return with_details(
+            error, [f"  the last lines of {child.log_path}:", *child.readable_tail()]
         )
 
     def start(self) -> None:
@@ -239,7 +254,14 @@ class ClusterUp:
             self.security = Security(TlsIdentity.from_dir(self.certs, ADMIN))
         log_flags: list[str] = []
         if s.etcd:
-            self.etcd = LocalEtcd(self.data / "etcd", s.etcd)
+            self.etcd = LocalEtcd(self.data / "etcd", s.etcd, tls_dir=self._etcd_tls_dir())
+            if self.etcd.kept_plaintext or (s.insecure and self.etcd.tls_dir is not None):
+                print(
+                    f"etcd: {'plaintext' if self.etcd.tls_dir is None else 'TLS'}, as its "
+                    "members were first started (their peer URLs are part of their "
+                    "identity); a new --data-dir chooses again",
+                    flush=True,
+                )
             self.etcd.start(wait=False)
             for m in self.etcd.members:
                 assert m.proc is not None
@@ -250,7 +272,11 @@ class ClusterUp:
                 bad = next((c for c in self.children if c.proc.poll() is not None), None)
                 error = self._failed(bad, "exited") if bad else ClusterStartError(exc.message)
                 raise error from None
-            log_flags = ["--metadata-log", self.etcd.url("metactl")]
+            log_flags = [
+                "--metadata-log",
+                self.etcd.url("metactl"),
+                *tls_flags(self.etcd.client_tls(CONTROLLER)),
+            ]
         self.cluster_id = self.format_storage()
         log_flags += [f"--cluster-id={self.cluster_id}"]  # an id may begin with "-"
         for i in range(s.controllers):
@@ -270,14 +296,129 @@ class ClusterUp:
             self.controllers.append(fields["listen"])
             self.metrics.append(fields.get("metrics", ""))
         for b in range(1, s.brokers + 1):
-            self.spawn(
-                f"broker {b}",
-                "broker",
-                [py, "-m", "brokers_stub", "--id", str(b), "--controller", self.bootstrap,
-                 "--data-dir", str(self.broker_dir(b)), f"--cluster-id={self.cluster_id}", *flags],
-            )  # fmt: skip
+            # /metrics after the controllers' ports (port 0: any free port, each its own).
+            metrics = _port_plus(s.metrics, s.controllers + b - 1)
+            self.broker_cmds[b] = [
+                py, "-m", "brokers_stub", "--id", str(b), "--controller", self.bootstrap,
+                "--data-dir", str(self.broker_dir(b)), f"--cluster-id={self.cluster_id}",
+                "--metrics", metrics, *flags,
+            ]  # fmt: skip
+            self.spawn(f"broker {b}", "broker", self.broker_cmds[b])
         for c in [c for c in self.children if c.kind == "broker"]:
-            self.await_ready(c)
+            self._note_broker_ready(c, self.await_ready(c))
+        self.write_record()
+
+    def _note_broker_ready(self, child: Child, ready: str) -> None:
+        """Its /metrics address, from its READY line; a port 0 (any free port) is pinned
+        in its recorded command line, so that `broker start` brings it back where
+        DATA_DIR/prometheus.yml scrapes it."""
+        fields = dict(p.split("=", 1) for p in ready.split()[1:] if "=" in p)
+        if "metrics" not in fields or "broker" not in fields:
+            return
+        broker = int(fields["broker"])
+        self.broker_metrics[broker] = fields["metrics"]
+        cmd = self.broker_cmds.get(broker, [])
+        if "--metrics" in cmd:
+            cmd[cmd.index("--metrics") + 1] = fields["metrics"]
+
+    def write_record(self) -> Path:
+        """``DATA_DIR/cluster-up.json``: how this cluster runs, each broker's command line
+        included (`ops.control`; `metactl broker start` has it run again)."""
+        from ops.control import CONTROL_SOCKET, write_record
+
+        brokers = {
+            str(b): {
+                "argv": cmd,
+                "pid": next((c.proc.pid for c in self._brokers(b)), None),
+                "metrics": self.broker_metrics.get(b),
+                "log": str(self.log_path(f"broker {b}")),
+            }
+            for b, cmd in self.broker_cmds.items()
+        }
+        return write_record(
+            self.data,
+            {
+                "pid": os.getpid(),
+                "control_socket": str(self.data / CONTROL_SOCKET),
+                "controllers": self.controllers,
+                "metrics": self.metrics,
+                "cluster_id": self.cluster_id,
+                "brokers": brokers,
+            },
+        )
+
+    def _brokers(self, broker_id: int) -> list[Child]:
+        return [c for c in self.children if c.kind == "broker" and c.name == f"broker {broker_id}"]
+
+    def start_command(self, child: Child) -> str:
+        """The command that brings a broker of this cluster back (`metactl broker
+        start`), as the banner names metactl."""
+        from ops.cluster_cmds import metactl_path
+
+        broker_id = child.name.split()[-1]
+        return f"{metactl_path()} broker start --id {broker_id} --data-dir {self.data}"
+
+    async def restart_broker(self, broker_id: int) -> Child:
+        """Start broker `broker_id` again with its recorded command line, as a supervised
+        child (`metactl broker start`, through `ops.control`): INVALID_CONFIG for a
+        broker this cluster does not run, INVALID_REQUEST while it runs, and
+        CLUSTER_START_FAILED (with the end of its log) if it does not get ready."""
+        cmd = self.broker_cmds.get(broker_id)
+        if cmd is None:
+            ids = ", ".join(map(str, sorted(self.broker_cmds))) or "none"
+            raise InvalidConfigurationError(
+                f"this cluster runs brokers {ids}: there is no broker {broker_id} to start"
+            )
+        alive = [c for c in self._brokers(broker_id) if c.proc.poll() is None]
+        if alive:
+            pid = alive[0].proc.pid
+            raise InvalidRequestError(
+                f"broker {broker_id} is running (pid {pid}): stop it first (kill {pid} for a "
+                f"controlled shutdown, kill -9 {pid} for a crash)"
+            )
+        if broker_id in self._restarting:
+            raise InvalidRequestError(f"broker {broker_id} is being started already")
+        for report in self.deaths():  # its death, if not told yet, before its restart
+            print(report, flush=True)
+        self._restarting.add(broker_id)
+        try:
+            for old in self._brokers(broker_id):
+                self.children.remove(old)
+                if old.proc.stdout is not None:
+                    old.proc.stdout.close()
+                if old.log_file is not None:
+                    old.log_file.close()
+            # Spawned from the event loop's thread, which lives as long as `cluster up`
+            # (`setpriv --pdeathsig` follows the thread that forks).
+            child = self.spawn(f"broker {broker_id}", "broker", cmd)
+            print(
+                f"   broker {broker_id} started again by `metactl broker start` "
+                f"(pid {child.proc.pid})",
+                flush=True,
+            )
+            ready = await asyncio.to_thread(self.await_ready, child)
+            self._note_broker_ready(child, ready)
+            self.write_record()
+            return child
+        finally:
+            self._restarting.discard(broker_id)
+
+    async def _control(self, request: dict[str, Any]) -> dict[str, Any]:
+        broker = request.get("start_broker")
+        if not isinstance(broker, int) or isinstance(broker, bool):
+            raise InvalidRequestError(f"unknown control request {request!r}")
+        child = await self.restart_broker(broker)
+        return {"ok": True, "pid": child.proc.pid, "ready": child.ready, "log": str(child.log_path)}
+
+    def prometheus_config(self) -> Path:
+        """``DATA_DIR/prometheus.yml``: scrapes the controllers and every broker."""
+        from ops.scrape_config import write_prometheus_config
+
+        brokers = [self.broker_metrics[b] for b in sorted(self.broker_metrics)]
+        return write_prometheus_config(self.data, self.metrics, brokers, self.certs)
+
+    def log_path(self, name: str) -> Path:
+        return self.data / "logs" / f"{name.replace(' ', '-')}.log"
 
     def controller_dir(self, i: int) -> Path:
         single = self.settings.controllers == 1
@@ -356,12 +497,31 @@ class ClusterUp:
                 f"--cluster-id {cluster_id}` first"
             )
 
+    @property
+    def etcd_flags_text(self) -> str:
+        """The admin's etcd TLS flags, for a printed offline command ("" if none)."""
+        tls = self.etcd.client_tls(ADMIN) if self.etcd is not None else None
+        return " " + " ".join(tls.flags()) if tls is not None else ""
+
+    def _etcd_tls_dir(self) -> Path | None:
+        """The etcd certificates (made in DATA_DIR/certs/etcd if absent, `ops.certs`), or
+        None: plaintext, with --insecure, unless the etcd cluster was first started with
+        TLS (its members remember https peer URLs)."""
+        certs = self.data / "certs"
+        if self.settings.insecure and not LocalEtcd.kept_tls(self.data / "etcd"):
+            return None
+        created = init_etcd_certs(certs)
+        if created:
+            print(f"certificates: created {', '.join(created)} in {certs}", flush=True)
+        return etcd_dir(certs)
+
     def _log_cluster_id(self) -> str | None:
         """The cluster id the metadata log records, if it exists and records one."""
         if self.etcd is not None:
             from ops.storage_cmds import etcd_log_info
 
-            return asyncio.run(etcd_log_info(self.etcd.url("metactl"))).get("cluster_id")
+            url, tls = self.etcd.url("metactl"), self.etcd.client_tls(ADMIN)
+            return asyncio.run(etcd_log_info(url, tls=tls)).get("cluster_id")
         from metadata_log.identity_check import inspect_sqlite_log
         from metadata_log.sqlite_format import LOG_FILE_NAME
 
@@ -409,21 +569,36 @@ class ClusterUp:
             status = c.proc.poll()
             if status is not None and not c.reported:
                 c.reported = True
-                tail = "\n".join(f"    {line}" for line in c.tail())
-                out.append(
+                tail = "\n".join(c.readable_tail())
+                report = (
                     f"!! {c.name} (pid {c.proc.pid}) exited: {_exit_text(status)}; the last "
                     f"lines of {c.log_path}:\n{tail}"
                 )
+                if c.kind == "broker":
+                    report += f"\n   bring it back: {self.start_command(c)}"
+                out.append(report)
         return out
 
     async def supervise(self, stop: asyncio.Event) -> None:
-        """Print events and deaths until `stop` is set."""
+        """Print events and deaths, and answer `broker start` (`ops.control`), until
+        `stop` is set."""
+        from ops.control import CONTROL_SOCKET, serve
+
         tasks = [asyncio.create_task(self._watch(stop))]
         if self.settings.events:
             tasks.append(asyncio.create_task(self._feed()))
         try:
+            control: asyncio.AbstractServer | None = await serve(self.data, self._control)
+        except OSError as exc:  # e.g. a data directory path too long for a Unix socket
+            control = None
+            print(f"(metactl broker start is not available: {exc})", flush=True)
+        try:
             await stop.wait()
         finally:
+            if control is not None:
+                control.close()
+                with contextlib.suppress(OSError):
+                    (self.data / CONTROL_SOCKET).unlink()
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -541,8 +716,16 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             f"metactl cluster up: {where}, {settings.brokers} brokers, "
             f"topic {settings.topic} {topic}\n"
             f"  storage:  cluster.id {up.cluster_id}{formatted}  (metactl storage info "
-            f"--data-dir {up.controller_dir(0)})\n"
-            + how_to(settings.data_dir, up.bootstrap, up.metrics[0], up.certs, up.etcd)
+            f"--data-dir {up.controller_dir(0)}{up.etcd_flags_text})\n"
+            + how_to(
+                settings.data_dir,
+                up.bootstrap,
+                up.metrics[0],
+                up.certs,
+                up.etcd,
+                broker_metrics=up.broker_metrics,
+                prometheus=up.prometheus_config(),
+            )
             + f"  pids:     {pids}\nCtrl-C stops everything cleanly. Events follow:",
             flush=True,
         )

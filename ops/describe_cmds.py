@@ -271,7 +271,8 @@ def recovery_state(p: PartitionState) -> str:
 def recovery_note(r: RecoverySummary) -> str:
     """The last unclean recovery of a partition: whom it chose, from whom, how, when."""
     how = r.strategy + (f", {r.trigger}" if r.trigger else "")
-    pool = f" of [{_ids(r.candidates)}]" if r.candidates else ""
+    # Candidates in ascending order, as the event feed prints every set of brokers.
+    pool = f" of [{_ids(sorted(r.candidates))}]" if r.candidates else ""
     return f"chose {r.chosen}{pool} ({how}) {age_text(r.age_ms)} ago — potential data loss"
 
 

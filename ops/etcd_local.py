@@ -11,6 +11,14 @@ chosen once, on the first start (free ones, or from `base_port` on), kept in
 ``ports.json`` beside the members' data, and reused by every later start on the same
 directory; asking for other ports or another member count there is INVALID_CONFIG. Nothing
 here knows the metadata log; it only runs etcd.
+
+TLS: given the etcd certificate directory (`tls_dir`, ``<certs>/etcd`` as `metactl certs
+init` writes it, `ops.certs`), members serve their client URLs over TLS with
+``--client-cert-auth`` (only certificates of that CA get in) and talk to each other over
+TLS with ``--peer-client-cert-auth``; `client_tls` is what a client presents. The scheme
+is part of the peer URLs a member remembers, so, like the ports, it is chosen on the
+first start and kept in ``ports.json``: a cluster first started in plaintext stays so
+(`kept_plaintext` says it), and one started with TLS needs its certificates again.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -30,6 +39,8 @@ from pathlib import Path
 from typing import Final
 
 from metactl.errors import InvalidConfigurationError, ListenError, StoreUnavailableError
+from metadata_log.etcd.tls import EtcdTls
+from protocol.tls import ADMIN, CA_CERT, cert_path, key_path
 
 __all__ = [
     "ETCD_BINARY",
@@ -44,6 +55,9 @@ ETCD_BINARY: Final = "etcd"
 HEALTH_TIMEOUT_S: Final = 30.0
 CLUSTER_TOKEN: Final = "metactl"
 PORTS_FILE: Final = "ports.json"
+# The certificate names in the etcd certificate directory (`ops.certs.init_etcd_certs`).
+SERVER_CERT: Final = "server"
+PEER_CERT: Final = "peer"
 
 
 def etcd_binary() -> str:
@@ -88,6 +102,12 @@ class EtcdMember:
     peer_port: int
     log_path: Path
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    # TLS: the context /health is asked with (the CA, a client certificate); None: http.
+    ssl_context: ssl.SSLContext | None = field(default=None, repr=False)
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.ssl_context is not None else "http"
 
     @property
     def endpoint(self) -> str:
@@ -95,11 +115,11 @@ class EtcdMember:
 
     @property
     def client_url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"{self.scheme}://127.0.0.1:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
-        return f"http://127.0.0.1:{self.peer_port}"
+        return f"{self.scheme}://127.0.0.1:{self.peer_port}"
 
     @property
     def running(self) -> bool:
@@ -107,7 +127,9 @@ class EtcdMember:
 
     def healthy(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.client_url}/health", timeout=1) as r:
+            with urllib.request.urlopen(
+                f"{self.client_url}/health", timeout=1, context=self.ssl_context
+            ) as r:
                 return bool(json.loads(r.read()).get("health") == "true")
         except (OSError, ValueError, urllib.error.URLError):
             return False
@@ -116,11 +138,22 @@ class EtcdMember:
 class LocalEtcd:
     """`members` etcd processes forming one cluster under `base_dir`."""
 
-    def __init__(self, base_dir: Path, members: int = 1, *, base_port: int | None = None) -> None:
+    def __init__(
+        self,
+        base_dir: Path,
+        members: int = 1,
+        *,
+        base_port: int | None = None,
+        tls_dir: Path | None = None,
+    ) -> None:
         if not 1 <= members <= 9:
             raise InvalidConfigurationError(f"an etcd cluster of {members} members: use 1 to 9")
         self.base_dir = base_dir
         ports = self._ports(members, base_port)
+        # The scheme the members were first started with, kept like their ports.
+        self.tls_dir = self._scheme(tls_dir)
+        self.kept_plaintext = tls_dir is not None and self.tls_dir is None
+        context = self._health_context() if self.tls_dir is not None else None
         self.members = [
             EtcdMember(
                 name=f"etcd-{i + 1}",
@@ -128,9 +161,57 @@ class LocalEtcd:
                 client_port=ports[2 * i],
                 peer_port=ports[2 * i + 1],
                 log_path=base_dir / f"etcd-{i + 1}.log",
+                ssl_context=context,
             )
             for i in range(members)
         ]
+
+    @staticmethod
+    def kept_tls(base_dir: Path) -> bool | None:
+        """Whether the etcd cluster in `base_dir` was first started with TLS (None: it
+        never started)."""
+        path = base_dir / PORTS_FILE
+        if not path.exists():
+            return None
+        try:
+            return bool(json.loads(path.read_text()).get("tls", False))
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    def _scheme(self, tls_dir: Path | None) -> Path | None:
+        """The certificate directory to run with (None: plaintext): a cluster that has
+        started before keeps its scheme, part of the peer URLs its members remember."""
+        had_tls = self.kept_tls(self.base_dir)
+        if had_tls is None:
+            return tls_dir
+        if had_tls and tls_dir is None:
+            raise InvalidConfigurationError(
+                f"the etcd cluster in {self.base_dir} was first started with TLS and its "
+                "members remember https peer URLs: it needs its certificates (the "
+                "directory `metactl certs init` writes in <certs>/etcd)"
+            )
+        return tls_dir if had_tls else None
+
+    def _health_context(self) -> ssl.SSLContext:
+        tls = self.client_tls(ADMIN)
+        assert tls is not None and tls.cert is not None and tls.key is not None
+        try:
+            ctx = ssl.create_default_context(cafile=str(tls.cacert))
+            ctx.load_cert_chain(str(tls.cert), str(tls.key))
+        except (OSError, ssl.SSLError) as exc:
+            raise InvalidConfigurationError(
+                f"cannot load the etcd certificates in {self.tls_dir}: {exc} (`metactl "
+                "certs init` writes them)"
+            ) from None
+        return ctx
+
+    def client_tls(self, name: str = "controller") -> EtcdTls | None:
+        """What a client (`controller` or `admin`) presents to these members; None when
+        they run in plaintext."""
+        if self.tls_dir is None:
+            return None
+        d = self.tls_dir
+        return EtcdTls(d / CA_CERT, cert_path(d, name), key_path(d, name))
 
     def _ports(self, members: int, base_port: int | None) -> list[int]:
         """Client and peer port of each member: those persisted on the first start, else
@@ -173,7 +254,7 @@ class LocalEtcd:
         ports = [p for m in self.members for p in (m.client_port, m.peer_port)]
         tmp = path.with_suffix(".tmp")
         with open(tmp, "w") as f:
-            json.dump({"ports": ports}, f)
+            json.dump({"ports": ports, "tls": self.tls_dir is not None}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -217,6 +298,24 @@ class LocalEtcd:
             "--initial-cluster-state", state,
             "--initial-cluster-token", CLUSTER_TOKEN,
             "--logger", "zap",
+            *self._tls_flags(),
+        ]  # fmt: skip
+
+    def _tls_flags(self) -> list[str]:
+        """Client and peer TLS, each requiring a certificate of the etcd CA."""
+        d = self.tls_dir
+        if d is None:
+            return []
+        ca = str(d / CA_CERT)
+        return [
+            "--cert-file", str(cert_path(d, SERVER_CERT)),
+            "--key-file", str(key_path(d, SERVER_CERT)),
+            "--trusted-ca-file", ca,
+            "--client-cert-auth",
+            "--peer-cert-file", str(cert_path(d, PEER_CERT)),
+            "--peer-key-file", str(key_path(d, PEER_CERT)),
+            "--peer-trusted-ca-file", ca,
+            "--peer-client-cert-auth",
         ]  # fmt: skip
 
     def start(self, *, wait: bool = True) -> LocalEtcd:

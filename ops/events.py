@@ -140,6 +140,27 @@ class View:
     def has_broker(self, broker_id: int) -> bool:
         return broker_id in self._brokers or broker_id in self.image.brokers
 
+    def isrs_of(self, broker_id: int) -> list[TopicPartition]:
+        """The partitions whose ISR holds the broker now (the image's, as changed by the
+        records read since, and those created since)."""
+        now = {q.tp: q for q in self.image.partitions_of(broker_id)}
+        now.update(self._partitions)
+        return [tp for tp, p in now.items() if broker_id in p.isr]
+
+    def classic(self, broker_id: int) -> bool:
+        """The classic rules (eligible.leader.replicas.version 0, KIP-966 off) apply to
+        the broker's registration: the finalized level says so (a feature record is
+        replayed into the image before the next record is told). A log without one (a
+        scenario's, or from before levels were recorded) shows them in its state: only
+        they leave a fenced broker in the ISR of a partition with no leader."""
+        level = self.image.features.get(ELR_FEATURE)
+        if level is not None:
+            return level < 1
+        return any(
+            (p := self.partition(tp)) is not None and p.leader == NO_LEADER
+            for tp in self.isrs_of(broker_id)
+        )
+
     def note(self, r: MetadataRecord) -> bool:
         """Take `r` into account; False when this view cannot (replay, then a new view)."""
         if isinstance(r, PartitionChangeRecord):
@@ -201,6 +222,47 @@ class View:
         return True
 
 
+SILENT_LOSS_NOTE: Final = (
+    " — elected from the ISR it stayed in after an UNCLEAN restart (classic rules): "
+    "acknowledged records it lost are gone, silently"
+)
+
+
+class StaleIsr:
+    """Under the classic rules, the ISR places brokers kept through an UNCLEAN restart
+    (partition -> brokers): electing one of them is the silent-loss path (README, "Does
+    it keep acknowledged data?"), which the election's line says. A place ends when the
+    broker leaves that ISR (it rejoins only once caught up) or is elected."""
+
+    def __init__(self) -> None:
+        self.places: dict[TopicPartition, set[int]] = {}
+
+    def take(self, r: MetadataRecord, before: View) -> bool:
+        """Note `r` (told against `before`); True if it elects a broker from such a place."""
+        if isinstance(r, RegisterBrokerRecord):
+            if not r.clean and before.has_broker(r.broker_id) and before.classic(r.broker_id):
+                for tp in before.isrs_of(r.broker_id):
+                    self.places.setdefault(tp, set()).add(r.broker_id)
+            return False
+        if isinstance(r, PartitionChangeRecord):
+            tp = (r.topic, r.partition)
+            held = self.places.get(tp)
+            if not held:
+                return False
+            elected = r.leader is not None and r.leader in held
+            if elected:
+                held.discard(r.leader)
+            if r.isr is not None:
+                held &= set(r.isr)
+            if not held:
+                del self.places[tp]
+            return elected
+        if isinstance(r, RemoveTopicRecord):
+            for tp in [tp for tp in self.places if tp[0] == r.name]:
+                del self.places[tp]
+        return False
+
+
 class Feed:
     """Turns committed entries into events, keeping the image they build.
 
@@ -220,6 +282,7 @@ class Feed:
         self._effective = EffectiveEntries[Entry]()  # holds an open transaction
         self._pending: list[MetadataRecord] = []  # taken, not yet replayed into the image
         self._view = View(image)
+        self._stale = StaleIsr()
 
     def reset(self, records: Iterable[MetadataRecord], end_offset: int) -> None:
         """Start again from a snapshot (FetchMetadata's answer for a truncated log)."""
@@ -240,6 +303,8 @@ class Feed:
         r = e.record
         quiet = self.since_ms is not None and e.timestamp_ms < self.since_ms
         text = None if quiet or type(r) in _SILENT else describe_record(r, self._view)
+        if self._stale.take(r, self._view) and text is not None:
+            text += SILENT_LOSS_NOTE
         self._pending.append(r)
         if not self._view.note(r):
             self._flush()
@@ -276,8 +341,17 @@ def describe_record(r: MetadataRecord, before: View) -> str | None:
             how = "first registration"
         elif r.clean:
             how = "clean restart"
-        else:
+        elif not before.classic(r.broker_id):
             how = "UNCLEAN restart: out of ISR and ELR"
+        elif n := len(before.isrs_of(r.broker_id)):
+            # Kafka before KIP-966: nothing removes it; elected from that ISR, its log may
+            # miss acknowledged records, and nothing says so (the silent-loss path).
+            how = (
+                f"UNCLEAN restart; classic rules: it stays in the ISR of {n} partition(s) "
+                "and may be elected from it, missing acknowledged records"
+            )
+        else:
+            how = "UNCLEAN restart; classic rules: in no ISR"
         return f"broker {r.broker_id} registered at epoch {r.broker_epoch} ({how})"
     if isinstance(r, BrokerRegistrationChangeRecord):
         parts = []
@@ -445,13 +519,14 @@ def _recovery(r: UncleanRecoveryRecord, before: View) -> str:
     if r.trigger == "operator":
         return f"{name} UNCLEAN RECOVERY: operator elected {r.chosen} ({r.strategy}){loss}"
     p = before.partition((r.topic, r.partition))
-    candidates = [c.broker_id for c in r.candidates]
+    # Sets in ascending order, as everywhere (describe's "chose 2 of [2,3]" too).
+    candidates = sorted(c.broker_id for c in r.candidates)
     if r.strategy == "balanced" and p is not None and p.last_known_elr:
         pool = f"LastKnownELR {_ids(sorted(p.last_known_elr))}"
     elif candidates:
         pool = f"replicas {_ids(candidates)} that reported"
     else:
-        pool = f"replicas {_ids(p.replicas)}" if p is not None else "its replicas"
+        pool = f"replicas {_ids(sorted(p.replicas))}" if p is not None else "its replicas"
     return f"{name} UNCLEAN RECOVERY: chose {r.chosen} of {pool} ({r.strategy}){loss}"
 
 

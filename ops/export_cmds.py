@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from metadata_log.etcd.tls import add_etcd_tls_arguments
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     log_parser = subparsers.choices.get("log")
@@ -55,6 +57,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     export.add_argument(
         "--overwrite", action="store_true", help="replace a non-empty output (default: refuse)"
     )
+    add_etcd_tls_arguments(export)
     export.set_defaults(func=_export)
 
 
@@ -99,6 +102,7 @@ def add_source_options(parser: argparse.ArgumentParser) -> None:
         action="append",
         help="cluster name(s) for the data dirs (default: the directories' names)",
     )
+    add_etcd_tls_arguments(parser)
 
 
 def resolve_data_dirs(given: list[str], clusters: list[str]) -> tuple[list[str], list[str]]:

@@ -27,6 +27,7 @@ from metactl.errors import (
 )
 from metactl.logs import configure
 from metadata_log.batch_format import LogEntry
+from metadata_log.etcd.tls import add_etcd_tls_arguments
 from metadata_log.records import RECORD_TYPES, record_type, to_builtins
 from ops.cli import EXIT_OK, EXIT_REFUSED, HELP_FORMAT, examples
 from ops.events import iso_ms
@@ -148,6 +149,7 @@ def _add_data_dir(parser: argparse.ArgumentParser) -> None:
         help="a cluster's data directory (./data) or the controller's (./data/controller), "
         "the log file itself, or an etcd log's URL (etcd://HOST:PORT/PREFIX) (required)",
     )
+    add_etcd_tls_arguments(parser)
 
 
 def _add_output_options(parser: argparse.ArgumentParser) -> None:

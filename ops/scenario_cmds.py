@@ -113,7 +113,7 @@ def _print_human(report: StepReport) -> None:
         else:
             cands = ", ".join(
                 f"{c['broker']}@(epoch {c['last_leader_epoch']}, leo {c['log_end_offset']})"
-                for c in e["candidates"]
+                for c in sorted(e["candidates"], key=lambda c: c["broker"])  # by broker id
             )
             print(
                 f"           ⚠ unclean recovery {e['partition']} ({e['strategy']}): chose "

@@ -26,8 +26,10 @@ from typing import TYPE_CHECKING
 
 from metactl.errors import InvalidConfigurationError
 from ops.cli import EXIT_REFUSED, HELP_FORMAT, examples, fail
+from ops.run_progress import MODES
 
 if TYPE_CHECKING:
+    from simulation.faults import FaultsSummary
     from simulation.faults_schedule import ReplayFile
 
 
@@ -114,7 +116,8 @@ def _register_faults(commands: argparse._SubParsersAction[argparse.ArgumentParse
         "faults",
         help="seeded crashes, page-cache loss and network faults; count lost acknowledged data",
         description="Run seeded fault schedules (lossy and plain kills, controlled "
-        "shutdowns, network partitions, message loss, delay and reordering), with "
+        "shutdowns, network partitions, message loss, delay and reordering, and with "
+        "--failovers controller failovers), with "
         "lifecycle operations interleaved (MinISR changes, reassignments, partition "
         "additions, topic deletes, unregistrations), against the real controller step and "
         "the brokers' replication logic in virtual time, and classify every acks=all "
@@ -125,6 +128,7 @@ def _register_faults(commands: argparse._SubParsersAction[argparse.ArgumentParse
             "metactl simulate faults --schedules 200 --seed 7",
             "metactl simulate faults --eligible-leader-replicas disabled --expect-silent-loss",
             "metactl simulate faults --replay metactl-faults/schedule-1.json --json",
+            "metactl simulate faults --failovers 2 --work-budget 1 --schedules 500",
         ),
         formatter_class=HELP_FORMAT,
     )
@@ -156,7 +160,33 @@ def _register_faults(commands: argparse._SubParsersAction[argparse.ArgumentParse
         f"faults per schedule; 0 for faults only (default {LIFECYCLE_OPS})",
     )
     faults.add_argument(
+        "--failovers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="controller failovers per schedule: the active controller dies (half of them "
+        "inside a metadata transaction) and a standby takes over 0.5-3 s later from the "
+        "durable log (default 0)",
+    )
+    faults.add_argument(
+        "--work-budget",
+        type=int,
+        default=None,
+        metavar="P",
+        help="the controller's work budget, partitions per event (default the "
+        "controller's, 1000); 1 slices every fence, shutdown, unclean registration and "
+        "create of these small clusters into metadata transactions, which a failover "
+        "may then interrupt",
+    )
+    faults.add_argument(
         "--json", action="store_true", help="print one JSON object (default: text lines)"
+    )
+    faults.add_argument(
+        "--progress",
+        choices=MODES,
+        default="auto",
+        help="progress on stderr: a bar on a terminal, a line every few seconds "
+        "otherwise (auto, the default), or off",
     )
     faults.add_argument(
         "--expect-silent-loss",
@@ -198,6 +228,7 @@ def _faults(args: argparse.Namespace) -> int:
 
     from controller.core.config import ControllerConfig
     from controller.runtime.serve import rule_mode
+    from ops.run_progress import Progress
     from simulation.faults import Mode, replay, run_faults
 
     try:
@@ -205,10 +236,18 @@ def _faults(args: argparse.Namespace) -> int:
             doc = _load_replay(args.replay)
             summary = replay(doc.schedule, doc.mode)
         else:
-            if args.schedules < 1 or args.lossy_kills < 0 or args.lifecycle_ops < 0:
+            if (
+                args.schedules < 1
+                or args.lossy_kills < 0
+                or args.lifecycle_ops < 0
+                or args.failovers < 0
+            ):
                 raise InvalidConfigurationError(
-                    "--schedules must be positive, --lossy-kills and --lifecycle-ops not negative"
+                    "--schedules must be positive, --lossy-kills, --lifecycle-ops and "
+                    "--failovers not negative"
                 )
+            if args.work_budget is not None and args.work_budget < 1:
+                raise InvalidConfigurationError("--work-budget must be positive")
             rules = rule_mode(args)
             # The config refuses a bad combination (InvalidConfigurationError) before a run.
             ControllerConfig(unclean_recovery_strategy=args.strategy, **rules)
@@ -218,18 +257,26 @@ def _faults(args: argparse.Namespace) -> int:
                 lie_clean_shutdown="lie-clean-shutdown" in args.mutant,
                 hw_ignores_min_isr="hw-ignores-min-isr" in args.mutant,
                 isr_join_ignores_hw="isr-join-ignores-hw" in args.mutant,
+                work_budget=args.work_budget,
             )
-            progress = None if args.json else (lambda line: print(line, file=sys.stderr))
-            summary = run_faults(
-                schedules=args.schedules,
-                seed=args.seed,
-                mode=mode,
-                lossy_kills=args.lossy_kills,
-                lifecycle_ops=args.lifecycle_ops,
-                save_dir=args.save_dir,
-                shrink_max=args.shrink_max,
-                progress=progress,
-            )
+            with Progress(
+                "simulate faults", args.schedules, unit="schedules", mode=args.progress
+            ) as bar:
+
+                def progress(so_far: FaultsSummary) -> None:
+                    bar.update(so_far.schedules, _status(so_far))
+
+                summary = run_faults(
+                    schedules=args.schedules,
+                    seed=args.seed,
+                    mode=mode,
+                    lossy_kills=args.lossy_kills,
+                    lifecycle_ops=args.lifecycle_ops,
+                    failovers=args.failovers,
+                    save_dir=args.save_dir,
+                    shrink_max=args.shrink_max,
+                    progress=progress,
+                )
     except OSError as exc:  # docs/safety.md: 1 when a file cannot be read or written
         fail(exc)
         return EXIT_REFUSED
@@ -242,6 +289,14 @@ def _faults(args: argparse.Namespace) -> int:
     if args.expect_silent_loss:
         return 0 if silent else 3
     return 3 if silent or summary.invariant_violations else 0
+
+
+def _status(s: FaultsSummary) -> str:
+    """The running figures a progress line shows."""
+    text = f"{s.acknowledged:,} acknowledged, {s.lost_silent} lost silently"
+    if s.failing_schedules:
+        text += f", {s.failing_schedules} failing schedules"
+    return text
 
 
 def _load_replay(path: Path) -> ReplayFile:

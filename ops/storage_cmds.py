@@ -34,6 +34,12 @@ from metactl.errors import (
     MetadataLogMissingError,
     StorageAlreadyFormattedError,
 )
+from metadata_log.etcd.tls import (
+    PROCESS_DEFAULT,
+    EtcdTls,
+    ProcessDefault,
+    add_etcd_tls_arguments,
+)
 from metadata_log.identity import (
     IDENTITY_FILE,
     Identity,
@@ -136,6 +142,7 @@ def register(sub: Any) -> None:
         "or etcd://HOST:PORT/PREFIX (read, never created)",
     )
     i.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    add_etcd_tls_arguments(i)
     i.set_defaults(func=cmd_info)
 
     r = ssub.add_parser(
@@ -272,12 +279,15 @@ def _log_report(state: SqliteLogState) -> dict[str, Any]:
     return out
 
 
-async def etcd_log_info(url: str) -> dict[str, Any]:
-    """An etcd log's location, state (absent, present) and cluster id; read only."""
+async def etcd_log_info(
+    url: str, *, tls: EtcdTls | ProcessDefault | None = PROCESS_DEFAULT
+) -> dict[str, Any]:
+    """An etcd log's location, state (absent, present) and cluster id; read only. `tls`:
+    TLS to etcd (default: the process's, from the command's --etcd-* flags)."""
     from metadata_log.etcd.client import Etcd, EtcdTarget
     from metadata_log.etcd.layout import Keys, open_meta
 
-    target = EtcdTarget.parse(url)
+    target = EtcdTarget.parse(url, tls=tls)
     etcd = await Etcd.connect(target)
     try:
         found, _ = await etcd.get(Keys(target).meta)

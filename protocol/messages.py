@@ -76,6 +76,30 @@ class AlterPartition(_Msg, tag="AlterPartition", frozen=True):
     recovered: bool = True  # the leader has finished recovering after an unclean election
 
 
+class AlterPartitions(_Msg, tag="AlterPartitions", frozen=True):
+    """Many partitions' AlterPartition from one leader in one request, as Kafka's
+    AlterPartition request carries every partition a broker has queued. Each item is
+    decided and answered on its own; the controller works through them a work budget of
+    items per event, each piece committed on its own (docs/protocol.md)."""
+
+    items: list[AlterPartition]
+
+
+class AlterPartitionResult(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One item's outcome: its partition's state once the change is committed (`view`),
+    or the error that refused it."""
+
+    topic: str
+    partition: int
+    error_code: str | None = None
+    message: str = ""
+    view: PartitionView | None = None
+
+
+class AlterPartitionsResponse(_Msg, tag="AlterPartitionsResponse", frozen=True):
+    results: list[AlterPartitionResult]  # in the order of the request's items
+
+
 class RecoverySummary(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A partition's most recent unclean recovery, as DescribeCluster shows it: what the
     UncleanRecoveryRecord says, and when it was committed."""
@@ -434,6 +458,57 @@ class DescribeClusterResponse(_Msg, tag="DescribeClusterResponse", frozen=True):
     topics: list[TopicDescription] = []
 
 
+class DescribeQuorumRequest(_Msg, tag="DescribeQuorum", frozen=True):
+    """What this controller knows of the controller quorum (`kafka-metadata-quorum
+    describe`): answered by any controller, active or standby, never redirected. With
+    `etcd_members`, also each etcd member's own status (one status call per member, each
+    bounded by a second)."""
+
+    etcd_members: bool = False
+
+
+class EtcdMemberState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One etcd member as it reports itself."""
+
+    name: str
+    client_url: str
+    healthy: bool
+    leader: bool = False  # the Raft leader
+    raft_role: str = ""  # "leader", "follower", "no leader"; "" if it did not answer
+    member_id: str = ""  # hex, as etcdctl prints it
+    raft_index: int | None = None
+    raft_term: int | None = None
+    version: str = ""
+    error: str = ""  # why it is not healthy: no answer, no leader known, an alarm
+
+
+class DescribeQuorumResponse(_Msg, tag="DescribeQuorumResponse", frozen=True):
+    """One controller's view of the quorum. Offsets are the log's: `applied_offset` is
+    the offset after the last record this controller has applied (a standby's tailing
+    image, read records of an open transaction included; the active controller's
+    committed log end), `log_end_offset` the committed log end it knows. The term is the
+    etcd leadership key's create revision (the fencing token); a single controller on a
+    SQLite log has no term."""
+
+    cluster_id: str
+    node_id: str  # --node-id, else the advertised address
+    address: str  # the advertised address
+    role: str  # "active", "standby", "starting"
+    backend: str  # "sqlite", "etcd", "memory"
+    log: str  # where the log is: its path or etcd URL
+    applied_offset: int
+    log_end_offset: int
+    leader_id: str | None = None  # the active controller's node id, when one is known
+    leader_address: str | None = None
+    term: int | None = None
+    leader_since_ms: int | None = None  # when the active controller took over (epoch ms)
+    lease_ttl_s: int | None = None
+    # Why no controller is known to be active (an election under way, etcd lost quorum).
+    leader_problem: str | None = None
+    etcd_members: list[EtcdMemberState] = []
+    etcd_error: str | None = None  # the members' status could not be read
+
+
 # --- controller -> broker ---------------------------------------------------------------
 
 
@@ -630,6 +705,7 @@ ControllerRequest = (
     | UnfenceBroker
     | ControlledShutdown
     | AlterPartition
+    | AlterPartitions
     | CreateTopic
     | ElectLeader
     | ReplicaLogInfo
@@ -647,6 +723,7 @@ ControllerResponse = (
     | BrokerHeartbeatResponse
     | ControlledShutdownResponse
     | PartitionView
+    | AlterPartitionsResponse
     | CreateTopicResponse
     | DeleteTopicResponse
     | AlterConfigsResponse
@@ -664,6 +741,8 @@ Message = (
     | BrokerHeartbeatResponse
     | AlterPartition
     | PartitionState
+    | AlterPartitions
+    | AlterPartitionsResponse
     | FetchMetadataRequest
     | FetchMetadataResponse
     | CreateTopicsRequest
@@ -700,4 +779,6 @@ Message = (
     | Ack
     | ElectPreferredLeaders
     | ElectPreferredLeadersResponse
+    | DescribeQuorumRequest
+    | DescribeQuorumResponse
 )

@@ -100,6 +100,8 @@ class FaultsSummary(msgspec.Struct, kw_only=True):
     operator_elections: int = 0
     invariant_violations: int = 0
     failing_schedules: int = 0
+    failovers: int = 0
+    aborted_transactions: int = 0
     lifecycle: dict[str, int] = {}
     failures: list[Failure] = []
     elapsed_s: float = 0.0
@@ -119,6 +121,8 @@ class FaultsSummary(msgspec.Struct, kw_only=True):
         self.operator_elections += out.operator_elections
         self.invariant_violations += len(out.violations)
         self.failing_schedules += out.failed
+        self.failovers += out.failovers
+        self.aborted_transactions += out.aborted_transactions
 
     @property
     def schedules_per_s(self) -> float:
@@ -152,6 +156,11 @@ class FaultsSummary(msgspec.Struct, kw_only=True):
             f" (operator elections: {self.operator_elections})",
             f"invariant violations: {self.invariant_violations}",
         ]
+        if self.failovers:
+            out.append(
+                f"controller failovers: {self.failovers} (open transactions aborted by the "
+                f"new controller: {self.aborted_transactions})"
+            )
         if self.lifecycle:
             ops = ", ".join(f"{what} {n}" for what, n in sorted(self.lifecycle.items()))
             out.append(f"lifecycle: {ops}")
@@ -209,16 +218,18 @@ def run_faults(
     mode: Mode,
     lossy_kills: int = 2,
     lifecycle_ops: int = LIFECYCLE_OPS,
+    failovers: int = 0,
     save_dir: Path | None = None,
     shrink_max: int = 3,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[FaultsSummary], None] | None = None,
 ) -> FaultsSummary:
     """Run `schedules` seeded schedules; shrink and save (to `save_dir`) up to
-    `shrink_max` failing ones; list the first `MAX_LISTED`."""
+    `shrink_max` failing ones; list the first `MAX_LISTED`. `progress` hears the summary
+    so far after every schedule (`summary.schedules` of `schedules` done)."""
     summary = FaultsSummary(mode=mode.label, seed=seed)
     started = time.perf_counter()  # only to report schedules/s
     for i in range(schedules):
-        sched = generate(schedule_seed(seed, i), lossy_kills, lifecycle_ops)
+        sched = generate(schedule_seed(seed, i), lossy_kills, lifecycle_ops, failovers)
         out = run_schedule(sched, mode)
         summary.add(out)
         if out.failed and len(summary.failures) < MAX_LISTED:
@@ -233,8 +244,9 @@ def run_faults(
                 dump_replay(path, mode, small, found)
                 fail.file = str(path)
             summary.failures.append(fail)
-        if progress is not None and (i + 1) % 500 == 0:
-            progress(f"{i + 1}/{schedules} schedules, {summary.lost_silent} lost silently")
+        if progress is not None:
+            summary.elapsed_s = time.perf_counter() - started
+            progress(summary)
     summary.elapsed_s = time.perf_counter() - started
     return summary
 

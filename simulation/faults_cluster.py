@@ -164,6 +164,10 @@ class Cluster:
         self.producing: set[TopicPartition] = set()  # partition names with a producer
         # The oracle: topic id, partition, start, end, leader epoch, event sequence number.
         self.acked: list[tuple[str, TopicPartition, int, int, int, int]] = []
+        # The active controller: whether one is (a failover leaves none for a while), and
+        # its incarnation (messages to or from an earlier one are gone with it).
+        self.ctl_up = True
+        self.ctl_inc = 0
 
     # --- the event loop ------------------------------------------------------------------
 
@@ -177,13 +181,14 @@ class Cluster:
 
     def send(self, src: int, dst: int, fn: Callable[[Any], None], arg: Any) -> None:
         """Deliver `fn(arg)` at `dst` after a random delay, unless lost or cut off. A
-        message goes from one broker process incarnation to another: when either end has
-        died meanwhile, the connection is gone and so is the message."""
+        message goes from one process incarnation (a broker's, or the active controller's)
+        to another: when either end has died meanwhile, the connection is gone and so is
+        the message."""
         if self._blocked(src, dst) or (self.drop and self.rnd.random() < self.drop):
             return
         brokers = self.brokers
-        src_inc = brokers[src].inc if src > 0 else 0
-        dst_inc = brokers[dst].inc if dst > 0 else 0
+        src_inc = brokers[src].inc if src > 0 else self.ctl_inc if src == CONTROLLER else 0
+        dst_inc = brokers[dst].inc if dst > 0 else self.ctl_inc if dst == CONTROLLER else 0
         delay = 1 + int(self.rnd.random() * self.s.max_delay_ms)
         self.at(self.now + delay, self._deliver, (src, src_inc, dst, dst_inc, fn, arg))
 
@@ -196,6 +201,8 @@ class Cluster:
                 b = self.brokers[node]
                 if not b.up or b.inc != inc:
                     return
+            elif node == CONTROLLER and (not self.ctl_up or self.ctl_inc != inc):
+                return
         fn(arg)
 
     def _cut(self, pairs: list[tuple[int, int]], delta: int) -> None:

@@ -31,7 +31,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-FaultKind = Literal["lossy_kill", "kill", "shutdown", "isolate", "cut"]
+FaultKind = Literal["lossy_kill", "kill", "shutdown", "isolate", "cut", "failover"]
 IsolateScope = Literal["controller", "brokers", "all"]
 OpKind = Literal[
     "topic_min_isr",
@@ -44,13 +44,21 @@ OpKind = Literal[
 ]
 
 LIFECYCLE_OPS: Final = 4  # lifecycle ops per generated schedule (--lifecycle-ops)
+ARM_MS: Final = 5_000  # a mid-transaction failover waits this long for a transaction
 
 REPLAY_FORMAT: Final = "metactl-faults-schedule"
 
 
 class Fault(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One injected fault. `for_ms`: how long the broker stays down (kills, shutdowns:
-    counted from when it stops) or the partition lasts (isolate, cut)."""
+    counted from when it stops), the partition lasts (isolate, cut), or no controller is
+    active (failover: from the active controller's death to the takeover).
+
+    A `failover` (broker 0: the controller) kills the active controller; a standby takes
+    over `for_ms` later from the durable log. With `mid_transaction` the controller dies
+    instead between the first and the second slice of the next metadata transaction it
+    opens (within `ARM_MS`; at its end if none opens), so that the log ends inside a
+    transaction that the new controller must abort."""
 
     at_ms: int
     kind: FaultKind
@@ -58,6 +66,7 @@ class Fault(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     for_ms: int
     scope: IsolateScope | None = None  # isolate: from whom
     peer: int | None = None  # cut: the broker at the other end of the link
+    mid_transaction: bool = False  # failover: die inside the next transaction
 
 
 class Op(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -115,6 +124,11 @@ class Mode(msgspec.Struct, frozen=True, kw_only=True):
     # its log reaching the leader's high watermark (`replication.join_floor`). This was
     # the broker stub's rule until this simulator found the loss it allows.
     isr_join_ignores_hw: bool = False
+    # The controller's work budget (partitions per event; None: the controller's default,
+    # `controller.core.work.WORK_BUDGET`). A small one slices fences, shutdowns, unclean
+    # registrations and creates into metadata transactions (KIP-868) even in these small
+    # clusters, which a `mid_transaction` failover needs.
+    work_budget: int | None = None
 
     @property
     def label(self) -> str:
@@ -132,6 +146,8 @@ class Mode(msgspec.Struct, frozen=True, kw_only=True):
             )
             if on
         ]
+        if self.work_budget is not None:
+            name += f", work budget {self.work_budget}"
         return name + (f" [mutant: {', '.join(mutants)}]" if mutants else "")
 
 
@@ -141,10 +157,14 @@ def schedule_seed(seed: int, index: int) -> int:
     return random.Random(f"metactl-faults:{seed}:{index}").getrandbits(48)
 
 
-def generate(seed: int, lossy_kills: int = 2, lifecycle_ops: int = LIFECYCLE_OPS) -> Schedule:
+def generate(
+    seed: int, lossy_kills: int = 2, lifecycle_ops: int = LIFECYCLE_OPS, failovers: int = 0
+) -> Schedule:
     """A random schedule: 3-4 brokers, 1-2 partitions (RF 3, MinISR 2), `lossy_kills`
-    lossy kills and 2-5 other faults in a 30 s window, and `lifecycle_ops` lifecycle
-    operations (`generate_ops`).
+    lossy kills and 2-5 other faults in a 30 s window, `lifecycle_ops` lifecycle
+    operations (`generate_ops`) and `failovers` controller failovers
+    (`generate_failovers`; from a stream of their own, so `failovers=0` gives exactly the
+    schedules of before).
 
     Half of the lossy kills are aimed at a broker other than one already partitioned
     away, while the partition lasts: that is how an ISR shrinks to its last member and
@@ -201,24 +221,46 @@ def generate(seed: int, lossy_kills: int = 2, lifecycle_ops: int = LIFECYCLE_OPS
         previous = Fault(at_ms=min(at, window - 1), kind="lossy_kill", broker=b, for_ms=down)
         faults.append(previous)
     faults.sort(key=lambda f: (f.at_ms, f.broker, f.kind))
+    flush_ms = [rnd.randint(1_000, 10_000) for _ in range(brokers)]
+    drop = rnd.choice((0.0, 0.0, 0.01, 0.05))
+    max_delay_ms = rnd.choice((5, 20, 100))
+    ops = generate_ops(
+        seed, lifecycle_ops, brokers=brokers, partitions=partitions, faults=faults, window=window
+    )
+    if failovers:
+        faults = sorted(
+            faults + generate_failovers(seed, failovers, start=start, window=window),
+            key=lambda f: (f.at_ms, f.broker, f.kind),
+        )
     return Schedule(
         seed=seed,
         brokers=brokers,
         partitions=partitions,
         faults=faults,
-        flush_ms=[rnd.randint(1_000, 10_000) for _ in range(brokers)],
-        drop=rnd.choice((0.0, 0.0, 0.01, 0.05)),
-        max_delay_ms=rnd.choice((5, 20, 100)),
+        flush_ms=flush_ms,
+        drop=drop,
+        max_delay_ms=max_delay_ms,
         fault_window_ms=window,
-        ops=generate_ops(
-            seed,
-            lifecycle_ops,
-            brokers=brokers,
-            partitions=partitions,
-            faults=faults,
-            window=window,
-        ),
+        ops=ops,
     )
+
+
+def generate_failovers(seed: int, count: int, *, start: int, window: int) -> list[Fault]:
+    """`count` controller failovers in the fault window, from their own random stream:
+    the active controller dies, and a standby takes over 0.5-3 s later (a lease TTL of
+    about 2 s plus the takeover, as measured with real processes, docs/ha.md); half of
+    them strike inside the next metadata transaction (`Fault.mid_transaction`)."""
+    rnd = random.Random(f"metactl-faults-failovers:{seed}")
+    return [
+        Fault(
+            at_ms=rnd.randrange(start, window),
+            kind="failover",
+            broker=0,
+            for_ms=rnd.randint(500, 3_000),
+            mid_transaction=rnd.random() < 0.5,
+        )
+        for _ in range(count)
+    ]
 
 
 def generate_ops(

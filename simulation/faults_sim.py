@@ -24,6 +24,15 @@
   completes only when the simulated leader's own ISR expansion (AlterPartition, once
   the new replica has copied the log and caught up) makes the target a subset of the
   ISR. Refusals are counted, not failures (an op may name what is gone by then);
+* controller failovers (`Fault` kind `failover`): the active controller dies, at once
+  or between the first and second slice of its next metadata transaction (its begin
+  marker and first slice durable, nothing of it published or answered); for the fault's
+  `for_ms` no controller is active (requests go unanswered, no session expires); then a
+  standby takes over as `controller.runtime` does: the image is the replay of the
+  durable log, an unfinished transaction is aborted first
+  (`controller.runtime.driver.unfinished_transaction_abort`), pending recoveries start
+  over, and every broker gets a fresh session timeout. Every run ends by checking that
+  the controller's state is the replay of the durable log (`_check_log`);
 * then healing: at the end of the fault window every cut heals, messages stop being
   lost and every broker restarts; after `heal_ms` the operator elects the best log of
   any partition still without a leader (always needed with the manual strategy); after
@@ -52,10 +61,13 @@ from brokers_stub.replica_log import ReplicaLog, epoch_at
 from controller.core.config import ControllerConfig
 from controller.core.recovery.policy import RecoveryPolicy
 from controller.core.recovery.registry import load_policies
-from controller.core.step import ControllerState, Event, Rules, StepResult, Tick, settle
+from controller.core.step import ControllerState, Event, Rules, StepResult, Tick, settle, step
+from controller.core.work import WORK_BUDGET
+from controller.runtime import driver
 from controller.runtime.sessions import BrokerSessions
-from metactl.errors import MetactlError
+from metactl.errors import MetactlError, NotControllerError, ReplayError
 from metadata_image.image import ClusterImage, TopicPartition
+from metadata_image.transactions import LogReplay, replay_log
 from metadata_log.records import (
     BROKER_RESOURCE,
     MIN_ISR_CONFIG,
@@ -95,7 +107,7 @@ from simulation.faults_cluster import (
     Cluster,
     _Broker,
 )
-from simulation.faults_schedule import Fault, Mode, Op, Schedule
+from simulation.faults_schedule import ARM_MS, Fault, Mode, Op, Schedule
 
 # Elections that come with their own UncleanRecoveryRecord, or are clean.
 _KNOWN_ELECTIONS: Final = frozenset({"isr", "elr", "preferred", "unclean_recovery", "manual"})
@@ -126,6 +138,8 @@ class Outcome(msgspec.Struct, kw_only=True):
     unclean_recoveries: int = 0
     operator_elections: int = 0
     refused_requests: int = 0
+    failovers: int = 0  # controller failovers (a standby took over from the durable log)
+    aborted_transactions: int = 0  # transactions a failover left open, aborted by the next
     # Lifecycle ops applied and refused, by kind ("reassign", "reassign refused", ...),
     # and what became of reassignments ("reassignment completed", "... cancelled").
     lifecycle: dict[str, int] = {}
@@ -149,8 +163,14 @@ class FaultSim(Cluster):
             eligible_leader_replicas=mode.eligible_leader_replicas,
             unclean_leader_election=mode.unclean_leader_election,
         )
-        self.rules = Rules(self.config, _policies())
+        budget = mode.work_budget if mode.work_budget is not None else WORK_BUDGET
+        self.rules = Rules(self.config, _policies(), work_budget=budget)
         self.core = ControllerState(ClusterImage())
+        # The durable metadata log: every record the controllers wrote, in offset order (a
+        # failover's new controller replays it, and the run ends by checking that the
+        # controller's state is its replay).
+        self.durable: list[MetadataRecord] = []
+        self.armed: Fault | None = None  # a mid-transaction failover waiting for one
         self.sessions = BrokerSessions(self.config.broker_session_timeout_ms)
         self.checker = LogChecker("faults")
         self.deadlines: set[int] = set()
@@ -181,13 +201,21 @@ class FaultSim(Cluster):
             fn(arg)
         self.now = end
         self._account()
+        self._check_log()
         return self._outcome()
 
     # --- the controller --------------------------------------------------------------------
 
     def _step(self, event: Event) -> Any:
         """One controller event step; returns the response, or the coded refusal."""
+        if not self.ctl_up:
+            self.out.refused_requests += 1
+            return NotControllerError("no controller is active (a failover is under way)")
         try:
+            if self.armed is not None:
+                first = step(self.core, event, self.now, self.rules)
+                if first.follow_up is not None:  # it opens a transaction: die inside it
+                    return self._torn(first)
             result = settle(self.core, event, self.now, self.rules)
         except MetactlError as exc:
             self.out.refused_requests += 1
@@ -198,6 +226,7 @@ class FaultSim(Cluster):
     def _commit(self, result: StepResult) -> None:
         records = result.records
         before = self.core.image
+        self.durable.extend(records)
         if records:
             self._account()
             self.checker.feed(before.end_offset, self.now, records)
@@ -210,7 +239,7 @@ class FaultSim(Cluster):
         deadline = result.next_deadline_ms
         if deadline is not None and deadline not in self.deadlines:
             self.deadlines.add(deadline)
-            self.at(deadline, self._deadline, deadline)
+            self.at(deadline, self._deadline, (deadline, self.ctl_inc))
         if records:
             image = self.core.image
             for b in self.brokers:
@@ -265,12 +294,17 @@ class FaultSim(Cluster):
         self.out.unavailable_partition_ms += offline * (self.now - self.unavail_since)
         self.unavail_since = self.now
 
-    def _deadline(self, deadline: int) -> None:
+    def _deadline(self, arg: tuple[int, int]) -> None:
+        deadline, inc = arg
+        if inc != self.ctl_inc:
+            return  # a timer of a controller that died since
         self.deadlines.discard(deadline)
         self._step(Tick())
 
     def _session_check(self, _: None) -> None:
         self.at(self.now + SESSION_CHECK_MS, self._session_check)
+        if not self.ctl_up:
+            return
         image = self.core.image
         live = [b for b in sorted(image.brokers) if not image.brokers[b].fenced]
         for b in self.sessions.expired(live, self.now):
@@ -332,7 +366,88 @@ class FaultSim(Cluster):
         flush = self.s.flush_ms[b.id - 1]
         self.at(self.now + self.rnd.randrange(1, flush), self._flush, (b.id, inc))
 
+    # --- controller failover ------------------------------------------------------------
+
+    def _failover(self, f: Fault) -> None:
+        """The active controller dies now, or (`mid_transaction`) inside the next
+        transaction it opens within `ARM_MS`."""
+        if not self.ctl_up or self.armed is not None:
+            return  # one failover at a time
+        if not f.mid_transaction:
+            self._crash(f)
+            return
+        self.armed = f
+        self.at(self.now + ARM_MS, self._arm_expired, f)
+
+    def _arm_expired(self, f: Fault) -> None:
+        if self.armed is f:  # no transaction opened meanwhile: die anyway
+            self._crash(f)
+
+    def _torn(self, first: StepResult) -> NotControllerError:
+        """The controller wrote the first slice of a transaction (its begin marker and
+        records are durable, as the driver's committer appends a slice at a time) and died
+        before the next: the log now ends inside the transaction. Nothing of it was ever
+        published or answered (readers apply a transaction at its end marker)."""
+        f = self.armed
+        assert f is not None
+        self.durable.extend(first.records)
+        self._crash(f)
+        return NotControllerError("the active controller died")
+
+    def _crash(self, f: Fault) -> None:
+        """No controller is active until a standby takes over `for_ms` later; the dead
+        one's timers, sessions and in-flight messages are gone with it."""
+        self.armed = None
+        self.ctl_up = False
+        self.ctl_inc += 1
+        self.deadlines.clear()
+        self.at(self.now + f.for_ms, self._take_over)
+
+    def _take_over(self, _: None) -> None:
+        """A standby becomes the active controller as `controller.runtime` does it: the
+        image is the replay of the durable log, a transaction the log ends inside is
+        aborted first (`driver.unfinished_transaction_abort`, as `Controller.open` does),
+        the soft state starts over (no pending recoveries: every leaderless partition is
+        evaluated afresh), and every registered broker gets a full session timeout of
+        grace (a fresh `BrokerSessions`, as `ControllerService._activate`)."""
+        try:
+            replayed = replay_log(LogReplay(), self.durable)
+        except ReplayError as exc:
+            self.out.violations.append(f"log_replay at takeover: {exc.message}")
+            replayed = LogReplay(self.core.image)
+        abort = driver.unfinished_transaction_abort(replayed)
+        if abort is not None:
+            self.durable.append(abort)
+            replayed = replay_log(replayed, [abort])
+            self.out.aborted_transactions += 1
+        self.core = ControllerState(replayed.image)
+        self.sessions = BrokerSessions(self.config.broker_session_timeout_ms)
+        self.ctl_up = True
+        self.out.failovers += 1
+        self._step(Tick())  # the new driver's first idle moment: the backlog is everything
+
+    def _check_log(self) -> None:
+        """The controller's state must be the replay of the durable log (what any new
+        controller, broker or tool would rebuild), at the end of every run."""
+        try:
+            replayed = replay_log(LogReplay(), self.durable)
+        except ReplayError as exc:
+            self.out.violations.append(f"log_replay: {exc.message}")
+            return
+        if replayed.transaction is not None or replayed.image != self.core.image:
+            open_txn = replayed.transaction
+            self.out.violations.append(
+                "state_differs_from_log_replay: the controller's image (end offset "
+                f"{self.core.image.end_offset}) is not the replay of the durable log "
+                f"({len(self.durable)} records, replayed to {replayed.image.end_offset}"
+                + (f", transaction {open_txn.name!r} still open" if open_txn else "")
+                + ")"
+            )
+
     def _fault(self, f: Fault) -> None:
+        if f.kind == "failover":
+            self._failover(f)
+            return
         if f.kind in ("isolate", "cut"):
             pairs = self._pairs(f)
             self._cut(pairs, 1)
@@ -371,6 +486,9 @@ class FaultSim(Cluster):
 
     def _op(self, op: Op) -> None:
         """One lifecycle operation, stepped as the operator's request (see `Op`)."""
+        if not self.ctl_up:  # a failover is under way: the operator's request fails
+            self._count(f"{op.kind} without a controller")
+            return
         image = self.core.image
         topic = image.topics.get(TOPIC)
         event: Any

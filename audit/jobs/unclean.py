@@ -160,11 +160,16 @@ def run(spark: Any, inp: AuditInput, *, show: int = 20) -> JobResult:
     return _result(inp, table, show)
 
 
+def _broker(candidate: Any) -> int:
+    return int(candidate["broker"])
+
+
 def describe(row: Any) -> str:
     """One line per recovery for the terminal."""
     cands = " ".join(
         f"{c['broker']}(epoch {c['last_leader_epoch']}, LEO {c['log_end_offset']})"
-        for c in (row.candidates if row.candidates is not None else [])
+        # by broker id, the order every command prints candidates in
+        for c in sorted(row.candidates if row.candidates is not None else [], key=_broker)
     )
     if row.margin_kind in ("epoch", "offset"):
         won = f"won on {row.margin_kind} by {row.margin}"

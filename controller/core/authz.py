@@ -10,6 +10,7 @@ nothing. The rules (docs/protocol.md, "Authorization"):
 | BrokerHeartbeat | heartbeat | `broker-<broker_id>` |
 | BrokerHeartbeat with want_shutdown | controlled_shutdown | `broker-<broker_id>` |
 | AlterPartition | alter_partition | `broker-<leader>` |
+| AlterPartitions | alter_partition | `broker-<leader>` of every item |
 | FetchMetadata | fetch_metadata | any known principal |
 | DescribeCluster | describe_cluster | any known principal |
 | CreateTopics | create_topics | `admin` |
@@ -24,6 +25,7 @@ nothing. The rules (docs/protocol.md, "Authorization"):
 | DescribeConfigs | describe_configs | any known principal |
 | DescribeFeatures | describe_features | any known principal |
 | ListPartitionReassignments | list_reassignments | any known principal |
+| DescribeQuorum | describe_quorum | any known principal |
 | anything else | unsupported | nobody |
 
 A refusal is TOPIC_AUTHORIZATION_FAILED for creating, deleting and growing topics and
@@ -48,6 +50,7 @@ from protocol.messages import (
     AlterConfigs,
     AlterPartition,
     AlterPartitionReassignments,
+    AlterPartitions,
     BrokerHeartbeatRequest,
     CreatePartitionsRequest,
     CreateTopicsRequest,
@@ -55,6 +58,7 @@ from protocol.messages import (
     DescribeClusterRequest,
     DescribeConfigsRequest,
     DescribeFeaturesRequest,
+    DescribeQuorumRequest,
     ElectLeader,
     ElectPreferredLeaders,
     FetchMetadataRequest,
@@ -87,6 +91,7 @@ OPERATIONS: Final = (
     "describe_configs",
     "describe_features",
     "list_reassignments",
+    "describe_quorum",
     "unsupported",
 )
 
@@ -103,7 +108,7 @@ def operation_of(request: Message) -> str:
             return "controlled_shutdown"
         case BrokerHeartbeatRequest():
             return "heartbeat"
-        case AlterPartition():
+        case AlterPartition() | AlterPartitions():
             return "alter_partition"
         case FetchMetadataRequest():
             return "fetch_metadata"
@@ -135,6 +140,8 @@ def operation_of(request: Message) -> str:
             return "describe_features"
         case ListPartitionReassignmentsRequest():
             return "list_reassignments"
+        case DescribeQuorumRequest():
+            return "describe_quorum"
     return "unsupported"
 
 
@@ -155,12 +162,20 @@ def authorize(principal: str | None, request: Message) -> str:
             _require_broker(principal, request.broker_id, operation, who)
         case AlterPartition():
             _require_broker(principal, request.leader, operation, who)
+        case AlterPartitions():
+            if broker_id_of(principal) is None:  # even with no items: brokers only
+                raise ClusterAuthorizationFailedError(
+                    f"{who} may not {operation}: only a broker may"
+                )
+            for item in request.items:  # a broker speaks for the partitions it leads
+                _require_broker(principal, item.leader, operation, who)
         case (
             FetchMetadataRequest()
             | DescribeClusterRequest()
             | DescribeConfigsRequest()
             | DescribeFeaturesRequest()
             | ListPartitionReassignmentsRequest()
+            | DescribeQuorumRequest()
         ):
             if not is_known(principal):
                 raise ClusterAuthorizationFailedError(f"{who} is unknown: may not {operation}")

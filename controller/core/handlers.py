@@ -37,6 +37,7 @@ from metactl.errors import (
     InvalidReplicaAssignmentError,
     InvalidRequestError,
     InvalidUpdateVersionError,
+    MetactlError,
     NotLeaderOrFollowerError,
     PreferredLeaderNotAvailableError,
     StaleBrokerEpochError,
@@ -62,6 +63,9 @@ from metadata_log.records import (
 from protocol.messages import (
     Ack,
     AlterPartition,
+    AlterPartitionResult,
+    AlterPartitions,
+    AlterPartitionsResponse,
     BrokerHeartbeatRequest,
     BrokerHeartbeatResponse,
     ControlledShutdown,
@@ -622,6 +626,51 @@ def alter_partition(
     return HandlerResult([change], partition_view(p, change))
 
 
+def alter_partitions(
+    image: ClusterImage,
+    req: AlterPartitions,
+    now_ms: int,
+    config: ControllerConfig,
+    budget: int | None = None,
+) -> HandlerResult:
+    """Rule 6 for each item of a batched AlterPartition, each decided against `image` and
+    answered alone: a refused item (its named error) does not refuse the others, as in
+    Kafka's per-partition error codes. An item naming a partition an earlier item named is
+    INVALID_REQUEST: both were proposed against one partition epoch, so at most one could
+    be right. The service cuts a request into pieces of at most `budget` items; a longer
+    piece is INVALID_REQUEST as a whole rather than a step over its budget."""
+    if budget is not None and len(req.items) > budget:
+        raise InvalidRequestError(
+            f"{len(req.items)} AlterPartition items in one event, over the work budget {budget}"
+        )
+    records: list[MetadataRecord] = []
+    results: list[AlterPartitionResult] = []
+    seen: set[tuple[str, int]] = set()
+    for item in req.items:
+        key = (item.topic, item.partition)
+        try:
+            if key in seen:
+                raise InvalidRequestError(
+                    f"{item.topic}-{item.partition} is named twice in one AlterPartition"
+                )
+            seen.add(key)
+            one = alter_partition(image, item, now_ms, config)
+        except MetactlError as exc:
+            results.append(
+                AlterPartitionResult(
+                    topic=item.topic, partition=item.partition, error_code=exc.code,
+                    message=exc.message,
+                )
+            )  # fmt: skip
+            continue
+        assert isinstance(one.response, PartitionView)
+        records.extend(one.records)
+        results.append(
+            AlterPartitionResult(topic=item.topic, partition=item.partition, view=one.response)
+        )
+    return HandlerResult(records, AlterPartitionsResponse(results=results))
+
+
 def partition_view(p: PartitionState, change: PartitionChangeRecord | None = None) -> PartitionView:
     """The partition as the response shows it: `p`, or `p` once `change` applies (read off
     the record, as Kafka's handlers do, rather than by replaying it)."""
@@ -673,9 +722,13 @@ def preferred_change(image: ClusterImage, p: PartitionState) -> PartitionChangeR
 
 
 def _striped(order: tuple[int, ...], start: int, end: int, rf: int) -> list[list[int]]:
-    """Partitions [start, end) of the striped round-robin placement over `order`."""
+    """Partitions [start, end) of the striped round-robin placement over `order`.
+
+    The placement repeats every `len(order)` partitions, so each of its rotations is made
+    once and shared by the partitions it places: treat the lists as read-only."""
     n = len(order)
-    return [[order[(p + j) % n] for j in range(rf)] for p in range(start, end)]
+    rotations = [[order[(p + j) % n] for j in range(rf)] for p in range(n)]
+    return [rotations[p % n] for p in range(start, end)]
 
 
 def _broker_order(image: ClusterImage) -> tuple[int, ...]:
@@ -816,25 +869,28 @@ def create_topic_slice(
     else:
         part = _striped(s.brokers, s.start, end, s.replication_factor)
     records: list[MetadataRecord] = []
+    append = records.append
+    replace = msgspec.structs.replace
     live = image.active
-    # Striped placement repeats a few assignments; work out each one's ISR once.
-    shapes: dict[tuple[int, ...], tuple[list[int], int, int]] = {}
+    # Placement repeats a few assignments (striped placement shares one list per
+    # rotation): each one's record is made once and restamped with the partition number.
+    shapes: dict[object, PartitionRecord] = {}
     for i, a in enumerate(part, s.start):
-        key = tuple(a)
-        shape = shapes.get(key)
-        if shape is None:
+        key = id(a) if s.assignments is None else tuple(a)
+        proto = shapes.get(key)
+        if proto is None:
             isr = [r for r in a if r in live]
-            shape = shapes[key] = (sorted(isr), isr[0], min(s.min_isr, len(a)))
-        records.append(
-            PartitionRecord(
+            proto = shapes[key] = PartitionRecord(
                 topic=s.name,
                 partition=i,
                 replicas=a,
-                isr=shape[0],
-                leader=shape[1],
-                min_isr=shape[2],
+                isr=sorted(isr),
+                leader=isr[0],
+                min_isr=min(s.min_isr, len(a)),
             )
-        )
+            append(proto)
+        else:
+            append(replace(proto, partition=i))
     done = s.placed if s.assignments is not None else (*s.placed, part)
     if end < s.partitions:
         rest = msgspec.structs.replace(s, start=end, placed=done)

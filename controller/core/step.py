@@ -35,6 +35,7 @@ from controller.core.handlers import (
     HandlerResult,
     ReassignSlice,
     alter_partition,
+    alter_partitions,
     continue_op,
     controlled_shutdown,
     create_topic,
@@ -76,6 +77,7 @@ from protocol.messages import (
     AlterConfigs,
     AlterPartition,
     AlterPartitionReassignments,
+    AlterPartitions,
     BrokerHeartbeatRequest,
     ControlledShutdown,
     ControllerRequest,
@@ -395,6 +397,8 @@ def decide(
             result = continue_op(image, event, budget, config)
         case AlterPartition():
             result = alter_partition(image, event, now_ms, config)
+        case AlterPartitions():
+            result = alter_partitions(image, event, now_ms, config, budget)
         case CreateTopic():
             result = create_topic(
                 image,

@@ -140,9 +140,15 @@ def check_alter_partition(req: AlterPartition) -> None:
     int32(req.partition_epoch, "partition_epoch")
     if req.leader_epoch is not None:
         int32(req.leader_epoch, "leader_epoch")
+    seen: set[int] = set()
     for m in req.isr:
         broker_id(m.broker_id, "isr broker_id")
         int64(m.broker_epoch, "isr broker_epoch")
+        # Kafka refuses a new ISR that names a replica twice (INVALID_REQUEST), rather
+        # than de-duplicating it: the sender is broken. Stops at the first repeat.
+        if m.broker_id in seen:
+            raise InvalidRequestError(f"isr lists broker {m.broker_id} more than once")
+        seen.add(m.broker_id)
 
 
 def check_elect_leader(req: ElectLeader) -> None:

@@ -100,7 +100,15 @@ heartbeats at p99 7 ms meanwhile; 16 ahead lets group commit take several slices
 once, 0.49-0.56 s and p99 23 ms (the unsliced create: 0.42-0.48 s, heartbeats p99 420 ms)."""
 
 
-__all__ = ["Controller", "Event", "Tick", "load_image", "load_log", "snapshot_image"]
+__all__ = [
+    "Controller",
+    "Event",
+    "Tick",
+    "load_image",
+    "load_log",
+    "snapshot_image",
+    "unfinished_transaction_abort",
+]
 
 
 InspectionSink = Callable[[Inspection], None]
@@ -152,6 +160,21 @@ async def load_image(store: LogStore) -> ClusterImage:
     """The committed image: the newest snapshot plus every record after it, without a
     transaction the log ends inside or any aborted one."""
     return (await load_log(store)).image
+
+
+def unfinished_transaction_abort(state: LogReplay) -> AbortTransactionRecord | None:
+    """What a controller taking over the log (at start-up or a failover) appends before
+    anything else: the abort of the transaction the log ends inside (the previous
+    controller crashed between its batches), so that later records are not taken as part
+    of it; None when the log ends at a transaction boundary. The fault simulator's
+    failover calls this too (simulation/faults_sim.py)."""
+    txn = state.transaction
+    if txn is None:
+        return None
+    return AbortTransactionRecord(
+        reason=f"controller start: transaction {txn.name!r} begun at offset "
+        f"{txn.begin_offset} has no end marker"
+    )
 
 
 def _settle_heap() -> None:
@@ -232,14 +255,8 @@ class Controller:
         A log that ends inside a transaction gets its abort marker first."""
         state = await load_log(store, start=replayed)
         txn = state.transaction
-        if txn is not None:
-            # The log ends inside a transaction (a crash between its batches): abort it
-            # before anything else is written, so that later records are not taken as
-            # part of it.
-            abort = AbortTransactionRecord(
-                reason=f"controller start: transaction {txn.name!r} begun at offset "
-                f"{txn.begin_offset} has no end marker"
-            )
+        abort = unfinished_transaction_abort(state)
+        if txn is not None and abort is not None:
             now = clock.now_ms() if clock is not None else None
             await store.append([abort], timestamp_ms=now)
             state = replay_log(state, [abort])

@@ -67,7 +67,7 @@ class Election:
         standby's store checks every batch and snapshot first, once: a later standby or
         takeover checks the tail only. An unreachable etcd, another cluster's log or a
         damaged one is raised here, before the controller says it is ready."""
-        etcd = await Etcd.connect(EtcdTarget.parse(url))
+        etcd = await Etcd.connect(EtcdTarget.parse(url, tls=service.ha.etcd_tls))
         try:
             await open_meta(etcd, create=True, cluster_id=service.ha.cluster_id)
             election = cls(service, url, etcd)
@@ -138,22 +138,31 @@ class Election:
         """(the active controller's address, None), or (None, why none is known): no
         holder of the leadership, or etcd not answering within a second, which names the
         members that accept a connection (fewer than a majority: etcd lost quorum)."""
+        info, _, problem = await self.holder()
+        if problem is not None:
+            return None, problem
+        address = _address(info)
+        if address is None:
+            return None, "no controller holds the leadership (an election is under way)"
+        return address, None
+
+    async def holder(self) -> tuple[LeaderInfo | None, int, str | None]:
+        """The leadership key's holder and its token (the term), read within a second;
+        or (None, 0, why etcd did not say): the members that accept a connection."""
         try:
             async with asyncio.timeout(1.0):
-                info, _ = await current_leader(self.etcd)
+                info, token = await current_leader(self.etcd)
         except (TimeoutError, MetactlError):
             endpoints = self.etcd.target.endpoints
             reachable = await _reachable(endpoints)
             majority = len(endpoints) // 2 + 1
             verdict = "etcd has lost quorum" if len(reachable) < majority else "etcd is slow"
-            return None, (
+            why = (
                 f"{verdict}: it did not answer within 1 s; members accepting connections: "
                 f"{', '.join(reachable) or 'none'} of {len(endpoints)}"
             )
-        address = _address(info)
-        if address is None:
-            return None, "no controller holds the leadership (an election is under way)"
-        return address, None
+            return None, 0, why
+        return info, token, None
 
     def _seen(self, holder: LeaderInfo | None) -> None:
         self.service.leader_hint = _address(holder)

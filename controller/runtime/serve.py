@@ -37,6 +37,7 @@ from metactl.errors import InvalidConfigurationError, MetactlError
 from metactl.logs import configure
 from metactl.settings import layered, resolve_settings
 from metadata_log.etcd import DEFAULT_LEASE_TTL_S
+from metadata_log.etcd.tls import add_etcd_tls_arguments, etcd_tls_from
 from protocol.codec import DEFAULT_MAX_FRAME_BYTES
 from protocol.flags import add_limit_arguments, add_tls_arguments, server_limits, tls_identity
 from protocol.tls import CONTROLLER
@@ -168,6 +169,7 @@ def add_ha_arguments(p: argparse.ArgumentParser) -> None:
         help="etcd logs: this controller's name in the leadership key and its logs "
         "(default: the advertised address)",
     )
+    add_etcd_tls_arguments(p)
 
 
 def ha_settings(args: Any) -> HaSettings:
@@ -179,6 +181,7 @@ def ha_settings(args: Any) -> HaSettings:
         advertised_listener=getattr(args, "advertised_listener", None),
         node_id=getattr(args, "node_id", None),
         cluster_id=getattr(args, "cluster_id", None),
+        etcd_tls=etcd_tls_from(args),
     )
 
 

@@ -18,7 +18,9 @@ every write with NOT_CONTROLLER naming the active controller, and campaigns for 
 log's leadership (`controller.runtime.election`). The winner opens the log for writing
 under its leadership, starts the driver from its standby image and serves; it steps
 down (back to standby, closing the driver) when its lease can no longer be trusted, or
-an append is fenced or its outcome unknown. docs/ha.md has the whole story.
+an append is fenced or its outcome unknown. docs/ha.md has the whole story. Whatever
+its role, a controller answers DescribeQuorum for itself (`controller.runtime.quorum`,
+`metactl quorum describe`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from controller.runtime.clock import Clock, SystemClock
 from controller.runtime.describe import DescribeNotes, describe_page, partition_state
 from controller.runtime.driver import Controller
 from controller.runtime.metrics import ControllerMetrics, MetricsServer, RoleMetrics
+from controller.runtime.quorum import describe_quorum
 from controller.runtime.quota import MutationLimits, MutationQuota, requested_partitions
 from controller.runtime.sessions import BrokerSessions
 from controller.runtime.standby import Standby
@@ -62,6 +65,7 @@ from metadata_image.snapshot import ImageSnapshot
 from metadata_image.transactions import LogReplay
 from metadata_log.backends import is_etcd_url, open_store
 from metadata_log.etcd import DEFAULT_LEASE_TTL_S
+from metadata_log.etcd.tls import EtcdTls
 from metadata_log.records import ELR_FEATURE
 from metadata_log.store import LogStore
 from protocol.client import RetryPolicy, RpcClient
@@ -73,6 +77,9 @@ from protocol.messages import (
     AlterPartition,
     AlterPartitionReassignments,
     AlterPartitionReassignmentsResponse,
+    AlterPartitionResult,
+    AlterPartitions,
+    AlterPartitionsResponse,
     BrokerHeartbeatRequest,
     BrokerHeartbeatResponse,
     CreatePartitionsRequest,
@@ -89,6 +96,7 @@ from protocol.messages import (
     DescribeClusterResponse,
     DescribeConfigsRequest,
     DescribeFeaturesRequest,
+    DescribeQuorumRequest,
     ElectLeader,
     ElectPreferredLeaders,
     ElectPreferredLeadersResponse,
@@ -146,6 +154,7 @@ class HaSettings:
     advertised_listener: str | None = None  # HOST:PORT clients are sent to; default: bound
     node_id: str | None = None  # the name in the leadership key; default: the address
     cluster_id: str | None = None  # checked against the log's (or given to a new log)
+    etcd_tls: EtcdTls | None = None  # TLS to etcd (--etcd-cacert/--etcd-cert/--etcd-key)
 
 
 class ControllerService:
@@ -184,6 +193,7 @@ class ControllerService:
         self.failed = asyncio.Event()
         self.leadership: Leadership | None = None
         self.leader_hint: str | None = None  # the active controller's address, if known
+        self.active_since_ms: int | None = None  # when this controller last became active
         self.election: Election | None = None
         self.role_metrics = RoleMetrics()
         # What start() checks of the log before serving: the last batches' CRCs (what
@@ -253,7 +263,11 @@ class ControllerService:
         from metadata_log.identity_check import check_storage
 
         cluster_id = await check_storage(
-            self.data_dir, self.metadata_log, cluster_id=self.ha.cluster_id, node_id=self.ha.node_id
+            self.data_dir,
+            self.metadata_log,
+            cluster_id=self.ha.cluster_id,
+            node_id=self.ha.node_id,
+            etcd_tls=self.ha.etcd_tls,
         )
         self.ha = replace(self.ha, cluster_id=cluster_id)
         if not self.replicated:
@@ -339,6 +353,7 @@ class ControllerService:
         self.role_metrics.active(self.metrics)
         self.role = "active"
         self.leader_hint = self.advertised
+        self.active_since_ms = self.clock.now_ms()
 
     async def _deactivate(self, reason: str) -> None:
         """Stop acting as the active controller: refuse writes at once, then close the
@@ -485,6 +500,8 @@ class ControllerService:
             except AUTHORIZATION_ERRORS as exc:
                 self._refused(peer, operation_of(body), exc)
                 raise
+        if isinstance(body, DescribeQuorumRequest):  # any role answers, never redirects
+            return await describe_quorum(self, body)
         if not self.acting:
             match body:
                 case FetchMetadataRequest():
@@ -520,6 +537,8 @@ class ControllerService:
                 return r
             case AlterPartition():
                 return await self._partition_request(body)
+            case AlterPartitions():
+                return await self._alter_partitions(body)
             case CreateTopicsRequest():
                 return await self._create_topics(body, peer)
             case DescribeClusterRequest():
@@ -580,6 +599,22 @@ class ControllerService:
             assert isinstance(piece, ElectPreferredLeadersResponse)
             total = add_up(total, piece)
         return total
+
+    async def _alter_partitions(self, body: AlterPartitions) -> AlterPartitionsResponse:
+        """A broker's batched AlterPartition, a work budget of items per event: each
+        piece is its own event and commit (the items are independent, as in Kafka), so
+        heartbeats and describes go on between pieces, and a piece committed before a
+        failover stays committed. Each item is answered once its piece is durable."""
+        budget = self.work_budget or WORK_BUDGET
+        results: list[AlterPartitionResult] = []
+        items = body.items
+        for start in range(0, len(items), budget):
+            piece = await self.controller.submit(
+                AlterPartitions(items=items[start : start + budget])
+            )
+            assert isinstance(piece, AlterPartitionsResponse)
+            results.extend(piece.results)
+        return AlterPartitionsResponse(results=results)
 
     async def _delete_topics(self, body: DeleteTopicsRequest) -> DeleteTopicsResponse:
         """Each topic alone, in order (Kafka's per-topic errors); the log failing fails

@@ -7,12 +7,19 @@ errors mapped to metactl's); `lease` is leadership (campaign, keep-alive, resign
 Importing any of those modules loads the etcd client library (and gRPC), so only
 `metadata_log.backends` (on an ``etcd://`` URL) and the controller's election import
 them, when the log is on etcd. This package itself holds only what the command line
-needs without them (`DEFAULT_LEASE_TTL_S`).
+needs without them (`DEFAULT_LEASE_TTL_S`, and `tls`: the `--etcd-cacert/--etcd-cert/
+--etcd-key` flags and what they name).
 """
 
+import os
 from typing import Final
 
 __all__ = ["DEFAULT_LEASE_TTL_S"]
+
+# gRPC's C core logs its own lines ("Corruption detected", TLS handshake details) on
+# stderr, beside metactl's one-line errors that already say what failed. Set here, before
+# any module of this package imports gRPC; set GRPC_VERBOSITY=ERROR to see them.
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
 DEFAULT_LEASE_TTL_S: Final = 2
 """The leadership lease's TTL in seconds unless `--lease-ttl-s` says otherwise."""

@@ -23,6 +23,18 @@ What this module adds on top, and why:
 * gRPC reconnects at most `RECONNECT_BACKOFF_MS` after a member returns (its default
   backoff grows to two minutes, which would keep a healed cluster unused), and accepts
   answers up to `MAX_RECEIVE_BYTES` (range reads are paged well below it).
+* TLS (`metadata_log.etcd.tls`): the target's `EtcdTls` (the CA, and a client
+  certificate for an etcd with ``--client-cert-auth``) makes the channel a TLS one; the
+  members' certificates are checked against the first endpoint's host as given (one
+  channel balances over every endpoint, so one name: every member's certificate must
+  carry it, as a local cluster's carry 127.0.0.1 and localhost). A first round trip that
+  fails on TLS (a refused or missing client certificate, a server that does not speak
+  TLS, or one that does to a plaintext client) is SSL_AUTHENTICATION_FAILED, not a
+  retriable unavailability: retrying cannot fix a certificate.
+* `member_health`: each member's own status (`Maintenance.Status` on a channel to that
+  member alone): whether it is the Raft leader, its Raft index and term, and whether it
+  is healthy (it answered, knows a leader and reports no errors), for `metactl quorum
+  describe --replication`.
 
 This module must not know the log's keys or records; it only talks to etcd.
 """
@@ -30,10 +42,13 @@ This module must not know the log's keys or records; it only talks to etcd.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+import ssl
 from collections.abc import AsyncGenerator, Awaitable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar, cast
+from urllib.parse import urlsplit
 
 import grpc
 import grpc.aio
@@ -45,9 +60,11 @@ from metactl.errors import (
     InvalidConfigurationError,
     InvalidRequestError,
     MetactlError,
+    SslAuthenticationError,
     StorageError,
     StoreUnavailableError,
 )
+from metadata_log.etcd.tls import PROCESS_DEFAULT, EtcdTls, ProcessDefault, resolve_tls
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -55,9 +72,11 @@ __all__ = [
     "Etcd",
     "EtcdTarget",
     "Kv",
+    "MemberHealth",
     "compare_create_revision",
     "compare_value",
     "compare_version",
+    "member_health",
     "op_delete",
     "op_get",
     "op_put",
@@ -68,6 +87,7 @@ SCHEME: Final = "etcd://"
 DEFAULT_TIMEOUT_S: Final = 5.0
 RECONNECT_BACKOFF_MS: Final = 1000
 MAX_RECEIVE_BYTES: Final = 256 * 1024 * 1024
+MEMBER_STATUS_TIMEOUT_S: Final = 1.0
 
 T = TypeVar("T")
 
@@ -81,10 +101,16 @@ class EtcdTarget:
 
     endpoints: tuple[str, ...]
     prefix: bytes  # starts and ends with b"/"
+    # TLS to the members (None: plaintext). Not part of the log's identity: the same log
+    # is the same target whichever files reach it.
+    tls: EtcdTls | None = field(default=None, compare=False)
 
     @classmethod
-    def parse(cls, url: str) -> EtcdTarget:
-        """From ``etcd://host:port[,host:port...]/prefix``; INVALID_CONFIG if malformed."""
+    def parse(
+        cls, url: str, *, tls: EtcdTls | ProcessDefault | None = PROCESS_DEFAULT
+    ) -> EtcdTarget:
+        """From ``etcd://host:port[,host:port...]/prefix``; INVALID_CONFIG if malformed.
+        `tls` defaults to the process's (`metadata_log.etcd.tls.default_tls`)."""
         if not url.startswith(SCHEME):
             raise InvalidConfigurationError(f"not an etcd URL: {url!r} (etcd://host:port/prefix)")
         hosts, sep, path = url.removeprefix(SCHEME).partition("/")
@@ -100,7 +126,7 @@ class EtcdTarget:
             raise InvalidConfigurationError(f"etcd URL {url!r} names no endpoint")
         for e in endpoints:
             _split_endpoint(e, url)
-        return cls(endpoints, f"/{path}/".encode())
+        return cls(endpoints, f"/{path}/".encode(), resolve_tls(tls))
 
     @property
     def url(self) -> str:
@@ -166,19 +192,18 @@ class Etcd:
     @classmethod
     async def connect(cls, target: EtcdTarget, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Etcd:
         """A client to every endpoint of `target`, after one round trip shows that the
-        cluster answers (else StoreUnavailableError naming the endpoints)."""
-        addresses = [await _resolve(e, target.url) for e in target.endpoints]
-        client = Etcd3Client(addresses, rpc_max_attempts=1)
-        # The library has no public knob for these channel options.
-        client._manager.grpc_options += [
-            ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
-            ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
-            ("grpc.initial_reconnect_backoff_ms", min(RECONNECT_BACKOFF_MS, 200)),
-        ]
-        await client.connect()
+        cluster answers (else StoreUnavailableError naming the endpoints, or
+        SslAuthenticationError when TLS is what failed)."""
+        client = await _client(target.endpoints, target.tls, target.url)
         etcd = cls(target, client, timeout_s)
         try:
             await etcd.get(target.key("meta"))
+        except StoreUnavailableError as exc:
+            await etcd.close()
+            refused = await _tls_refusal(target, exc.message)
+            if refused is not None:
+                raise refused from None
+            raise
         except BaseException:
             await etcd.close()
             raise
@@ -331,8 +356,179 @@ class Etcd:
         finally:
             await stream.aclose()
 
+    # --- the members -----------------------------------------------------------------------
+
+    async def member_urls(
+        self, timeout_s: float = MEMBER_STATUS_TIMEOUT_S
+    ) -> list[tuple[str, str]]:
+        """(name, first client URL) of each member, from etcd's member list."""
+        assert self._client.cluster is not None
+        r = await self._call("a member list", self._client.cluster.member_list(), timeout_s)
+        scheme = "https" if self.target.tls is not None else "http"
+        return [
+            (str(m.name) or f"{int(m.ID):x}", str(m.clientURLs[0]) if m.clientURLs else "")
+            for m in r.members
+        ] or [(e, f"{scheme}://{e}") for e in self.target.endpoints]
+
     async def close(self) -> None:
         await self._client.close()
+
+
+@dataclass(frozen=True)
+class MemberHealth:
+    """One etcd member as it reports itself (`member_health`)."""
+
+    name: str
+    client_url: str
+    healthy: bool
+    leader: bool = False
+    raft_role: str = ""  # "leader", "follower", "no leader"; "" if it did not answer
+    member_id: str = ""  # hex, as etcdctl prints it
+    raft_index: int | None = None
+    raft_term: int | None = None
+    version: str = ""
+    error: str = ""  # why it is not healthy
+
+
+async def member_health(
+    etcd: Etcd, *, timeout_s: float = MEMBER_STATUS_TIMEOUT_S
+) -> list[MemberHealth]:
+    """Each member's status, asked of that member alone, all at once, each within
+    `timeout_s`. The members come from etcd's member list; when that does not answer (no
+    quorum), from the target's endpoints. A member that does not answer, knows no
+    leader or reports errors (an alarm) is unhealthy, with the reason."""
+    try:
+        members = await etcd.member_urls(timeout_s)
+    except MetactlError:
+        scheme = "https" if etcd.target.tls is not None else "http"
+        members = [(e, f"{scheme}://{e}") for e in etcd.target.endpoints]
+    found = await asyncio.gather(
+        *(_one_member(etcd.target, name, url, timeout_s) for name, url in members)
+    )
+    return sorted(found, key=lambda m: m.name)
+
+
+async def _one_member(target: EtcdTarget, name: str, url: str, timeout_s: float) -> MemberHealth:
+    endpoint = urlsplit(url).netloc or url
+    try:
+        client = await _client((endpoint,), target.tls, url)
+    except MetactlError as exc:
+        return MemberHealth(name, url, healthy=False, error=exc.message)
+    try:
+        assert client.maintenance is not None
+        async with asyncio.timeout(timeout_s):
+            s = await client.maintenance.status(timeout=timeout_s)
+    except (TimeoutError, EtcdError, grpc.aio.AioRpcError) as exc:
+        detail = (
+            f"no answer within {timeout_s:g} s" if isinstance(exc, TimeoutError) else _cause(exc)
+        )
+        return MemberHealth(name, url, healthy=False, error=detail)
+    finally:
+        await client.close()
+    me, leader = int(s.header.member_id), int(s.leader)
+    errors = [str(e) for e in s.errors]
+    problem = "; ".join(errors) or ("" if leader else "knows no leader (no quorum)")
+    is_leader = leader != 0 and leader == me
+    return MemberHealth(
+        name,
+        url,
+        healthy=not problem,
+        leader=is_leader,
+        raft_role="leader" if is_leader else ("follower" if leader else "no leader"),
+        member_id=f"{me:x}",
+        raft_index=int(s.raftIndex),
+        raft_term=int(s.raftTerm),
+        version=str(s.version),
+        error=problem,
+    )
+
+
+async def _client(endpoints: Sequence[str], tls: EtcdTls | None, url: str) -> Etcd3Client:
+    """A connected library client balancing over `endpoints`, with TLS if `tls`."""
+    addresses = [await _resolve(e, url) for e in endpoints]
+    tls_args: dict[str, Any] = {}
+    if tls is not None:
+        ca, chain, key = tls.load()
+        # One channel for every endpoint: the name the members' certificates must carry.
+        server_name = _split_endpoint(endpoints[0], url)[0].strip("[]")
+        tls_args = {"ca_cert": ca, "cert_chain": chain, "cert_key": key}
+        tls_args["tls_server_name"] = server_name
+    client = Etcd3Client(addresses, rpc_max_attempts=1, **tls_args)
+    # The library has no public knob for these channel options.
+    client._manager.grpc_options += [
+        ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+        ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
+        ("grpc.initial_reconnect_backoff_ms", min(RECONNECT_BACKOFF_MS, 200)),
+    ]
+    await client.connect()
+    return client
+
+
+_TLS_WORDS: Final = ("ssl", "tls", "tsi_", "handshake", "certificate", "hostname verification")
+
+
+async def _tls_refusal(target: EtcdTarget, detail: str) -> SslAuthenticationError | None:
+    """Why a first round trip failed, if TLS is the reason: with TLS on, a handshake the
+    member refused (no certificate, one it does not trust) or one that failed here (its
+    certificate not of our CA or not naming the host, a plaintext member); without TLS,
+    a member that speaks TLS (it closes a plaintext connection). None: not TLS."""
+    flags = "--etcd-cacert/--etcd-cert/--etcd-key (or METACTL_ETCD_CACERT/_CERT/_KEY)"
+    if target.tls is not None:
+        lowered = detail.lower()
+        if any(w in lowered for w in _TLS_WORDS):
+            _, found, last = detail.rpartition("last error: ")
+            cause = last if found else detail
+            while cause.endswith(")") and cause.count(")") > cause.count("("):
+                cause = cause[:-1]
+            return SslAuthenticationError(
+                f"etcd at {','.join(target.endpoints)}: TLS failed ({cause}): its "
+                "certificate is not of "
+                "the --etcd-cacert CA or does not name "
+                f"{_split_endpoint(target.endpoints[0], target.url)[0]}, it refused this "
+                "client's certificate (or its lack of one: --client-cert-auth), or it does "
+                f"not speak TLS; check {flags}"
+            )
+        return None
+    for endpoint in target.endpoints:
+        if await _speaks_tls(endpoint):
+            return SslAuthenticationError(
+                f"etcd at {endpoint} speaks TLS and refused a plaintext connection: give "
+                f"{flags} (a local cluster's are in <data-dir>/certs/etcd)"
+            )
+    return None
+
+
+async def _speaks_tls(endpoint: str) -> bool:
+    """Whether `endpoint` answers a TLS handshake (no certificate checked or sent)."""
+    host, _, port = endpoint.rpartition(":")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    try:
+        async with asyncio.timeout(1.0):
+            _, writer = await asyncio.open_connection(host.strip("[]"), int(port), ssl=ctx)
+    except ssl.SSLError as exc:
+        # The server answered in TLS (an alert: it wants a certificate, say).
+        return exc.reason not in (None, "WRONG_VERSION_NUMBER", "UNEXPECTED_EOF_WHILE_READING")
+    except (OSError, TimeoutError, ValueError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError, ssl.SSLError):
+        await writer.wait_closed()
+    return True
+
+
+def _cause(exc: BaseException) -> str:
+    """The gist of a failed call: gRPC's last connection error, without its wrapping
+    (e.g. "Connection refused")."""
+    detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+    detail = " ".join((detail or type(exc).__name__).split())
+    _, found, last = detail.rpartition("last error: ")
+    if not found:
+        return detail
+    while last.endswith(")") and last.count(")") > last.count("("):
+        last = last[:-1]
+    return last.rsplit(": ", 1)[-1] or detail
 
 
 async def _resolve(endpoint: str, url: str) -> str:

@@ -215,7 +215,9 @@ def test_progress_lines_follow_every_job(
     ended = re.findall(r"^spark job (\d+) succeeded: (\d+)/(\d+) tasks in", err, re.M)
     assert started and sorted(j for j, _ in started) == sorted(j for j, _, _ in ended)
     assert all(done == total and int(total) > 0 for _, done, total in ended)
-    assert err.count("\n") == len(started) + len(ended)  # nothing but progress on stderr
+    # Nothing but progress on stderr: the first line at once, then a line per job event.
+    assert err.startswith("starting Spark (local[*])…\n")
+    assert err.count("\n") == 1 + len(started) + len(ended)
     assert re.search(r"\(\d+\.\d s on local\[\*\], of which \d+\.\d s starting Spark\)", out)
     # Off (the default away from a terminal): nothing on stderr.
     status, _, err = _run(capsys, "audit", "elections", "--data-dir", data)

@@ -59,7 +59,9 @@ def test_ctrl_c_cancels_the_job_and_exits_130(sim_log: tuple[Path, Any]) -> None
     err = "".join(seen)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "at org.apache" not in err and "Exception" not in err
-    assert all(line.startswith("spark job ") for line in err.splitlines()), err
+    lines = err.splitlines()
+    assert lines[0].startswith("starting Spark"), err  # before the JVM, then the jobs
+    assert all(line.startswith("spark job ") for line in lines[1:]), err
     assert out == []  # no summary of a cancelled audit
     wait_session_gone(jvm)  # the JVM and every process it started: its session is empty
 

@@ -20,6 +20,9 @@ from metadata_log.records import MetadataRecord, RegisterBrokerRecord, UnfenceBr
 from protocol.codec import decode_frame, encode_frame
 from protocol.messages import (
     AlterPartition,
+    AlterPartitionResult,
+    AlterPartitions,
+    AlterPartitionsResponse,
     BrokerHeartbeatRequest,
     BrokerHeartbeatResponse,
     FetchedRecord,
@@ -27,6 +30,7 @@ from protocol.messages import (
     FetchMetadataResponse,
     Message,
     PartitionState,
+    PartitionView,
     RegisterBroker,
     RegisterBrokerResponse,
     error_response,
@@ -136,6 +140,17 @@ class FakeController:
                     ],
                     end_offset=len(self.records),
                 )
+            case AlterPartitions():
+                return AlterPartitionsResponse(
+                    results=[
+                        AlterPartitionResult(
+                            topic=i.topic,
+                            partition=i.partition,
+                            view=self._view(i.topic, i.partition),
+                        )
+                        for i in body.items
+                    ]
+                )
             case AlterPartition():
                 p = self.image.partitions[(body.topic, body.partition)]
                 return PartitionState(
@@ -148,3 +163,15 @@ class FakeController:
                     isr=sorted(p.isr),
                 )
         raise InvalidRequestError(f"the fake controller does not handle {type(body).__name__}")
+
+    def _view(self, topic: str, partition: int) -> PartitionView:
+        """The partition as it stands: the fake accepts a change without applying it."""
+        p = self.image.partitions[(topic, partition)]
+        return PartitionView(
+            topic=p.topic,
+            partition=p.partition,
+            leader=p.leader,
+            leader_epoch=p.leader_epoch,
+            partition_epoch=p.partition_epoch,
+            isr=sorted(p.isr),
+        )

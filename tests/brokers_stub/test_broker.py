@@ -25,7 +25,7 @@ from metactl.errors import (
 from metadata_log.records import PartitionRecord, TopicRecord
 from protocol.client import RpcClient
 from protocol.messages import (
-    AlterPartition,
+    AlterPartitions,
     BrokerHeartbeatRequest,
     FetchMetadataRequest,
     ProduceRequest,
@@ -179,7 +179,7 @@ async def test_leads_takes_produce_and_flushes_everything_at_shutdown(
     assert log.leader_epochs == [(3, 0)]
     assert log.flushed_offset == log.log_end_offset == 7
     assert log.high_watermark == log.log_end_offset  # ISR {1}, min ISR 1
-    assert controller.of(AlterPartition) == []  # nothing to change
+    assert controller.of(AlterPartitions) == []  # nothing to change
 
 
 class _WatchedEvent(asyncio.Event):

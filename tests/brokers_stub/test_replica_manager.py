@@ -20,6 +20,7 @@ from brokers_stub.storage import REPLICAS_DIR
 from metactl.errors import (
     InvalidUpdateVersionError,
     MetactlError,
+    NetworkError,
     NotLeaderOrFollowerError,
     UnknownTopicOrPartitionError,
 )
@@ -27,8 +28,11 @@ from metadata_image.image import ClusterImage
 from protocol.messages import (
     ACKS_LEADER,
     AlterPartition,
+    AlterPartitionResult,
+    AlterPartitions,
+    AlterPartitionsResponse,
     Message,
-    PartitionState,
+    PartitionView,
     ProduceRequest,
     ProduceResponse,
     ReplicaFetchRequest,
@@ -49,32 +53,51 @@ class Clock:
 
 
 class FakeController:
-    """Records AlterPartition requests; answers each with the next scripted outcome."""
+    """Records the AlterPartition items of each batched request (`requests`, flattened)
+    and answers each item with the next scripted outcome: None accepts it, a MetactlError
+    refuses it, a NetworkError fails the whole request."""
 
     def __init__(self) -> None:
         self.requests: list[AlterPartition] = []
+        self.batches: list[AlterPartitions] = []
         self.outcomes: list[MetactlError | None] = []
         self.gate: asyncio.Event | None = None  # when set: answer only once it opens
         self.received = asyncio.Event()
 
     async def request(self, body: Message, timeout_s: float) -> Message:
-        assert isinstance(body, AlterPartition)
-        self.requests.append(body)
+        assert isinstance(body, AlterPartitions)
+        self.batches.append(body)
+        self.requests.extend(body.items)
         self.received.set()
         if self.gate is not None:
             await self.gate.wait()
-        outcome = self.outcomes.pop(0) if self.outcomes else None
-        if outcome is not None:
-            raise outcome
-        return PartitionState(
-            topic=body.topic,
-            partition=body.partition,
-            replicas=[1, 2, 3],
-            leader=body.leader,
-            leader_epoch=body.leader_epoch or 0,
-            partition_epoch=body.partition_epoch + 1,
-            isr=[m.broker_id for m in body.isr],
-        )
+        results: list[AlterPartitionResult] = []
+        for item in body.items:
+            outcome = self.outcomes.pop(0) if self.outcomes else None
+            if isinstance(outcome, NetworkError):
+                raise outcome
+            if outcome is not None:
+                results.append(
+                    AlterPartitionResult(
+                        topic=item.topic,
+                        partition=item.partition,
+                        error_code=outcome.code,
+                        message=outcome.message,
+                    )
+                )
+                continue
+            view = PartitionView(
+                topic=item.topic,
+                partition=item.partition,
+                leader=item.leader,
+                leader_epoch=item.leader_epoch or 0,
+                partition_epoch=item.partition_epoch + 1,
+                isr=[m.broker_id for m in item.isr],
+            )
+            results.append(
+                AlterPartitionResult(topic=item.topic, partition=item.partition, view=view)
+            )
+        return AlterPartitionsResponse(results=results)
 
 
 def manager(

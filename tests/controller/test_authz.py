@@ -4,6 +4,7 @@ deny-by-default for every message type without a rule."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,6 +21,7 @@ from protocol.messages import (
     AlterConfigs,
     AlterPartition,
     AlterPartitionReassignments,
+    AlterPartitions,
     BrokerHeartbeatRequest,
     CreatePartitions,
     CreatePartitionsRequest,
@@ -29,6 +31,7 @@ from protocol.messages import (
     DescribeClusterRequest,
     DescribeConfigsRequest,
     DescribeFeaturesRequest,
+    DescribeQuorumRequest,
     ElectLeader,
     ElectPreferredLeaders,
     ErrorResponse,
@@ -67,6 +70,13 @@ ALTER_LED_BY_1 = AlterPartition(
     partition_epoch=0,
     isr=[IsrMember(broker_id=1, broker_epoch=3)],
 )
+BATCH_LED_BY_1 = AlterPartitions(
+    items=[ALTER_LED_BY_1, msgspec.structs.replace(ALTER_LED_BY_1, partition=1)]
+)
+# One item of another leader's refuses the whole request, however many are broker 1's.
+BATCH_MIXED = AlterPartitions(
+    items=[ALTER_LED_BY_1, msgspec.structs.replace(ALTER_LED_BY_1, partition=1, leader=2)]
+)
 FETCH = FetchMetadataRequest(from_offset=0)
 DESCRIBE = DescribeClusterRequest()
 CREATE = CreateTopicsRequest(topics=[CreateTopic(name="t", partitions=1)])
@@ -104,6 +114,15 @@ RULES: list[tuple[Message, str, frozenset[str], type[Exception]]] = [
     (HEARTBEAT_2, "heartbeat", frozenset({B2}), ClusterAuthorizationFailedError),
     (SHUTDOWN_3, "controlled_shutdown", frozenset({B3}), ClusterAuthorizationFailedError),
     (ALTER_LED_BY_1, "alter_partition", frozenset({B1}), ClusterAuthorizationFailedError),
+    (BATCH_LED_BY_1, "alter_partition", frozenset({B1}), ClusterAuthorizationFailedError),
+    (BATCH_MIXED, "alter_partition", frozenset(), ClusterAuthorizationFailedError),
+    # Even an empty batch is a broker's request.
+    (
+        AlterPartitions(items=[]),
+        "alter_partition",
+        frozenset({B1, B2, B3}),
+        ClusterAuthorizationFailedError,
+    ),
     (FETCH, "fetch_metadata", frozenset(KNOWN), ClusterAuthorizationFailedError),
     (DESCRIBE, "describe_cluster", frozenset(KNOWN), ClusterAuthorizationFailedError),
     (CREATE, "create_topics", frozenset({ADMIN_P}), TopicAuthorizationFailedError),
@@ -132,6 +151,12 @@ RULES: list[tuple[Message, str, frozenset[str], type[Exception]]] = [
     (
         ListPartitionReassignmentsRequest(),
         "list_reassignments",
+        frozenset(KNOWN),
+        ClusterAuthorizationFailedError,
+    ),
+    (
+        DescribeQuorumRequest(etcd_members=True),
+        "describe_quorum",
         frozenset(KNOWN),
         ClusterAuthorizationFailedError,
     ),

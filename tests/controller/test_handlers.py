@@ -618,11 +618,17 @@ class TestAlterPartition:
 
     def test_unchanged_isr_writes_nothing(self) -> None:
         c = three_brokers()
-        result = c.run(c.alter_request([3, 2, 1, 1]))
+        result = c.run(c.alter_request([3, 2, 1]))
         assert result.records == []
         assert result.response == PartitionView(
             topic="t", partition=0, leader=1, leader_epoch=0, partition_epoch=0, isr=[1, 2, 3]
         )
+
+    def test_a_replica_named_twice_is_an_invalid_request(self) -> None:
+        # As Kafka: refused, never silently de-duplicated (issue 22).
+        c = three_brokers()
+        e = self.fail(c, [3, 2, 1, 1])
+        assert isinstance(e, InvalidRequestError) and "broker 1 more than once" in e.message
 
     def test_a_recovering_leader_cannot_expand_until_it_has_recovered(self) -> None:
         c = three_brokers(recovery_strategy="manual")

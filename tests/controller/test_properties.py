@@ -1045,7 +1045,11 @@ class ControllerMachine(RuleBasedStateMachine):
         # The documented validation order.
         target = {x.broker_id for x in isr}
         expected: str | None = None
-        if "partition" in faults:
+        if len(target) < len(isr):
+            # A replica named twice (the "any" shape's picks may repeat): Kafka's
+            # INVALID_REQUEST, from the field checks, before anything else is looked at.
+            expected = "INVALID_REQUEST"
+        elif "partition" in faults:
             expected = "UNKNOWN_TOPIC_OR_PARTITION"
         elif src not in m.brokers:
             expected = "BROKER_ID_NOT_REGISTERED"

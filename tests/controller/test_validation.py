@@ -307,3 +307,26 @@ def test_replication_factor_is_bounded_by_int16_even_with_more_brokers() -> None
 
 def _with(request: T, **changes: object) -> T:
     return msgspec.structs.replace(request, **changes)
+
+
+# --- AlterPartition: a replica named twice ---------------------------------------------------
+
+
+@pytest.mark.parametrize("copies", [2, 100_000])
+def test_an_isr_naming_a_broker_twice_is_an_invalid_request(copies: int) -> None:
+    # As Kafka: refused, not silently de-duplicated (issue 22; 100,000 copies were accepted).
+    c = cluster()
+    e, p = c.epoch(1), c.p()
+    member = IsrMember(broker_id=2, broker_epoch=c.epoch(2))
+    alter = AlterPartition(
+        topic="t",
+        partition=0,
+        leader=1,
+        broker_epoch=e,
+        partition_epoch=p.partition_epoch,
+        isr=[IsrMember(broker_id=1, broker_epoch=e), *[member] * copies],
+    )
+    assert "isr lists broker 2 more than once" in refused(c, alter)
+    # The same ISR without the repeat is accepted (a shrink of [1,2,3] to [1,2]).
+    c.submit(_with(alter, isr=[IsrMember(broker_id=1, broker_epoch=e), member]))
+    assert c.p().isr == {1, 2}

@@ -1,0 +1,382 @@
+"""`metactl quorum describe --status|--replication`: the controller quorum, as
+`kafka-metadata-quorum.sh describe` shows KRaft's.
+
+Every controller named by `--bootstrap-controller` is asked `DescribeQuorum` at once
+(each answers for itself, active or standby, and is never redirected), and so is the
+active controller if an answer names one that was not listed. A controller that does
+not answer within `ASK_S` (or `--timeout`, if shorter) is shown as unreachable with its
+error; only when none answers does the command fail, with the first error (docs/cli.md's
+table: NETWORK_EXCEPTION, status 5).
+
+* `--status`: Kafka's fields where they mean the same here (ClusterId, LeaderId,
+  LeaderEpoch: on etcd the leadership key's create revision, the term's fencing token;
+  HighWatermark: the committed log end; MaxFollowerLag), and metactl's (the log, the
+  leader's address and since when, every controller and its role). A single controller
+  on a SQLite log has no election and so no term: it says so.
+* `--replication`: one row per controller: node, address, applied offset, lag (behind
+  the active controller's log end; on Kafka, LogEndOffset and Lag), role (active,
+  standby, unreachable); and on etcd each member's own status (Raft leader or follower,
+  healthy or not and why, Raft index and term), read by the active controller (else the
+  first that answered) from the members themselves.
+
+`--json` prints one object instead. This module asks and prints; the answers are built
+by the controllers (`controller.runtime.quorum`) and etcd's by
+`metadata_log.etcd.client.member_health`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgspec
+
+from metactl.errors import InvalidRequestError, MetactlError
+from ops.cli import EXIT_OK, HELP_FORMAT, examples
+from ops.client import Security, add_controller_arguments, ask, controller_address, security_from
+from ops.events import iso_ms
+from protocol.client import RetryPolicy
+from protocol.messages import DescribeQuorumRequest, DescribeQuorumResponse, EtcdMemberState
+
+__all__ = ["QuorumView", "gather", "register"]
+
+ASK_S: Final = 5.0
+"""The most one controller's answer may take: a paused one is unreachable, not a hang."""
+ONCE: Final = RetryPolicy(attempts=2, base_s=0.05, cap_s=0.1)
+
+SQLITE_TERM: Final = "none (one controller on a SQLite log: no election, so no term)"
+
+
+def register(sub: Any) -> None:
+    q = sub.add_parser(
+        "quorum",
+        help="the controller quorum, like kafka-metadata-quorum",
+        description="The controller quorum: who is active, its term, how far each "
+        "controller has applied the log, and the etcd members' health "
+        "(kafka-metadata-quorum.sh describe).",
+        epilog=examples(
+            "metactl quorum describe --status",
+            "metactl quorum describe --replication "
+            "--bootstrap-controller 127.0.0.1:9093,127.0.0.1:9094,127.0.0.1:9095",
+        ),
+        formatter_class=HELP_FORMAT,
+    )
+    q.set_defaults(help_parser=q)
+    qsub = q.add_subparsers(dest="quorum_command", metavar="SUBCOMMAND")
+    d = qsub.add_parser(
+        "describe",
+        help="the active controller and its term (--status) or every controller's "
+        "progress and the etcd members (--replication)",
+        description="Ask every controller of --bootstrap-controller (and the active one, "
+        "if not listed) what it knows of the quorum. --status: the cluster id, the active "
+        "controller, its term (the etcd leadership key's create revision; none for a "
+        "single controller on SQLite), the log end and the largest lag. --replication: "
+        "one row per controller (applied offset, lag behind the log end, role: active, "
+        "standby or unreachable) and, on etcd, each member's health. A controller that "
+        f"does not answer within {ASK_S:g} s is listed as unreachable; the command fails "
+        "only if none answers.",
+        epilog=examples(
+            "metactl quorum describe --status",
+            "metactl quorum describe --replication --bootstrap-controller "
+            "127.0.0.1:9093,127.0.0.1:9094,127.0.0.1:9095 --json",
+        ),
+        formatter_class=HELP_FORMAT,
+    )
+    what = d.add_mutually_exclusive_group(required=True)
+    what.add_argument(
+        "--status", action="store_true", help="the active controller, its term, the log end"
+    )
+    what.add_argument(
+        "--replication",
+        action="store_true",
+        help="each controller's applied offset, lag and role, and the etcd members' health",
+    )
+    add_controller_arguments(d)
+    d.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    d.set_defaults(func=cmd_describe)
+
+
+# --- asking ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QuorumView:
+    """What one controller answered (`view`), or why it did not (`error`)."""
+
+    asked: str  # the address asked
+    view: DescribeQuorumResponse | None = None
+    error: MetactlError | None = None
+
+    @property
+    def address(self) -> str:
+        return self.view.address if self.view is not None else self.asked
+
+
+async def _ask_one(
+    address: str, security: Security, timeout_s: float, etcd_members: bool
+) -> QuorumView:
+    try:
+        async with security.controller_client(address, connect_timeout=timeout_s) as client:
+            r = await ask(
+                client, DescribeQuorumRequest(etcd_members=etcd_members), timeout_s, retry=ONCE
+            )
+    except MetactlError as exc:
+        return QuorumView(address, error=exc)
+    if not isinstance(r, DescribeQuorumResponse):
+        return QuorumView(
+            address, error=InvalidRequestError(f"{address} answered {type(r).__name__}")
+        )
+    return QuorumView(address, view=r)
+
+
+async def gather(
+    addresses: list[str], security: Security, timeout_s: float, *, etcd_members: bool
+) -> list[QuorumView]:
+    """Every controller's answer (or error), the bootstrap's in order, then the active
+    controller's if no bootstrap address reached it. Two addresses that reach the same
+    controller count once."""
+    per = min(ASK_S, timeout_s)
+    views = list(
+        await asyncio.gather(*(_ask_one(a, security, per, etcd_members) for a in addresses))
+    )
+    known = {v.address for v in views} | set(addresses)
+    leaders = {v.view.leader_address for v in views if v.view is not None}
+    extra = sorted(a for a in leaders if a and a not in known)
+    if extra:
+        views += await asyncio.gather(*(_ask_one(a, security, per, etcd_members) for a in extra))
+    out: list[QuorumView] = []
+    seen: set[tuple[str, str]] = set()
+    for v in views:
+        key = (v.view.node_id, v.view.address) if v.view is not None else ("", v.asked)
+        if key not in seen:
+            seen.add(key)
+            out.append(v)
+    return out
+
+
+# --- the summary ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Summary:
+    views: list[QuorumView]
+    active: DescribeQuorumResponse | None
+    source: DescribeQuorumResponse  # whose account of the leader is shown
+    high_watermark: int
+
+    @classmethod
+    def of(cls, views: list[QuorumView]) -> Summary:
+        answered = [v.view for v in views if v.view is not None]
+        actives = [a for a in answered if a.role == "active"]
+        # Two claim to be active only across a failover: the newer term is the leader.
+        active = max(actives, key=lambda a: a.term or 0) if actives else None
+        with_leader = [a for a in answered if a.leader_id is not None]
+        source = active or max(with_leader, key=lambda a: a.term or 0, default=answered[0])
+        if active is not None:
+            hw = active.log_end_offset
+        else:
+            hw = max(a.log_end_offset for a in answered)
+        return cls(views, active, source, hw)
+
+    def lag(self, v: DescribeQuorumResponse) -> int:
+        return max(0, self.high_watermark - v.applied_offset)
+
+    def role(self, qv: QuorumView) -> str:
+        return qv.view.role if qv.view is not None else "unreachable"
+
+    @property
+    def max_follower_lag(self) -> int:
+        lags = [
+            self.lag(v.view) for v in self.views if v.view is not None and v.view.role != "active"
+        ]
+        return max(lags, default=0)
+
+    @property
+    def etcd(self) -> DescribeQuorumResponse | None:
+        """The answer whose etcd members are shown: the active's, else the first's."""
+        answered = [v.view for v in self.views if v.view is not None]
+        with_members = [a for a in answered if a.etcd_members or a.etcd_error]
+        if self.active is not None and self.active in with_members:
+            return self.active
+        return with_members[0] if with_members else None
+
+
+def _controller_json(s: Summary, qv: QuorumView) -> dict[str, Any]:
+    if qv.view is None:
+        assert qv.error is not None
+        return {
+            "address": qv.asked,
+            "role": "unreachable",
+            "error": {"code": qv.error.code, "message": qv.error.message},
+        }
+    v = qv.view
+    return {
+        "node_id": v.node_id,
+        "address": v.address,
+        "role": v.role,
+        "applied_offset": v.applied_offset,
+        "log_end_offset": v.log_end_offset,
+        "lag": s.lag(v),
+    }
+
+
+def as_json(s: Summary, *, replication: bool) -> dict[str, Any]:
+    src = s.source
+    leader = None
+    if src.leader_id is not None:
+        leader = {
+            "id": src.leader_id,
+            "address": src.leader_address,
+            "term": src.term,
+            "since_ms": src.leader_since_ms,
+            "lease_ttl_s": src.lease_ttl_s,
+        }
+    out: dict[str, Any] = {
+        "cluster_id": src.cluster_id,
+        "backend": src.backend,
+        "metadata_log": src.log,
+        "leader": leader,
+        "high_watermark": s.high_watermark,
+        "max_follower_lag": s.max_follower_lag,
+        "controllers": [_controller_json(s, v) for v in s.views],
+    }
+    if src.leader_id is None:
+        out["leader_problem"] = src.leader_problem
+    if replication:
+        e = s.etcd
+        out["etcd_members"] = [msgspec.to_builtins(m) for m in e.etcd_members] if e else []
+        if e is not None and e.etcd_error:
+            out["etcd_error"] = e.etcd_error
+    return out
+
+
+# --- text -----------------------------------------------------------------------------------
+
+
+def _ago(ms: int | None) -> str:
+    if not ms:
+        return "-"
+    seconds = max(0, int(time.time() - ms / 1000))
+    if seconds < 120:
+        ago = f"{seconds}s"
+    elif seconds < 7200:
+        ago = f"{seconds // 60}m{seconds % 60:02d}s"
+    else:
+        ago = f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{iso_ms(ms)} ({ago} ago)"
+
+
+def _who(qv: QuorumView) -> str:
+    if qv.view is None:
+        return f"{qv.asked} (unreachable)"
+    v = qv.view
+    name = v.address if v.node_id == v.address else f"{v.node_id}@{v.address}"
+    return f"{name} ({v.role})"
+
+
+def status_lines(s: Summary) -> list[str]:
+    src = s.source
+    ids = sorted({v.view.cluster_id for v in s.views if v.view is not None and v.view.cluster_id})
+    cluster = src.cluster_id or "-"
+    if len(ids) > 1:
+        cluster += f"  (the controllers disagree: {', '.join(ids)})"
+    lines = [
+        f"ClusterId:         {cluster}",
+        f"MetadataLog:       {src.log} ({src.backend})",
+    ]
+    if src.leader_id is None:
+        lines.append(f"LeaderId:          none (no controller is active: {src.leader_problem})")
+    else:
+        lines += [
+            f"LeaderId:          {src.leader_id}",
+            f"LeaderAddress:     {src.leader_address or '-'}",
+        ]
+        if src.backend == "etcd":
+            ttl = f"; lease TTL {src.lease_ttl_s} s" if src.lease_ttl_s else ""
+            lines.append(
+                f"LeaderEpoch:       {src.term}  (the etcd leadership key's create revision, "
+                f"the term's fencing token{ttl})"
+            )
+        else:
+            lines.append(f"LeaderEpoch:       {SQLITE_TERM}")
+        lines.append(f"LeaderSince:       {_ago(src.leader_since_ms)}")
+    lines += [
+        f"HighWatermark:     {s.high_watermark}  (the committed log end offset"
+        + ("" if s.active is not None else ", the largest a standby knows: no active answered")
+        + ")",
+        f"MaxFollowerLag:    {s.max_follower_lag}",
+        f"Controllers:       [{', '.join(_who(v) for v in s.views)}]",
+    ]
+    return lines
+
+
+CONTROLLERS_HEADER: Final = "{:<12} {:<22} {:>14} {:>8}  {}".format(
+    "NODE", "ADDRESS", "APPLIED OFFSET", "LAG", "ROLE"
+)
+MEMBERS_HEADER: Final = "{:<10} {:<28} {:<9} {:>11} {:>10}  {}".format(
+    "NAME", "CLIENT URL", "RAFT", "RAFT INDEX", "RAFT TERM", "HEALTH"
+)
+
+
+def replication_lines(s: Summary) -> list[str]:
+    lines = [CONTROLLERS_HEADER]
+    for qv in s.views:
+        if qv.view is None:
+            assert qv.error is not None
+            lines.append(
+                f"{'-':<12} {qv.asked:<22} {'-':>14} {'-':>8}  unreachable "
+                f"({qv.error.code}: {' '.join(qv.error.message.split())})"
+            )
+            continue
+        v = qv.view
+        lines.append(
+            f"{v.node_id:<12} {v.address:<22} {v.applied_offset:>14} {s.lag(v):>8}  {v.role}"
+        )
+    e = s.etcd
+    if s.source.backend == "etcd":
+        lines.append("")
+        if e is None:
+            lines.append("etcd members: no controller could say")
+        else:
+            via = e.node_id if e.node_id == e.address else f"{e.node_id}@{e.address}"
+            lines.append(f"etcd members (asked by {via}):")
+            if e.etcd_error:
+                lines.append(f"  their status could not be read: {e.etcd_error}")
+            if e.etcd_members:
+                lines.append(MEMBERS_HEADER)
+                lines += [_member_line(m) for m in e.etcd_members]
+    return lines
+
+
+def _member_line(m: EtcdMemberState) -> str:
+    raft = m.raft_role or "-"
+    index = "-" if m.raft_index is None else str(m.raft_index)
+    term = "-" if m.raft_term is None else str(m.raft_term)
+    health = "healthy" if m.healthy else f"unhealthy: {m.error or 'unknown'}"
+    return f"{m.name:<10} {m.client_url:<28} {raft:<9} {index:>11} {term:>10}  {health}"
+
+
+# --- the command ----------------------------------------------------------------------------
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    addresses = controller_address(args).split(",")
+    security = security_from(args)
+    views = asyncio.run(
+        gather(addresses, security, args.timeout, etcd_members=bool(args.replication))
+    )
+    if all(v.view is None for v in views):
+        first = views[0].error
+        assert first is not None
+        raise first
+    summary = Summary.of(views)
+    if args.json:
+        print(json.dumps(as_json(summary, replication=bool(args.replication))))
+        return EXIT_OK
+    lines = replication_lines(summary) if args.replication else status_lines(summary)
+    print("\n".join(lines))
+    return EXIT_OK

@@ -1,0 +1,187 @@
+"""`metactl quorum describe --status|--replication` (issue 21 item 8) against real
+processes, and etcd over TLS end to end (item 9):
+
+* `cluster up --controllers 3 --etcd 3` (secure by default) runs etcd with TLS and
+  client-certificate auth; the controllers write and read the log over it; the offline
+  command it prints carries the etcd flags, and without them is refused by name.
+* The quorum tool shows the active controller, its term, the two standbys caught up,
+  and three healthy etcd members with one Raft leader; a paused standby is listed as
+  unreachable and a killed etcd member as unhealthy, and the command still succeeds.
+* On a single SQLite controller it says there is no term; an address that does not
+  answer is a row, and only when none answers does the command fail (status 5).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ops.cli import main
+from tests.e2e.cluster import Process, free_port
+from tests.ops.test_cluster_supervision import pids
+from tests.ops.test_cluster_up import Up, metactl
+
+pytestmark = pytest.mark.slow
+
+BOUND_S = 30.0
+
+
+def quorum(cwd: Path, *args: str) -> tuple[int, dict[str, Any], str]:
+    r = metactl("quorum", "describe", *args, "--json", cwd=cwd)
+    return r.returncode, (json.loads(r.stdout) if r.returncode == 0 else {}), r.stderr
+
+
+def test_an_ha_quorum_on_etcd_over_tls(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    up = Up(data, "--controllers", "3", "--etcd", "3", "--listen", "127.0.0.1:0")
+    stopped: list[int] = []
+    try:
+        banner = up.await_banner()
+        children = pids(banner)
+        assert json.loads((data / "etcd" / "ports.json").read_text())["tls"] is True
+        # The controllers created the demo topic through the TLS etcd log.
+        describe = up.command("describe")
+        r = metactl(*describe, cwd=tmp_path)
+        assert r.returncode == 0 and "Topic: demo" in r.stdout, r.stderr
+        target = describe[1:]  # --bootstrap-controller A,B,C --tls-dir D
+        # The printed offline command reaches etcd with the admin's etcd certificate.
+        tail = up.command("log")
+        assert "--etcd-cert" in tail and tail[tail.index("--etcd-cert") + 1].endswith(
+            "etcd/admin.pem"
+        )
+        url = tail[tail.index("--data-dir") + 1]
+        r = metactl("log", "verify", *tail[2:], cwd=tmp_path)
+        assert r.returncode == 0 and r.stdout.startswith("ok: etcd://"), r.stderr
+        r = metactl("log", "verify", "--data-dir", url, cwd=tmp_path)
+        assert r.returncode == 1 and r.stderr.startswith("error: SSL_AUTHENTICATION_FAILED")
+        assert "Traceback" not in r.stderr
+        storage = next(x for x in banner if x.startswith("  storage:"))
+        info = shlex.split(storage.split("(metactl ", 1)[1].rstrip(")"))
+        assert "--etcd-key" in info
+        r = metactl(*info, cwd=tmp_path)
+        assert r.returncode == 0 and "status: ok" in r.stdout, r.stderr
+
+        status, s, err = quorum(tmp_path, "--status", *target, "--principal", "viewer")
+        assert status == 0, err
+        assert s["backend"] == "etcd" and s["metadata_log"] == url and s["cluster_id"]
+        leader = s["leader"]
+        assert leader["term"] > 0 and leader["lease_ttl_s"] == 2 and leader["since_ms"] > 0
+        roles = sorted(c["role"] for c in s["controllers"])
+        assert roles == ["active", "standby", "standby"], s
+        active = next(c for c in s["controllers"] if c["role"] == "active")
+        assert (active["node_id"], active["address"]) == (leader["id"], leader["address"])
+        assert s["high_watermark"] == active["log_end_offset"] > 0
+
+        # --replication: the standbys catch up with the active controller's log end.
+        deadline = time.monotonic() + BOUND_S
+        while True:
+            status, rep, err = quorum(tmp_path, "--replication", *target)
+            assert status == 0, err
+            lags = [c["lag"] for c in rep["controllers"]]
+            if lags == [0, 0, 0] or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)  # polling interval of an observable condition
+        assert lags == [0, 0, 0], rep
+        assert {c["applied_offset"] for c in rep["controllers"]} == {rep["high_watermark"]}
+        members = rep["etcd_members"]
+        assert sorted(m["name"] for m in members) == ["etcd-1", "etcd-2", "etcd-3"]
+        assert all(m["healthy"] and m["client_url"].startswith("https://") for m in members)
+        assert [m["raft_role"] for m in members].count("leader") == 1
+        assert len({m["raft_term"] for m in members}) == 1
+
+        r = metactl("quorum", "describe", "--replication", *target, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        text = r.stdout
+        assert text.startswith("NODE ") and " active" in text and " standby" in text
+        assert "etcd members (asked by " in text and "https://127.0.0.1:" in text
+
+        # Faults: a paused standby and a killed etcd follower are rows, not failures.
+        standby = next(c for c in rep["controllers"] if c["role"] == "standby")
+        paused = children[f"controller {standby['node_id'].removeprefix('c')}"]
+        os.kill(paused, signal.SIGSTOP)
+        stopped.append(paused)
+        follower = next(m for m in members if m["raft_role"] == "follower")
+        os.kill(children[follower["name"]], signal.SIGKILL)
+        started = time.monotonic()
+        status, rep, err = quorum(tmp_path, "--replication", *target)
+        assert status == 0, err
+        assert time.monotonic() - started < 15
+        rows = {c["address"]: c for c in rep["controllers"]}
+        row = rows[standby["address"]]
+        assert row["role"] == "unreachable" and row["error"]["code"] == "REQUEST_TIMED_OUT"
+        assert sorted(c["role"] for c in rep["controllers"]) == [
+            "active",
+            "standby",
+            "unreachable",
+        ]
+        dead = next(m for m in rep["etcd_members"] if m["name"] == follower["name"])
+        assert not dead["healthy"] and dead["error"], dead
+        assert sum(m["healthy"] for m in rep["etcd_members"]) == 2
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        up.stop()
+
+
+@pytest.fixture
+def sqlite_controller(tmp_path: Path) -> Iterator[str]:
+    address = f"127.0.0.1:{free_port()}"
+    p = Process(
+        "controller",
+        [sys.executable, "-m", "controller", "--data-dir", str(tmp_path / "c"),
+         "--listen", address, "--insecure"],
+        tmp_path / "controller.log",
+    )  # fmt: skip
+    try:
+        p.await_ready()
+        yield address
+    finally:
+        p.signal(signal.SIGTERM)
+        p.wait()
+        p.close()
+
+
+def test_a_single_sqlite_controller_has_no_term(
+    sqlite_controller: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    closed = f"127.0.0.1:{free_port()}"
+    flags = ["--bootstrap-controller", f"{sqlite_controller},{closed}", "--insecure"]
+    assert main(["quorum", "describe", "--status", *flags]) == 0
+    out = capsys.readouterr().out
+    assert "LeaderEpoch:       none (one controller on a SQLite log" in out
+    assert f"LeaderAddress:     {sqlite_controller}" in out
+    assert "(sqlite)" in out and f"{closed} (unreachable)" in out
+    assert main(["quorum", "describe", "--replication", *flags, "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    ok, gone = rep["controllers"]
+    assert ok["role"] == "active" and ok["lag"] == 0 and ok["applied_offset"] > 0
+    assert gone == {
+        "address": closed,
+        "role": "unreachable",
+        "error": {"code": "NETWORK_EXCEPTION", "message": gone["error"]["message"]},
+    }
+    assert rep["leader"]["term"] is None and rep["etcd_members"] == []
+    assert main(["quorum", "describe", "--replication", *flags]) == 0
+    assert "etcd members" not in capsys.readouterr().out
+
+
+def test_no_controller_answering_fails_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    closed = f"127.0.0.1:{free_port()}"
+    status = main(
+        ["quorum", "describe", "--status", "--bootstrap-controller", closed, "--insecure"]
+    )
+    assert status == 5
+    err = capsys.readouterr().err
+    assert err.startswith("error: NETWORK_EXCEPTION:") and "Traceback" not in err
+    with pytest.raises(SystemExit) as usage:  # --status or --replication: argparse's 2
+        main(["quorum", "describe", "--insecure"])
+    assert usage.value.code == 2
