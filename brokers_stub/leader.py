@@ -10,7 +10,7 @@ leadership moves.
 change (or its recovery be reported), at most one change in flight per partition, and
 sends the changes it has queued as one batched AlterPartitions request at a time (as
 Kafka's AlterPartitionManager does), recording each item's answer in its partition's
-`LeaderState`. A broker back in a million ISRs sends a thousand requests, not a million.
+`LeaderState`. A broker back in a million ISRs sends 200 requests, not a million.
 
 This module must not touch replica logs or files, nor follow the metadata log: the
 replica manager hands it the caught-up image and the state of the partition it leads,
@@ -20,6 +20,7 @@ and owns the tasks it spawns.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +28,12 @@ from typing import Any
 from brokers_stub.config import BrokerConfig
 from brokers_stub.logctx import BrokerLog
 from brokers_stub.replication import FollowerFetchState, isr_change
-from metactl.errors import InvalidRequestError, MetactlError, NetworkError
+from metactl.errors import (
+    InvalidRequestError,
+    InvalidUpdateVersionError,
+    MetactlError,
+    error_for_code,
+)
 from metadata_image.image import ClusterImage, TopicPartition
 from metadata_log.records import LeaderRecoveryState
 from protocol import messages as wire
@@ -136,7 +142,7 @@ class IsrUpdater:
         self.clock_ms = clock_ms
         self._spawn = spawn  # the replica manager's: it cancels them at stop
         self._in_flight: set[asyncio.Task[None]] = set()
-        self._queue: list[_Queued] = []  # decided, not yet sent
+        self._queue: deque[_Queued] = deque()  # decided, not yet sent
         self._sender: asyncio.Task[None] | None = None  # sends the queue, a batch at a time
 
     async def settled(self) -> None:
@@ -206,6 +212,37 @@ class IsrUpdater:
             task = self._sender = self._spawn(self._send_queued(), "alter-partitions")
             self._in_flight.add(task)
             task.add_done_callback(self._in_flight.discard)
+            task.add_done_callback(self._sender_done)
+
+    def _sender_done(self, task: asyncio.Task[None]) -> None:
+        """A sender cancelled before its first step never ran its `finally`: drop the
+        queue it was to send, as that `finally` would have."""
+        if self._sender is task:
+            self._sender = None
+            self._drop_queue()
+
+    def _drop_queue(self) -> None:
+        for st, _, _ in self._queue:
+            st.in_flight_isr = None
+        self._queue.clear()
+
+    def _next_batch(self) -> list[_Queued]:
+        """Up to `MAX_ALTER_ITEMS` queued items, leaving out those of a leadership that
+        has ended and all but the newest item of a partition (a new leader epoch's state
+        queued beside its predecessor's), which would only be refused."""
+        batch: dict[tuple[str, int], _Queued] = {}
+        while self._queue and len(batch) < MAX_ALTER_ITEMS:
+            st, req, _ = item = self._queue.popleft()
+            key = (req.topic, req.partition)
+            stale = batch.get(key)
+            if stale is not None:
+                stale[0].in_flight_isr = None
+            if st.ended:
+                st.in_flight_isr = None
+                batch.pop(key, None)
+                continue
+            batch[key] = item
+        return list(batch.values())
 
     async def _send_queued(self) -> None:
         """Send the queue, `MAX_ALTER_ITEMS` at a time, one request in flight: what is
@@ -213,10 +250,10 @@ class IsrUpdater:
         dropped and their partitions free to decide again."""
         try:
             while self._queue:
-                batch = self._queue[:MAX_ALTER_ITEMS]
-                del self._queue[:MAX_ALTER_ITEMS]
+                batch = self._next_batch()
                 try:
-                    await self._alter_partitions(batch)
+                    if batch:
+                        await self._alter_partitions(batch)
                 finally:
                     for st, _, _ in batch:
                         st.in_flight_isr = None
@@ -224,9 +261,7 @@ class IsrUpdater:
             # No await from the last look at the queue to here: an item queued after it
             # finds no sender and starts one.
             self._sender = None
-            for st, _, _ in self._queue:
-                st.in_flight_isr = None
-            self._queue.clear()
+            self._drop_queue()
 
     async def _alter_partitions(self, batch: list[_Queued]) -> None:
         assert self.controller is not None
@@ -237,28 +272,32 @@ class IsrUpdater:
                 batch
             ):
                 raise InvalidRequestError(f"unexpected answer {type(resp).__name__}")
-        except NetworkError as exc:
-            # The outcome is unknown: the controller may have committed any of them. Keep
-            # counting each proposed ISR until the image moves past the epoch we proposed
-            # against.
+        except MetactlError as exc:
+            # No answer (NETWORK_EXCEPTION, REQUEST_TIMED_OUT) or the whole request refused
+            # (NOT_CONTROLLER after the client's retries, a storage failure): whether any
+            # item was committed is unknown (the controller commits a request piece by
+            # piece), so each proposed ISR keeps counting until the image moves past the
+            # epoch it was proposed against.
             now = self.clock_ms()
             for st, req, _ in batch:
-                st.await_change(req.partition_epoch + 1, [m.broker_id for m in req.isr], now)
-                st.retry_at_ms = now + ALTER_RETRY_MS // 2
+                self._outcome_unknown(st, req, now)
             self.log.warning(
                 "AlterPartition failed; will retry",
                 partition=_names(batch),
                 partitions=len(batch),
-                error=str(exc),
+                code=exc.code,
+                error=exc.message,
             )
-            return
-        except MetactlError as exc:  # the whole request refused
-            for st, req, _ in batch:
-                self._refused(st, req, exc.code, exc.message)
             return
         for (st, req, old_isr), result in zip(batch, resp.results, strict=True):
             if result.error_code is not None or result.view is None:
-                self._refused(st, req, result.error_code or "UNKNOWN_SERVER_ERROR", result.message)
+                code = result.error_code or "UNKNOWN_SERVER_ERROR"
+                if code == InvalidUpdateVersionError.code or _retriable(code, result.message):
+                    # A retriable error leaves the outcome unknown; INVALID_UPDATE_VERSION
+                    # may be this very change, committed by an earlier try of the request
+                    # (resent after NOT_CONTROLLER): keep counting it (maximal ISR).
+                    self._outcome_unknown(st, req, self.clock_ms())
+                self._refused(st, req, code, result.message)
                 continue
             view = result.view
             st.await_change(view.partition_epoch, view.isr, self.clock_ms())
@@ -270,6 +309,11 @@ class IsrUpdater:
                 isr=view.isr,
                 partition_epoch=view.partition_epoch,
             )
+
+    @staticmethod
+    def _outcome_unknown(st: LeaderState, req: AlterPartition, now: int) -> None:
+        st.await_change(req.partition_epoch + 1, [m.broker_id for m in req.isr], now)
+        st.retry_at_ms = now + ALTER_RETRY_MS // 2
 
     def _refused(self, st: LeaderState, req: AlterPartition, code: str, message: str) -> None:
         """INVALID_UPDATE_VERSION, NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH,
@@ -283,6 +327,10 @@ class IsrUpdater:
             code=code,
             error=message,
         )
+
+
+def _retriable(code: str, message: str) -> bool:
+    return error_for_code(code, message).retriable
 
 
 def _names(batch: list[_Queued], shown: int = 3) -> str:

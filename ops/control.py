@@ -69,11 +69,19 @@ async def serve(data_dir: Path, handler: Handler) -> asyncio.AbstractServer:
                 request = json.loads(line[:MAX_REQUEST_BYTES] or b"null")
                 if not isinstance(request, dict):
                     raise InvalidRequestError("a control request is one JSON object")
-                answer = await handler(request)
             except MetactlError as exc:
                 answer = failure(exc)
-            except (ValueError, TimeoutError) as exc:
+            except (ValueError, TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
                 answer = failure(InvalidRequestError(f"unreadable control request: {exc}"))
+            else:
+                try:
+                    answer = await handler(request)
+                except MetactlError as exc:
+                    answer = failure(exc)
+                except Exception as exc:
+                    # The handler's own failure (spawning a process, writing its log):
+                    # the client hears its cause, and `cluster up` keeps serving.
+                    answer = failure(MetactlError(f"{type(exc).__name__}: {exc}"))
             writer.write(json.dumps(answer).encode() + b"\n")
             await writer.drain()
         except (OSError, asyncio.IncompleteReadError):

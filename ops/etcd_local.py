@@ -67,8 +67,8 @@ def etcd_binary() -> str:
     )
     if found is None:
         raise InvalidConfigurationError(
-            "etcd is not installed: install Debian's etcd-server (make test does) or put "
-            "an etcd 3.4+ binary on PATH"
+            "etcd is not installed: `make system` installs Debian's etcd-server (so does "
+            "`make test`), or put an etcd 3.4+ binary on PATH"
         )
     return found
 

@@ -6,7 +6,8 @@ controller it knows and puts the answers side by side. Each says who it is, its 
 how far it has applied the log and the log end it knows; who the active controller is
 and its term (on etcd: the leadership key's holder and create revision, the fencing
 token; read by a standby within a second, and when etcd does not answer, why); and, if
-asked, each etcd member's own status (`metadata_log.etcd.client.member_health`). A
+asked, each etcd member's own status (`metadata_log.etcd.client.member_health`, read at
+most twice a second). A
 single controller on a SQLite log has no election and no term: it says so by leaving
 them out, and is its own leader.
 
@@ -16,7 +17,9 @@ changes nothing.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Final
 
 from metactl.errors import MetactlError
 from metadata_log.backends import is_etcd_url
@@ -26,6 +29,24 @@ if TYPE_CHECKING:
     from controller.runtime.service import ControllerService
 
 __all__ = ["describe_quorum"]
+
+MEMBER_HEALTH_CACHE_S: Final = 0.5
+"""How long one reading of the etcd members' health answers DescribeQuorum: each reading
+opens a channel to every member, and any known principal may ask, as often as it likes."""
+
+_member_cache: dict[int, tuple[float, Any]] = {}  # id(etcd client) -> (read at, health)
+
+
+async def _member_health(etcd: Any, read: Callable[[Any], Awaitable[Any]]) -> Any:
+    """`read(etcd)`, or its reading of under `MEMBER_HEALTH_CACHE_S` ago."""
+    now = time.monotonic()
+    cached = _member_cache.get(id(etcd))
+    if cached is not None and now - cached[0] < MEMBER_HEALTH_CACHE_S:
+        return cached[1]
+    found = await read(etcd)
+    _member_cache.clear()  # one client per process: no entry outlives its client
+    _member_cache[id(etcd)] = (time.monotonic(), found)
+    return found
 
 
 def _backend(metadata_log: str | None) -> str:
@@ -86,7 +107,7 @@ async def describe_quorum(
         from metadata_log.etcd.client import member_health  # the etcd client is loaded
 
         try:
-            found = await member_health(service.election.etcd)
+            found = await _member_health(service.election.etcd, member_health)
         except MetactlError as exc:
             etcd_error = exc.message
         else:

@@ -30,7 +30,7 @@ import contextlib
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import structlog
 
@@ -155,6 +155,17 @@ class HaSettings:
     node_id: str | None = None  # the name in the leadership key; default: the address
     cluster_id: str | None = None  # checked against the log's (or given to a new log)
     etcd_tls: EtcdTls | None = None  # TLS to etcd (--etcd-cacert/--etcd-cert/--etcd-key)
+
+
+MAX_ALTER_PARTITION_ITEMS: Final = 10_000
+"""Items one AlterPartitions request may carry (brokers send at most 5,000): more is
+INVALID_REQUEST, so that no request commits more than its answer can carry back."""
+
+
+def _item_error(item: AlterPartition, exc: MetactlError) -> AlterPartitionResult:
+    return AlterPartitionResult(
+        topic=item.topic, partition=item.partition, error_code=exc.code, message=exc.message
+    )
 
 
 class ControllerService:
@@ -604,17 +615,51 @@ class ControllerService:
         """A broker's batched AlterPartition, a work budget of items per event: each
         piece is its own event and commit (the items are independent, as in Kafka), so
         heartbeats and describes go on between pieces, and a piece committed before a
-        failover stays committed. Each item is answered once its piece is durable."""
-        budget = self.work_budget or WORK_BUDGET
-        results: list[AlterPartitionResult] = []
+        failover stays committed. Each item is answered once its piece is durable.
+
+        A partition named again anywhere in the request is INVALID_REQUEST for every
+        mention after the first. A piece that fails (the log stopped taking writes, this
+        controller stepped down) leaves its outcome unknown: it and every later item are
+        answered with that error, each item on its own, while the pieces committed before
+        it keep their answers, so that the broker goes on counting the ISRs it proposed
+        until its metadata shows what was committed (never a whole-request error for
+        items that are in fact committed)."""
         items = body.items
-        for start in range(0, len(items), budget):
-            piece = await self.controller.submit(
-                AlterPartitions(items=items[start : start + budget])
+        if len(items) > MAX_ALTER_PARTITION_ITEMS:
+            raise InvalidRequestError(
+                f"{len(items)} AlterPartition items in one request: at most "
+                f"{MAX_ALTER_PARTITION_ITEMS:,}"
             )
-            assert isinstance(piece, AlterPartitionsResponse)
-            results.extend(piece.results)
-        return AlterPartitionsResponse(results=results)
+        budget = self.work_budget or WORK_BUDGET
+        results: list[AlterPartitionResult | None] = [None] * len(items)
+        seen: set[tuple[str, int]] = set()
+        send: list[int] = []
+        for i, item in enumerate(items):
+            key = (item.topic, item.partition)
+            if key in seen:
+                results[i] = _item_error(item, InvalidRequestError("named twice in one request"))
+            else:
+                seen.add(key)
+                send.append(i)
+        for start in range(0, len(send), budget):
+            piece = send[start : start + budget]
+            try:
+                answer = await self.controller.submit(
+                    AlterPartitions(items=[items[i] for i in piece])
+                )
+            except MetactlError as exc:
+                error = (
+                    self._not_controller()
+                    if self.replicated and isinstance(exc, LogClosedError | FatalStorageError)
+                    else exc
+                )
+                for i in send[start:]:
+                    results[i] = _item_error(items[i], error)
+                break
+            assert isinstance(answer, AlterPartitionsResponse)
+            for i, result in zip(piece, answer.results, strict=True):
+                results[i] = result
+        return AlterPartitionsResponse(results=[r for r in results if r is not None])
 
     async def _delete_topics(self, body: DeleteTopicsRequest) -> DeleteTopicsResponse:
         """Each topic alone, in order (Kafka's per-topic errors); the log failing fails

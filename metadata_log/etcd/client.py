@@ -362,7 +362,8 @@ class Etcd:
         self, timeout_s: float = MEMBER_STATUS_TIMEOUT_S
     ) -> list[tuple[str, str]]:
         """(name, first client URL) of each member, from etcd's member list."""
-        assert self._client.cluster is not None
+        if self._client.cluster is None:  # closed meanwhile (a controller shutting down)
+            raise StoreUnavailableError("the etcd client is closed")
         r = await self._call("a member list", self._client.cluster.member_list(), timeout_s)
         scheme = "https" if self.target.tls is not None else "http"
         return [

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from brokers_stub import replica_log as rl
+from brokers_stub.leader import LeaderState
 from brokers_stub.logctx import BrokerLog
 from brokers_stub.replica_log import ReplicaLog
 from brokers_stub.replica_manager import ReplicaManager
@@ -21,6 +22,7 @@ from metactl.errors import (
     InvalidUpdateVersionError,
     MetactlError,
     NetworkError,
+    NotControllerError,
     NotLeaderOrFollowerError,
     UnknownTopicOrPartitionError,
 )
@@ -31,6 +33,7 @@ from protocol.messages import (
     AlterPartitionResult,
     AlterPartitions,
     AlterPartitionsResponse,
+    IsrMember,
     Message,
     PartitionView,
     ProduceRequest,
@@ -398,6 +401,67 @@ async def test_refused_alter_partition_waits_for_new_metadata(tmp_path: Path) ->
     leader.on_metadata(image, None, True)
     await eventually(lambda: len(ctl.requests) == 2, what="a retry with the new epoch")
     assert ctl.requests[1].partition_epoch == 1
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        InvalidUpdateVersionError("stale: maybe this very change, committed by an earlier try"),
+        NotControllerError("the pieces after the first were not committed"),
+        NetworkError("no answer"),
+    ],
+)
+async def test_an_addition_whose_outcome_is_unknown_keeps_holding_the_high_watermark(
+    tmp_path: Path, outcome: MetactlError
+) -> None:
+    # The controller commits a batch piece by piece: an item answered with a retriable
+    # error, a whole request that failed, or INVALID_UPDATE_VERSION (a resend after
+    # NOT_CONTROLLER finds its own committed change) may each be committed. Until the
+    # image moves past the epoch proposed against, the proposed member keeps counting.
+    clock, ctl, leader, image = alter_setup(tmp_path, isr=[1, 2])
+    f2, f3 = manager(tmp_path, 2, clock), manager(tmp_path, 3, clock)
+    for m in (leader, f2, f3):
+        m.on_metadata(image, None, True)
+    ctl.outcomes = [outcome]
+    await produce(leader, 10)
+    fetch(leader, f3)
+    clock.now += 100
+    await produce(leader, 10)
+    fetch(leader, f2)
+    fetch(leader, f3)  # caught up at 10: the addition of 3 is proposed
+    await leader.isr_updater.settled()
+    assert [m.broker_id for m in ctl.requests[0].isr] == [1, 2, 3]
+    st = leader.leaders[TP]
+    assert not st.alter_in_flight and st.accepted_isr == frozenset({1, 2, 3})
+    fetch(leader, f2)  # 2 holds all 20: the ISR {1, 2} alone would put the HW at 20
+    assert leader.logs[TP].high_watermark == 10  # 3, proposed, is at 10
+    leader.on_metadata(change(image, isr=[1, 2]), None, True)  # epoch 1: the outcome shows
+    assert st.accepted_isr is None
+
+
+async def test_a_batch_leaves_out_ended_leaderships_and_older_items(tmp_path: Path) -> None:
+    _, _, leader, _ = alter_setup(tmp_path, isr=[1, 2, 3])
+    updater = leader.isr_updater
+    req = ctl_item(partition=0, epoch=0)
+    ended, old, new, other = (LeaderState(leader_epoch=e) for e in (0, 1, 2, 2))
+    ended.end()
+    for st, item in (
+        (ended, req), (old, ctl_item(1, 3)), (new, ctl_item(1, 4)), (other, ctl_item(2, 0))
+    ):  # fmt: skip
+        st.in_flight_isr = frozenset({1})
+        updater._queue.append((st, item, [1]))
+    batch = updater._next_batch()
+    assert [(r.partition, r.partition_epoch) for _, r, _ in batch] == [(1, 4), (2, 0)]
+    assert not ended.alter_in_flight and not old.alter_in_flight  # dropped, free again
+    assert new.alter_in_flight and other.alter_in_flight
+    assert not updater._queue
+
+
+def ctl_item(partition: int, epoch: int) -> AlterPartition:
+    return AlterPartition(
+        topic=TOPIC, partition=partition, leader=1, broker_epoch=EPOCHS[1],
+        partition_epoch=epoch, isr=[IsrMember(broker_id=1, broker_epoch=EPOCHS[1])],
+    )  # fmt: skip
 
 
 async def test_a_recovering_leader_reports_recovery_at_once(tmp_path: Path) -> None:

@@ -8,8 +8,11 @@ import asyncio
 from pathlib import Path
 
 import msgspec
+import pytest
 
+import controller.runtime.service as service_module
 from controller.runtime.service import ControllerService
+from metactl.errors import InvalidRequestError, NotControllerError
 from protocol.client import RpcClient
 from protocol.codec import parse_address
 from protocol.messages import (
@@ -80,4 +83,57 @@ async def test_a_batch_in_pieces_with_a_heartbeat_between(tmp_path: Path) -> Non
     finally:
         await conn.close()
         await beat_conn.close()
+        await svc.stop()
+
+
+async def test_a_failed_piece_answers_each_item_and_keeps_the_committed_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second piece fails (the controller stepped down): the first piece's items keep
+    their answers, committed; the failed piece's and the later ones each carry the error
+    (their outcome unknown to the broker, which keeps counting them); a partition named
+    again in another piece is INVALID_REQUEST; a request over the cap is refused whole."""
+    svc = ControllerService(tmp_path, "127.0.0.1:0", config=LONG, work_budget=3)
+    await svc.start()
+    conn = await RpcClient.open(*parse_address(svc.address))
+    try:
+        epochs = {b: (await register(conn, b, f"i{b}")).broker_epoch for b in (1, 2)}
+        await create(conn, "t", assignments=[[2, 1]] * 7, min_isr=1)
+        await svc.controller.submit(FenceBroker(broker_id=1))
+        epochs[1] = (await register(conn, 1, "i1-again")).broker_epoch
+        image = svc.controller.committed_image
+        items = [
+            AlterPartition(
+                topic="t", partition=i, leader=2, broker_epoch=epochs[2],
+                partition_epoch=image.partitions[("t", i)].partition_epoch,
+                isr=[IsrMember(broker_id=b, broker_epoch=epochs[b]) for b in (1, 2)],
+            )
+            for i in [*range(7), 1]
+        ]  # fmt: skip
+        submit = svc.controller.submit
+        pieces = 0
+
+        async def failing(event: object) -> object:
+            nonlocal pieces
+            if isinstance(event, AlterPartitions):
+                pieces += 1
+                if pieces == 2:
+                    raise NotControllerError("stepped down between two pieces")
+            return await submit(event)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(svc.controller, "submit", failing)
+        r = await conn.request(AlterPartitions(items=items))
+        assert isinstance(r, AlterPartitionsResponse)
+        assert [x.error_code for x in r.results] == [None] * 3 + ["NOT_CONTROLLER"] * 4 + [
+            "INVALID_REQUEST"
+        ]
+        after = svc.controller.committed_image
+        assert [sorted(after.partitions[("t", i)].isr) for i in range(7)] == [[1, 2]] * 3 + [
+            [2]
+        ] * 4
+        monkeypatch.setattr(service_module, "MAX_ALTER_PARTITION_ITEMS", 7)
+        with pytest.raises(InvalidRequestError, match="at most 7"):
+            await conn.request(AlterPartitions(items=items))
+    finally:
+        await conn.close()
         await svc.stop()
