@@ -800,8 +800,10 @@ async def bench_topology(kind: str, partitions: int, tmp: Path) -> dict[str, obj
     }
 
 
-def bench_topologies(partitions: int, tmp: Path, as_json: bool) -> None:
-    results = [asyncio.run(bench_topology(kind, partitions, tmp)) for kind in ("offline", "moving")]
+def bench_topologies(
+    partitions: int, tmp: Path, as_json: bool, kinds: tuple[str, ...] = ("offline", "moving")
+) -> None:
+    results = [asyncio.run(bench_topology(kind, partitions, tmp)) for kind in kinds]
     worst = {
         "partitions": partitions,
         "heartbeat_p99_ms": max(r["heartbeat_p99_ms"] for r in results),  # type: ignore[type-var]
@@ -837,6 +839,11 @@ def main() -> None:
         "--partitions", type=int, default=1_000_000, help="(t): partitions of each topology"
     )
     ap.add_argument("--json", action="store_true", help="(t) only, as one JSON object")
+    ap.add_argument(
+        "--topologies",
+        default="offline,moving",
+        help="(t): which topologies to run (default offline,moving)",
+    )
     ap.add_argument("--sections", default="t,a,b,c", help="which sections to run (default t,a,b,c)")
     ap.add_argument("--fence-partitions", type=int, default=1_000_000)
     ap.add_argument("--create-partitions", type=int, default=100_000)
@@ -845,7 +852,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="metactl-bench-") as d:
         tmp = Path(d)
         if "t" in sections or args.json:
-            bench_topologies(args.partitions, tmp, args.json)
+            kinds = tuple(k for k in args.topologies.split(",") if k)
+            bench_topologies(args.partitions, tmp, args.json, kinds)
         if args.json:
             return
         if "a" in sections:

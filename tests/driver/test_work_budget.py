@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -237,3 +237,31 @@ async def test_what_an_event_builds_is_frozen(tmp_path: Path) -> None:
         young = {id(o) for o in gc.get_objects()}
         assert id(ctl.image.partitions) not in young
         assert id(ctl.state.tracker.offline) not in young
+
+
+async def test_listeners_hear_a_sliced_transaction_once_with_its_records(tmp_path: Path) -> None:
+    """The parts of an open transaction wait for its end marker as encoded batches: the
+    listeners then hear every part, in order, with exactly the records the log holds (a
+    part's records decoded only when read)."""
+    async with controller(tmp_path) as ctl:
+        await start(ctl, range(1, 5))
+        await ctl.submit(CreateTopic(name="t", partitions=PARTITIONS, replication_factor=3))
+        begin = ctl.committed_image.end_offset
+        told: list[tuple[int, list[object]]] = []
+        kinds: set[type] = set()
+
+        def listen(base: int, rs: Sequence[object], delta: object, now: int) -> None:
+            kinds.add(type(rs))
+            told.append((base, list(rs)))
+
+        ctl.commit_listeners.append(listen)
+        await ctl.submit(FenceBroker(broker_id=1))
+        assert kinds - {list}, "no part was held encoded"
+        stored = [e.record for e in await ctl.store.read(begin, 100_000)]
+        assert len(told) > 2  # the slices, told at the end, part by part
+        assert [base for base, _ in told] == [
+            begin + sum(len(rs) for _, rs in told[:i]) for i in range(len(told))
+        ]
+        assert [r for _, rs in told for r in rs] == stored
+        assert isinstance(stored[0], BeginTransactionRecord)
+        assert isinstance(stored[-1], EndTransactionRecord)
