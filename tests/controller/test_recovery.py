@@ -12,6 +12,7 @@ import immutables
 import msgspec
 import pytest
 
+import controller.core.recovery.tracker as tracker_module
 from controller.core.config import ControllerConfig
 from controller.core.recovery import registry
 from controller.core.recovery.builtin import BalancedPolicy, ManualPolicy, ProactivePolicy
@@ -1060,3 +1061,34 @@ class TestOfflineSince:
         c.state = ControllerState(c.image, stale)
         c.evaluate(now=70)
         assert ("t", 0) not in c.tracker.offline
+
+
+class TestTrackerMemory:
+    """A recovery of many partitions at once keeps its per-partition state small: the
+    notes of one pass share their (leader epoch, time) tuples, the pending recoveries that
+    asked the same broker at the same epoch share one map, under each partition's own
+    (topic, partition) tuple."""
+
+    def test_recoveries_share_their_notes_and_request_maps(self) -> None:
+        c = Cluster()
+        c.start(1, 2)
+        c.create("t", assignments=[[1]] * 6, min_isr=1)
+        c.fence(1)
+        c.restart(1, clean=False)
+        pending = c.tracker.pending
+        assert len(pending) == 6
+        maps = {id(pr.requested) for pr in pending.values()}
+        assert len(maps) == 1 and dict(next(iter(pending.values())).requested) == {1: c.epoch(1)}
+        notes = {id(note) for note in c.tracker.offline.values()}
+        assert len(notes) == 1
+        for tp in pending:
+            assert tp is c.p(*tp).tp
+
+    def test_the_shared_maps_are_bounded(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        table: dict[object, object] = {}
+        monkeypatch.setattr(tracker_module, "_REQUESTED", table)
+        monkeypatch.setattr(tracker_module, "_REQUESTED_LIMIT", 1)
+        a = tracker_module._shared(immutables.Map({1: 5}))
+        assert tracker_module._shared(immutables.Map({1: 5})) is a
+        b = tracker_module._shared(immutables.Map({2: 5}))
+        assert b == immutables.Map({2: 5}) and len(table) == 1

@@ -262,18 +262,27 @@ def evaluate(
     pending = tracker.pending.mutate()
     offline = tracker.offline.mutate()
     parts = image.partitions
-    for tp in look:
-        wakes.clear(tp)
-        p = parts.get(tp)
+    # The notes of one pass share their (leader epoch, time) tuples: a million partitions
+    # that lost their leader at once are noted by a handful of objects, not a million.
+    notes: dict[int, tuple[int, int]] = {}
+    for looked in look:
+        wakes.clear(looked)
+        p = parts.get(looked)
         if p is None or p.has_leader:
             # Led again (or gone): nothing to recover, nothing to note.
-            pending.pop(tp, None)
-            offline.pop(tp, None)
+            pending.pop(looked, None)
+            offline.pop(looked, None)
             continue
+        # Kept under the partition's own (topic, partition) tuple, which the image shares
+        # with every state of it, not the one the scope built.
+        tp = p.tp
         since = tracker.offline_since(p)
         if since is None:
             since = now_ms
-            offline[tp] = (p.leader_epoch, now_ms)
+            note = notes.get(p.leader_epoch)
+            if note is None:
+                note = notes[p.leader_epoch] = (p.leader_epoch, now_ms)
+            offline[tp] = note
         policy = policy_of(p.topic)
         reason = policy.trigger(image, p) if policy is not None else None
         pr = pending.get(tp)
@@ -361,11 +370,28 @@ def _decide(
                 Inspection(broker_id=r, broker_epoch=b.epoch, topic=p.topic, partition=p.partition)
             )
             requested[r] = b.epoch
-    pr = msgspec.structs.replace(pr, requested=requested.finish())
+    if asked:  # otherwise the map is unchanged: keep the one it has (a new map each pass)
+        pr = msgspec.structs.replace(pr, requested=_shared(requested.finish()))
     wake = pr.deadline_ms
     if isinstance(decision, Wait) and decision.until_ms is not None:
         wake = decision.until_ms if wake is None else min(wake, decision.until_ms)
     return pr, wake, asked
+
+
+_REQUESTED: dict[tuple[tuple[int, int], ...], immutables.Map[int, int]] = {}
+_REQUESTED_LIMIT = 1 << 12
+
+
+def _shared(requested: immutables.Map[int, int]) -> immutables.Map[int, int]:
+    """One map per distinct content: a recovery of each of a million partitions asks the
+    same broker at the same epoch, and a map each was about 140 bytes a partition."""
+    key = tuple(sorted(requested.items()))
+    shared = _REQUESTED.get(key)
+    if shared is None:
+        if len(_REQUESTED) >= _REQUESTED_LIMIT:
+            _REQUESTED.clear()
+        shared = _REQUESTED[key] = requested
+    return shared
 
 
 def record_answer(
