@@ -34,8 +34,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "export",
         help="write the log as Parquet in the audit schema, laid out for the audits",
         description="Write every record as one row of the audit schema to a Parquet "
-        "dataset OUT/date=YYYY-MM-DD/ (read-only on the log; no Spark needed). To audit "
-        "on a Spark cluster, write OUT where every worker can read it.",
+        "dataset in OUT: partition records in buckets (OUT/kind=partition/), the rest in "
+        "OUT/kind=cluster/, and a manifest (read-only on the log; no Spark needed; a "
+        "process per core). To audit on a Spark cluster, write OUT where every worker can "
+        "read it.",
         epilog=examples(
             "metactl log export --data-dir ./data --parquet /tmp/pq",
             "metactl log export --data-dir /a/data,/b/data --cluster a,b --parquet /shared/pq",
