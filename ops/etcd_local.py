@@ -55,6 +55,12 @@ ETCD_BINARY: Final = "etcd"
 HEALTH_TIMEOUT_S: Final = 30.0
 CLUSTER_TOKEN: Final = "metactl"
 PORTS_FILE: Final = "ports.json"
+# Raft timing (docs/ha.md, "Losing the etcd leader"): a lost or frozen leader is replaced
+# within one to two election timeouts, well inside the controller's lease (TTL 2 s less
+# its safety margin); etcd's defaults (100 ms, 1000 ms) take up to 2 s. Pre-vote keeps a
+# member resumed after a pause from deposing a healthy leader with a needless election.
+HEARTBEAT_MS: Final = 50
+ELECTION_TIMEOUT_MS: Final = 500
 # The certificate names in the etcd certificate directory (`ops.certs.init_etcd_certs`).
 SERVER_CERT: Final = "server"
 PEER_CERT: Final = "peer"
@@ -297,6 +303,9 @@ class LocalEtcd:
             "--initial-cluster", initial,
             "--initial-cluster-state", state,
             "--initial-cluster-token", CLUSTER_TOKEN,
+            "--heartbeat-interval", str(HEARTBEAT_MS),
+            "--election-timeout", str(ELECTION_TIMEOUT_MS),
+            "--pre-vote",
             "--logger", "zap",
             *self._tls_flags(),
         ]  # fmt: skip

@@ -11,6 +11,22 @@ its watch stream reconnects and resumes from the last revision seen.
 
 What this module adds on top, and why:
 
+* **One channel per member, and calls that move off a member that does not answer.**
+  The library balances round-robin over one channel, so a third of the calls would go to
+  a member that is frozen (SIGSTOP, a stalled machine: its TCP connections stay open and
+  look healthy) or is a follower of a dead leader, and wait out their deadline. Here
+  every call goes first to the member that answered last (`member`):
+  - an idempotent call (reads, lease grant, keep-alive and revoke, the member list) is
+    *hedged*: with no answer from that member after `HEDGE_S` (`BULK_HEDGE_S` for a read
+    of a page of values) it is also sent to the next member, and after a failure to the
+    next at once; the first answer wins and its member serves the next calls. It fails
+    when every member has failed (the last error) or at its deadline;
+  - a transaction is sent once, to that member, within `TXN_ATTEMPT_S` (plus its size at
+    `TXN_BYTES_PER_S`): an error or no answer means its outcome is unknown, and moves
+    later calls to the next member, so the caller's retry of it goes elsewhere (the
+    store's appends are safe to send again: `metadata_log.etcd.store`).
+  Watches stay on one channel balanced over every member (the library's watch
+  reconnects and resumes by itself there).
 * Every call has a deadline (`timeout_s`): without one a call to a frozen member can hang
   for ever. The library's own retries are off (`rpc_max_attempts=1`): a retried
   compare-and-put that was applied the first time reports a failed compare, so the store
@@ -24,10 +40,10 @@ What this module adds on top, and why:
   backoff grows to two minutes, which would keep a healed cluster unused), and accepts
   answers up to `MAX_RECEIVE_BYTES` (range reads are paged well below it).
 * TLS (`metadata_log.etcd.tls`): the target's `EtcdTls` (the CA, and a client
-  certificate for an etcd with ``--client-cert-auth``) makes the channel a TLS one; the
-  members' certificates are checked against the first endpoint's host as given (one
-  channel balances over every endpoint, so one name: every member's certificate must
-  carry it, as a local cluster's carry 127.0.0.1 and localhost). A first round trip that
+  certificate for an etcd with ``--client-cert-auth``) makes the channels TLS ones; the
+  members' certificates are checked against the first endpoint's host as given (the
+  watch channel balances over every endpoint, so one name: every member's certificate
+  must carry it, as a local cluster's carry 127.0.0.1 and localhost). A first round trip that
   fails on TLS (a refused or missing client certificate, a server that does not speak
   TLS, or one that does to a plaintext client) is SSL_AUTHENTICATION_FAILED, not a
   retriable unavailability: retrying cannot fix a certificate.
@@ -45,7 +61,9 @@ import asyncio
 import contextlib
 import socket
 import ssl
-from collections.abc import AsyncGenerator, Awaitable, Sequence
+import time
+from asyncio import FIRST_COMPLETED
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar, cast
 from urllib.parse import urlsplit
@@ -85,6 +103,17 @@ __all__ = [
 
 SCHEME: Final = "etcd://"
 DEFAULT_TIMEOUT_S: Final = 5.0
+HEDGE_S: Final = 0.25
+"""An idempotent call unanswered this long by its member is also sent to the next one."""
+BULK_HEDGE_S: Final = 2.0
+"""The same for a range read of values (a page of group keys: megabytes)."""
+TXN_ATTEMPT_S: Final = 0.5
+"""A transaction's deadline, plus its size at `TXN_BYTES_PER_S`: longer than etcd takes
+to commit one on a loaded machine, shorter than a new etcd leader takes to be elected
+(a transaction sent to a follower of a dead leader waits for ever)."""
+TXN_BYTES_PER_S: Final = 2_000_000
+RETRY_BACKOFF_S: Final = 0.05
+"""A call that asks members again after every one failed pauses this long first."""
 RECONNECT_BACKOFF_MS: Final = 1000
 MAX_RECEIVE_BYTES: Final = 256 * 1024 * 1024
 MEMBER_STATUS_TIMEOUT_S: Final = 1.0
@@ -181,21 +210,41 @@ def op_delete(key: bytes, end: bytes | None = None) -> RequestOp:
 
 
 class Etcd:
-    """One client to an etcd cluster, every call with a deadline and metactl's errors.
-    Open with `Etcd.connect`; close with `close`."""
+    """One client to an etcd cluster, every call with a deadline and metactl's errors,
+    sent first to the member that answered last (`member`) and moved to another when it
+    does not answer (the module's docstring). Open with `Etcd.connect`; close with
+    `close`."""
 
-    def __init__(self, target: EtcdTarget, client: Etcd3Client, timeout_s: float) -> None:
+    def __init__(
+        self, target: EtcdTarget, members: Sequence[Etcd3Client], timeout_s: float
+    ) -> None:
         self.target = target
         self.timeout_s = timeout_s
-        self._client = client
+        self._members = list(members)  # one client (one channel) per endpoint, in order
+        self._current = 0  # the member calls go to first
+        # When each member last answered, and last failed or did not answer in time.
+        self._ok = [0.0] * len(self._members)
+        self._bad = [0.0] * len(self._members)
+        self._watcher: Etcd3Client | None = None  # balanced over every member, on demand
+        self._watcher_lock = asyncio.Lock()
+        self._closed = False
 
     @classmethod
     async def connect(cls, target: EtcdTarget, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Etcd:
         """A client to every endpoint of `target`, after one round trip shows that the
         cluster answers (else StoreUnavailableError naming the endpoints, or
         SslAuthenticationError when TLS is what failed)."""
-        client = await _client(target.endpoints, target.tls, target.url)
-        etcd = cls(target, client, timeout_s)
+        members: list[Etcd3Client] = []
+        try:
+            for endpoint in target.endpoints:
+                members.append(
+                    await _client((endpoint,), target.tls, target.url, named=target.endpoints[0])
+                )
+        except BaseException:
+            for client in members:
+                await client.close()
+            raise
+        etcd = cls(target, members, timeout_s)
         try:
             await etcd.get(target.key("meta"))
         except StoreUnavailableError as exc:
@@ -213,28 +262,162 @@ class Etcd:
     def where(self) -> str:
         return ",".join(self.target.endpoints)
 
-    async def _call(self, what: str, call: Awaitable[T], timeout_s: float | None = None) -> T:
+    @property
+    def member(self) -> str:
+        """The endpoint calls go to first now: the member that answered last."""
+        return self.target.endpoints[self._current]
+
+    def _order(self) -> list[int]:
+        """The members in the order a call tries them: the one that answered last, then
+        those that answered since they last failed (most recent first), then the rest
+        (failed longest ago first); ties in endpoint order after it."""
+        n = len(self._members)
+        rest = [(self._current + k) % n for k in range(1, n)]
+        rest.sort(
+            key=lambda i: (0, -self._ok[i]) if self._ok[i] >= self._bad[i] else (1, self._bad[i])
+        )
+        return [self._current, *rest]
+
+    def _answered(self, i: int) -> None:
+        self._ok[i] = time.monotonic()
+        self._current = i
+
+    def _failed(self, i: int) -> None:
+        """Member `i` failed or did not answer in time: later calls go to another (the
+        next in `_order`), unless one moved on already."""
+        self._bad[i] = time.monotonic()
+        if self._current == i:
+            self._current = self._order()[1] if len(self._members) > 1 else i
+
+    def _service(self, client: Etcd3Client, name: str) -> Any:
+        service = getattr(client, name)
+        if service is None or self._closed:  # closed meanwhile (a controller stopping)
+            raise StoreUnavailableError("the etcd client is closed")
+        return service
+
+    def _error(self, exc: BaseException, what: str) -> MetactlError:
+        if isinstance(exc, MetactlError):
+            return exc
+        if isinstance(exc, (EtcdError, grpc.aio.AioRpcError)):
+            return _mapped(exc, what, self.where)
+        raise exc
+
+    def _timed_out(self, what: str, timeout_s: float, last: MetactlError | None) -> MetactlError:
+        after = f"; last error: {last.message}" if last is not None else ""
+        return StoreUnavailableError(
+            f"etcd at {self.where} did not answer {what} within {timeout_s:g} s "
+            f"(members down or no quorum){after}"
+        )
+
+    async def _hedged(
+        self,
+        what: str,
+        attempt: Callable[[Etcd3Client], Awaitable[T]],
+        timeout_s: float | None = None,
+        hedge_s: float = HEDGE_S,
+        *,
+        persist: bool = False,
+    ) -> T:
+        """An idempotent call: to the member that answered last; also to the next one
+        (`_order`) when it has not answered after `hedge_s`, or at once when it failed.
+        The first answer wins (its member serves the next calls). A member that failed
+        but answered (etcd said "leader changed", "no leader"...: an election) is asked
+        again after `RETRY_BACKOFF_S`; one that could not be reached is not, unless
+        `persist`. Every member unreachable is the last error; no answer within
+        `timeout_s`, StoreUnavailableError. Members that had not answered when the call
+        ended count as failed."""
+        total = self.timeout_s if timeout_s is None else timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + total
+        pending: dict[asyncio.Future[T], int] = {}
+        tried: set[int] = set()
+        again_at: dict[int, float] = {}  # failed members to ask again, and when
+        last: MetactlError | None = None
+        hedge_at = loop.time()  # when the next member not yet asked may be
         try:
-            async with asyncio.timeout(timeout_s if timeout_s is not None else self.timeout_s):
-                return await call
-        except MetactlError:
-            raise
+            while True:
+                now = loop.time()
+                if now >= deadline:
+                    raise self._timed_out(what, total, last)
+                order = self._order()
+                fresh = [i for i in order if i not in tried]
+                due = [i for i in order if again_at.get(i, deadline) <= now]
+                if fresh and now >= hedge_at:
+                    i = fresh[0]
+                    hedge_at = now + hedge_s
+                elif due:
+                    i = due[0]
+                    del again_at[i]
+                else:
+                    i = -1
+                if i >= 0:
+                    tried.add(i)
+                    pending[asyncio.ensure_future(attempt(self._members[i]))] = i
+                    continue
+                if not pending and not fresh and not again_at:
+                    assert last is not None  # every member failed and none will be asked
+                    raise last
+                wake = min([deadline, *again_at.values(), *([hedge_at] if fresh else [])])
+                if not pending:
+                    await asyncio.sleep(max(0.0, wake - now))
+                    continue
+                done, _ = await asyncio.wait(
+                    pending, timeout=max(0.0, wake - now), return_when=FIRST_COMPLETED
+                )
+                for fut in done:
+                    i = pending.pop(fut)
+                    exc = fut.exception()
+                    if exc is None:
+                        self._answered(i)
+                        return fut.result()
+                    last = self._error(exc, what)
+                    if not isinstance(last, StoreUnavailableError):
+                        raise last
+                    self._failed(i)
+                    if persist or _answered_busy(last):
+                        again_at[i] = loop.time() + RETRY_BACKOFF_S
+                    hedge_at = min(hedge_at, loop.time())  # the next member at once
+        finally:
+            for fut, i in pending.items():
+                fut.cancel()
+                self._failed(i)
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _once(
+        self, what: str, attempt: Callable[[Etcd3Client], Awaitable[T]], timeout_s: float
+    ) -> T:
+        """A call that must not be repeated blindly: once, to the member that answered
+        last, within `timeout_s`; an error or no answer moves later calls to another."""
+        i = self._current
+        try:
+            async with asyncio.timeout(timeout_s):
+                result = await attempt(self._members[i])
         except TimeoutError:
-            raise StoreUnavailableError(
-                f"etcd at {self.where} did not answer {what} within "
-                f"{timeout_s if timeout_s is not None else self.timeout_s:g} s "
-                "(members down or no quorum)"
-            ) from None
-        except (EtcdError, grpc.aio.AioRpcError) as exc:
-            raise _mapped(exc, what, self.where) from None
+            self._failed(i)
+            raise self._timed_out(what, timeout_s, None) from None
+        except Exception as exc:
+            error = self._error(exc, what)
+            if isinstance(error, StoreUnavailableError):
+                self._failed(i)
+            raise error from None
+        self._ok[i] = time.monotonic()
+        return result
 
     # --- reads ---------------------------------------------------------------------------
 
-    async def get(self, key: bytes) -> tuple[Kv | None, int]:
+    async def get(
+        self, key: bytes, *, timeout_s: float | None = None, persist: bool = False
+    ) -> tuple[Kv | None, int]:
         """The key's current value (None if absent) and the store's revision, read
-        linearizably."""
-        assert self._client.kv is not None
-        r = await self._call(f"a read of {key!r}", self._client.kv.get(key))
+        linearizably (so only a member with a leader answers). With `persist`, members
+        that fail are asked again until one answers or `timeout_s` passes (`_hedged`)."""
+        r = await self._hedged(
+            f"a read of {key!r}",
+            lambda c: self._service(c, "kv").get(key),
+            timeout_s,
+            persist=persist,
+        )
         return (r.kvs[0] if r.kvs else None), int(r.header.revision)
 
     async def range(
@@ -248,10 +431,9 @@ class Etcd:
         revision: int = 0,
     ) -> tuple[Sequence[Kv], bool, int]:
         """Keys in [start, end) by key, up to `limit` (0: all): (kvs, more, revision)."""
-        assert self._client.kv is not None
-        r = await self._call(
+        r = await self._hedged(
             f"a range read from {start!r}",
-            self._client.kv.get(
+            lambda c: self._service(c, "kv").get(
                 start,
                 range_end=end,
                 limit=limit,
@@ -260,6 +442,7 @@ class Etcd:
                 sort_order=SortOrder.DESCEND if descending else SortOrder.ASCEND,
                 sort_target=SortTarget.KEY,
             ),
+            hedge_s=HEDGE_S if keys_only or limit == 1 else BULK_HEDGE_S,
         )
         return r.kvs, bool(r.more), int(r.header.revision)
 
@@ -286,45 +469,54 @@ class Etcd:
         failure: Sequence[RequestOp] = (),
         timeout_s: float | None = None,
     ) -> TxnResponse:
-        """One transaction, attempted once: an error means its outcome is unknown."""
-        assert self._client.kv is not None
-        return await self._call(
+        """One transaction, attempted once (`_once`) within `timeout_s` (default:
+        `TXN_ATTEMPT_S` plus its size at `TXN_BYTES_PER_S`, at most the client's
+        timeout): an error means its outcome is unknown."""
+        if timeout_s is None:
+            size = sum(op.ByteSize() for op in success)
+            timeout_s = min(self.timeout_s, TXN_ATTEMPT_S + size / TXN_BYTES_PER_S)
+        return await self._once(
             what,
-            self._client.kv.txn(compare, success, failure, max_attempts=1),
+            lambda c: self._service(c, "kv").txn(compare, success, failure, max_attempts=1),
             timeout_s,
         )
 
     async def compact(self, revision: int) -> None:
-        assert self._client.kv is not None
-        await self._call(f"compaction at revision {revision}", self._client.kv.compact(revision))
+        await self._once(
+            f"compaction at revision {revision}",
+            lambda c: self._service(c, "kv").compact(revision),
+            min(self.timeout_s, TXN_ATTEMPT_S),
+        )
 
     # --- leases --------------------------------------------------------------------------
 
     async def grant(self, ttl_s: int) -> tuple[int, int]:
-        """A new lease: (id, the TTL etcd granted, which may be longer than asked)."""
-        assert self._client.lease is not None
-        r = await self._call("a lease grant", self._client.lease.grant(ttl_s))
+        """A new lease: (id, the TTL etcd granted, which may be longer than asked). Sent to
+        a second member too if the first is slow: a lease granted twice is never used and
+        expires after its TTL."""
+        r = await self._hedged("a lease grant", lambda c: self._service(c, "lease").grant(ttl_s))
         return int(r.ID), int(r.TTL)
 
-    async def keep_alive(self, lease_id: int, timeout_s: float) -> int:
-        """Refresh a lease once; its TTL from now, or 0 if it no longer exists."""
-        assert self._client.lease is not None
-        stream = self._client.lease.keep_alive(lease_id)
+    async def keep_alive(self, lease_id: int, timeout_s: float, *, hedge_s: float = HEDGE_S) -> int:
+        """Refresh a lease (hedged over the members after `hedge_s`, within `timeout_s`);
+        its TTL from now, or 0 if it no longer exists."""
 
-        async def first() -> int:
-            async for response in stream:
-                return int(response.TTL)
-            return 0
+        async def once(client: Etcd3Client) -> int:
+            stream = self._service(client, "lease").keep_alive(lease_id)
+            try:
+                async for response in stream:
+                    return int(response.TTL)
+                return 0
+            finally:
+                stream.cancel()
 
-        try:
-            return await self._call("a lease keep-alive", first(), timeout_s)
-        finally:
-            stream.cancel()
+        return await self._hedged("a lease keep-alive", once, timeout_s, hedge_s)
 
     async def revoke(self, lease_id: int, timeout_s: float | None = None) -> None:
-        assert self._client.lease is not None
         try:
-            await self._call("a lease revoke", self._client.lease.revoke(lease_id), timeout_s)
+            await self._hedged(
+                "a lease revoke", lambda c: self._service(c, "lease").revoke(lease_id), timeout_s
+            )
         except StorageError as exc:
             if "lease not found" not in exc.message:
                 raise
@@ -337,10 +529,18 @@ class Etcd:
         """Watch responses for keys in [start, end) from `start_revision` on. The stream
         reconnects by itself across member failures; a response with `canceled` or
         `compact_revision` set ends it (the caller re-reads and watches again)."""
-        assert self._client.watch is not None
+        async with self._watcher_lock:  # one, though watches start concurrently
+            if self._watcher is None and not self._closed:
+                self._watcher = await _client(
+                    self.target.endpoints, self.target.tls, self.target.url
+                )
+        if self._watcher is None or self._closed:
+            raise StoreUnavailableError("the etcd client is closed")
         stream = cast(
             AsyncGenerator[Any, None],
-            self._client.watch.watch(start, range_end=end, start_revision=start_revision),
+            self._service(self._watcher, "watch").watch(
+                start, range_end=end, start_revision=start_revision
+            ),
         )
         try:
             while True:
@@ -362,9 +562,9 @@ class Etcd:
         self, timeout_s: float = MEMBER_STATUS_TIMEOUT_S
     ) -> list[tuple[str, str]]:
         """(name, first client URL) of each member, from etcd's member list."""
-        if self._client.cluster is None:  # closed meanwhile (a controller shutting down)
-            raise StoreUnavailableError("the etcd client is closed")
-        r = await self._call("a member list", self._client.cluster.member_list(), timeout_s)
+        r = await self._hedged(
+            "a member list", lambda c: self._service(c, "cluster").member_list(), timeout_s
+        )
         scheme = "https" if self.target.tls is not None else "http"
         return [
             (str(m.name) or f"{int(m.ID):x}", str(m.clientURLs[0]) if m.clientURLs else "")
@@ -372,7 +572,9 @@ class Etcd:
         ] or [(e, f"{scheme}://{e}") for e in self.target.endpoints]
 
     async def close(self) -> None:
-        await self._client.close()
+        self._closed = True
+        for client in [*self._members, *([self._watcher] if self._watcher else [])]:
+            await client.close()
 
 
 @dataclass(frozen=True)
@@ -444,14 +646,17 @@ async def _one_member(target: EtcdTarget, name: str, url: str, timeout_s: float)
     )
 
 
-async def _client(endpoints: Sequence[str], tls: EtcdTls | None, url: str) -> Etcd3Client:
-    """A connected library client balancing over `endpoints`, with TLS if `tls`."""
+async def _client(
+    endpoints: Sequence[str], tls: EtcdTls | None, url: str, *, named: str | None = None
+) -> Etcd3Client:
+    """A connected library client balancing over `endpoints`, with TLS if `tls`: the
+    members' certificates must carry the host of `named` (default: the first endpoint),
+    the name one channel over several endpoints checks."""
     addresses = [await _resolve(e, url) for e in endpoints]
     tls_args: dict[str, Any] = {}
     if tls is not None:
         ca, chain, key = tls.load()
-        # One channel for every endpoint: the name the members' certificates must carry.
-        server_name = _split_endpoint(endpoints[0], url)[0].strip("[]")
+        server_name = _split_endpoint(named or endpoints[0], url)[0].strip("[]")
         tls_args = {"ca_cert": ca, "cert_chain": chain, "cert_key": key}
         tls_args["tls_server_name"] = server_name
     client = Etcd3Client(addresses, rpc_max_attempts=1, **tls_args)
@@ -462,6 +667,8 @@ async def _client(endpoints: Sequence[str], tls: EtcdTls | None, url: str) -> Et
         ("grpc.initial_reconnect_backoff_ms", min(RECONNECT_BACKOFF_MS, 200)),
     ]
     await client.connect()
+    if client._channel is not None:  # connect now, not at the first call
+        client._channel.get_state(try_to_connect=True)
     return client
 
 
@@ -545,16 +752,31 @@ async def _resolve(endpoint: str, url: str) -> str:
     return f"{infos[0][4][0]}:{port}"
 
 
+def _answered_busy(error: MetactlError) -> bool:
+    """Whether a retriable failure came from a member that answered (etcd's own words:
+    no leader, leader changed, request timed out, too many requests, a proposal dropped
+    during an election), not from one that could not be reached."""
+    return "etcdserver:" in error.message or "proposal dropped" in error.message
+
+
 def _mapped(exc: BaseException, what: str, where: str) -> MetactlError:
     code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
     detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
     detail = detail or type(exc).__name__
     if code is grpc.StatusCode.INVALID_ARGUMENT and "too large" in detail:
         return InvalidRequestError(f"etcd refused {what}: {detail}")
-    if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED and "too many requests" not in detail:
         return InvalidRequestError(f"etcd refused {what}: {detail}")
-    if code in (None, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) or (
-        code is grpc.StatusCode.UNKNOWN and ("deadline" in detail or "timed out" in detail)
+    # Retriable: no connection, no quorum or leader (a follower drops a proposal while
+    # an election is under way), a member too far behind ("too many requests").
+    if code in (
+        None,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ) or (
+        code is grpc.StatusCode.UNKNOWN
+        and any(w in detail for w in ("deadline", "timed out", "proposal dropped"))
     ):
         return StoreUnavailableError(f"etcd at {where} failed {what}: {detail}")
     return StorageError(f"etcd at {where} refused {what}: {code.name if code else ''} {detail}")

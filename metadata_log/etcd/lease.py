@@ -14,16 +14,24 @@ library's `Election` neither keeps its lease alive nor resigns cleanly:
   create revision with the token (`metadata_log.etcd.store`). Once the key is gone or
   held by another term, the compare fails and nothing is written, however late the
   request arrives: the equivalent of Raft's term check.
-* **Renewal and stepping down.** The holder refreshes the lease every third of its TTL.
-  A refresh sent at time t proves the lease lives until at least t + TTL, so the holder
-  trusts its leadership until `valid_until` = t + TTL - `safety_s` and no longer: it
-  stops acting at least `safety_s` before anyone else can be elected, even when renewals
-  fail silently (a partition, a frozen etcd). `lost` is set then, on a refresh that finds
-  the lease gone, and on `resign`, which revokes the lease so that a standby takes over
-  at once.
+* **Renewal and stepping down.** The holder refreshes the lease every sixth of its TTL
+  (`RENEWALS_PER_TTL`). A refresh sent at time t proves the lease lives until at least
+  t + TTL, so the holder trusts its leadership until `valid_until` = t + TTL - `safety_s`
+  and no longer: it stops acting at least `safety_s` before anyone else can be elected,
+  even when renewals fail silently (a partition, a frozen etcd). `lost` is set then, on
+  a refresh that finds the lease gone, and on `resign`, which revokes the lease so that a
+  standby takes over at once.
+* **Riding out an etcd leader change.** Only etcd's leader refreshes leases, so none can
+  be refreshed between the loss of one leader and the election of the next (one to two
+  election timeouts: 0.5-1 s on the local cluster, `ops.etcd_local`). A refresh is
+  hedged over the members and sent anew every `RENEW_ATTEMPT_S` until one answers, so
+  the first refresh after the election succeeds; refreshing six times per TTL leaves
+  the TTL less the safety margin less a sixth (1.17 s with TTL 2 s) for that, where a
+  third would leave 0.83 s, less than an election may take.
 
 Clocks: `time.monotonic` only, on this host; etcd measures the TTL on its leader, which
-extends leases when it changes, so a lease never ends earlier than the holder computes.
+extends leases when it changes, so a lease never ends earlier than the holder computes
+(but see docs/ha.md on etcd 3.4.23's old leader revoking leases after a long pause).
 
 This module must not know the log's records, nor decide what the holder does with its
 leadership.
@@ -56,6 +64,12 @@ log = structlog.get_logger("metadata_log.etcd")
 LEADER_KEY: Final = "leader"
 CAMPAIGN_RECHECK_S: Final = 5.0
 """A waiting campaign re-reads the key at least this often (a watch can be cut off)."""
+RENEWALS_PER_TTL: Final = 6
+"""The holder refreshes its lease this many times per TTL."""
+RENEW_ATTEMPT_S: Final = 0.3
+"""One refresh waits this long for an answer (from any member) before it is sent anew."""
+RENEW_RETRY_S: Final = 0.02
+"""A failed refresh is sent again after this long (while the leadership is valid)."""
 
 
 class LeaderInfo(msgspec.Struct, frozen=True):
@@ -176,9 +190,18 @@ class Leadership:
             log.warning("leadership lost", node=self.info.node, token=self.token, reason=reason)
 
     async def _renew(self) -> None:
-        interval = max(0.1, self.ttl_s / 3)
+        """Refresh the lease every `ttl_s / RENEWALS_PER_TTL`. A refresh is hedged over
+        the members (`Etcd.keep_alive`) and bounded by `RENEW_ATTEMPT_S`; one that fails
+        or is not answered in time is sent again at once (a new send time: an answer to
+        an old one proves less), for as long as the leadership is valid. So a frozen or
+        leaderless member does not use up the validity: when etcd's leader is lost, the
+        first refresh after a new one is elected succeeds (etcd's new leader keeps every
+        lease alive)."""
+        interval = max(0.1, self.ttl_s / RENEWALS_PER_TTL)
+        wait = interval
+        failing_since: float | None = None
         while not self.lost.is_set():
-            wait = min(interval, self.valid_until - time.monotonic())
+            wait = min(wait, self.valid_until - time.monotonic())
             if wait <= 0:
                 self._lose("the lease could not be renewed in time")
                 return
@@ -193,9 +216,16 @@ class Leadership:
                 self._lose("the lease could not be renewed in time")
                 return
             try:
-                ttl = await self.etcd.keep_alive(self.lease_id, timeout_s=min(budget, interval))
+                ttl = await self.etcd.keep_alive(
+                    self.lease_id,
+                    timeout_s=min(budget, RENEW_ATTEMPT_S),
+                    hedge_s=RENEW_ATTEMPT_S / 3,
+                )
             except StoreUnavailableError as exc:
-                log.warning("lease renewal failed", node=self.info.node, error=exc.message)
+                if failing_since is None:
+                    failing_since = sent
+                    log.warning("lease renewal failed", node=self.info.node, error=exc.message)
+                wait = RENEW_RETRY_S
                 continue
             except MetactlError as exc:
                 self._lose(f"lease renewal refused: {exc.message}")
@@ -204,6 +234,14 @@ class Leadership:
                 self._lose("the lease expired")
                 return
             self.valid_until = max(self.valid_until, sent + ttl - self.safety_s)
+            if failing_since is not None:
+                log.info(
+                    "lease renewed again",
+                    node=self.info.node,
+                    seconds_failing=round(time.monotonic() - failing_since, 3),
+                )
+                failing_since = None
+            wait = interval
 
     async def resign(self) -> None:
         """Stop renewing and revoke the lease (the key goes with it), so that another

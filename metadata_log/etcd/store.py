@@ -265,18 +265,21 @@ class EtcdLogStore(LogStore):
         deadline = time.monotonic() + self.settle_s
         doubt: MetactlError | None = None
         while True:
+            sent = time.monotonic()
             try:
                 r = await self.etcd.txn(
                     f"an append at offset {expected}", compares, success, failure
                 )
             except StoreUnavailableError as exc:
-                doubt = exc
                 if not leadership.valid or time.monotonic() >= deadline:
                     raise FatalStorageError(
                         f"the append at offset {expected} to {self.location} may or may not "
                         f"have been applied ({exc.message}); reopen the log to read which"
                     ) from None
-                await asyncio.sleep(RETRY_BACKOFF_S)
+                if doubt is not None:  # at most every RETRY_BACKOFF_S
+                    await asyncio.sleep(max(0.0, RETRY_BACKOFF_S - (time.monotonic() - sent)))
+                doubt = exc
+                await self._find_member(min(deadline, leadership.valid_until))
                 continue
             if r.succeeded:
                 return
@@ -293,6 +296,17 @@ class EtcdLogStore(LogStore):
             raise FatalStorageError(
                 f"the end of {self.location} moved under this writer: expected {expected}, "
                 f"found {found}"
+            )
+
+    async def _find_member(self, until: float) -> None:
+        """Before an append is sent again: a linearizable read, hedged over the members
+        and asked again until one answers (or `until`, time.monotonic), so that the
+        attempt goes to a member that answers and has a leader, not to the next one in
+        line, which may be the frozen one (the client sends calls to the member that
+        answered last)."""
+        with contextlib.suppress(StoreUnavailableError):
+            await self.etcd.get(
+                self.keys.end, timeout_s=max(0.05, until - time.monotonic()), persist=True
             )
 
     async def _key_at(self, offset: int) -> bytes | None:
