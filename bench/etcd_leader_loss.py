@@ -12,13 +12,13 @@ over) or SIGSTOPs it for `--pause-s` seconds and resumes it. It reports:
 * the **write gap**: the longest time between two acknowledged writes from 1 s before
   the fault to `--window-s` after it (a pause: after the resume);
 * whether a **controller failover** happened: the leadership key's token (its create
-  revision, one per term) changed during the trial, and when (polled every 50 ms): a
-  failover right after a pause's resume is etcd 3.4.23 revoking leases from the resumed
-  old leader (docs/ha.md, "Losing the etcd leader").
+  revision, one per term) changed during the trial, and when (polled every 50 ms): one
+  right after a pause's resume is what etcd 3.4.23's resumed old leader revoking leases
+  looks like (docs/ha.md, "Losing the etcd leader").
 
 Goal (issue 21): a gap of at most 2 s and no failover. A follower member is measured too,
 for comparison (one of each by default): the first follower in endpoint order, the one the
-controllers' etcd clients send to first.
+controllers' etcd clients send to first unless a fault moved them.
 
 Run: python bench/etcd_leader_loss.py [--trials 3] [--follower-trials 1] [--pause-s 5]
 [--window-s 8] [--faults kill,stop]

@@ -36,6 +36,8 @@ from protocol.messages import (
     AlterPartition,
     AlterPartitionReassignments,
     AlterPartitionReassignmentsResponse,
+    AlterPartitions,
+    AlterPartitionsResponse,
     BrokerHeartbeatRequest,
     BrokerHeartbeatResponse,
     CreatePartitions,
@@ -52,6 +54,8 @@ from protocol.messages import (
     DescribeConfigsResponse,
     DescribeFeaturesRequest,
     DescribeFeaturesResponse,
+    DescribeQuorumRequest,
+    DescribeQuorumResponse,
     ElectLeader,
     ElectPreferredLeaders,
     ElectPreferredLeadersResponse,
@@ -104,6 +108,8 @@ ANSWERS: Final[dict[type[Any], type[Any]]] = {
     ListPartitionReassignmentsRequest: ListPartitionReassignmentsResponse,
     UnregisterBroker: Ack,
     ElectPreferredLeaders: ElectPreferredLeadersResponse,
+    AlterPartitions: AlterPartitionsResponse,
+    DescribeQuorumRequest: DescribeQuorumResponse,
 }
 # Every decode failure is one of these (docs/protocol.md).
 DECODE_ERROR_CODES: Final = frozenset({"INVALID_REQUEST", "CORRUPT_MESSAGE"})
@@ -133,6 +139,28 @@ def seed_messages() -> list[Message]:
             isr=[IsrMember(broker_id=1, broker_epoch=e1), IsrMember(broker_id=2, broker_epoch=e2)],
             leader_epoch=0,
         ),
+        AlterPartitions(
+            items=[
+                AlterPartition(
+                    topic=t,
+                    partition=1,
+                    leader=2,
+                    broker_epoch=e2,
+                    partition_epoch=0,
+                    isr=[IsrMember(broker_id=2, broker_epoch=e2)],
+                    leader_epoch=0,
+                ),
+                AlterPartition(
+                    topic="nope",
+                    partition=0,
+                    leader=2,
+                    broker_epoch=e2,
+                    partition_epoch=0,
+                    isr=[IsrMember(broker_id=2, broker_epoch=e2)],
+                ),
+            ]
+        ),
+        DescribeQuorumRequest(etcd_members=True),
         FetchMetadataRequest(from_offset=0, max_records=5, max_wait_ms=0),
         CreateTopicsRequest(
             topics=[CreateTopic(name="u", partitions=2, replication_factor=2, min_isr=1)]
@@ -514,7 +542,8 @@ class WireTarget:
                 CreateTopicsResponse
                 | DeleteTopicsResponse
                 | CreatePartitionsResponse
-                | AlterPartitionReassignmentsResponse,
+                | AlterPartitionReassignmentsResponse
+                | AlterPartitionsResponse,
             )
             and all(r.error_code is not None for r in reply.results)
         )

@@ -15,12 +15,16 @@ What this module adds on top, and why:
   The library balances round-robin over one channel, so a third of the calls would go to
   a member that is frozen (SIGSTOP, a stalled machine: its TCP connections stay open and
   look healthy) or is a follower of a dead leader, and wait out their deadline. Here
-  every call goes first to the member that answered last (`member`):
+  every call goes first to the member that answered last (`member`), then to those that
+  answered since they last failed:
   - an idempotent call (reads, lease grant, keep-alive and revoke, the member list) is
     *hedged*: with no answer from that member after `HEDGE_S` (`BULK_HEDGE_S` for a read
     of a page of values) it is also sent to the next member, and after a failure to the
-    next at once; the first answer wins and its member serves the next calls. It fails
-    when every member has failed (the last error) or at its deadline;
+    next at once; the first answer wins and its member serves the next calls. A member
+    that answered with etcd's own transient error (no leader, leader changed: an
+    election) is asked again after `RETRY_BACKOFF_S`. The call fails when no member can
+    be reached (the last error: a cluster that is down fails at once) or at its
+    deadline;
   - a transaction is sent once, to that member, within `TXN_ATTEMPT_S` (plus its size at
     `TXN_BYTES_PER_S`): an error or no answer means its outcome is unknown, and moves
     later calls to the next member, so the caller's retry of it goes elsewhere (the

@@ -74,6 +74,17 @@ async def etcd_leader(cluster: LocalEtcd) -> int:
         await etcd.close()
 
 
+def state(cluster: LocalEtcd, client: Etcd) -> str:
+    """What a failed assertion shows: the members' processes and process states, and when
+    the client last heard from each."""
+    procs = []
+    for m in cluster.members:
+        stat = Path(f"/proc/{m.proc.pid}/stat") if m.proc is not None else None
+        fields = stat.read_text().split() if stat is not None and stat.exists() else ["", "", "?"]
+        procs.append(f"{m.endpoint} pid {fields[0]} state {fields[2]}")
+    return f"members: {'; '.join(procs)}; client: {client._ok=} {client._bad=}"
+
+
 @pytest.fixture
 async def client(cluster: LocalEtcd) -> AsyncIterator[Etcd]:
     etcd = await Etcd.connect(EtcdTarget.parse(url_first(cluster, 0, uuid.uuid4().hex)))
@@ -96,9 +107,11 @@ async def test_a_read_to_a_frozen_member_is_answered_by_another(
         await client.txn("a put", [], [op_put(key, b"v")])
         assert client.member == cluster.members[i].endpoint
         with frozen(cluster, i):
+            assert cluster.members[i].running
             kv, _ = await client.get(key)  # would wait out its deadline on member i
             assert kv is not None and bytes(kv.value) == b"v"
-            assert client.member != cluster.members[i].endpoint  # it moved on, and stays
+            # It moved on, and stays.
+            assert client.member != cluster.members[i].endpoint, state(cluster, client)
             kvs, _, _ = await client.range(key, prefix_end(key))
             assert [bytes(kv.key) for kv in kvs] == [key]
             assert client.member != cluster.members[i].endpoint
