@@ -148,17 +148,7 @@ def _from_rows(
 # --- from an export's buckets ------------------------------------------------------------------
 
 _UNIT_MS = {"minute": 60_000, "hour": 3_600_000, "day": 86_400_000}
-BUCKET_COLUMNS = (
-    "cluster",
-    "offset",
-    "timestamp",
-    "record_type",
-    "topic",
-    "partition",
-    "leader",
-    "election_kind",
-    "replicas",
-)
+BUCKET_COLUMNS = COLUMNS  # the log's columns, read from each bucket
 OUTPUT_ARROW = pa.schema(
     [
         pa.field("what", pa.string()),

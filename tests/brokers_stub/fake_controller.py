@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from controller.core.handlers import partition_view
 from metactl.errors import InvalidRequestError, MetactlError
 from metadata_image.image import ClusterImage
 from metadata_image.replay import replay
@@ -166,12 +167,4 @@ class FakeController:
 
     def _view(self, topic: str, partition: int) -> PartitionView:
         """The partition as it stands: the fake accepts a change without applying it."""
-        p = self.image.partitions[(topic, partition)]
-        return PartitionView(
-            topic=p.topic,
-            partition=p.partition,
-            leader=p.leader,
-            leader_epoch=p.leader_epoch,
-            partition_epoch=p.partition_epoch,
-            isr=sorted(p.isr),
-        )
+        return partition_view(self.image.partitions[(topic, partition)])
