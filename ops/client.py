@@ -25,15 +25,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ssl
-from collections.abc import Awaitable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 from metactl.errors import (
     InvalidConfigurationError,
     MetactlError,
-    RequestTimedOutError,
 )
 from metadata_log.etcd.tls import add_etcd_tls_arguments
 from protocol.client import DEFAULT_TIMEOUT_S, Endpoints, RetryPolicy, RideFailover, RpcClient
@@ -41,8 +39,6 @@ from protocol.codec import parse_address
 from protocol.flags import CLI_FALLBACK_TLS_DIR, add_tls_arguments, tls_identity
 from protocol.messages import Message
 from protocol.tls import ADMIN, CONTROLLER, TlsIdentity, broker_principal
-
-T = TypeVar("T")
 
 # Where `cluster up` (and `make run`) listens.
 DEFAULT_CONTROLLER: Final = "127.0.0.1:9093"
@@ -115,17 +111,6 @@ def controller_address(args: Any) -> str:
     return ",".join(addresses)
 
 
-async def within(aw: Awaitable[T], timeout_s: float, address: str) -> T:
-    """`aw`, or REQUEST_TIMED_OUT once `timeout_s` have passed."""
-    try:
-        async with asyncio.timeout(timeout_s):
-            return await aw
-    except TimeoutError:
-        raise RequestTimedOutError(
-            f"no answer from {address} within {round(timeout_s, 3):g} s"
-        ) from None
-
-
 async def ask(
     client: RpcClient, body: Message, timeout_s: float, *, retry: RetryPolicy = CLI_RETRY
 ) -> Message:
@@ -138,9 +123,8 @@ async def ask(
         # A controller quorum: ride a failover until the deadline (`RideFailover`).
         retry = RideFailover(endpoints=len(client.target.addresses))
     # Each attempt's own timeout is later than the deadline: at the deadline the answer is
-    # REQUEST_TIMED_OUT, never a NETWORK_EXCEPTION without a message.
-    attempts = client.request(body, timeout_s + 1.0, retry=retry, deadline=deadline)
-    return await within(attempts, timeout_s, client.address)
+    # the request's REQUEST_TIMED_OUT, never a NETWORK_EXCEPTION without a message.
+    return await client.request(body, timeout_s + 1.0, retry=retry, deadline=deadline)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from metactl.errors import (
     MetactlError,
     NetworkError,
     NotControllerError,
+    RequestTimedOutError,
     SslAuthenticationError,
     ThrottlingQuotaExceededError,
     error_for_code,
@@ -235,13 +236,19 @@ class RpcClient:
         `NetworkError` when the exchange failed (the connection is then dropped).
         `timeout_s` bounds each attempt; `retry` (default: the client's) decides retries,
         and `still_wanted`, asked after each backoff, can end them early (the last error is
-        then raised). With a `deadline` (the event loop's time), a retry whose backoff
-        would end at or past it is not made: the error it would retry is raised."""
+        then raised). With a `deadline` (the event loop's time) the request owns it: an
+        attempt still unanswered at the deadline is REQUEST_TIMED_OUT ("no answer from
+        ADDRESS within S s", S the time from this call to the deadline), and a retry whose
+        backoff would end at or past it, or that a slow event loop wakes after it, is not
+        made: the error it would retry is raised (a closed port stays NETWORK_EXCEPTION
+        however loaded the machine is)."""
         policy = retry if retry is not None else self.retry
+        loop = asyncio.get_running_loop()
+        began = loop.time()
         attempt = 0
         while True:
             try:
-                return await self._request_once(body, timeout_s)
+                return await self._attempt(body, timeout_s, deadline, began)
             except MetactlError as exc:
                 if isinstance(self._address, Endpoints):
                     self._address.failed(exc)  # the next try goes elsewhere
@@ -250,12 +257,28 @@ class RpcClient:
                 delay = policy.backoff(attempt)
                 if isinstance(exc, ThrottlingQuotaExceededError):  # KIP-599: wait it out
                     delay = max(delay, exc.retry_after_ms / 1000)
-                if deadline is not None and asyncio.get_running_loop().time() + delay >= deadline:
+                if deadline is not None and loop.time() + delay >= deadline:
                     raise
                 await policy.sleep(delay)
                 if still_wanted is not None and not still_wanted():
                     raise
+                if deadline is not None and loop.time() >= deadline:
+                    raise  # the sleep overran the deadline
                 attempt += 1
+
+    async def _attempt(
+        self, body: Message, timeout_s: float, deadline: float | None, began: float
+    ) -> Message:
+        """One exchange, bounded by `timeout_s` and, if given, the caller's `deadline`."""
+        if deadline is None:
+            return await self._request_once(body, timeout_s)
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await self._request_once(body, timeout_s)
+        except TimeoutError:
+            raise RequestTimedOutError(
+                f"no answer from {self.address} within {round(deadline - began, 3):g} s"
+            ) from None
 
     async def _request_once(self, body: Message, timeout_s: float) -> Message:
         async with self._lock:

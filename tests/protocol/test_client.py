@@ -4,6 +4,7 @@ fails fast on the others. Against a real FrameServer on 127.0.0.1 port 0."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -12,7 +13,9 @@ from metactl.errors import (
     IneligibleReplicaError,
     NetworkError,
     NotLeaderOrFollowerError,
+    RequestTimedOutError,
 )
+from ops.client import ask
 from protocol.client import RetryPolicy, RpcClient, request_once
 from protocol.messages import DescribeClusterRequest, DescribeClusterResponse
 from protocol.server import FrameServer
@@ -96,6 +99,44 @@ async def test_no_retry_is_made_whose_backoff_would_end_past_the_deadline(
         handler.script = [NotLeaderOrFollowerError(str(i)) for i in range(3)] + [EMPTY]
         assert await client.request(DescribeClusterRequest()) == EMPTY
     assert sleeps.delays == [10, 20, 10, 20, 40]
+
+
+async def test_a_slow_loop_that_wakes_past_the_deadline_raises_the_last_error(
+    server: FrameServer,
+) -> None:
+    # A loaded machine: the backoff (0.1 s, well before the 0.2 s deadline) blocks the
+    # event loop for 0.3 s. The retry is not made and a closed port stays NETWORK_EXCEPTION:
+    # the CLI's deadline timer, firing as the next connection began, made it
+    # REQUEST_TIMED_OUT (a clean-clone CI run's `events` failure).
+    address = server.address
+    await server.stop()
+    slept: list[float] = []
+
+    async def blocking_sleep(delay: float) -> None:
+        slept.append(delay)
+        time.sleep(0.3)  # noqa: ASYNC251 - the point: a loop that is late to wake
+
+    retry = RetryPolicy(attempts=5, base_s=0.1, cap_s=0.1, sleep=blocking_sleep, random=lambda: 1.0)
+    async with RpcClient(address) as client:
+        with pytest.raises(NetworkError, match="ConnectionRefused"):
+            await ask(client, DescribeClusterRequest(), 0.2, retry=retry)
+    assert slept == [0.1]
+
+
+async def test_an_attempt_unanswered_at_the_deadline_is_request_timed_out() -> None:
+    # A listener that accepts and never answers: the attempt's own timeout (5 s) is later
+    # than the deadline, which ends it with REQUEST_TIMED_OUT naming the address and time.
+    silent = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    address = f"127.0.0.1:{silent.sockets[0].getsockname()[1]}"
+    try:
+        async with RpcClient(address, retry=RetryPolicy(attempts=5)) as client:
+            deadline = asyncio.get_running_loop().time() + 0.25
+            with pytest.raises(
+                RequestTimedOutError, match=f"no answer from {address} within 0.25 s"
+            ):
+                await client.request(DescribeClusterRequest(), 5.0, deadline=deadline)
+    finally:
+        silent.close()
 
 
 async def test_backoff_is_capped_and_fully_jittered(server: FrameServer, handler: Scripted) -> None:
