@@ -75,6 +75,16 @@ _TUPLES: dict[tuple[int, ...], tuple[int, ...]] = {}
 _INTERN_LIMIT = 1 << 16
 
 
+def _index_new(
+    added: dict[int, dict[str, list[int]]], topic: str, groups: dict[tuple[int, ...], list[int]]
+) -> None:
+    """Add new partitions of `topic`, grouped by replicas, to each replica's list in
+    `added` (broker -> topic -> partition numbers)."""
+    for replicas, numbers in groups.items():
+        for b in replicas:
+            added.setdefault(b, {}).setdefault(topic, []).extend(numbers)
+
+
 def _fset(values: list[int]) -> frozenset[int]:
     if not values:
         return EMPTY
@@ -303,11 +313,12 @@ class _Builder:
 
         The usual record, a new partition outside any reassignment, is stored in one loop
         with the lookups inlined, as in `partition_changes`: the chunk of the partition
-        map is fetched once per chunk and each broker's list of new partitions once per
-        topic. Anything else (a partition that exists, a reassignment) takes
-        `_store_partition`.
+        map is fetched once per chunk, and new partitions are grouped by their (interned)
+        replica tuple, which goes to each broker's list of new partitions once per topic
+        and group rather than once per partition and replica. Anything else (a partition
+        that exists, a reassignment) takes `_store_partition`.
         A sliced 100,000-partition create spent a quarter of its replay in the per-record
-        calls this saves."""
+        calls the inlining saves, and a fifth in the per-replica appends the grouping saves."""
         parts = self.partitions
         offline = self.offline
         changed = None if self.delta is None else self.delta.partitions
@@ -316,16 +327,18 @@ class _Builder:
         tup = _tuple
         last_topic: str | None = None
         topic = ""
-        lists: dict[int, list[int]] = {}  # broker -> its new partitions of `topic`
+        groups: dict[tuple[int, ...], list[int]] = {}  # replicas -> new partitions of `topic`
         last_c = -1
         chunk: list[PartitionState | None] = []
         for r in records:
             i = r.partition
             c = i >> CHUNK_BITS
             if r.topic != last_topic:
+                if groups:
+                    _index_new(added, topic, groups)
+                    groups = {}
                 last_topic = r.topic
                 topic = intern(r.topic)
-                lists = {}
                 last_c = -1
             if c != last_c:
                 chunk = parts.own_chunk(topic, c)
@@ -363,13 +376,14 @@ class _Builder:
                 parts.count_new(1)
                 if r.leader == NO_LEADER:
                     offline[tp] = None
-                for b in replicas:
-                    new = lists.get(b)
-                    if new is None:
-                        new = lists[b] = added.setdefault(b, {}).setdefault(topic, [])
-                    new.append(i)
+                numbers = groups.get(replicas)
+                if numbers is None:
+                    numbers = groups[replicas] = []
+                numbers.append(i)
             if changed is not None:
                 changed.add(tp)
+        if groups:
+            _index_new(added, topic, groups)
 
     def _reassigned(
         self, p: PartitionState, r: PartitionChangeRecord, leader: int
