@@ -38,13 +38,25 @@ from metadata_image.image import ClusterImage, TopicPartition
 from metadata_log.records import LeaderRecoveryState
 from protocol import messages as wire
 from protocol.client import RpcClient
+from protocol.codec import DEFAULT_MAX_FRAME_BYTES
 from protocol.messages import AlterPartition, AlterPartitions, IsrMember
 
 ALTER_RETRY_MS = 1000
 PENDING_MAX_MS = 10_000
 MAX_ALTER_ITEMS = 5_000
-"""Items per AlterPartitions request: about 100 bytes each on the wire, well inside the
-frame limit; the controller works through them a work budget at a time."""
+"""Items per AlterPartitions request (the controller takes at most 10,000 and works
+through them a work budget at a time); about 100 bytes each on the wire at RF 3."""
+MAX_ALTER_BYTES = DEFAULT_MAX_FRAME_BYTES // 4
+"""And at most this many bytes by `alter_item_bytes`'s estimate: long topic names and
+wide ISRs (each member a broker id and epoch) stay well inside one frame."""
+
+
+def alter_item_bytes(item: AlterPartition) -> int:
+    """An upper estimate of an AlterPartitions item's encoded size: msgpack spends at
+    most 9 bytes on an integer, an ISR member (a map of two named integers) at most 42,
+    and the item's field names and headers are under 160 bytes."""
+    return 160 + len(item.topic.encode()) + 48 * len(item.isr)
+
 
 _Queued = tuple["LeaderState", AlterPartition, list[int]]  # state, item, ISR before it
 
@@ -227,11 +239,16 @@ class IsrUpdater:
         self._queue.clear()
 
     def _next_batch(self) -> list[_Queued]:
-        """Up to `MAX_ALTER_ITEMS` queued items, leaving out those of a leadership that
-        has ended and all but the newest item of a partition (a new leader epoch's state
-        queued beside its predecessor's), which would only be refused."""
+        """Up to `MAX_ALTER_ITEMS` queued items and `MAX_ALTER_BYTES` (at least one item),
+        leaving out those of a leadership that has ended and all but the newest item of a
+        partition (a new leader epoch's state queued beside its predecessor's), which
+        would only be refused."""
         batch: dict[tuple[str, int], _Queued] = {}
+        size = 0
         while self._queue and len(batch) < MAX_ALTER_ITEMS:
+            size += alter_item_bytes(self._queue[0][1])
+            if batch and size > MAX_ALTER_BYTES:
+                break
             st, req, _ = item = self._queue.popleft()
             key = (req.topic, req.partition)
             stale = batch.get(key)

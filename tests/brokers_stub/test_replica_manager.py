@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from brokers_stub import replica_log as rl
-from brokers_stub.leader import LeaderState
+from brokers_stub.leader import MAX_ALTER_BYTES, MAX_ALTER_ITEMS, LeaderState, alter_item_bytes
 from brokers_stub.logctx import BrokerLog
 from brokers_stub.replica_log import ReplicaLog
 from brokers_stub.replica_manager import ReplicaManager
@@ -27,6 +27,7 @@ from metactl.errors import (
     UnknownTopicOrPartitionError,
 )
 from metadata_image.image import ClusterImage
+from protocol.codec import DEFAULT_MAX_FRAME_BYTES, encode_frame
 from protocol.messages import (
     ACKS_LEADER,
     AlterPartition,
@@ -455,6 +456,27 @@ async def test_a_batch_leaves_out_ended_leaderships_and_older_items(tmp_path: Pa
     assert not ended.alter_in_flight and not old.alter_in_flight  # dropped, free again
     assert new.alter_in_flight and other.alter_in_flight
     assert not updater._queue
+
+
+def test_a_batch_stays_inside_the_frame_limit_whatever_its_items(tmp_path: Path) -> None:
+    # Items of a 249-character topic with a 200-member ISR: MAX_ALTER_ITEMS of them would
+    # be about 35 MB. The estimate bounds each item's real encoding, so the batch, cut by
+    # it, encodes inside MAX_ALTER_BYTES and one frame.
+    _, _, leader, _ = alter_setup(tmp_path, isr=[1, 2, 3])
+    updater = leader.isr_updater
+    wide = [IsrMember(broker_id=b, broker_epoch=2**40 + b) for b in range(200)]
+    for i in range(MAX_ALTER_ITEMS):
+        item = AlterPartition(
+            topic="t" * 249, partition=i, leader=1, broker_epoch=2**40, partition_epoch=2**33,
+            isr=wide, leader_epoch=2**33,
+        )  # fmt: skip
+        updater._queue.append((LeaderState(leader_epoch=0), item, [1]))
+    first = updater._next_batch()
+    items = [r for _, r, _ in first]
+    assert all(len(encode_frame(0, r)) <= alter_item_bytes(r) for r in items[:3])
+    encoded = len(encode_frame(0, AlterPartitions(items=items)))
+    assert 0 < encoded <= MAX_ALTER_BYTES < DEFAULT_MAX_FRAME_BYTES
+    assert len(items) < MAX_ALTER_ITEMS and len(updater._queue) == MAX_ALTER_ITEMS - len(items)
 
 
 def ctl_item(partition: int, epoch: int) -> AlterPartition:
