@@ -323,7 +323,9 @@ class ChaosRun:
             from metadata_log.etcd.client import Etcd, EtcdTarget
 
             assert p.url is not None
-            self.etcd_client = await Etcd.connect(EtcdTarget.parse(p.url), timeout_s=2.0)
+            # The admin's etcd certificate, given explicitly: METACTL_ETCD_* play no part.
+            target = EtcdTarget.parse(p.url, tls=p.etcd_tls)
+            self.etcd_client = await Etcd.connect(target, timeout_s=2.0)
         await asyncio.gather(*(p.start_controller(i) for i in p.controllers))
         await asyncio.gather(*(p.start_broker(b) for b in p.broker))
         cfg = self.cfg
@@ -354,10 +356,13 @@ class ChaosRun:
             "controller": p.address,
             "pids": p.started_pids(),
         }
+        log = ""
         if p.url is not None:
             info["metadata_log"] = p.url
+            flags = p.etcd_tls.flags() if p.etcd_tls is not None else []
+            info["etcd_tls_flags"] = flags  # what `metactl log dump --data-dir URL` needs
+            log = f", metadata log {' '.join([p.url, *flags])}"
         pids = ", ".join(f"{name}={pid}" for name, pid in info["pids"].items())
-        log = f", metadata log {p.url}" if p.url is not None else ""
         self.say(f"started: data dir {self.root}, controller {p.address}{log}; pids {pids}")
         if self.on_started is not None:
             self.on_started(info)

@@ -22,9 +22,16 @@ broker applies that flag when it loads its replicas at start (it drops every rep
 data above its last fsynced offset), so a "lossy" kill is SIGKILL + a restart with the
 flag, and a plain kill (the OS kept the page cache) is SIGKILL + a restart without it.
 
-The processes run with `--insecure` (plaintext, no principals): the chaos runner's
-clients, its /metrics scrapes and its faults are about replication and recovery, not
-authentication (`metactl cluster up` and tests/e2e run with mutual TLS).
+The controllers and brokers run with `--insecure` (plaintext, no principals): the chaos
+runner's clients, its /metrics scrapes and its faults are about replication and recovery,
+not authentication (`metactl cluster up` and tests/e2e run with mutual TLS). The etcd
+cluster runs as `cluster up --etcd N` runs it by default: TLS with client
+certificates (``--client-cert-auth``, `ops.etcd_local`), its CA and certificates made in
+``<data dir>/certs/etcd`` (`ops.certs.init_etcd_certs`); each controller is given its etcd
+certificate by flag (`controller_cmd`) and the runner's own etcd client the admin's
+(`etcd_tls`). Flags and explicit certificates win over ``METACTL_ETCD_CACERT``/``_CERT``/
+``_KEY``, so those variables in the environment change nothing here (before, the etcd ran
+in plaintext and a ``METACTL_ETCD_CACERT`` made every controller speak TLS to it).
 
 Which etcd member leads is asked of the members themselves (`etcd_leader`: the v3
 gateway's maintenance status, whose `leader` names the leader's member id).
@@ -51,12 +58,16 @@ from pathlib import Path
 from typing import IO
 
 from metactl.errors import InvalidConfigurationError
+from metadata_log.etcd.tls import EtcdTls, tls_flags
+from ops.certs import etcd_dir, init_etcd_certs
 from ops.etcd_local import LocalEtcd, free_ports
 from ops.procs import await_ready, start_process
+from protocol.tls import ADMIN, CONTROLLER
 
 READY_TIMEOUT_S = 60.0
 ETCD_PREFIX = "metactl/chaos"
 CLUSTER_ID = "chaos"
+CERTS_DIR = "certs"  # under the run's data directory; the etcd ones in its etcd/
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -185,8 +196,15 @@ class Processes:
         }
         self.broker = {i: Proc(f"broker-{i}") for i in range(1, self.brokers + 1)}
         if self.etcd_members:
+            # The etcd CA and certificates (server, peer, controller, admin), as `cluster
+            # up` makes them for `--etcd N`; kept if the directory already has them.
+            certs = self.root / CERTS_DIR
+            init_etcd_certs(certs)
             self.etcd = LocalEtcd(
-                self.root / "etcd", self.etcd_members, base_port=self.ports.etcd_base
+                self.root / "etcd",
+                self.etcd_members,
+                base_port=self.ports.etcd_base,
+                tls_dir=etcd_dir(certs),
             )
 
     # --- addresses ----------------------------------------------------------------------
@@ -212,6 +230,13 @@ class Processes:
         """The metadata log's etcd URL (None: SQLite)."""
         return None if self.etcd is None else self.etcd.url(ETCD_PREFIX)
 
+    @property
+    def etcd_tls(self) -> EtcdTls | None:
+        """What the runner's own etcd client presents (the admin's etcd certificate);
+        None: plaintext (no etcd, or one first started in plaintext). Pass it explicitly
+        (`EtcdTarget.parse(url, tls=...)`): the process default would read METACTL_ETCD_*."""
+        return None if self.etcd is None else self.etcd.client_tls(ADMIN)
+
     # --- commands -----------------------------------------------------------------------
 
     def controller_cmd(self, i: int) -> list[str]:
@@ -227,10 +252,11 @@ class Processes:
             "--eligible-leader-replicas", "enabled" if self.elr else "disabled",
             "--insecure",
         ]  # fmt: skip
-        if self.url is not None:
+        if self.etcd is not None:
             cmd += [
-                "--metadata-log", self.url, f"--cluster-id={CLUSTER_ID}", "--node-id", f"c{i}",
-                "--lease-ttl-s", str(t.lease_ttl_s),
+                "--metadata-log", self.etcd.url(ETCD_PREFIX), f"--cluster-id={CLUSTER_ID}",
+                "--node-id", f"c{i}", "--lease-ttl-s", str(t.lease_ttl_s),
+                *tls_flags(self.etcd.client_tls(CONTROLLER)),
             ]  # fmt: skip
         if self.unclean_leader_election:
             cmd.append("--unclean-leader-election")

@@ -389,13 +389,16 @@ class LocalEtcd:
             m.proc.wait()
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop every member (SIGTERM, then SIGKILL after `timeout_s`)."""
-        for i in range(len(self.members)):
-            self.signal_member(i, signal.SIGCONT)
-            self.signal_member(i, signal.SIGTERM)
-        for m in self.members:
+        """Stop every member, one after the other (SIGTERM, then SIGKILL after
+        `timeout_s`). One at a time, as an operator would: a leader stopped while its
+        followers stop too waits out etcd's 5 s leadership-transfer timeout (about 7 s for
+        `cluster up`'s Ctrl-C, measured), while a leader stopped beside live followers
+        hands over at once, and one with none left to take over does not try."""
+        for i, m in enumerate(self.members):
             if m.proc is None:
                 continue
+            self.signal_member(i, signal.SIGCONT)
+            self.signal_member(i, signal.SIGTERM)
             try:
                 m.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
