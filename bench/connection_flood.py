@@ -9,9 +9,10 @@ broker run` registered with a controller) and:
    connection is opened and never speaks (`--mode silent`: the issue's "stalled
    connects"), or sends one TLS ClientHello and then nothing (`--mode hello`, which makes
    the server start a handshake). A connection the server closes is opened again at once,
-   so the flood keeps its size for as long as it runs, as an attacker would; against a
-   server that drops the oldest pending connection this is a connection-rate flood
-   (`--reconnect-after S` paces it);
+   so the flood keeps its size for as long as it runs, as an attacker would: against a
+   server that closes the pending connections it drops, this is a connection-rate flood;
+   one that parks them (holds them open until their deadline, protocol/server.py) holds
+   it (`--reconnect-after S` paces the reopening);
 2. meanwhile two healthy admin clients, one on 127.0.0.1 (the flood's own address) and
    one on 127.0.0.7, each send a request over a fresh TLS connection every 0.1 s for
    `--seconds` (a DescribeCluster to the controller, a ReadLog to the broker), each

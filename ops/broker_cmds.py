@@ -15,9 +15,10 @@ broker is `cluster up`'s child again (supervised, stopped in order on Ctrl-C, it
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from ops.cli import EXIT_OK, HELP_FORMAT, examples
+from ops.cli import EXIT_INTERRUPTED, EXIT_OK, HELP_FORMAT, examples
 
 START_TIMEOUT_S = 90.0
 
@@ -85,10 +86,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def cmd_broker_start(args: argparse.Namespace) -> int:
-    from ops.control import ask
+    from ops.control import AskInterrupted, ask
 
     data = Path(args.data_dir)
-    answer = ask(data, {"start_broker": args.broker_id}, args.timeout)
+    try:
+        answer = ask(data, {"start_broker": args.broker_id}, args.timeout)
+    except AskInterrupted:
+        # Ctrl-C ends the wait, not the start, which `cluster up` has in hand.
+        log = data.resolve() / "logs" / f"broker-{args.broker_id}.log"
+        print(
+            f"interrupted: cluster up goes on starting broker {args.broker_id} (its log: "
+            f"{log}); `metactl brokers` shows it once it registers",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_INTERRUPTED
     ready = dict(p.split("=", 1) for p in str(answer.get("ready", "")).split()[1:] if "=" in p)
     where = ", ".join(f"{k} {ready[k]}" for k in ("epoch", "endpoint", "metrics") if k in ready)
     print(

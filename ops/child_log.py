@@ -11,13 +11,22 @@ the line that says why the child stopped, for the one-line error. Decides nothin
 from __future__ import annotations
 
 import json
-from collections import deque
+import os
 from pathlib import Path
 from typing import Any, Final
 
-__all__ = ["LOG_TAIL_LINES", "failure_reason", "readable", "readable_tail", "tail_lines"]
+__all__ = [
+    "LOG_TAIL_LINES",
+    "TAIL_MAX_BYTES",
+    "failure_reason",
+    "readable",
+    "readable_tail",
+    "tail_lines",
+]
 
 LOG_TAIL_LINES: Final = 8
+# The most of a log's end read for its tail (a JSON line with a traceback is a few KB).
+TAIL_MAX_BYTES: Final = 256 * 1024
 RUN_MARK: Final = "--- "  # `cluster up`'s line before each start of a child
 MAX_VALUE_CHARS: Final = 200
 _TIME_KEYS: Final = ("timestamp", "ts", "time")
@@ -25,13 +34,28 @@ _EVENT_KEYS: Final = ("event", "msg", "message")
 _ERROR_LEVELS: Final = frozenset({"error", "critical", "fatal", "panic"})
 
 
-def tail_lines(path: Path, n: int = LOG_TAIL_LINES) -> list[str]:
-    """The last `n` lines of a log file, as written (no newline); [] if unreadable."""
+def tail_lines(path: Path, n: int = LOG_TAIL_LINES, max_bytes: int = TAIL_MAX_BYTES) -> list[str]:
+    """The last `n` lines of a log file, as written (no newline); [] if unreadable.
+
+    Only the file's last `max_bytes` are read, however large it has grown (a child logs
+    for as long as it runs, and `cluster up` reads the tail on its event loop when the
+    child dies): a line cut by that bound is left out, unless it is the only one, whose
+    end is then kept."""
     try:
-        with path.open(errors="replace") as f:
-            return [line.rstrip("\n") for line in deque(f, maxlen=n)]
+        with path.open("rb") as f:
+            start = max(0, f.seek(0, os.SEEK_END) - max_bytes)
+            f.seek(start)
+            data = f.read(max_bytes)
     except OSError:
         return []
+    # As a text-mode file reads it: universal newlines, undecodable bytes replaced.
+    text = data.decode(errors="replace").replace("\r\n", "\n").replace("\r", "\n")
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the newline that ends the last line
+    if start > 0 and len(lines) > 1:
+        lines.pop(0)  # the end of a line that began before the bound
+    return lines[-n:] if n > 0 else []
 
 
 def _json(line: str) -> dict[str, Any] | None:

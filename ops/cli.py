@@ -12,18 +12,34 @@ what escapes. Ctrl-C ends any command with 130 and no traceback.
 
 from __future__ import annotations
 
-import argparse
-import errno
-import importlib
-import logging
 import os
+import signal
 import sys
-from collections.abc import Iterable, Sequence
-from typing import Final, TypeVar
+from types import FrameType
 
-from metactl import __version__
-from metactl.errors import InvalidConfigurationError, MetactlError
-from metactl.logs import configure as configure_logs
+
+def _interrupted_while_starting(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(130)  # EXIT_INTERRUPTED, silently
+
+
+# The `metactl` command (or `python -m ops.cli`): a Ctrl-C before `main` guards it, while
+# the imports below run (about 0.1 s, most of it structlog's), ends it with 130 and no
+# traceback too. `main` puts Python's own handler back. An ignored SIGINT stays ignored.
+if (__name__ == "__main__" or os.path.basename(sys.argv[0]) == "metactl") and (
+    signal.getsignal(signal.SIGINT) is signal.default_int_handler
+):
+    signal.signal(signal.SIGINT, _interrupted_while_starting)
+
+import argparse  # noqa: E402
+import errno  # noqa: E402
+import importlib  # noqa: E402
+import logging  # noqa: E402
+from collections.abc import Iterable, Sequence  # noqa: E402
+from typing import Final, TypeVar  # noqa: E402
+
+from metactl import __version__  # noqa: E402
+from metactl.errors import InvalidConfigurationError, MetactlError  # noqa: E402
+from metactl.logs import configure as configure_logs  # noqa: E402
 
 # --- exit statuses: one table for every command (docs/cli.md) -----------------------------
 
@@ -195,13 +211,16 @@ def kafka_habit(argv: Sequence[str]) -> MetactlError | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # The CLI prints its own results; library logs go to stderr, readable, warnings up.
-    configure_logs(json=False, level=logging.WARNING)
-    habit = kafka_habit(sys.argv[1:] if argv is None else argv)
-    if habit is not None:
-        print(error_line(habit), file=sys.stderr, flush=True)
-        return EXIT_USAGE
     try:
+        if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
+            # From here on, Ctrl-C is a KeyboardInterrupt, caught below.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        # The CLI prints its own results; library logs go to stderr, readable, warnings up.
+        configure_logs(json=False, level=logging.WARNING)
+        habit = kafka_habit(sys.argv[1:] if argv is None else argv)
+        if habit is not None:
+            print(error_line(habit), file=sys.stderr, flush=True)
+            return EXIT_USAGE
         parser = build_parser()
         args, extra = parser.parse_known_args(argv)
         if extra:

@@ -563,7 +563,9 @@ class ClusterUp:
     # --- running -------------------------------------------------------------------------
 
     def deaths(self) -> list[str]:
-        """One report per child that died since the last call."""
+        """One report per child that died since the last call. It runs on the event loop:
+        of each dead child's log it reads only the end (`tail_lines`: at most
+        `TAIL_MAX_BYTES`), however long the child ran."""
         out = []
         for c in self.children:
             status = c.proc.poll()

@@ -123,8 +123,9 @@ class View:
     read since (not yet replayed into it) changed of partitions and brokers. Replaying
     record by record would cost a replay per line; a long history is replayed in bulk."""
 
-    def __init__(self, image: ClusterImage) -> None:
+    def __init__(self, image: ClusterImage, kip966: Kip966Seen | None = None) -> None:
         self.image = image
+        self.kip966 = kip966 if kip966 is not None else Kip966Seen(image)
         self._partitions: dict[TopicPartition, PartitionState] = {}
         self._brokers: set[int] = set()
         self._topics: dict[str, TopicState] = {}
@@ -151,15 +152,20 @@ class View:
         """The classic rules (eligible.leader.replicas.version 0, KIP-966 off) apply to
         the broker's registration: the finalized level says so (a feature record is
         replayed into the image before the next record is told). A log without one (a
-        scenario's, or from before levels were recorded) shows them in its state: only
-        they leave a fenced broker in the ISR of a partition with no leader."""
+        scenario's, or from before levels were recorded) finalized no KIP-966: it reads
+        as classic, unless it shows KIP-966 at work where only KIP-966 can be (an ELR, a
+        LastKnownELR or an unclean recovery, `Kip966Seen`) and the broker is not where
+        only the classic rules leave a fenced broker (the ISR of a partition with no
+        leader)."""
         level = self.image.features.get(ELR_FEATURE)
         if level is not None:
             return level < 1
-        return any(
+        if any(
             (p := self.partition(tp)) is not None and p.leader == NO_LEADER
             for tp in self.isrs_of(broker_id)
-        )
+        ):
+            return True
+        return not self.kip966.seen()
 
     def note(self, r: MetadataRecord) -> bool:
         """Take `r` into account; False when this view cannot (replay, then a new view)."""
@@ -222,6 +228,34 @@ class View:
         return True
 
 
+class Kip966Seen:
+    """Whether a log shows KIP-966 at work: a partition with an ELR or a LastKnownELR, or
+    an unclean recovery, in the image the feed started from or in a record read since.
+    Only KIP-966 makes them, so a log that finalized no eligible.leader.replicas.version
+    and holds one of them ran with ELRs. The start image is looked at only if asked, once
+    (it walks the partitions until it finds one); records are looked at as read."""
+
+    def __init__(self, image: ClusterImage) -> None:
+        self._image: ClusterImage | None = image
+        self._seen = False
+
+    def seen(self) -> bool:
+        if not self._seen and self._image is not None:
+            image, self._image = self._image, None
+            self._seen = bool(image.last_recoveries) or any(
+                p.elr or p.last_known_elr for p in image.partitions.values()
+            )
+        return self._seen
+
+    def take(self, r: MetadataRecord) -> None:
+        if self._seen:
+            return
+        if isinstance(r, PartitionChangeRecord | PartitionRecord):
+            self._seen = bool(r.elr or r.last_known_elr)
+        elif isinstance(r, UncleanRecoveryRecord):
+            self._seen = True
+
+
 SILENT_LOSS_NOTE: Final = (
     " — elected from the ISR it stayed in after an UNCLEAN restart (classic rules): "
     "acknowledged records it lost are gone, silently"
@@ -281,7 +315,8 @@ class Feed:
         self.next_offset = image.end_offset
         self._effective = EffectiveEntries[Entry]()  # holds an open transaction
         self._pending: list[MetadataRecord] = []  # taken, not yet replayed into the image
-        self._view = View(image)
+        self._kip966 = Kip966Seen(image)
+        self._view = View(image, self._kip966)
         self._stale = StaleIsr()
 
     def reset(self, records: Iterable[MetadataRecord], end_offset: int) -> None:
@@ -305,6 +340,7 @@ class Feed:
         text = None if quiet or type(r) in _SILENT else describe_record(r, self._view)
         if self._stale.take(r, self._view) and text is not None:
             text += SILENT_LOSS_NOTE
+        self._kip966.take(r)
         self._pending.append(r)
         if not self._view.note(r):
             self._flush()
@@ -315,7 +351,7 @@ class Feed:
         if self._pending:
             self.image = replay(self.image, self._pending)
             self._pending = []
-            self._view = View(self.image)
+            self._view = View(self.image, self._kip966)
 
 
 # Records that never give a line of their own (describe_record says None for them).

@@ -16,7 +16,7 @@ commands (`describe`, `brokers`, `topics create`, `elect`, `produce`, `consume`)
   default; `viewer` is read-only).
 - `--max-connections`, `--max-connections-per-peer`, `--max-pending-handshakes`,
   `--max-pending-handshakes-per-address`, `--max-handshakes-in-progress`,
-  `--idle-timeout-ms`, `--frame-deadline-ms`,
+  `--max-parked-handshakes`, `--idle-timeout-ms`, `--frame-deadline-ms`,
   `--handshake-timeout-ms`: a listener's `ServerLimits`, with its defaults.
 
 This module parses flags and loads nothing but certificate paths: it opens no socket and
@@ -39,6 +39,7 @@ from protocol.server import (
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_CONNECTIONS_PER_PEER,
     DEFAULT_MAX_HANDSHAKES_IN_PROGRESS,
+    DEFAULT_MAX_PARKED_HANDSHAKES,
     DEFAULT_MAX_PENDING_HANDSHAKES,
     DEFAULT_MAX_PENDING_HANDSHAKES_PER_ADDRESS,
     ServerLimits,
@@ -155,8 +156,17 @@ def add_limit_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_MAX_HANDSHAKES_IN_PROGRESS,
         metavar="N",
-        help="TLS handshakes running at once (each holds about 300 KB); one more drops the "
-        "oldest of the address running the most (default %(default)s)",
+        help="TLS handshakes running at once (each holds about 300 KB); one more starts "
+        "when one ends or one stalls on its client, which is dropped (default %(default)s)",
+    )
+    g.add_argument(
+        "--max-parked-handshakes",
+        type=int,
+        default=DEFAULT_MAX_PARKED_HANDSHAKES,
+        metavar="N",
+        help="dropped pending connections held open, reading nothing, until their handshake "
+        "deadline, so that a flood reopening what is closed is slowed down; they cost a "
+        "descriptor each; 0: closed at once (default %(default)s)",
     )
     g.add_argument(
         "--idle-timeout-ms",
@@ -182,7 +192,8 @@ def add_limit_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def server_limits(args: Any) -> ServerLimits:
-    """The `ServerLimits` of `add_limit_arguments`' flags; INVALID_CONFIG if one is < 1."""
+    """The `ServerLimits` of `add_limit_arguments`' flags; INVALID_CONFIG if one is < 1
+    (`--max-parked-handshakes`: < 0)."""
     values = {
         "--max-connections": args.max_connections,
         "--max-connections-per-peer": args.max_connections_per_peer,
@@ -196,6 +207,10 @@ def server_limits(args: Any) -> ServerLimits:
     for flag, value in values.items():
         if value < 1:
             raise InvalidConfigurationError(f"{flag} must be >= 1, got {value}")
+    if args.max_parked_handshakes < 0:
+        raise InvalidConfigurationError(
+            f"--max-parked-handshakes must be >= 0, got {args.max_parked_handshakes}"
+        )
     return ServerLimits(
         max_connections=args.max_connections,
         max_connections_per_peer=args.max_connections_per_peer,
@@ -205,4 +220,5 @@ def server_limits(args: Any) -> ServerLimits:
         max_pending_handshakes=args.max_pending_handshakes,
         max_pending_handshakes_per_address=args.max_pending_handshakes_per_address,
         max_handshakes_in_progress=args.max_handshakes_in_progress,
+        max_parked_handshakes=args.max_parked_handshakes,
     )

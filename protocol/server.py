@@ -22,14 +22,26 @@ Under TLS a connection lives in one of two pools that never compete:
   by dropping the oldest pending connection of that address (of the address holding the
   most, when the pool is full), preferring one that has not sent a byte, though only once
   it has had a chance to (`MIN_SILENT_AGE_S` and a turn of the loop; meanwhile accepting
-  pauses); else the handshake stalled longest on its client; else the oldest. So a flood
-  of stalled connects cannot keep a real client out, even one on the flood's address,
-  and one address cannot take another's place. A pending connection costs a socket and a
-  timer until its first bytes arrive (one that never speaks never allocates TLS state);
-  TLS starts only once a ClientHello's first byte is there, at most
-  `max_handshakes_in_progress` at once (each holds about 270 KB), and the handshake must
-  finish within `handshake_timeout_s` of the accept. Its memory is freed when it ends
-  (`_unlink`, `_Trim`);
+  pauses); else the handshake stalled longest on its client (`MIN_STALL_MS` at least);
+  else one waiting for a handshake slot; else the oldest. A pending connection costs a
+  socket and a timer until its first bytes arrive (one that never speaks never allocates
+  TLS state); TLS starts only once a ClientHello's first byte is there, at most
+  `max_handshakes_in_progress` at once (each holds about 270 KB): one more starts when
+  one ends, or in place of one stalled on its client, never of one the server has not
+  answered yet; meanwhile it waits, the addresses taking turns, the newest first within
+  one. The handshake must finish within `handshake_timeout_s` of the accept. Its memory
+  is freed when it ends (`_unlink`, `_Trim`);
+- *parked*: a dropped pending connection is not closed but parked (at most
+  `max_parked_handshakes`, else the oldest parked is closed): its TLS state is freed,
+  and its socket is held open, reading and sending nothing, until its handshake deadline
+  (plus up to as much again, so that a crowd accepted at once does not return at once),
+  then reset. Closed at once, it would hand a flood that reopens whatever is closed a
+  fresh try: the flood's rate would be the server's own drops, each a new ClientHello to
+  answer, and a real client would wait among them. Parked, each flood connection comes
+  back once per deadline. So a flood of stalled connects or of stalled ClientHellos
+  cannot keep a real client out, even one on the flood's address, and one address cannot
+  take another's place. A parked connection costs a descriptor (the caps are lowered to
+  fit the descriptor limit, parking first);
 - *established*: authenticated. At most `max_connections_per_peer` per principal, and
   `max_connections` in all for clients (admin, viewer, ...). The cluster's own sessions
   (principals `controller` and `broker-<id>`) have slots of their own outside
@@ -73,6 +85,7 @@ import errno
 import functools
 import itertools
 import os
+import random
 import resource
 import socket
 import ssl
@@ -80,7 +93,7 @@ import struct
 import time
 import traceback
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
@@ -134,6 +147,7 @@ DEFAULT_MAX_CONNECTIONS_PER_PEER: Final = 200
 DEFAULT_MAX_PENDING_HANDSHAKES: Final = 1024
 DEFAULT_MAX_PENDING_HANDSHAKES_PER_ADDRESS: Final = 256
 DEFAULT_MAX_HANDSHAKES_IN_PROGRESS: Final = 64
+DEFAULT_MAX_PARKED_HANDSHAKES: Final = 8192
 DEFAULT_IDLE_TIMEOUT_S: Final = 600.0  # Kafka's connections.max.idle.ms
 DEFAULT_FRAME_DEADLINE_S: Final = 30.0
 DEFAULT_HANDSHAKE_TIMEOUT_S: Final = 10.0
@@ -152,6 +166,13 @@ MIN_SILENT_AGE_S: Final = 0.005
 # A full pool's handshakes are looked at, oldest first, this many at a time for one that
 # stalls (two syscalls each).
 STALL_SCAN: Final = 8
+# A handshake the server answered counts as stalled on its client (a victim to make room)
+# only once its client has been silent this long: a real client's reply may take a while
+# on a loaded machine (Linux's TCP_INFO reads in jiffies, 4 ms at HZ=250).
+MIN_STALL_MS: Final = 100
+# While spoken connections wait for a handshake slot, the running handshakes are looked at
+# this often for one stalled on its client.
+PUMP_S: Final = 0.01
 # struct tcp_info (linux/tcp.h): tcpi_last_data_sent, tcpi_last_ack_sent and
 # tcpi_last_data_recv (ms ago) are u32s at byte 44, tcpi_bytes_acked a u64 at byte 120
 # (Linux 4.1 and later; an older kernel's shorter struct reads as "no answer").
@@ -175,6 +196,9 @@ class ServerLimits:
     max_pending_handshakes: int = DEFAULT_MAX_PENDING_HANDSHAKES
     max_pending_handshakes_per_address: int = DEFAULT_MAX_PENDING_HANDSHAKES_PER_ADDRESS
     max_handshakes_in_progress: int = DEFAULT_MAX_HANDSHAKES_IN_PROGRESS
+    # Dropped pending connections held open (nothing read or sent) until their handshake
+    # deadline rather than closed; 0: every drop closes at once.
+    max_parked_handshakes: int = DEFAULT_MAX_PARKED_HANDSHAKES
 
     def __post_init__(self) -> None:
         counts = (
@@ -184,8 +208,10 @@ class ServerLimits:
             self.max_pending_handshakes_per_address,
             self.max_handshakes_in_progress,
         )
-        if min(counts) < 1 or (
-            min(self.idle_timeout_s, self.frame_deadline_s, self.handshake_timeout_s) <= 0
+        if (
+            min(counts) < 1
+            or self.max_parked_handshakes < 0
+            or (min(self.idle_timeout_s, self.frame_deadline_s, self.handshake_timeout_s) <= 0)
         ):
             raise ValueError(f"invalid server limits {self}")
 
@@ -207,9 +233,13 @@ class ServerStats:
     # "max_pending_handshakes_per_address", "max_handshakes_in_progress"; and
     # "handshake_timeout", "handshake_failed", "not_tls" (its first byte opens no TLS
     # handshake), "no_handshake" (closed before speaking), "no_principal".
-    # "accept_error": accept() failed.
+    # "accept_error": accept() failed. A connection dropped from the pending pool counts
+    # once, under its reason, whether it is closed at once or parked (closed later).
     closed_total: Counter[str] = field(default_factory=Counter)
     bad_frames_total: int = 0
+    parked_handshakes: int = 0  # dropped pending connections held open now (`_park`)
+    parked_total: int = 0  # dropped pending connections parked rather than closed
+    parked_closed_early_total: int = 0  # parked ones closed before their deadline for room
 
 
 @dataclass(eq=False)
@@ -360,10 +390,20 @@ class _Pending:
     deadline: float  # loop time by which the handshake must be done
     timer: asyncio.TimerHandle | None = None
     task: asyncio.Task[None] | None = None  # set once it spoke: the handshake runs
+    heard: bool = False  # its first byte was seen (a TLS record): it waits or handshakes
 
     @property
     def spoke(self) -> bool:
         return self.task is not None
+
+
+@dataclass(eq=False)
+class _Parked:
+    """A dropped pending connection held open until its deadline (`FrameServer._park`):
+    its socket and the timer that closes it."""
+
+    sock: socket.socket
+    timer: asyncio.TimerHandle | None = None
 
 
 class FrameServer:
@@ -396,6 +436,12 @@ class FrameServer:
         # handshake runs (TLS state allocated).
         self._pending = _Pool()
         self._handshaking = _Pool()
+        # Spoken pending connections waiting for a handshake slot: per address, oldest
+        # first; the addresses in the order of their turns.
+        self._waiting: dict[str, dict[_Pending, None]] = {}
+        self._pump_handle: asyncio.TimerHandle | None = None
+        # Dropped pending connections held open until their deadline, oldest first.
+        self._parked: dict[_Parked, None] = {}
         self._throttled = _RateLimitedLog(self.log)
         self._trim = _Trim()
 
@@ -430,7 +476,17 @@ class FrameServer:
         room = max(2, soft - FD_RESERVE)
         budget = max(2, room - min(room // 4, CLUSTER_FD_RESERVE))
         limits = self.limits
-        if limits.max_connections + limits.max_pending_handshakes <= budget:
+        held = limits.max_connections + limits.max_pending_handshakes
+        if held + limits.max_parked_handshakes <= budget:
+            return
+        if held <= budget:  # parking (the cheapest to give up) takes what is left
+            self.log.info(
+                "max parked handshakes lowered to fit the file-descriptor limit",
+                configured=limits.max_parked_handshakes,
+                effective=budget - held,
+                nofile=soft,
+            )
+            self.limits = dataclasses.replace(limits, max_parked_handshakes=budget - held)
             return
         pending = max(1, min(limits.max_pending_handshakes, budget // 4))
         connections = max(1, min(limits.max_connections, budget - pending))
@@ -451,6 +507,7 @@ class FrameServer:
                 pending, limits.max_pending_handshakes_per_address
             ),
             max_handshakes_in_progress=min(pending, limits.max_handshakes_in_progress),
+            max_parked_handshakes=0,
         )
 
     def _accept(self, lsock: socket.socket) -> None:
@@ -535,6 +592,11 @@ class FrameServer:
         self.close()
         for p in list(self._pending):
             self._drop_pending(p)
+        for parked in list(self._parked):
+            self._unpark(parked)
+        if self._pump_handle is not None:
+            self._pump_handle.cancel()
+            self._pump_handle = None
         for task in list(self._connections):
             task.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)
@@ -647,7 +709,7 @@ class FrameServer:
             if not victims or busiest is not victims[0][0]:
                 victims.append((busiest, "max_pending_handshakes"))
         for p, _ in victims:
-            if not p.spoke and (p.wakeup == self._wakeups or now - p.accepted < MIN_SILENT_AGE_S):
+            if not p.heard and (p.wakeup == self._wakeups or now - p.accepted < MIN_SILENT_AGE_S):
                 return max(0.0, p.accepted + MIN_SILENT_AGE_S - now)
         for p, reason in victims:
             self._evict(p, reason)
@@ -659,10 +721,17 @@ class FrameServer:
         return None
 
     def _forget(self, p: _Pending) -> bool:
-        """Take `p` out of the pending pool; False if it was not in it."""
+        """Take `p` out of the pending pool; False if it was not in it. A handshake's slot
+        freed, a waiting one starts."""
         if not self._pending.remove(p):
             return False
-        self._handshaking.remove(p)
+        if self._handshaking.remove(p):
+            self._pump_later()
+        mine = self._waiting.get(p.host)
+        if mine is not None and p in mine:
+            del mine[p]
+            if not mine:
+                del self._waiting[p.host]
         self.stats.pending_handshakes -= 1
         if p.timer is not None:
             p.timer.cancel()
@@ -683,9 +752,62 @@ class FrameServer:
             p.task.cancel()
 
     def _evict(self, p: _Pending, reason: str) -> None:
+        """Drop `p` from the pending pool to make room: parked (`_park`), or closed with a
+        reset when parking is off or its peer has gone already."""
         self.stats.closed_total[reason] += 1
         self._throttled.warning(f"pending handshake dropped: {reason}", peer=p.host)
-        self._drop_pending(p)
+        if self.limits.max_parked_handshakes > 0 and not _peer_gone(p.sock):
+            self._park(p)
+        else:
+            self._drop_pending(p)
+
+    def _park(self, p: _Pending) -> None:
+        """Hold a dropped staller's socket open, reading and sending nothing, until its
+        handshake deadline (a tarpit). Its TLS state, if any, is freed now: its handshake
+        task is cancelled, and a duplicate of its descriptor keeps the connection. Closing
+        it would hand its owner a fresh try: a flood that reopens whatever is closed comes
+        back at once, with a new ClientHello that costs the server a handshake, so its
+        rate would be the server's drops. Parked, it comes back once per
+        `handshake_timeout_s`. At `max_parked_handshakes`, the oldest parked is closed."""
+        if not self._forget(p):
+            return
+        loop = asyncio.get_running_loop()
+        if p.task is None:
+            with contextlib.suppress(RuntimeError, ValueError):
+                loop.remove_reader(p.sock.fileno())
+            sock = p.sock
+        else:
+            try:
+                sock = p.sock.dup()
+            except OSError:  # out of descriptors: closed, not parked
+                _linger_reset(p.sock)
+                p.task.cancel()
+                return
+            p.task.cancel()  # its end closes the descriptor it had, not the connection
+        _linger_reset(sock)  # a reset, once it is closed at last
+        while len(self._parked) >= self.limits.max_parked_handshakes:
+            self.stats.parked_closed_early_total += 1
+            self._unpark(next(iter(self._parked)))
+        parked = _Parked(sock)
+        self._parked[parked] = None
+        self.stats.parked_handshakes += 1
+        self.stats.parked_total += 1
+        # Closed between its deadline and one more `handshake_timeout_s` after it, so that a
+        # crowd accepted at once does not come back at once.
+        until = p.deadline + random.uniform(0.0, self.limits.handshake_timeout_s)
+        parked.timer = loop.call_at(max(until, loop.time()), self._unpark, parked)
+
+    def _unpark(self, parked: _Parked) -> None:
+        """Close a parked connection (its deadline, room for another, or the server
+        stopping), with a reset."""
+        if parked not in self._parked:
+            return
+        del self._parked[parked]
+        self.stats.parked_handshakes -= 1
+        if parked.timer is not None:
+            parked.timer.cancel()
+            parked.timer = None
+        _abort(parked.sock)
 
     def _expire(self, p: _Pending) -> None:
         """A pending connection that never spoke ran out of time."""
@@ -718,14 +840,56 @@ class FrameServer:
                 self.stats.closed_total["no_handshake"] += 1  # a port probe: not worth a line
             self._drop_pending(p)
             return
-        if len(self._handshaking) >= self.limits.max_handshakes_in_progress:
-            self._evict(self._handshaking.victim(), "max_handshakes_in_progress")
+        p.heard = True
+        if self._waiting or not self._room_for_a_handshake():
+            # Its ClientHello waits in its socket for a slot (`_pump`).
+            self._waiting.setdefault(p.host, {})[p] = None
+            self._pump_later()
+            return
+        self._start_handshake(p)
+
+    def _room_for_a_handshake(self) -> bool:
+        """Whether one more handshake may start: fewer than `max_handshakes_in_progress`
+        run, or one of them stalls on its client and is dropped (parked) for it. One the
+        server has not answered yet is never dropped for another: under a burst, that
+        would drop handshakes before the server gets to them, real clients' included,
+        and start the next ones for nothing."""
+        if len(self._handshaking) < self.limits.max_handshakes_in_progress:
+            return True
+        victim = self._handshaking.stalled()
+        if victim is None:
+            return False
+        self._evict(victim, "max_handshakes_in_progress")
+        return True
+
+    def _start_handshake(self, p: _Pending) -> None:
         if p.timer is not None:
             p.timer.cancel()
             p.timer = None
         self.stats.handshakes_started_total += 1
         self._handshaking.add(p)
         p.task = self._spawn(self._handshake(p), p.sock)
+
+    def _pump_later(self, delay: float = 0.0) -> None:
+        if self._pump_handle is None and self._waiting:
+            loop = asyncio.get_running_loop()
+            self._pump_handle = loop.call_later(delay, self._pump)
+
+    def _pump(self) -> None:
+        """Start waiting handshakes while there is room: one address's newest at a time,
+        the addresses in turn, so that one address's crowd does not delay the others.
+        While some still wait, look again every `PUMP_S` (a handshake starts stalling on
+        its client unseen)."""
+        self._pump_handle = None
+        while self._waiting and self._room_for_a_handshake():
+            host = next(iter(self._waiting))
+            mine = self._waiting.pop(host)
+            p = next(reversed(mine))  # the newest: under a crowd, the oldest are dropped
+            del mine[p]
+            if mine:
+                self._waiting[host] = mine  # its next turn is after every other address's
+            self._start_handshake(p)
+        self._pump_later(PUMP_S)
 
     async def _handshake(self, p: _Pending) -> None:
         """Mutual TLS within the handshake deadline, then admission to the established
@@ -738,7 +902,7 @@ class FrameServer:
         except asyncio.CancelledError as exc:
             _unlink(exc)
             self._forget(p)  # dropped to make room (forgotten already), or stopping
-            _abort(p.sock)
+            _leave_to_transport(p.sock)
             self._trim.released()
             return
         except (TimeoutError, OSError) as exc:  # ssl.SSLError is an OSError
@@ -747,7 +911,7 @@ class FrameServer:
             reason = "handshake_timeout" if isinstance(exc, TimeoutError) else "handshake_failed"
             self.stats.closed_total[reason] += 1
             self._throttled.warning(f"TLS {reason.replace('_', ' ')}", peer=p.host)
-            _abort(p.sock)
+            _leave_to_transport(p.sock)
             self._trim.released()
             return
         self._forget(p)
@@ -886,28 +1050,62 @@ class _Pool:
 
     def victim(self, host: str | None = None) -> _Pending:
         """Whom to drop to make room, among `host`'s connections (else those of the
-        address holding the most). Of connections that have not spoken, the oldest (a
-        socket whose first bytes have arrived but not yet been seen has spoken: it is no
-        staller); else, of the oldest `STALL_SCAN` handshakes, the one the server has
-        answered and whose client has been silent since for longest (`_stalled_ms`), as
-        a ClientHello flood's are; else the oldest."""
+        address holding the most), the cheapest loss first: the oldest that has not
+        spoken (a socket whose first bytes have arrived but not yet been seen has spoken:
+        it is no staller); else, of the oldest `STALL_SCAN`, the handshake the server
+        answered and whose client has been silent since for longest, at least
+        `MIN_STALL_MS` (`_stalled_ms`), as a ClientHello flood's are; else the oldest of
+        those that spoke and wait for a handshake slot (the server has spent nothing on
+        them); else the oldest."""
         mine = self._by_host[host] if host is not None else max(self._by_host.values(), key=len)
+        heard: _Pending | None = None
         for p in mine:
-            if p.spoke:
-                continue
-            try:
-                if p.sock.recv(1, socket.MSG_PEEK):
-                    continue  # it spoke; its reader callback has not run yet
-            except (BlockingIOError, InterruptedError):
-                pass
-            except OSError:
-                pass  # reset: a good victim
-            return p
-        stalled = [(_stalled_ms(p.sock), p) for p in itertools.islice(mine, STALL_SCAN)]
-        waiting = [(ms, p) for ms, p in stalled if ms is not None]
-        if waiting:
-            return max(waiting, key=lambda x: x[0])[1]
-        return next(iter(mine))
+            if not p.heard:
+                try:
+                    if not p.sock.recv(1, socket.MSG_PEEK):
+                        return p  # EOF: a good victim
+                except (BlockingIOError, InterruptedError):
+                    return p
+                except OSError:
+                    return p  # reset: a good victim
+                # It spoke; its reader callback has not run yet.
+            if heard is None and p.task is None:
+                heard = p
+        stalled = self._stalled_among(itertools.islice(mine, STALL_SCAN))
+        if stalled is not None:
+            return stalled
+        return heard if heard is not None else next(iter(mine))
+
+    def stalled(self) -> _Pending | None:
+        """The handshake stalled longest on its client (`_stalled_ms`) among the oldest
+        `STALL_SCAN` of the address holding the most and the oldest `STALL_SCAN` of all,
+        or None if none of them stalls."""
+        if not self._all:
+            return None
+        busiest = max(self._by_host.values(), key=len)
+        scan = dict.fromkeys(itertools.islice(busiest, STALL_SCAN))
+        scan.update(dict.fromkeys(itertools.islice(self._all, STALL_SCAN)))
+        return self._stalled_among(scan)
+
+    @staticmethod
+    def _stalled_among(ps: Iterable[_Pending]) -> _Pending | None:
+        waiting = [
+            (ms, p)
+            for p in ps
+            if p.task is not None and (ms := _stalled_ms(p.sock)) is not None
+            if ms >= MIN_STALL_MS
+        ]
+        return max(waiting, key=lambda x: x[0])[1] if waiting else None
+
+
+def _peer_gone(sock: socket.socket) -> bool:
+    """Whether the peer has closed or reset the connection (nothing left to park)."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return True
 
 
 def _stalled_ms(sock: socket.socket) -> int | None:
@@ -996,6 +1194,18 @@ def _linger_reset(sock: socket.socket) -> None:
     """Make the socket's close send a reset rather than a FIN."""
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+def _leave_to_transport(sock: socket.socket) -> None:
+    """A handshake's socket once the handshake failed or was cancelled: asyncio's
+    transport closes it (at once after an abort, within SSL_SHUTDOWN_TIMEOUT_S after a
+    flush), with a reset. Closing it here could close a descriptor that a live transport
+    still polls, and whose number a new connection may then get. Should no transport
+    have taken it, it is closed a little later (closing a closed socket does nothing)."""
+    _linger_reset(sock)
+    with contextlib.suppress(RuntimeError):
+        loop = asyncio.get_running_loop()
+        loop.call_later(SSL_SHUTDOWN_TIMEOUT_S + CLOSE_WAIT_S, _abort, sock)
 
 
 def _abort(sock: socket.socket) -> None:

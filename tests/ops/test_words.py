@@ -9,6 +9,7 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
+from controller.core.config import ControllerConfig
 from metadata_image.image import ClusterImage
 from metadata_log.records import (
     ELR_FEATURE,
@@ -23,6 +24,7 @@ from ops.describe_cmds import recovery_note
 from ops.events import SILENT_LOSS_NOTE, Feed, View, describe_record
 from ops.paths import open_log
 from protocol.messages import RecoverySummary
+from tests.controller.testkit import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = REPO / "simulation" / "scenarios"
@@ -78,6 +80,47 @@ def test_the_feed_follows_the_finalized_level(tmp_path: Path) -> None:
         unclean = [x for x in lines if "UNCLEAN restart" in x]
         assert unclean and all("(UNCLEAN restart: out of ISR and ELR)" in x for x in unclean)
         assert not any(SILENT_LOSS_NOTE in x for x in lines)
+
+
+def registration_words(config: ControllerConfig, *, fence_isr_member: bool) -> str:
+    """What the feed says of broker 3's UNCLEAN restart in a log the core wrote (as
+    older logs, without a feature record): RF 3, MinISR 2, broker 3 fenced out of an ISR
+    still at MinISR (so in no ELR), or broker 3 in no ISR at all (the leader shrank it
+    before the fence)."""
+    c = Cluster(config)
+    c.start(1, 2, 3)
+    c.create("demo", replication_factor=3, min_isr=2)
+    if not fence_isr_member:
+        assert c.p("demo").leader != 3
+        c.alter(sorted(c.p("demo").isr - {3}), "demo")
+        assert 3 not in c.p("demo").isr
+    c.fence(3)
+    c.restart(3, clean=False)
+    assert not any(isinstance(r, FeatureLevelRecord) for r in c.log)
+    entries = [Entry(i, 1_000 + i, r) for i, r in enumerate(c.log)]
+    lines = [e.text for e in Feed().add(entries)]
+    return next(x for x in lines if x.startswith("broker 3 registered at epoch") and "UNCLEAN" in x)
+
+
+def test_a_log_without_a_feature_record_reads_as_classic_where_the_broker_is_in_no_isr() -> None:
+    # Issue 22: an older classic-mode log (no feature record) said "out of ISR and ELR"
+    # of a broker in no ISR, as if KIP-966 had taken it out; the classic rules never do.
+    classic = ControllerConfig(eligible_leader_replicas=False)
+    for fence_isr_member in (True, False):
+        words = registration_words(classic, fence_isr_member=fence_isr_member)
+        assert words.endswith("(UNCLEAN restart; classic rules: in no ISR)"), words
+    # The same log under KIP-966 once it shows an ELR: its words are KIP-966's.
+    elr = ControllerConfig(eligible_leader_replicas=True)
+    c = Cluster(elr)
+    c.start(1, 2, 3)
+    c.create("demo", replication_factor=3, min_isr=2)
+    c.fence(3)
+    c.fence(2)  # ISR [1] below MinISR: 2 goes to the ELR
+    c.restart(3, clean=False)
+    assert not any(isinstance(r, FeatureLevelRecord) for r in c.log)
+    lines = [e.text for e in Feed().add([Entry(i, 1_000 + i, r) for i, r in enumerate(c.log)])]
+    words = next(x for x in lines if x.startswith("broker 3 registered") and "UNCLEAN" in x)
+    assert words.endswith("(UNCLEAN restart: out of ISR and ELR)"), lines
 
 
 def test_candidates_print_in_ascending_order_everywhere() -> None:
