@@ -8,12 +8,14 @@ etcd-server), against SQLite in the same run. Prints figures and ratios; asserts
    SIGKILLed `--kills` times (>= 20; each time restarted as a standby afterwards). The time
    from the kill to the first write acknowledged by the new active controller, seen by
    a client that keeps creating topics through every controller's address. Goal with the
-   default 2 s lease: p50 <= 2.5 s, p99 <= 4 s.
+   default 2 s lease (issue 21): p50 <= 2.0 s, p99 <= 2.5 s. `--dead-active-detection
+   disabled` measures what a frozen or unreachable controller costs: the lease TTL.
 3. Commit to apply, 20 tailers (`--tailers`) long-polling FetchMetadata as brokers do:
    from the active controller and from a standby (which follows the log by etcd watch),
    p50 and p99. Goal: p99 <= 50 ms.
 
 Run: python bench/ha.py [--kills 20] [--batches 300] [--tailers 20] [--changes 200]
+[--only throughput|failover|apply]
 """
 
 from __future__ import annotations
@@ -97,8 +99,9 @@ async def throughput(root: Path, batches: int) -> None:
     print(f"  ratio etcd/SQLite     {rate_etcd / rate_sqlite:>12.2f}")
 
 
-async def failovers(root: Path, kills: int) -> None:
-    c = HaCluster(root / "failover").start()
+async def failovers(root: Path, kills: int, detection: str) -> None:
+    extra = ("--dead-active-detection", detection) if detection != "enabled" else ()
+    c = HaCluster(root / "failover", controller_args=extra).start()
     try:
         info, token = await c.wait_leader()
         c.start_broker(1)
@@ -120,10 +123,13 @@ async def failovers(root: Path, kills: int) -> None:
         await writer.stop()
         # 20-odd samples: a p99 interpolated within them, never past their maximum.
         p99 = pct(times, 99, method="inclusive")
-        print(f"failover, {kills} SIGKILLs of the active controller (lease TTL 2 s):")
+        print(
+            f"failover, {kills} SIGKILLs of the active controller (lease TTL 2 s, "
+            f"dead-active detection {detection}):"
+        )
         print(
             f"  kill -> first acknowledged write: p50 {statistics.median(times):.2f} s, "
-            f"p99 {p99:.2f} s, max {max(times):.2f} s (goal p50 <= 2.5 s, p99 <= 4 s)"
+            f"p99 {p99:.2f} s, max {max(times):.2f} s (goal p50 <= 2.0 s, p99 <= 2.5 s)"
         )
         print(f"  all: {' '.join(f'{t:.2f}' for t in times)}")
         print(f"  writes acknowledged {len(writer.acked)}, attempts failed {len(writer.failed)}")
@@ -162,10 +168,13 @@ async def apply(root: Path, tailers: int, changes: int) -> None:
 async def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)
-        await throughput(root, args.batches)
-        await failovers(root, args.kills)
-        with contextlib.suppress(KeyboardInterrupt):
-            await apply(root, args.tailers, args.changes)
+        if args.only in (None, "throughput"):
+            await throughput(root, args.batches)
+        if args.only in (None, "failover"):
+            await failovers(root, args.kills, args.dead_active_detection)
+        if args.only in (None, "apply"):
+            with contextlib.suppress(KeyboardInterrupt):
+                await apply(root, args.tailers, args.changes)
 
 
 def main() -> None:
@@ -174,6 +183,15 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=300)
     ap.add_argument("--tailers", type=int, default=20)
     ap.add_argument("--changes", type=int, default=200)
+    ap.add_argument(
+        "--dead-active-detection",
+        choices=["enabled", "disabled"],
+        default="enabled",
+        help="the controllers' setting (disabled: every failover waits out the lease TTL)",
+    )
+    ap.add_argument(
+        "--only", choices=["throughput", "failover", "apply"], help="run one part (default: all)"
+    )
     asyncio.run(run(ap.parse_args()))
 
 

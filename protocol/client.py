@@ -28,8 +28,10 @@ import asyncio
 import contextlib
 import random as _random
 import ssl as _ssl
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from metactl.errors import (
     InvalidRequestError,
@@ -53,7 +55,9 @@ DEFAULT_TIMEOUT_S = 30.0
 class RetryPolicy:
     """`attempts` in all (1: no retry). Before retry n (0-based) it sleeps a uniformly
     random time in [0, min(cap_s, base_s * 2**n)] ("full jitter"). `sleep` and `random`
-    are injectable for tests."""
+    are injectable for tests. Over `Endpoints`, a redirect to the controller a
+    NOT_CONTROLLER names is made at once and not counted, unless the previous retry was
+    one too (`RpcClient.request`)."""
 
     attempts: int = 1
     base_s: float = 0.1
@@ -89,7 +93,7 @@ class FailoverPolicy(RetryPolicy):
     @classmethod
     def over(cls, endpoints: Endpoints) -> FailoverPolicy:
         n = len(endpoints.addresses)
-        return cls(attempts=n + 2, base_s=0.05, cap_s=0.5, endpoints=n)
+        return cls(attempts=n + 2, base_s=0.05, cap_s=0.25, endpoints=n)
 
     def should_retry(self, exc: BaseException, attempt: int) -> bool:
         if attempt + 1 >= self.attempts:
@@ -111,7 +115,7 @@ class RideFailover(RetryPolicy):
 
     attempts: int = 1_000_000  # in practice: until the deadline
     base_s: float = 0.1
-    cap_s: float = 1.0
+    cap_s: float = 0.5
     endpoints: int = 1
     lone_attempts: int = 4
 
@@ -128,15 +132,29 @@ class Endpoints:
     ``--bootstrap-controller h1:p1,h2:p2,h3:p3``): requests go to `current`. After a
     network failure the next address is tried; a NOT_CONTROLLER that names the active
     controller moves to it, one that does not (no controller is active yet) to the next.
-    The client's `RetryPolicy` decides whether and when to try again."""
+    The client's `RetryPolicy` decides whether and when to try again.
 
-    def __init__(self, addresses: Sequence[str]) -> None:
+    During a failover the standbys name the dead controller until its lease is gone: a
+    hint naming an address that failed with a network error less than `STALE_HINT_S`
+    ago is not followed (the next address is tried instead), and rotating skips such
+    addresses while others are left, so retries poll the standbys, one of which becomes
+    active, rather than bounce off the dead one. `failed` says whether it moved to a
+    hinted controller not known to be down (a redirect, which the client makes at once,
+    without backoff)."""
+
+    STALE_HINT_S: Final = 1.0
+
+    def __init__(
+        self, addresses: Sequence[str], *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if not addresses:
             raise InvalidRequestError("no address given")
         for a in addresses:
             parse_address(a)  # a bad address is a named error now, not at the first try
         self.addresses = list(dict.fromkeys(addresses))
         self.current = self.addresses[0]
+        self._clock = clock
+        self._unreachable: dict[str, float] = {}  # address -> when it last failed so
 
     @classmethod
     def parse(cls, text: str) -> Endpoints:
@@ -146,13 +164,31 @@ class Endpoints:
     def __call__(self) -> str:
         return self.current
 
-    def failed(self, exc: MetactlError) -> None:
-        """Choose the next address after `exc`."""
-        if isinstance(exc, NotControllerError) and exc.leader:
-            self.current = exc.leader
-        elif isinstance(exc, NetworkError | NotControllerError):
-            i = self.addresses.index(self.current) if self.current in self.addresses else -1
-            self.current = self.addresses[(i + 1) % len(self.addresses)]
+    def failed(self, exc: MetactlError) -> bool:
+        """Choose the next address after `exc`; True if it is a redirect: a
+        NOT_CONTROLLER hint naming another address, not known to be down."""
+        now = self._clock()
+        if isinstance(exc, NetworkError):
+            self._unreachable[self.current] = now
+        elif isinstance(exc, NotControllerError):
+            self._unreachable.pop(self.current, None)  # it answered
+            leader = exc.leader
+            if leader and leader != self.current and not self._down(leader, now):
+                self.current = leader
+                return True
+        else:
+            return False
+        i = self.addresses.index(self.current) if self.current in self.addresses else -1
+        rotation = [
+            self.addresses[(i + k) % len(self.addresses)] for k in range(1, len(self.addresses) + 1)
+        ]
+        self.current = next((a for a in rotation if not self._down(a, now)), rotation[0])
+        return False
+
+    def _down(self, address: str, now: float) -> bool:
+        """Whether `address` failed with a network error less than `STALE_HINT_S` ago."""
+        at = self._unreachable.get(address)
+        return at is not None and now - at < self.STALE_HINT_S
 
     def __repr__(self) -> str:
         return f"Endpoints({','.join(self.addresses)} -> {self.current})"
@@ -246,15 +282,20 @@ class RpcClient:
         loop = asyncio.get_running_loop()
         began = loop.time()
         attempt = 0
+        redirected = False
         while True:
             try:
                 return await self._attempt(body, timeout_s, deadline, began)
             except MetactlError as exc:
-                if isinstance(self._address, Endpoints):
-                    self._address.failed(exc)  # the next try goes elsewhere
-                if not policy.should_retry(exc, attempt):
+                # The next try goes elsewhere. A redirect to a hinted active controller
+                # (never two in a row) is made at once and not counted against the
+                # policy's attempts: a last try that reaches a standby naming the new
+                # active controller does not fail the request.
+                redirect = isinstance(self._address, Endpoints) and self._address.failed(exc)
+                redirected = redirect and not redirected and policy.should_retry(exc, 0)
+                if not redirected and not policy.should_retry(exc, attempt):
                     raise
-                delay = policy.backoff(attempt)
+                delay = 0.0 if redirected else policy.backoff(attempt)
                 if isinstance(exc, ThrottlingQuotaExceededError):  # KIP-599: wait it out
                     delay = max(delay, exc.retry_after_ms / 1000)
                 if deadline is not None and loop.time() + delay >= deadline:
@@ -264,7 +305,8 @@ class RpcClient:
                     raise
                 if deadline is not None and loop.time() >= deadline:
                     raise  # the sleep overran the deadline
-                attempt += 1
+                if not redirected:
+                    attempt += 1
 
     async def _attempt(
         self, body: Message, timeout_s: float, deadline: float | None, began: float

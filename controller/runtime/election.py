@@ -7,7 +7,9 @@ down, and again.
    current, and answer reads from it.
 2. **Campaign** for the log's leadership key (`metadata_log.etcd.lease`), waiting while
    another controller holds it; each holder seen becomes the service's NOT_CONTROLLER
-   hint.
+   hint, and has its listener watched meanwhile (`controller.runtime.dead_active`,
+   unless `--dead-active-detection disabled`): a holder found dead (its port refuses
+   connections) has its lease revoked, so the campaign need not wait out the TTL.
 3. **Take over.** Open the log for writing under the won leadership (its appends are
    fenced by it), replay what the standby image has not seen yet (up to the log end,
    which nobody else can move now), abort a transaction the previous controller left
@@ -32,12 +34,13 @@ from typing import TYPE_CHECKING, Final
 
 import structlog
 
+from controller.runtime.dead_active import DeadActive
 from controller.runtime.standby import Standby
 from metactl.errors import MetactlError, StoreUnavailableError
 from metadata_image.transactions import LogReplay
 from metadata_log.etcd.client import Etcd, EtcdTarget
 from metadata_log.etcd.layout import open_meta
-from metadata_log.etcd.lease import LeaderInfo, Leadership, current_leader
+from metadata_log.etcd.lease import Holder, LeaderInfo, Leadership, current_leader
 from metadata_log.etcd.store import EtcdLogStore
 
 if TYPE_CHECKING:
@@ -59,6 +62,17 @@ class Election:
         self.etcd = etcd
         self.settings = service.ha
         self._last_warning = 0.0
+        self.dead_active = (
+            DeadActive(
+                etcd,
+                node=self.node,
+                own_address=lambda: service.advertised,
+                ssl=service.client_ssl,
+                revoked=service.role_metrics.dead_active_revocations.inc,
+            )
+            if self.settings.dead_active_detection
+            else None
+        )
 
     @classmethod
     async def start(cls, service: ControllerService, url: str, *, verify_all: bool) -> Election:
@@ -96,6 +110,8 @@ class Election:
                 self._warn("campaign failed; retrying", exc)
                 await asyncio.sleep(RETRY_S)  # etcd reconnects by itself meanwhile
                 continue
+            if self.dead_active is not None:
+                self.dead_active.follow(None)
             try:
                 await self._take_over(leadership)
             except MetactlError as exc:
@@ -164,8 +180,10 @@ class Election:
             return None, 0, why
         return info, token, None
 
-    def _seen(self, holder: LeaderInfo | None) -> None:
-        self.service.leader_hint = _address(holder)
+    def _seen(self, holder: Holder) -> None:
+        self.service.leader_hint = _address(holder.info)
+        if self.dead_active is not None:
+            self.dead_active.follow(holder)
 
     async def _take_over(self, leadership: Leadership) -> None:
         started = time.monotonic()
@@ -216,6 +234,8 @@ class Election:
 
     async def close(self) -> None:
         """Resign if leading, stop the standby, close the etcd client."""
+        if self.dead_active is not None:
+            await self.dead_active.close()
         leadership = self.service.leadership
         if leadership is not None:
             await leadership.resign()

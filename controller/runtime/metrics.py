@@ -669,8 +669,9 @@ def event_processing_age(ctl: Controller) -> float:
 
 class RoleMetrics:
     """What a controller service serves on `/metrics`: whether it is the active controller
-    (`metactl_controller_active`), how often it took over (`..._failovers_total`), and,
-    while active, every metric of `ControllerMetrics` (a fresh set per term: counters
+    (`metactl_controller_active`), how often it took over (`..._failovers_total`), how
+    often it revoked a dead active controller's lease (`..._dead_active_revocations_total`)
+    and, while active, every metric of `ControllerMetrics` (a fresh set per term: counters
     count what this term committed, and a scrape of a standby shows no cluster gauges, so
     sums over controllers count each partition once, as Kafka's controller gauges do)."""
 
@@ -685,6 +686,13 @@ class RoleMetrics:
             "metactl_controller_failovers",
             "Times this controller took over as the active controller after winning the "
             "metadata log's leadership (etcd logs only; a SQLite log has one controller).",
+            registry=self.registry,
+        )
+        self.dead_active_revocations = Counter(
+            "metactl_controller_dead_active_revocations",
+            "Leases of a dead active controller (its listener refused connections) that "
+            "this controller revoked as a standby, so as to take over without waiting out "
+            "the TTL (etcd logs, --dead-active-detection).",
             registry=self.registry,
         )
         self.current: ControllerMetrics | None = None

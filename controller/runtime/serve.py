@@ -169,6 +169,16 @@ def add_ha_arguments(p: argparse.ArgumentParser) -> None:
         help="etcd logs: this controller's name in the leadership key and its logs "
         "(default: the advertised address)",
     )
+    p.add_argument(
+        "--dead-active-detection",
+        choices=["enabled", "disabled"],
+        default="enabled",
+        help="etcd logs: a standby holds a connection to the active controller's "
+        "advertised listener and, when that port refuses connections twice 0.1 s apart "
+        "(the process died; its host is up), revokes its lease and takes over at once "
+        "instead of after the lease TTL; a frozen or unreachable controller still costs "
+        "the TTL (default enabled)",
+    )
     add_etcd_tls_arguments(p)
 
 
@@ -182,6 +192,7 @@ def ha_settings(args: Any) -> HaSettings:
         node_id=getattr(args, "node_id", None),
         cluster_id=getattr(args, "cluster_id", None),
         etcd_tls=etcd_tls_from(args),
+        dead_active_detection=getattr(args, "dead_active_detection", "enabled") == "enabled",
     )
 
 

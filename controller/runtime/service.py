@@ -155,6 +155,9 @@ class HaSettings:
     node_id: str | None = None  # the name in the leadership key; default: the address
     cluster_id: str | None = None  # checked against the log's (or given to a new log)
     etcd_tls: EtcdTls | None = None  # TLS to etcd (--etcd-cacert/--etcd-cert/--etcd-key)
+    # A standby that finds the active controller's listener refusing connections revokes
+    # its lease rather than wait out the TTL (controller.runtime.dead_active).
+    dead_active_detection: bool = True
 
 
 MAX_ALTER_PARTITION_ITEMS: Final = 10_000

@@ -516,7 +516,9 @@ class Etcd:
 
         return await self._hedged("a lease keep-alive", once, timeout_s, hedge_s)
 
-    async def revoke(self, lease_id: int, timeout_s: float | None = None) -> None:
+    async def revoke(self, lease_id: int, timeout_s: float | None = None) -> bool:
+        """Revoke a lease (its keys are deleted with it): True, or False if etcd no
+        longer had it (expired, or revoked already)."""
         try:
             await self._hedged(
                 "a lease revoke", lambda c: self._service(c, "lease").revoke(lease_id), timeout_s
@@ -524,6 +526,8 @@ class Etcd:
         except StorageError as exc:
             if "lease not found" not in exc.message:
                 raise
+            return False
+        return True
 
     # --- watches -------------------------------------------------------------------------
 

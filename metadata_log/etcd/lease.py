@@ -43,7 +43,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Final, NamedTuple
 
 import msgspec
 import structlog
@@ -57,7 +57,7 @@ from metadata_log.etcd.client import (
     op_put,
 )
 
-__all__ = ["LeaderInfo", "Leadership", "current_leader", "decode_leader"]
+__all__ = ["LEADER_KEY", "Holder", "LeaderInfo", "Leadership", "current_leader", "decode_leader"]
 
 log = structlog.get_logger("metadata_log.etcd")
 
@@ -78,6 +78,15 @@ class LeaderInfo(msgspec.Struct, frozen=True):
     node: str
     address: str = ""  # HOST:PORT of the holder's listener ("" for a tool with no listener)
     since_ms: int = 0
+
+
+class Holder(NamedTuple):
+    """The leadership key as a campaign found it held by another: its value (None if it
+    does not decode), its create revision (that term's token) and its lease."""
+
+    info: LeaderInfo | None
+    token: int
+    lease_id: int
 
 
 def decode_leader(value: bytes) -> LeaderInfo | None:
@@ -123,11 +132,11 @@ class Leadership:
         *,
         ttl_s: int = DEFAULT_LEASE_TTL_S,
         wait: bool = True,
-        on_leader: Callable[[LeaderInfo | None], None] | None = None,
+        on_leader: Callable[[Holder], None] | None = None,
     ) -> Leadership:
         """Campaign until elected. With `wait=False`, one try: a key held by another
         raises LogError naming the holder. `on_leader` hears of each other holder seen
-        while waiting (None: the key is free)."""
+        while waiting (again after each of the campaign's re-reads)."""
         key = etcd.target.key(LEADER_KEY)
         while True:
             sent = time.monotonic()
@@ -174,8 +183,8 @@ class Leadership:
                     f"metadata log {etcd.target.url} is already open for writing by {who} "
                     f"(it holds the leadership key)"
                 )
-            if on_leader is not None:
-                on_leader(holder)
+            if on_leader is not None and kvs:
+                on_leader(Holder(holder, int(kvs[0].create_revision), int(kvs[0].lease)))
             await _await_release(etcd, key, int(r.header.revision) + 1)
 
     @property

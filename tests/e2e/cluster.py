@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -49,10 +50,28 @@ SESSION_MS = 1500
 TIMEOUT_S = 60.0
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free on 127.0.0.1 now, below Linux's ephemeral range (32768 on), and not
+    handed out before by this process. A port the kernel chooses (bind to 0) lies in that
+    range, where any outgoing connection may take it as its own before the process meant
+    for it listens there, or a connect to it while nothing listens may connect to itself;
+    restarted controllers failed with LISTEN_FAILED so."""
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(20000, 32000)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError("no free port in 20000..32000")
 
 
 class Process:

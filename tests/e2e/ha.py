@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from metactl.errors import MetactlError
 from metadata_log.etcd.client import Etcd, EtcdTarget, prefix_end
@@ -38,8 +40,16 @@ CLUSTER_ID = "ha-e2e"
 
 
 class HaCluster:
-    def __init__(self, root: Path, *, etcd_members: int = 3, controllers: int = 3) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        etcd_members: int = 3,
+        controllers: int = 3,
+        controller_args: tuple[str, ...] = (),
+    ) -> None:
         self.root = root
+        self.controller_args = controller_args  # more flags for every controller
         self.etcd = LocalEtcd(root / "etcd", etcd_members)
         self.addresses = [f"127.0.0.1:{free_port()}" for _ in range(controllers)]
         self.controllers: dict[str, Process] = {}
@@ -67,7 +77,7 @@ class HaCluster:
              "--listen", address, "--metadata-log", self.url, "--cluster-id", CLUSTER_ID,
              "--lease-ttl-s", str(LEASE_TTL_S), "--node-id", f"c{i}",
              "--heartbeat-interval-ms", str(HEARTBEAT_MS), "--session-timeout-ms",
-             str(SESSION_MS), "--insecure"],
+             str(SESSION_MS), "--insecure", *self.controller_args],
             self.root / "logs" / f"controller-{i}.log",
         )  # fmt: skip
         p.await_ready()
@@ -98,6 +108,18 @@ class HaCluster:
         self.etcd.stop()
 
     # --- observing -------------------------------------------------------------------------
+
+    def events(self, address: str) -> list[dict[str, Any]]:
+        """The structured log lines (JSON) the controller at `address` wrote so far, over
+        every run of it."""
+        log = self.root / "logs" / f"controller-{self.addresses.index(address) + 1}.log"
+        found = []
+        for line in log.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if isinstance(event, dict):
+                    found.append(event)
+        return found
 
     async def leader(self) -> tuple[LeaderInfo | None, int]:
         etcd = await Etcd.connect(EtcdTarget.parse(self.url), timeout_s=2.0)

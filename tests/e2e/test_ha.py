@@ -77,6 +77,46 @@ async def test_sigkill_the_active_controller_under_load(tmp_path: Path) -> None:
         c.stop()
 
 
+REVOKED = "revoked the lease of a dead active controller"
+ELECTED = "elected: holds the metadata log's leadership"
+
+
+async def test_a_standby_revokes_the_lease_of_a_killed_active_controller(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL of the active controller: its port refuses connections at once, so the
+    standby revokes its lease and takes over without waiting out the TTL (issue 21).
+    Told by the controllers' events, not by timing: the lease is 10 s here, so that
+    only the revocation (not the TTL) can explain the takeover, and the new active
+    controller logged the revocation of the killed one's term before its election."""
+    c = HaCluster(
+        tmp_path, etcd_members=1, controllers=2, controller_args=("--lease-ttl-s", "10")
+    ).start()
+    try:
+        first, token = await c.wait_leader()
+        c.start_broker(1)
+        await brokers_on(c, first.address, {1})
+        writer = Writer(c.bootstrap).start()
+        await writer.acks_after(0, 5)
+        killed = time.monotonic()
+        c.controllers[first.address].signal(signal.SIGKILL)
+        new, _ = await c.wait_leader(other_than=token)
+        await writer.acks_after(killed, 5, not_by=first.address)
+        await writer.stop()
+        events = c.events(new.address)
+        names = [e.get("event") for e in events]
+        revoked = [e for e in events if e.get("event") == REVOKED]
+        assert len(revoked) == 1, names
+        assert revoked[0]["active"] == first.node and revoked[0]["token"] == token
+        elected = max(i for i, n in enumerate(names) if n == ELECTED)
+        assert names.index(REVOKED) < elected, names
+        d = await c.describe(new.address)
+        assert set(writer.acked) <= {p.topic for p in d.partitions}
+        assert await c.log_written_once() == d.end_offset
+    finally:
+        c.stop()
+
+
 async def test_a_paused_active_controller_is_fenced_and_steps_down(tmp_path: Path) -> None:
     """SIGSTOP for longer than the lease: a standby takes over. A write sent to the old
     one while it is stopped waits in its socket; once SIGCONT resumes it, it answers
@@ -120,6 +160,9 @@ async def test_a_paused_active_controller_is_fenced_and_steps_down(tmp_path: Pat
                 await asyncio.sleep(0.05)  # polling interval of a log file
         assert "leadership lost" in text
         assert await c.log_written_once() == d.end_offset
+        # A frozen process still accepts connections on its port: the standby waited out
+        # the TTL rather than revoke the lease.
+        assert REVOKED not in [e.get("event") for e in c.events(new.address)]
     finally:
         c.stop()
 

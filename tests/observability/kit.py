@@ -11,7 +11,6 @@ import contextlib
 import json
 import shutil
 import signal
-import socket
 import ssl
 import string
 import subprocess
@@ -59,6 +58,7 @@ from protocol.messages import (
 )
 from protocol.tls import CA_CERT, VIEWER, cert_path, key_path
 from protocol.transport import read_frame
+from tests.e2e.cluster import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 GRAFANA = REPO / "grafana"
@@ -76,14 +76,6 @@ def scrape_context(certs: Path, principal: str) -> ssl.SSLContext:
     ctx = ssl.create_default_context(cafile=str(certs / CA_CERT))
     ctx.load_cert_chain(str(cert_path(certs, principal)), str(key_path(certs, principal)))
     return ctx
-
-
-def free_port() -> int:
-    """A port that was free a moment ago (bind, read, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Cluster:

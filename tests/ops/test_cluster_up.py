@@ -9,7 +9,6 @@ import os
 import queue
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,18 +21,13 @@ import pytest
 from ops.certs import default_names, init_certs
 from protocol.flags import ENV_TLS_DIR
 from protocol.tls import CA_CERT, CA_KEY
+from tests.e2e.cluster import free_port
 from tests.observability.kit import scrape_context
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "ops.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def env() -> dict[str, str]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from metadata_log.sqlite_format import LOG_FILE_NAME
 from metadata_log.sqlite_store import SqliteLogStore
 from ops.cli import main
 from ops.etcd_local import LocalEtcd
+from tests.e2e.cluster import free_port
 from tests.metadata_log.log_fixtures import records
 
 REPO = Path(__file__).resolve().parents[2]
@@ -236,12 +236,6 @@ def log_row(path: Path) -> str | None:
     with sqlite3.connect(path) as db:
         row = db.execute("SELECT value FROM meta WHERE key = 'cluster_id'").fetchone()
     return None if row is None else str(row[0])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cluster_up(data: Path) -> subprocess.CompletedProcess[str]:

@@ -203,3 +203,64 @@ def test_ride_failover_retries_until_the_deadline_but_not_a_lone_dead_address() 
     assert lone.should_retry(NetworkError("refused"), 2)
     assert not lone.should_retry(NetworkError("refused"), 3)  # nowhere else to go
     assert lone.should_retry(NotControllerError("a standby"), 50)
+
+
+def test_endpoints_poll_the_standbys_rather_than_a_hinted_address_that_just_refused() -> None:
+    """A killed active controller: its address refuses, and until its lease is gone the
+    standbys still name it. Its hint is not followed while the refusal is recent (and
+    rotation skips it), so the retries go to the standbys, one of which takes over; a
+    hint naming another address is a redirect (`failed` is True)."""
+    from metactl.errors import NotControllerError
+    from protocol.client import Endpoints
+
+    now = [0.0]
+    e = Endpoints(["a:1", "b:1", "c:1"], clock=lambda: now[0])
+    assert not e.failed(NetworkError("a:1: refused")) and e.current == "b:1"
+    assert not e.failed(NotControllerError("standby", leader="a:1")) and e.current == "c:1"
+    assert not e.failed(NotControllerError("standby", leader="a:1")) and e.current == "b:1"
+    assert not e.failed(NotControllerError("no controller is active")) and e.current == "c:1"
+    assert e.failed(NotControllerError("standby", leader="b:1")) and e.current == "b:1"
+    now[0] = Endpoints.STALE_HINT_S  # the refusal is old news: the hint is followed again
+    assert e.failed(NotControllerError("standby", leader="a:1")) and e.current == "a:1"
+    # Every address refused lately: rotation goes on in order.
+    assert not e.failed(NetworkError("a:1: refused")) and e.current == "b:1"
+    assert not e.failed(NetworkError("b:1: refused")) and e.current == "c:1"
+    assert not e.failed(NetworkError("c:1: refused")) and e.current == "a:1"
+
+
+async def test_a_redirect_is_followed_at_once_but_never_twice_in_a_row() -> None:
+    """NOT_CONTROLLER naming the active controller: the next try goes there without a
+    backoff, and is not counted against the policy's attempts. Two addresses that name
+    each other (a stale hint, say) do not make a loop without backoff: every other retry
+    waits, and counts."""
+    from metactl.errors import NotControllerError
+
+    handlers = [Scripted(), Scripted(), Scripted()]
+    servers = [FrameServer(h) for h in handlers]
+    a, b, c = [await s.start("127.0.0.1:0") for s in servers]
+    try:
+        handlers[0].script = [NotControllerError("standby", leader=b) for _ in range(3)]
+        handlers[1].script = [NotControllerError("standby", leader=a) for _ in range(2)]
+        handlers[1].script.append(EMPTY)
+        sleeps = Sleeps()
+        async with RpcClient(f"{a},{b}", retry=policy(10, sleeps, base=0.1, cap=1.0)) as client:
+            assert await client.request(DescribeClusterRequest()) == EMPTY
+        # a -> b at once, b -> a after a backoff, a -> b at once, b -> a after one...
+        # (a redirect is not counted: the backoffs grow with the other retries only)
+        assert sleeps.delays == [0.0, 0.1, 0.0, 0.2, 0.0]
+        assert len(handlers[0].requests) == 3 and len(handlers[1].requests) == 3
+        # The last retry a policy allows, answered with a hint, still reaches the active
+        # controller: a -> b (no controller active yet: a retry), b -> c (a redirect).
+        handlers[0].script = [NotControllerError("no controller is active")]
+        handlers[1].script = [NotControllerError("standby", leader=c)]
+        handlers[2].script = [EMPTY]
+        async with RpcClient(f"{a},{b},{c}", retry=policy(2, sleeps)) as client:
+            assert await client.request(DescribeClusterRequest()) == EMPTY
+        # A client that makes no retries makes no redirect either.
+        handlers[0].script = [NotControllerError("standby", leader=c)]
+        async with RpcClient(f"{a},{b},{c}", retry=policy(1, sleeps)) as client:
+            with pytest.raises(NotControllerError):
+                await client.request(DescribeClusterRequest())
+    finally:
+        for s in servers:
+            await s.stop()

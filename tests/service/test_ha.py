@@ -203,6 +203,33 @@ async def test_a_lost_lease_makes_the_active_step_down(
     assert await log_written_once(url) == new.controller.committed_image.end_offset
 
 
+async def test_a_standby_revokes_the_lease_of_an_active_whose_port_refuses(
+    pair: list[ControllerService], url: str
+) -> None:
+    """The active controller's listener goes away while its process lives on and keeps
+    renewing its lease (a SIGKILLed process's port refuses connections the same way):
+    the standby, holding a connection to it, finds the port refusing, revokes the lease
+    and takes over, and counts it; the old one finds its lease gone and steps down.
+    Nothing acknowledged is lost, and the log stays one line: a lease revoked by
+    mistake costs a failover, never data (its appends are fenced)."""
+    active, standby = roles(pair)
+    await create(active.address, "before")
+    assert active.server is not None and active.leadership is not None
+    token = active.leadership.token
+    await active.server.stop()  # nothing listens on its port any more
+    await eventually(lambda: standby.acting, timeout_s=BOUND_S, what="the standby taking over")
+    revocations = "metactl_controller_dead_active_revocations_total"
+    assert standby.role_metrics.registry.get_sample_value(revocations) == 1
+    assert active.role_metrics.registry.get_sample_value(revocations) == 0
+    assert standby.leadership is not None and standby.leadership.token > token
+    await eventually(
+        lambda: not active.acting, timeout_s=BOUND_S, what="the old term stepping down"
+    )
+    await create(standby.address, "after")
+    assert {"before", "after"} <= set(standby.controller.committed_image.topics)
+    assert await log_written_once(url) == standby.controller.committed_image.end_offset
+
+
 async def test_a_registration_survives_a_failover(pair: list[ControllerService]) -> None:
     active, standby = roles(pair)
     epoch = await broker_up(active.address, 2)

@@ -1,0 +1,264 @@
+"""A standby's quick verdict on a dead active controller: revoke its lease rather than
+wait out the TTL (issue 21; docs/ha.md, "A killed active controller").
+
+A SIGKILLed active controller leaves the leadership key in etcd until its lease runs
+out: the TTL from its last refresh, and then up to half a second more until etcd's
+lessor notices (etcd 3.4 looks for expired leases every 500 ms). Its host's kernel
+knows at once: it closes the dead process's connections and refuses new ones on its
+port. So while its campaign waits, a standby (`DeadActive`) holds one idle connection
+to the holder's advertised listener (mutual TLS as the `controller` principal when the
+cluster has TLS; nothing is ever sent on it). When that connection ends (or cannot be
+made because it is refused), it probes the port with plain TCP connects (`_dead`): one
+that is refused (ECONNREFUSED: nothing listens on that port) counts; one accepted and
+held open is a live listener (a live controller closed an idle connection, say), and
+the watch goes on; one reset or closed at once says nothing (a dying process's
+listener can still accept for a moment while the kernel tears it down), and is tried
+again shortly. `CONFIRMATIONS` refusals, `CONFIRM_INTERVAL_S` apart, while the
+leadership key is still held under the same create revision and lease as the campaign
+saw, make the holder dead: the standby revokes that lease (LeaseRevoke), the key goes
+with it, and every standby's campaign runs at once. Each revocation is logged
+(WARNING) and counted (`metactl_controller_dead_active_revocations_total`).
+
+Only a listener this standby has reached before counts: refusals from an address it has
+never connected to (a firewall that rejects the standby, a wrong advertised address, a
+holder that died before the standby started) are not evidence of death, and revoking on
+them would depose every new active controller in turn. Such a holder waits out its TTL.
+
+What it cannot see, and leaves to the TTL: a frozen controller (SIGSTOP, a stalled
+machine) still accepts connections, and a partitioned or powered-off host times them
+out. Safety never rests on it: every append is fenced by the leadership key's create
+revision (`metadata_log.etcd.store`), so a live controller's lease revoked by mistake
+(its port refusing for a moment, an address another host answers) costs a failover,
+never data. `--dead-active-detection disabled` turns it off.
+
+This module decides nothing about metadata and never writes the log: it only watches a
+listener and revokes a lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl as _ssl
+import time
+from collections.abc import Callable
+from typing import Final, Literal
+
+import structlog
+
+from metactl.errors import InvalidRequestError, MetactlError
+from metadata_log.etcd.client import Etcd
+from metadata_log.etcd.lease import LEADER_KEY, Holder
+from protocol.codec import parse_address
+
+__all__ = ["CONFIRMATIONS", "CONFIRM_INTERVAL_S", "DeadActive"]
+
+log = structlog.get_logger("metactl.controller.dead_active")
+
+CONFIRMATIONS: Final = 2
+"""Refused connections that make the holder dead."""
+CONFIRM_INTERVAL_S: Final = 0.1
+"""Between two of them: a process restarting on the port has time to listen again."""
+PROBE_RETRY_S: Final = 0.02
+"""After a probe that said nothing (reset, closed at once, timed out)."""
+MAX_PROBES: Final = 8
+"""Probes after a lost connection before the watch goes back to holding one."""
+CONNECT_TIMEOUT_S: Final = 1.0
+"""A connection (with its TLS handshake) not made in this long: the host may be away."""
+RECONNECT_S: Final = 1.0
+"""Pause before connecting again after a connection that could not be made, or that the
+holder closed less than this long after it was made (so a listener that accepts and
+closes at once is not hammered)."""
+ETCD_TIMEOUT_S: Final = 1.0
+"""The leadership key's read and the revocation, each."""
+
+Connected = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+class DeadActive:
+    """Watches the listener of the leadership's holder while this controller campaigns
+    (`follow`), and revokes the holder's lease once it finds it dead."""
+
+    def __init__(
+        self,
+        etcd: Etcd,
+        *,
+        node: str,
+        own_address: Callable[[], str],
+        ssl: _ssl.SSLContext | None,
+        revoked: Callable[[], None],
+    ) -> None:
+        self.etcd = etcd
+        self.node = node
+        self.own_address = own_address
+        self.ssl = ssl
+        self.revoked = revoked  # called once per lease this controller revoked
+        self._holder: Holder | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()  # ended ones still cleaning up
+        # Listeners this controller has held a connection to: only their refusals count.
+        self._reached: set[tuple[str, int]] = set()
+        self.attempts = 0  # connections tried to holders' listeners
+        self.attempted = asyncio.Event()  # set at each (tests await these)
+
+    def follow(self, holder: Holder | None) -> None:
+        """Watch `holder` (the leadership key as this controller's campaign saw it), or
+        nobody (None: this controller holds it, or nobody does). The same holder seen
+        again (same create revision and lease) keeps the watch it has."""
+        if holder is not None and holder == self._holder:
+            return
+        self._stop()
+        self._holder = holder
+        if holder is None or holder.info is None:
+            return
+        address = holder.info.address
+        if not address or address == self.own_address():
+            return  # a tool without a listener, or this controller's own stale key
+        try:
+            host, port = parse_address(address)
+        except InvalidRequestError:
+            return
+        self._task = asyncio.create_task(self._watch(holder, host, port), name="dead-active")
+        self._tasks.add(self._task)
+        self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error(
+                "watching the active controller's listener failed",
+                node=self.node,
+                exc_info=task.exception(),
+            )
+
+    def _stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def close(self) -> None:
+        self._stop()
+        self._holder = None
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _watch(self, holder: Holder, host: str, port: int) -> None:
+        """Until the holder is found dead and its lease revoked (or it is gone from the
+        key): hold a connection to its listener, and probe whenever it ends."""
+        while True:
+            found = await self._connect(host, port, tls=True)
+            if found is None:
+                log.debug("no connection to the active controller's listener", node=self.node)
+                await asyncio.sleep(RECONNECT_S)
+                continue
+            lived = 0.0
+            if found == "refused" and (host, port) not in self._reached:
+                # Never reached: a refusal says nothing of the holder (see the module).
+                await asyncio.sleep(RECONNECT_S)
+                continue
+            if found != "refused":
+                self._reached.add((host, port))
+                reader, writer = found
+                opened = time.monotonic()
+                log.debug("watching the active controller's listener", node=self.node)
+                try:
+                    while await reader.read(4096):
+                        pass  # nothing is expected: the controller speaks when spoken to
+                except (OSError, _ssl.SSLError):
+                    pass
+                finally:
+                    writer.close()
+                lived = time.monotonic() - opened
+            log.debug(
+                "probing the active controller's listener", node=self.node, lived_s=round(lived, 3)
+            )
+            if await self._dead(host, port):
+                if await self._revoke(holder):
+                    return
+                await asyncio.sleep(RECONNECT_S)  # etcd did not answer: look again
+            elif found != "refused" and lived < RECONNECT_S:
+                await asyncio.sleep(RECONNECT_S)  # a listener that closes at once
+
+    async def _dead(self, host: str, port: int) -> bool:
+        """Whether the listener refuses `CONFIRMATIONS` plain TCP connects,
+        `CONFIRM_INTERVAL_S` apart (False as soon as one is accepted and held open, or
+        after `MAX_PROBES` probes without a verdict)."""
+        refusals = 0
+        for _ in range(MAX_PROBES):
+            found = await self._connect(host, port, tls=False)
+            if found == "refused":
+                refusals += 1
+                if refusals >= CONFIRMATIONS:
+                    return True
+                await asyncio.sleep(CONFIRM_INTERVAL_S)
+                continue
+            if found is not None:
+                reader, writer = found
+                try:
+                    async with asyncio.timeout(PROBE_RETRY_S):
+                        await reader.read(1)  # EOF or a reset: a listener torn down
+                except TimeoutError:
+                    return False  # accepted and held open: a live listener
+                except OSError:
+                    pass
+                finally:
+                    writer.close()
+            await asyncio.sleep(PROBE_RETRY_S)
+        return False
+
+    async def _connect(
+        self, host: str, port: int, *, tls: bool
+    ) -> Connected | Literal["refused"] | None:
+        """A connection to the listener; "refused" when nothing listens on the port;
+        None when it could not be made otherwise (timed out, unreachable, TLS failed)."""
+        ssl = self.ssl if tls else None
+        if tls:
+            self.attempts += 1
+            self.attempted.set()
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                return await asyncio.open_connection(
+                    host, port, ssl=ssl, server_hostname=host if ssl is not None else None
+                )
+        except ConnectionRefusedError:
+            return "refused"
+        except (OSError, TimeoutError, _ssl.SSLError):
+            return None
+
+    async def _revoke(self, holder: Holder) -> bool:
+        """Revoke the dead holder's lease if the leadership key is still its own. True:
+        the watch is over (revoked here, or the key is gone or held by another term
+        already); False: etcd did not answer."""
+        assert holder.info is not None
+        try:
+            kv, _ = await self.etcd.get(self.etcd.target.key(LEADER_KEY), timeout_s=ETCD_TIMEOUT_S)
+            if (
+                kv is None
+                or int(kv.create_revision) != holder.token
+                or int(kv.lease) != holder.lease_id
+            ):
+                return True  # it expired or resigned meanwhile: the campaign runs anyway
+            revoked = await self.etcd.revoke(holder.lease_id, timeout_s=ETCD_TIMEOUT_S)
+        except MetactlError as exc:
+            log.warning(
+                "could not revoke the lease of a dead active controller; watching on",
+                node=self.node,
+                active=holder.info.node,
+                code=exc.code,
+                error=exc.message,
+            )
+            return False
+        if revoked:
+            self.revoked()
+            log.warning(
+                "revoked the lease of a dead active controller",
+                node=self.node,
+                active=holder.info.node,
+                address=holder.info.address,
+                token=holder.token,
+                lease=f"{holder.lease_id:x}",
+                refusals=CONFIRMATIONS,
+                interval_s=CONFIRM_INTERVAL_S,
+            )
+        return True

@@ -1,0 +1,166 @@
+"""A standby's watch of the active controller's listener (`controller.runtime.dead_active`)
+against a real etcd member and real sockets: a port that refuses connections gets the
+holder's lease revoked; a live listener, or a key that another term holds by now, does
+not. Waits are on observable events (connections accepted, the watch ending), never on
+timing. The whole controller is in tests/service/test_ha.py and tests/e2e/test_ha.py."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from controller.runtime.dead_active import DeadActive
+from metadata_log.etcd.client import Etcd, EtcdTarget
+from metadata_log.etcd.lease import Holder, LeaderInfo, Leadership, current_leader
+from ops.etcd_local import LocalEtcd
+
+BOUND_S = 30.0  # bounds a hang; no test times anything
+
+
+@pytest.fixture
+async def client(etcd: LocalEtcd) -> AsyncIterator[Etcd]:
+    c = await Etcd.connect(EtcdTarget.parse(etcd.url(f"dead/{uuid.uuid4().hex[:10]}")))
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+def closed_port() -> str:
+    """An address on which nothing listens (a port bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+async def holding(etcd: Etcd, address: str) -> tuple[Leadership, Holder]:
+    """A leadership held under `address` (its lease renewed), as a campaign sees it."""
+    leadership = await Leadership.acquire(etcd, LeaderInfo(node="dead", address=address), ttl_s=30)
+    kv, _ = await etcd.get(etcd.target.key("leader"))
+    assert kv is not None
+    return leadership, Holder(leadership.info, int(kv.create_revision), int(kv.lease))
+
+
+def detector(etcd: Etcd, revoked: list[int]) -> DeadActive:
+    return DeadActive(
+        etcd, node="standby", own_address=lambda: "", ssl=None, revoked=lambda: revoked.append(1)
+    )
+
+
+async def test_a_holder_whose_port_refuses_has_its_lease_revoked(client: Etcd) -> None:
+    """The watch holds a connection to the holder's listener; the holder dies (its
+    listener and the connection close, the port refuses): the lease is revoked."""
+    accepted: asyncio.Queue[asyncio.StreamWriter] = asyncio.Queue()
+
+    async def on_connect(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await accepted.put(writer)
+
+    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    leadership, holder = await holding(client, f"127.0.0.1:{port}")
+    revoked: list[int] = []
+    watch = detector(client, revoked)
+    try:
+        watch.follow(holder)
+        assert watch._task is not None
+        async with asyncio.timeout(BOUND_S):
+            conn = await accepted.get()  # the watch reached the listener
+            server.close()  # the holder dies: nothing listens any more
+            await server.wait_closed()
+            conn.close()
+            await watch._task  # the watch ends once it has revoked the lease
+        info, _ = await current_leader(client)
+        assert info is None and revoked == [1]
+    finally:
+        await watch.close()
+        await leadership.resign()
+
+
+async def test_a_listener_never_reached_is_not_revoked_for_its_refusals(client: Etcd) -> None:
+    """A holder whose port refuses this standby from the first try (a firewall's
+    rejection, a wrong advertised address, a holder dead before the standby came): the
+    refusals are no evidence, so nothing is revoked however often it tries; the TTL
+    decides."""
+    leadership, holder = await holding(client, closed_port())
+    revoked: list[int] = []
+    watch = detector(client, revoked)
+    try:
+        watch.follow(holder)
+        async with asyncio.timeout(BOUND_S):
+            while watch.attempts < 3:  # three refused tries, a second apart
+                watch.attempted.clear()
+                await watch.attempted.wait()
+        assert revoked == [] and leadership.valid
+        info, token = await current_leader(client)
+        assert info == holder.info and token == holder.token
+    finally:
+        await watch.close()
+        await leadership.resign()
+
+
+async def test_a_live_listener_that_drops_the_connection_is_not_revoked(client: Etcd) -> None:
+    """The listener closes the watch's first connection (as after an idle timeout): the
+    probes find it accepting, the watch connects again, and the lease stays."""
+    accepted: asyncio.Queue[asyncio.StreamWriter] = asyncio.Queue()
+
+    async def on_connect(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await accepted.put(writer)
+
+    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    leadership, holder = await holding(client, f"127.0.0.1:{port}")
+    revoked: list[int] = []
+    watch = detector(client, revoked)
+    held: list[asyncio.StreamWriter] = []
+    try:
+        watch.follow(holder)
+        async with asyncio.timeout(BOUND_S):
+            (await accepted.get()).close()  # the watch's connection, dropped
+            while len(held) < 2:  # a probe held open, then the watch's new connection
+                held.append(await accepted.get())
+        assert revoked == [] and leadership.valid
+        info, token = await current_leader(client)
+        assert info == holder.info and token == holder.token
+    finally:
+        for w in held:
+            w.close()
+        await watch.close()
+        server.close()
+        await server.wait_closed()
+        await leadership.resign()
+
+
+async def test_a_key_held_by_another_term_by_now_is_left_alone(client: Etcd) -> None:
+    """The campaign saw a holder that is gone since, and another holds the key: the dead
+    one's port refuses once the watch has reached it, but its lease is not the key's any
+    more, so nothing is revoked."""
+    accepted: asyncio.Queue[asyncio.StreamWriter] = asyncio.Queue()
+
+    async def on_connect(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await accepted.put(writer)
+
+    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    old, holder = await holding(client, f"127.0.0.1:{server.sockets[0].getsockname()[1]}")
+    await old.resign()
+    new, _ = await holding(client, "127.0.0.1:1")
+    revoked: list[int] = []
+    watch = detector(client, revoked)
+    try:
+        watch.follow(holder)
+        assert watch._task is not None
+        async with asyncio.timeout(BOUND_S):
+            conn = await accepted.get()  # reached
+            server.close()
+            await server.wait_closed()
+            conn.close()
+            await watch._task  # the watch ends, its holder gone from the key
+        assert revoked == [] and new.valid
+        _, token = await current_leader(client)
+        assert token == new.token
+    finally:
+        await watch.close()
+        await new.resign()
