@@ -39,11 +39,9 @@ import asyncio
 import contextlib
 import os
 import queue
-import random
 import re
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -59,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tests.e2e.ha as ha_processes
 from protocol.messages import Message
-from tests.e2e.cluster import Process
+from tests.e2e.cluster import Process, free_block
 from tests.e2e.ha import CLUSTER_ID, LEASE_TTL_S, HaCluster, Writer
 from tests.processes import alive
 
@@ -318,26 +316,6 @@ async def standby_restarts_and_dumps(root: Path, args: argparse.Namespace) -> No
 
 
 # --- 2. cluster up, Ctrl-C, cluster up again ---------------------------------------------------
-
-
-def free_block(n: int) -> int:
-    """The first of `n` consecutive ports free on 127.0.0.1 now."""
-    rng = random.Random()
-    for _ in range(500):
-        base = rng.randrange(20_000, 32_000 - n)  # below the ephemeral range
-        socks = []
-        try:
-            for port in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no block of free ports")
 
 
 def metactl(*args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:

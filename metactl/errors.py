@@ -386,10 +386,13 @@ class ListenError(MetactlError):
 
 
 class NetworkError(MetactlError):
-    """The peer could not be reached, or the connection broke mid-request."""
+    """The peer could not be reached, or the connection broke mid-request. `refused`:
+    the connection was refused (nothing listens at the address), the one network error
+    that says the peer is down rather than that one exchange failed."""
 
     code = "NETWORK_EXCEPTION"
     retriable = True
+    refused = False
 
 
 # --- security and quotas (Kafka names) ---------------------------------------------------

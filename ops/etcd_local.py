@@ -394,10 +394,11 @@ class LocalEtcd:
         followers stop too waits out etcd's 5 s leadership-transfer timeout (about 7 s for
         `cluster up`'s Ctrl-C, measured), while a leader stopped beside live followers
         hands over at once, and one with none left to take over does not try."""
+        for i in range(len(self.members)):  # a paused member could hold up a handover
+            self.signal_member(i, signal.SIGCONT)
         for i, m in enumerate(self.members):
             if m.proc is None:
                 continue
-            self.signal_member(i, signal.SIGCONT)
             self.signal_member(i, signal.SIGTERM)
             try:
                 m.proc.wait(timeout_s)

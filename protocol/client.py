@@ -135,7 +135,7 @@ class Endpoints:
     The client's `RetryPolicy` decides whether and when to try again.
 
     During a failover the standbys name the dead controller until its lease is gone: a
-    hint naming an address that failed with a network error less than `STALE_HINT_S`
+    hint naming an address that refused a connection less than `STALE_HINT_S`
     ago is not followed (the next address is tried instead), and rotating skips such
     addresses while others are left, so retries poll the standbys, one of which becomes
     active, rather than bounce off the dead one. `failed` says whether it moved to a
@@ -169,7 +169,8 @@ class Endpoints:
         NOT_CONTROLLER hint naming another address, not known to be down."""
         now = self._clock()
         if isinstance(exc, NetworkError):
-            self._unreachable[self.current] = now
+            if exc.refused:  # nothing listens there: down, not just one exchange failed
+                self._unreachable[self.current] = now
         elif isinstance(exc, NotControllerError):
             self._unreachable.pop(self.current, None)  # it answered
             leader = exc.leader
@@ -186,7 +187,9 @@ class Endpoints:
         return False
 
     def _down(self, address: str, now: float) -> bool:
-        """Whether `address` failed with a network error less than `STALE_HINT_S` ago."""
+        """Whether `address` refused a connection less than `STALE_HINT_S` ago. Other
+        network errors (a pooled connection closed by the peer's idle timeout, a reset,
+        an exchange that timed out) say nothing of whether it is down."""
         at = self._unreachable.get(address)
         return at is not None and now - at < self.STALE_HINT_S
 
@@ -337,7 +340,9 @@ class RpcClient:
                 raise SslAuthenticationError(f"{self.address}: TLS failed: {exc}") from None
             except (OSError, EOFError, TimeoutError, InvalidRequestError) as exc:
                 self._drop()
-                raise NetworkError(f"{self.address}: {type(exc).__name__}: {exc}") from None
+                broken = NetworkError(f"{self.address}: {type(exc).__name__}: {exc}")
+                broken.refused = isinstance(exc, ConnectionRefusedError)
+                raise broken from None
             except BaseException:
                 self._drop()  # cancelled mid-exchange: the stream is out of step
                 raise

@@ -424,6 +424,7 @@ class FrameServer:
         self.stats = ServerStats()
         self.address = ""
         self._listeners: list[socket.socket] = []
+        self._bound: list[socket.socket] = []  # closed, kept bound (`close(keep_bound=True)`)
         self._paused: set[socket.socket] = set()
         self._deferred: dict[socket.socket, tuple[socket.socket, str]] = {}
         self._wakeups = 0
@@ -569,8 +570,13 @@ class FrameServer:
         if exc.errno in _RESOURCE_ERRNOS:
             self._pause(lsock, ACCEPT_PAUSE_S)
 
-    def close(self) -> None:
-        """Stop accepting new connections (open ones keep serving until `stop`)."""
+    def close(self, *, keep_bound: bool = False) -> None:
+        """Stop accepting new connections (open ones keep serving until `stop`). With
+        `keep_bound` the listening sockets stay bound, accepting nothing, until
+        `release_listeners`: a connect to the port still succeeds (in the kernel's
+        backlog) instead of being refused, so a standby watching this active controller
+        (`controller.runtime.dead_active`) does not take a graceful stop for a death
+        while the log drains and the leadership is resigned."""
         listeners, self._listeners = self._listeners, []
         with contextlib.suppress(RuntimeError):  # the loop is gone: nothing to unregister
             loop = asyncio.get_running_loop()
@@ -582,14 +588,25 @@ class FrameServer:
         self._resume.clear()
         self._paused.clear()
         for lsock in listeners:
-            lsock.close()
+            if keep_bound:
+                self._bound.append(lsock)
+            else:
+                lsock.close()
         for sock, _ in self._deferred.values():
             sock.close()
         self._deferred.clear()
 
-    async def stop(self) -> None:
-        """Stop accepting, end every open connection, and wait for their tasks."""
-        self.close()
+    def release_listeners(self) -> None:
+        """Close the listening sockets `close(keep_bound=True)` kept (connections waiting
+        in their backlog are reset)."""
+        bound, self._bound = self._bound, []
+        for lsock in bound:
+            lsock.close()
+
+    async def stop(self, *, keep_bound: bool = False) -> None:
+        """Stop accepting, end every open connection, and wait for their tasks (the
+        listening sockets stay bound with `keep_bound`: see `close`)."""
+        self.close(keep_bound=keep_bound)
         for p in list(self._pending):
             self._drop_pending(p)
         for parked in list(self._parked):

@@ -19,10 +19,12 @@ saw, make the holder dead: the standby revokes that lease (LeaseRevoke), the key
 with it, and every standby's campaign runs at once. Each revocation is logged
 (WARNING) and counted (`metactl_controller_dead_active_revocations_total`).
 
-Only a listener this standby has reached before counts: refusals from an address it has
-never connected to (a firewall that rejects the standby, a wrong advertised address, a
-holder that died before the standby started) are not evidence of death, and revoking on
-them would depose every new active controller in turn. Such a holder waits out its TTL.
+Only a listener this standby has reached during the holder's term counts: refusals from
+one it has not connected to (a firewall that rejects the standby, or began to, a wrong
+advertised address, a holder that died before the standby started) are not evidence of
+death, and revoking on them would depose every new active controller in turn. Such a
+holder waits out its TTL. A graceful stop keeps its port bound until it has resigned
+(`FrameServer.close(keep_bound=True)`), so it is not taken for a death either.
 
 What it cannot see, and leaves to the TTL: a frozen controller (SIGSTOP, a stalled
 machine) still accepts connections, and a partitioned or powered-off host times them
@@ -95,8 +97,6 @@ class DeadActive:
         self._holder: Holder | None = None
         self._task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # ended ones still cleaning up
-        # Listeners this controller has held a connection to: only their refusals count.
-        self._reached: set[tuple[str, int]] = set()
         self.attempts = 0  # connections tried to holders' listeners
         self.attempted = asyncio.Event()  # set at each (tests await these)
 
@@ -145,7 +145,9 @@ class DeadActive:
 
     async def _watch(self, holder: Holder, host: str, port: int) -> None:
         """Until the holder is found dead and its lease revoked (or it is gone from the
-        key): hold a connection to its listener, and probe whenever it ends."""
+        key): hold a connection to its listener, and probe whenever it ends. Only once
+        a connection was made during this holder's term do refusals count."""
+        reached = False
         while True:
             found = await self._connect(host, port, tls=True)
             if found is None:
@@ -153,12 +155,12 @@ class DeadActive:
                 await asyncio.sleep(RECONNECT_S)
                 continue
             lived = 0.0
-            if found == "refused" and (host, port) not in self._reached:
+            if found == "refused" and not reached:
                 # Never reached: a refusal says nothing of the holder (see the module).
                 await asyncio.sleep(RECONNECT_S)
                 continue
             if found != "refused":
-                self._reached.add((host, port))
+                reached = True
                 reader, writer = found
                 opened = time.monotonic()
                 log.debug("watching the active controller's listener", node=self.node)

@@ -484,21 +484,30 @@ class ControllerService:
         log.info("controller stopped")
 
     async def _release(self) -> None:
-        if self.server is not None:
-            self.server.close()
-        if self.metrics_server is not None:
-            await self.metrics_server.close()
-        if self.server is not None:
-            await self.server.stop()  # ends open connections and their in-flight requests
-        for t in list(self._tasks):
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.ctl is not None:
-            await self.ctl.close()
-        if self.store is not None:
-            await self.store.close()
-        if self.election is not None:
-            await self.election.close()  # resigns, closes the standby and its client
+        # On etcd the listener stays bound (accepting nothing) until the leadership is
+        # resigned: a standby watching this controller would take a refused port for a
+        # death and revoke the lease under the draining log (`dead_active`).
+        keep = self.election is not None
+        try:
+            if self.server is not None:
+                self.server.close(keep_bound=keep)
+            if self.metrics_server is not None:
+                await self.metrics_server.close()
+            if self.server is not None:
+                # Ends open connections and their in-flight requests.
+                await self.server.stop(keep_bound=keep)
+            for t in list(self._tasks):
+                t.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            if self.ctl is not None:
+                await self.ctl.close()
+            if self.store is not None:
+                await self.store.close()
+            if self.election is not None:
+                await self.election.close()  # resigns, closes the standby and its client
+        finally:
+            if self.server is not None:
+                self.server.release_listeners()
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coro, name=name)

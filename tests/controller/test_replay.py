@@ -160,6 +160,25 @@ class TestReplayRecords:
         assert again.replicas_by_broker == image.replicas_by_broker
         assert set(again.offline) == {("t", 0), ("t", 1)}
 
+    def test_a_run_of_partition_records_over_several_topics_indexes_each(self) -> None:
+        # One run of PartitionRecords (as a snapshot's) moves from topic to topic: each
+        # topic's new partitions, grouped by replicas, reach every replica's index entry
+        # under their own topic.
+        image = replay(
+            ClusterImage(),
+            [
+                TopicRecord(name="a", topic_id="x", partitions=2, min_isr=1),
+                TopicRecord(name="b", topic_id="y", partitions=2, min_isr=1),
+                PartitionRecord(topic="a", partition=0, replicas=[1, 2], isr=[1, 2], leader=1),
+                PartitionRecord(topic="a", partition=1, replicas=[2, 3], isr=[2, 3], leader=2),
+                PartitionRecord(topic="b", partition=0, replicas=[1, 2], isr=[1, 2], leader=1),
+                PartitionRecord(topic="b", partition=1, replicas=[1, 2], isr=[1, 2], leader=2),
+            ],
+        )
+        assert set(image.replicas_by_broker[1]) == {("a", 0), ("b", 0), ("b", 1)}
+        assert set(image.replicas_by_broker[2]) == {("a", 0), ("a", 1), ("b", 0), ("b", 1)}
+        assert set(image.replicas_by_broker[3]) == {("a", 1)}
+
     def test_partition_change_sets_only_the_given_fields(self) -> None:
         base = replay(
             ClusterImage(),

@@ -53,6 +53,25 @@ TIMEOUT_S = 60.0
 _HANDED_OUT: set[int] = set()
 
 
+def free_block(n: int) -> int:
+    """The first of `n` consecutive ports free on 127.0.0.1 now, below the ephemeral
+    range (see `free_port`), none handed out before by this process."""
+    rng = random.Random()
+    for _ in range(500):
+        base = rng.randrange(20000, 32000 - n)
+        if any(p in _HANDED_OUT for p in range(base, base + n)):
+            continue
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(base, base + n):
+                    held.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.update(range(base, base + n))
+        return base
+    raise RuntimeError(f"no {n} consecutive free ports in 20000..32000")
+
+
 def free_port() -> int:
     """A port free on 127.0.0.1 now, below Linux's ephemeral range (32768 on), and not
     handed out before by this process. A port the kernel chooses (bind to 0) lies in that

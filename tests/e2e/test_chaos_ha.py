@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import socket
 import subprocess
 import sys
 import textwrap
@@ -29,32 +27,13 @@ import pytest
 
 from metadata_log.etcd.tls import ENV_CACERT, ENV_CERT, ENV_KEY
 from ops.certs import etcd_client_tls, init_etcd_certs
+from tests.e2e.cluster import free_block
 from tests.processes import alive
 
 pytestmark = [pytest.mark.slow]
 
 CLI = [sys.executable, "-m", "ops.cli", "chaos", "run"]
 PORTS = 2 * 3 + 2 * 3 + 3  # 3 controllers, 3 etcd members, 3 brokers
-
-
-def free_block(n: int) -> int:
-    """The first of `n` consecutive ports free on 127.0.0.1 now."""
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20_000, 60_000 - n)
-        socks = []
-        try:
-            for port in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise AssertionError("no block of free ports")
 
 
 def run_ha(tmp_path: Path, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any], str]:

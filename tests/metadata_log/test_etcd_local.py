@@ -6,9 +6,7 @@ by another process is LISTEN_FAILED before any member starts."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import random
 import socket
 from pathlib import Path
 
@@ -17,6 +15,7 @@ import pytest
 from metactl.errors import InvalidConfigurationError, ListenError
 from metadata_log.etcd.client import Etcd, EtcdTarget, op_put
 from ops.etcd_local import PORTS_FILE, LocalEtcd
+from tests.e2e.cluster import free_block
 
 
 async def put_get(cluster: LocalEtcd, value: bytes | None) -> bytes | None:
@@ -47,26 +46,8 @@ def test_a_three_member_cluster_restarts_on_its_directory(tmp_path: Path) -> Non
         again.stop()
 
 
-def free_pair_below_ephemeral() -> int:
-    """A port p with p and p + 1 free, below Linux's ephemeral range (32768 on), so that no
-    outgoing connection of a parallel test takes p + 1 between this choice and etcd's bind
-    (a free port from the kernel and the one after it failed so in a CI run)."""
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 32000, 2)
-        with contextlib.ExitStack() as held:
-            try:
-                for port in (base, base + 1):
-                    s = held.enter_context(socket.socket())
-                    s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return base
-    raise AssertionError("no free port pair in 20000..32000")
-
-
 def test_other_ports_or_member_counts_on_a_directory_are_refused(tmp_path: Path) -> None:
-    base = free_pair_below_ephemeral()
+    base = free_block(2)
     cluster = LocalEtcd(tmp_path, 1, base_port=base)
     assert (cluster.members[0].client_port, cluster.members[0].peer_port) == (base, base + 1)
     cluster.start()

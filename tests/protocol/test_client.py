@@ -215,7 +215,7 @@ def test_endpoints_poll_the_standbys_rather_than_a_hinted_address_that_just_refu
 
     now = [0.0]
     e = Endpoints(["a:1", "b:1", "c:1"], clock=lambda: now[0])
-    assert not e.failed(NetworkError("a:1: refused")) and e.current == "b:1"
+    assert not e.failed(refused("a:1")) and e.current == "b:1"
     assert not e.failed(NotControllerError("standby", leader="a:1")) and e.current == "c:1"
     assert not e.failed(NotControllerError("standby", leader="a:1")) and e.current == "b:1"
     assert not e.failed(NotControllerError("no controller is active")) and e.current == "c:1"
@@ -223,9 +223,43 @@ def test_endpoints_poll_the_standbys_rather_than_a_hinted_address_that_just_refu
     now[0] = Endpoints.STALE_HINT_S  # the refusal is old news: the hint is followed again
     assert e.failed(NotControllerError("standby", leader="a:1")) and e.current == "a:1"
     # Every address refused lately: rotation goes on in order.
-    assert not e.failed(NetworkError("a:1: refused")) and e.current == "b:1"
-    assert not e.failed(NetworkError("b:1: refused")) and e.current == "c:1"
-    assert not e.failed(NetworkError("c:1: refused")) and e.current == "a:1"
+    assert not e.failed(refused("a:1")) and e.current == "b:1"
+    assert not e.failed(refused("b:1")) and e.current == "c:1"
+    assert not e.failed(refused("c:1")) and e.current == "a:1"
+
+
+def refused(address: str) -> NetworkError:
+    error = NetworkError(f"{address}: ConnectionRefusedError")
+    error.refused = True
+    return error
+
+
+def test_endpoints_follow_a_hint_to_a_live_active_whose_connection_merely_broke() -> None:
+    """The active controller closed a pooled connection (its idle timeout), or one
+    exchange timed out: that is no sign it is down. The standby's hint naming it is
+    followed at once (skipping it for a second made a broker's five attempts go round
+    the standbys and give up with NOT_CONTROLLER, the active alive)."""
+    from metactl.errors import NotControllerError
+    from protocol.client import Endpoints
+
+    e = Endpoints(["a:1", "b:1", "c:1"], clock=lambda: 0.0)
+    assert not e.failed(NetworkError("a:1: EOFError")) and e.current == "b:1"
+    assert e.failed(NotControllerError("standby", leader="a:1")) and e.current == "a:1"
+
+
+async def test_only_a_refused_connection_is_marked_refused(
+    server: FrameServer, handler: Scripted
+) -> None:
+    handler.script = [EMPTY]
+    address = server.address
+    async with RpcClient(address) as client:
+        await client.request(DescribeClusterRequest())  # a pooled connection
+        await server.stop()  # closes it, and nothing listens any more
+        with pytest.raises(NetworkError) as broken:
+            await client.request(DescribeClusterRequest())
+        with pytest.raises(NetworkError) as refusal:
+            await client.request(DescribeClusterRequest())
+    assert not broken.value.refused and refusal.value.refused
 
 
 async def test_a_redirect_is_followed_at_once_but_never_twice_in_a_row() -> None:

@@ -150,9 +150,22 @@ async def test_a_resigning_active_hands_over_and_nothing_acknowledged_is_lost(
     for i in range(5):
         await create(active.address, f"before-{i}")
         acked.append(f"before-{i}")
+    # A drain that takes a while (a large transaction, a slow disk): meanwhile the
+    # standby, whose watch connection the stop ended, probes the port; it must find it
+    # bound, not refusing, and leave the lease to the resignation.
+    assert active.ctl is not None
+    drain = active.ctl.close
+
+    async def slow_drain() -> None:
+        await asyncio.sleep(1.0)  # longer than the standby's two refusals, 0.1 s apart
+        await drain()
+
+    active.ctl.close = slow_drain  # type: ignore[method-assign]
     await active.stop()  # resigns: the standby need not wait for the lease to expire
     await eventually(lambda: standby.acting, timeout_s=BOUND_S, what="the standby taking over")
     assert standby.role_metrics.registry.get_sample_value("metactl_controller_failovers_total") == 1
+    revocations = "metactl_controller_dead_active_revocations_total"
+    assert standby.role_metrics.registry.get_sample_value(revocations) == 0
     await create(standby.address, "after")
     acked.append("after")
     topics = set(standby.controller.committed_image.topics)
