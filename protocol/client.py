@@ -322,7 +322,7 @@ class RpcClient:
                 return await self._request_once(body, timeout_s)
         except TimeoutError:
             raise RequestTimedOutError(
-                f"no answer from {self.address} within {round(deadline - began, 3):g} s"
+                f"no answer from {self.address} within {max(0.0, round(deadline - began, 3)):g} s"
             ) from None
 
     async def _request_once(self, body: Message, timeout_s: float) -> Message:

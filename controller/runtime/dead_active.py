@@ -148,10 +148,21 @@ class DeadActive:
         key): hold a connection to its listener, and probe whenever it ends. Only once
         a connection was made during this holder's term do refusals count."""
         reached = False
+        warned = False
         while True:
             found = await self._connect(host, port, tls=True)
             if found is None:
-                log.debug("no connection to the active controller's listener", node=self.node)
+                # Never reached this term: unreachable, timed out, or TLS refused (a wrong
+                # CA, a name mismatch): detection cannot work for this holder; say so once.
+                # (Once reached, this is a holder going away, gracefully or not.)
+                if not warned and not reached:
+                    warned = True
+                    log.warning(
+                        "cannot reach the active controller's listener; a death will be "
+                        "noticed by its lease running out",
+                        node=self.node,
+                        address=f"{host}:{port}",
+                    )
                 await asyncio.sleep(RECONNECT_S)
                 continue
             lived = 0.0
