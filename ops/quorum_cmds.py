@@ -2,11 +2,15 @@
 `kafka-metadata-quorum.sh describe` shows KRaft's.
 
 Every controller named by `--bootstrap-controller` is asked `DescribeQuorum` at once
-(each answers for itself, active or standby, and is never redirected), and so is the
-active controller if an answer names one that was not listed. A controller that does
-not answer within `ASK_S` (or `--timeout`, if shorter) is shown as unreachable with its
-error; only when none answers does the command fail, with the first error (docs/cli.md's
-table: NETWORK_EXCEPTION, status 5).
+(each answers for itself, active or standby, and is never redirected), and then, at
+once, every controller the answers name that was not asked yet: the active one, and on
+etcd every controller recorded there (`metadata_log.etcd.registry`: each controller
+records itself when it starts and refreshes its last-seen time every few seconds), so
+asking one controller lists them all, as kafka-metadata-quorum lists every voter. A
+controller that does not answer within `ASK_S` (or `--timeout`, if shorter) is shown as
+unreachable with its error and, if recorded, its node id and when it was last seen; only
+when none answers does the command fail, with the first error (docs/cli.md's table:
+NETWORK_EXCEPTION, status 5).
 
 * `--status`: Kafka's fields where they mean the same here (ClusterId, LeaderId,
   LeaderEpoch: on etcd the leadership key's create revision, the term's fencing token;
@@ -30,7 +34,7 @@ import argparse
 import asyncio
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import msgspec
@@ -40,7 +44,12 @@ from ops.cli import EXIT_OK, HELP_FORMAT, examples
 from ops.client import Security, add_controller_arguments, ask, controller_address, security_from
 from ops.events import iso_ms
 from protocol.client import RetryPolicy
-from protocol.messages import DescribeQuorumRequest, DescribeQuorumResponse, EtcdMemberState
+from protocol.messages import (
+    DescribeQuorumRequest,
+    DescribeQuorumResponse,
+    EtcdMemberState,
+    RegisteredController,
+)
 
 __all__ = ["QuorumView", "gather", "register"]
 
@@ -71,14 +80,15 @@ def register(sub: Any) -> None:
         "describe",
         help="the active controller and its term (--status) or every controller's "
         "progress and the etcd members (--replication)",
-        description="Ask every controller of --bootstrap-controller (and the active one, "
-        "if not listed) what it knows of the quorum. --status: the cluster id, the active "
+        description="Ask every controller of --bootstrap-controller, then every other "
+        "controller the answers name (the active one and, on etcd, every controller "
+        "recorded there), what it knows of the quorum. --status: the cluster id, the active "
         "controller, its term (the etcd leadership key's create revision; none for a "
         "single controller on SQLite), the log end and the largest lag. --replication: "
         "one row per controller (applied offset, lag behind the log end, role: active, "
         "standby or unreachable) and, on etcd, each member's health. A controller that "
-        f"does not answer within {ASK_S:g} s is listed as unreachable; the command fails "
-        "only if none answers.",
+        f"does not answer within {ASK_S:g} s is listed as unreachable (with when it was "
+        "last seen, if recorded in etcd); the command fails only if none answers.",
         epilog=examples(
             "metactl quorum describe --status",
             "metactl quorum describe --replication --bootstrap-controller "
@@ -105,15 +115,23 @@ def register(sub: Any) -> None:
 
 @dataclass(frozen=True)
 class QuorumView:
-    """What one controller answered (`view`), or why it did not (`error`)."""
+    """What one controller answered (`view`), or why it did not (`error`); and how it
+    recorded itself in etcd (`registered`), if it did."""
 
     asked: str  # the address asked
     view: DescribeQuorumResponse | None = None
     error: MetactlError | None = None
+    registered: RegisteredController | None = None
 
     @property
     def address(self) -> str:
         return self.view.address if self.view is not None else self.asked
+
+    @property
+    def node_id(self) -> str | None:
+        if self.view is not None:
+            return self.view.node_id
+        return self.registered.node_id if self.registered is not None else None
 
 
 async def _ask_one(
@@ -136,9 +154,10 @@ async def _ask_one(
 async def gather(
     addresses: list[str], security: Security, timeout_s: float, *, etcd_members: bool
 ) -> list[QuorumView]:
-    """Every controller's answer (or error), the bootstrap's in order, then the active
-    controller's if no bootstrap address reached it. Two addresses that reach the same
-    controller count once."""
+    """Every controller's answer (or error): the bootstrap's in order, then the active
+    controller's if no bootstrap address reached it, then those of the controllers
+    recorded in etcd that were not asked yet (by node id). Two addresses that reach the
+    same controller count once. Each view carries its controller's record, if any."""
     per = min(ASK_S, timeout_s)
     views = list(
         await asyncio.gather(*(_ask_one(a, security, per, etcd_members) for a in addresses))
@@ -146,16 +165,36 @@ async def gather(
     known = {v.address for v in views} | set(addresses)
     leaders = {v.view.leader_address for v in views if v.view is not None}
     extra = sorted(a for a in leaders if a and a not in known)
+    records = registered_controllers(views)
+    answered_ids = {v.view.node_id for v in views if v.view is not None}
+    extra += [
+        r.address
+        for r in records.values()
+        if r.node_id not in answered_ids and r.address not in known and r.address not in extra
+    ]
     if extra:
         views += await asyncio.gather(*(_ask_one(a, security, per, etcd_members) for a in extra))
+    by_address = {r.address: r for r in records.values()}
     out: list[QuorumView] = []
     seen: set[tuple[str, str]] = set()
     for v in views:
         key = (v.view.node_id, v.view.address) if v.view is not None else ("", v.asked)
         if key not in seen:
             seen.add(key)
-            out.append(v)
+            record = records.get(v.view.node_id) if v.view is not None else None
+            out.append(replace(v, registered=record or by_address.get(v.address)))
     return out
+
+
+def registered_controllers(views: list[QuorumView]) -> dict[str, RegisteredController]:
+    """The controllers recorded in etcd, as the answers list them, by node id (sorted);
+    of two records of one node, the one seen last."""
+    found: dict[str, RegisteredController] = {}
+    for v in views:
+        for r in v.view.controllers if v.view is not None else ():
+            if r.node_id not in found or r.last_seen_ms > found[r.node_id].last_seen_ms:
+                found[r.node_id] = r
+    return dict(sorted(found.items()))
 
 
 # --- the summary ----------------------------------------------------------------------------
@@ -196,6 +235,15 @@ class Summary:
         return max(lags, default=0)
 
     @property
+    def controllers_error(self) -> str | None:
+        """Why the controllers recorded in etcd are unknown: no answer listed any and one
+        said why (None: known, or not on etcd)."""
+        answered = [v.view for v in self.views if v.view is not None]
+        if any(a.controllers for a in answered):
+            return None
+        return next((a.controllers_error for a in answered if a.controllers_error), None)
+
+    @property
     def etcd(self) -> DescribeQuorumResponse | None:
         """The answer whose etcd members are shown: the active's, else the first's."""
         answered = [v.view for v in self.views if v.view is not None]
@@ -206,22 +254,31 @@ class Summary:
 
 
 def _controller_json(s: Summary, qv: QuorumView) -> dict[str, Any]:
+    out: dict[str, Any]
     if qv.view is None:
         assert qv.error is not None
-        return {
+        out = {}
+        if qv.registered is not None:
+            out["node_id"] = qv.registered.node_id
+        out |= {
             "address": qv.asked,
             "role": "unreachable",
             "error": {"code": qv.error.code, "message": qv.error.message},
         }
-    v = qv.view
-    return {
-        "node_id": v.node_id,
-        "address": v.address,
-        "role": v.role,
-        "applied_offset": v.applied_offset,
-        "log_end_offset": v.log_end_offset,
-        "lag": s.lag(v),
-    }
+    else:
+        v = qv.view
+        out = {
+            "node_id": v.node_id,
+            "address": v.address,
+            "role": v.role,
+            "applied_offset": v.applied_offset,
+            "log_end_offset": v.log_end_offset,
+            "lag": s.lag(v),
+        }
+    if qv.registered is not None:
+        out["started_ms"] = qv.registered.started_ms
+        out["last_seen_ms"] = qv.registered.last_seen_ms
+    return out
 
 
 def as_json(s: Summary, *, replication: bool) -> dict[str, Any]:
@@ -246,6 +303,8 @@ def as_json(s: Summary, *, replication: bool) -> dict[str, Any]:
     }
     if src.leader_id is None:
         out["leader_problem"] = src.leader_problem
+    if s.controllers_error is not None:
+        out["controllers_error"] = s.controllers_error
     if replication:
         e = s.etcd
         out["etcd_members"] = [msgspec.to_builtins(m) for m in e.etcd_members] if e else []
@@ -257,21 +316,32 @@ def as_json(s: Summary, *, replication: bool) -> dict[str, Any]:
 # --- text -----------------------------------------------------------------------------------
 
 
+def _age(ms: int) -> str:
+    """How long ago the epoch milliseconds `ms` were: `37s`, `4m05s`, `3h12m`."""
+    seconds = max(0, int(time.time() - ms / 1000))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
 def _ago(ms: int | None) -> str:
     if not ms:
         return "-"
-    seconds = max(0, int(time.time() - ms / 1000))
-    if seconds < 120:
-        ago = f"{seconds}s"
-    elif seconds < 7200:
-        ago = f"{seconds // 60}m{seconds % 60:02d}s"
-    else:
-        ago = f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    return f"{iso_ms(ms)} ({ago} ago)"
+    return f"{iso_ms(ms)} ({_age(ms)} ago)"
+
+
+def _last_seen(qv: QuorumView) -> str:
+    r = qv.registered
+    return f"last seen {_age(r.last_seen_ms)} ago" if r is not None and r.last_seen_ms else ""
 
 
 def _who(qv: QuorumView) -> str:
     if qv.view is None:
+        seen = _last_seen(qv)
+        if qv.registered is not None:
+            return f"{qv.registered.node_id}@{qv.asked} (unreachable{', ' if seen else ''}{seen})"
         return f"{qv.asked} (unreachable)"
     v = qv.view
     name = v.address if v.node_id == v.address else f"{v.node_id}@{v.address}"
@@ -327,15 +397,20 @@ def replication_lines(s: Summary) -> list[str]:
     for qv in s.views:
         if qv.view is None:
             assert qv.error is not None
+            node = qv.registered.node_id if qv.registered is not None else "-"
+            seen = _last_seen(qv)
             lines.append(
-                f"{'-':<12} {qv.asked:<22} {'-':>14} {'-':>8}  unreachable "
-                f"({qv.error.code}: {' '.join(qv.error.message.split())})"
+                f"{node:<12} {qv.asked:<22} {'-':>14} {'-':>8}  unreachable "
+                f"({seen}{'; ' if seen else ''}"
+                f"{qv.error.code}: {' '.join(qv.error.message.split())})"
             )
             continue
         v = qv.view
         lines.append(
             f"{v.node_id:<12} {v.address:<22} {v.applied_offset:>14} {s.lag(v):>8}  {v.role}"
         )
+    if s.controllers_error is not None:
+        lines.append(f"(the controllers recorded in etcd could not be read: {s.controllers_error})")
     e = s.etcd
     if s.source.backend == "etcd":
         lines.append("")

@@ -482,6 +482,16 @@ class EtcdMemberState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=T
     error: str = ""  # why it is not healthy: no answer, no leader known, an alarm
 
 
+class RegisteredController(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A controller of an etcd log as it last recorded itself there (its own clock's
+    epoch ms): listed even once gone, with when it was last seen."""
+
+    node_id: str
+    address: str
+    started_ms: int = 0
+    last_seen_ms: int = 0
+
+
 class DescribeQuorumResponse(_Msg, tag="DescribeQuorumResponse", frozen=True):
     """One controller's view of the quorum. Offsets are the log's: `applied_offset` is
     the offset after the last record this controller has applied (a standby's tailing
@@ -507,6 +517,11 @@ class DescribeQuorumResponse(_Msg, tag="DescribeQuorumResponse", frozen=True):
     leader_problem: str | None = None
     etcd_members: list[EtcdMemberState] = []
     etcd_error: str | None = None  # the members' status could not be read
+    # Every controller recorded in etcd (`metadata_log.etcd.registry`), so the tool can ask
+    # those it was not given. Empty on SQLite, from an older controller, or if etcd did
+    # not say (`controllers_error`); an older receiver ignores both, so no new version.
+    controllers: list[RegisteredController] = []
+    controllers_error: str | None = None
 
 
 # --- controller -> broker ---------------------------------------------------------------

@@ -19,6 +19,11 @@ down, and again.
    leadership, or one whose outcome is unknown): resign at once (revoke the lease, so a
    standby takes over without waiting for the TTL), close the driver, and go back to 1.
 
+Whatever its role, the controller records itself in etcd (``controllers/<node id>``:
+its address, start and last-seen times) when it starts and every few seconds after
+(`metadata_log.etcd.registry`), so that `metactl quorum describe` lists every controller,
+a gone one with when it was last seen; a failed write is only logged.
+
 An etcd that cannot be reached is waited out (retried, logged at most once a second); at
 start-up it is an error instead (`Election.start`), so a misconfigured controller exits.
 
@@ -41,6 +46,7 @@ from metadata_image.transactions import LogReplay
 from metadata_log.etcd.client import Etcd, EtcdTarget
 from metadata_log.etcd.layout import open_meta
 from metadata_log.etcd.lease import Holder, LeaderInfo, Leadership, current_leader
+from metadata_log.etcd.registry import ControllerEntry, Registration, registered
 from metadata_log.etcd.store import EtcdLogStore
 
 if TYPE_CHECKING:
@@ -73,6 +79,8 @@ class Election:
             if self.settings.dead_active_detection
             else None
         )
+        self.registration = Registration(etcd, self.node, service.advertised)
+        self._registration_task: asyncio.Task[None] | None = None
 
     @classmethod
     async def start(cls, service: ControllerService, url: str, *, verify_all: bool) -> Election:
@@ -86,9 +94,14 @@ class Election:
             await open_meta(etcd, create=True, cluster_id=service.ha.cluster_id)
             election = cls(service, url, etcd)
             await election._start_standby(verify_all=verify_all)
+            # Recorded before serving (a failure is only logged), refreshed from then on.
+            await election.registration.write()
         except BaseException:
             await etcd.close()
             raise
+        election._registration_task = asyncio.create_task(
+            election.registration.run(), name="controller-registration"
+        )
         return election
 
     @property
@@ -180,6 +193,17 @@ class Election:
             return None, 0, why
         return info, token, None
 
+    async def controllers(self) -> tuple[list[ControllerEntry], str | None]:
+        """Every controller recorded in etcd (`metadata_log.etcd.registry`), read within
+        a second; or ([], why not)."""
+        try:
+            async with asyncio.timeout(1.0):
+                return await registered(self.etcd), None
+        except TimeoutError:
+            return [], "etcd did not answer within 1 s"
+        except MetactlError as exc:
+            return [], exc.message
+
     def _seen(self, holder: Holder) -> None:
         self.service.leader_hint = _address(holder.info)
         if self.dead_active is not None:
@@ -234,6 +258,10 @@ class Election:
 
     async def close(self) -> None:
         """Resign if leading, stop the standby, close the etcd client."""
+        if self._registration_task is not None:
+            self._registration_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._registration_task
         if self.dead_active is not None:
             await self.dead_active.close()
         leadership = self.service.leadership

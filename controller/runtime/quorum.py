@@ -7,7 +7,8 @@ how far it has applied the log and the log end it knows; who the active controll
 and its term (on etcd: the leadership key's holder and create revision, the fencing
 token; read by a standby within a second, and when etcd does not answer, why); and, if
 asked, each etcd member's own status (`metadata_log.etcd.client.member_health`, read at
-most twice a second). A
+most twice a second); and, on etcd, every controller recorded there
+(`metadata_log.etcd.registry`), so that the tool can ask those it was not given. A
 single controller on a SQLite log has no election and no term: it says so by leaving
 them out, and is its own leader.
 
@@ -23,7 +24,12 @@ from typing import TYPE_CHECKING, Any, Final
 
 from metactl.errors import MetactlError
 from metadata_log.backends import is_etcd_url
-from protocol.messages import DescribeQuorumRequest, DescribeQuorumResponse, EtcdMemberState
+from protocol.messages import (
+    DescribeQuorumRequest,
+    DescribeQuorumResponse,
+    EtcdMemberState,
+    RegisteredController,
+)
 
 if TYPE_CHECKING:
     from controller.runtime.service import ControllerService
@@ -101,6 +107,19 @@ async def describe_quorum(
             problem = "no controller holds the leadership (an election is under way)"
     elif not service.replicated:
         problem = "the metadata log stopped taking writes; reopening it"
+    controllers: list[RegisteredController] = []
+    controllers_error: str | None = None
+    if service.election is not None:
+        entries, controllers_error = await service.election.controllers()
+        controllers = [
+            RegisteredController(
+                node_id=e.node,
+                address=e.address,
+                started_ms=e.started_ms,
+                last_seen_ms=e.last_seen_ms,
+            )
+            for e in entries
+        ]
     members: list[EtcdMemberState] = []
     etcd_error: str | None = None
     if request.etcd_members and service.election is not None:
@@ -143,4 +162,6 @@ async def describe_quorum(
         leader_problem=problem,
         etcd_members=members,
         etcd_error=etcd_error,
+        controllers=controllers,
+        controllers_error=controllers_error,
     )

@@ -29,6 +29,7 @@ from metadata_log.etcd.client import (
     prefix_end,
 )
 from metadata_log.etcd.lease import LEADER_KEY, decode_leader
+from metadata_log.etcd.registry import CONTROLLERS_PREFIX
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "Keys", "LogMeta", "holder", "open_meta", "read_state"]
 
@@ -63,6 +64,7 @@ class Keys:
         self.log_end = prefix_end(self.log)
         self.snap = p + b"snap/"
         self.leader = p + LEADER_KEY.encode()
+        self.controllers = p + CONTROLLERS_PREFIX.encode()
 
     def batch(self, base: int) -> bytes:
         return self.log + b"%020d" % base

@@ -17,6 +17,9 @@ Keys, all under the log's prefix (``etcd://host:port/metactl/demo`` → ``/metac
   chunks of at most one append's size, the manifest (timestamp, CRC, chunk count, size)
   written last; a snapshot without a manifest does not exist.
 * ``leader``: the leadership key (`metadata_log.etcd.lease`).
+* ``controllers/<node id>``: each controller of the log as it last recorded itself (its
+  address, start and last-seen times), for `metactl quorum describe`
+  (`metadata_log.etcd.registry`); advisory, written by every controller, fenced by none.
 
 **Appends are fenced.** A group commit is one etcd transaction that succeeds only if
 ``state/end`` still holds the offset the writer expects and the leadership key's create

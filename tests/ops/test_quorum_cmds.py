@@ -9,10 +9,14 @@ processes, and etcd over TLS end to end (item 9):
   unreachable and a killed etcd member as unhealthy, and the command still succeeds.
 * On a single SQLite controller it says there is no term; an address that does not
   answer is a row, and only when none answers does the command fail (status 5).
+* Every controller records itself in etcd: asked only one of three controllers, the
+  tool lists all three; a killed standby stays listed, unreachable, with its node id and
+  when it was last seen.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shlex
@@ -27,6 +31,7 @@ import pytest
 
 from ops.cli import main
 from tests.e2e.cluster import Process, free_port
+from tests.e2e.ha import HaCluster
 from tests.ops.test_cluster_supervision import pids
 from tests.ops.test_cluster_up import Up, metactl
 
@@ -185,3 +190,50 @@ def test_no_controller_answering_fails_by_name(capsys: pytest.CaptureFixture[str
     with pytest.raises(SystemExit) as usage:  # --status or --replication: argparse's 2
         main(["quorum", "describe", "--insecure"])
     assert usage.value.code == 2
+
+
+def test_asking_one_controller_lists_every_controller_recorded_in_etcd(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = HaCluster(tmp_path, etcd_members=1, controllers=3)
+    try:
+        cluster.start()  # each controller records itself in etcd before it says READY
+        leader, _ = asyncio.run(cluster.wait_leader())
+        node_of = {a: f"c{i}" for i, a in enumerate(cluster.addresses, 1)}
+        standby = next(a for a in cluster.addresses if a != leader.address)
+        asked = next(a for a in cluster.addresses if a not in (leader.address, standby))
+        flags = ["--bootstrap-controller", asked, "--insecure"]
+
+        assert main(["quorum", "describe", "--replication", *flags, "--json"]) == 0
+        rep = json.loads(capsys.readouterr().out)
+        rows = {c["address"]: c for c in rep["controllers"]}
+        assert rows.keys() == set(cluster.addresses), rep
+        assert {a: r["node_id"] for a, r in rows.items()} == node_of
+        assert rows[leader.address]["role"] == "active"
+        assert rows[asked]["role"] == rows[standby]["role"] == "standby"
+        assert all(r["last_seen_ms"] >= r["started_ms"] > 0 for r in rows.values())
+        assert rep["controllers"][0]["address"] == asked  # the one asked comes first
+
+        # A killed standby stays listed: unreachable, with its node id and last-seen age.
+        p = cluster.controllers[standby]
+        p.signal(signal.SIGKILL)
+        p.wait()
+        assert main(["quorum", "describe", "--replication", *flags, "--json"]) == 0
+        rep = json.loads(capsys.readouterr().out)
+        rows = {c["address"]: c for c in rep["controllers"]}
+        assert rows.keys() == set(cluster.addresses), rep
+        gone = rows[standby]
+        assert gone["role"] == "unreachable" and gone["node_id"] == node_of[standby], gone
+        assert gone["error"]["code"] == "NETWORK_EXCEPTION" and gone["last_seen_ms"] > 0
+        assert sorted(r["role"] for r in rows.values()) == ["active", "standby", "unreachable"]
+
+        assert main(["quorum", "describe", "--replication", *flags]) == 0
+        text = capsys.readouterr().out
+        line = next(x for x in text.splitlines() if standby in x)
+        assert line.startswith(node_of[standby] + " ") and "unreachable (last seen " in line
+        assert main(["quorum", "describe", "--status", *flags]) == 0
+        text = capsys.readouterr().out
+        assert f"{node_of[standby]}@{standby} (unreachable, last seen " in text
+        assert f"{node_of[leader.address]}@{leader.address} (active)" in text
+    finally:
+        cluster.stop()

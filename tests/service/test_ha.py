@@ -13,14 +13,16 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 import pytest
+from structlog.testing import capture_logs
 
 from controller.core.config import ControllerConfig
 from controller.runtime.clock import VirtualClock
 from controller.runtime.driver import Controller
 from controller.runtime.service import ControllerService, HaSettings
-from metactl.errors import CorruptLogError, NotControllerError
+from metactl.errors import CorruptLogError, NotControllerError, StoreUnavailableError
 from metadata_log.etcd.client import Etcd, EtcdTarget, op_put
 from metadata_log.etcd.lease import current_leader
+from metadata_log.etcd.registry import Registration, registered
 from metadata_log.etcd.store import EtcdLogStore
 from metadata_log.records import NoOpRecord
 from ops.etcd_local import LocalEtcd
@@ -33,6 +35,8 @@ from protocol.messages import (
     CreateTopicsResponse,
     DescribeClusterRequest,
     DescribeClusterResponse,
+    DescribeQuorumRequest,
+    DescribeQuorumResponse,
     Message,
     RegisterBroker,
     RegisterBrokerResponse,
@@ -252,6 +256,47 @@ async def test_a_registration_survives_a_failover(pair: list[ControllerService])
     assert b is not None and b.epoch == epoch and not b.fenced
     # Its session starts over on the new controller: a full timeout of grace, no fence.
     assert standby.sessions.expired([2], standby.clock.now_ms()) == []
+
+
+async def test_every_controller_records_itself_and_a_failed_record_only_logs(
+    pair: list[ControllerService], url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each controller is in etcd from its start (node id, address, start and last-seen
+    times), so either one's DescribeQuorum names both; a refresh moves the last-seen time
+    on; a write etcd refuses is logged once (rate-limited) and raises nothing."""
+    active, standby = roles(pair)
+    async with RpcClient(standby.address) as c:
+        r = await c.request(DescribeQuorumRequest(), timeout_s=10)
+    assert isinstance(r, DescribeQuorumResponse) and r.controllers_error is None
+    assert {(x.node_id, x.address) for x in r.controllers} == {
+        (s.ha.node_id, s.advertised) for s in pair
+    }
+    mine = next(x for x in r.controllers if x.node_id == standby.ha.node_id)
+    assert mine.last_seen_ms >= mine.started_ms > 0
+    assert standby.election is not None
+    assert await standby.election.registration.write()
+    entries, problem = await standby.election.controllers()
+    assert problem is None
+    again = next(e for e in entries if e.node == standby.ha.node_id)
+    assert again.started_ms == mine.started_ms and again.last_seen_ms >= mine.last_seen_ms
+
+    etcd = await Etcd.connect(EtcdTarget.parse(url))
+    try:
+
+        async def refused(*args: Any, **kwargs: Any) -> Any:
+            raise StoreUnavailableError("etcd is down")
+
+        monkeypatch.setattr(etcd, "txn", refused)
+        registration = Registration(etcd, "c9", "127.0.0.1:1")
+        with capture_logs() as logs:
+            assert await registration.write() is False
+            assert await registration.write() is False
+        warnings = [e for e in logs if e["log_level"] == "warning"]
+        assert len(warnings) == 1 and warnings[0]["error"] == "etcd is down", logs
+    finally:
+        await etcd.close()
+    assert active.election is not None
+    assert {e.node for e in await registered(active.election.etcd)} == {s.ha.node_id for s in pair}
 
 
 async def test_an_append_in_flight_when_the_term_ends_is_refused_by_the_fence(
