@@ -913,13 +913,17 @@ class FrameServer:
         pool under the certificate's principal, then serving."""
         loop = asyncio.get_running_loop()
         remaining = max(0.001, p.deadline - loop.time())
+        # The transport, once the handshake made it: a cancellation or the deadline can
+        # land after it is made and before this task resumes, and it must then be aborted
+        # (the socket is its own), not left to a later close of the bare descriptor.
+        made: list[asyncio.BaseTransport] = []
         try:
             async with asyncio.timeout(remaining):
-                reader, writer = await _streams(loop, p.sock, self.ssl, remaining)
+                reader, writer = await _streams(loop, p.sock, self.ssl, remaining, made.append)
         except asyncio.CancelledError as exc:
             _unlink(exc)
             self._forget(p)  # dropped to make room (forgotten already), or stopping
-            _leave_to_transport(p.sock)
+            _let_go(p.sock, made)
             self._trim.released()
             return
         except (TimeoutError, OSError) as exc:  # ssl.SSLError is an OSError
@@ -928,7 +932,7 @@ class FrameServer:
             reason = "handshake_timeout" if isinstance(exc, TimeoutError) else "handshake_failed"
             self.stats.closed_total[reason] += 1
             self._throttled.warning(f"TLS {reason.replace('_', ' ')}", peer=p.host)
-            _leave_to_transport(p.sock)
+            _let_go(p.sock, made)
             self._trim.released()
             return
         self._forget(p)
@@ -1160,15 +1164,35 @@ async def _bind(loop: asyncio.AbstractEventLoop, host: str, port: int) -> list[s
     return socks
 
 
+class _TellingProtocol(asyncio.StreamReaderProtocol):
+    """A StreamReaderProtocol that hands its transport to `on_made` as it is made."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        loop: asyncio.AbstractEventLoop,
+        on_made: Callable[[asyncio.BaseTransport], None] | None,
+    ) -> None:
+        super().__init__(reader, loop=loop)
+        self._on_made = on_made
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self._on_made is not None:
+            self._on_made(transport)
+        super().connection_made(transport)
+
+
 async def _streams(
     loop: asyncio.AbstractEventLoop,
     sock: socket.socket,
     ctx: ssl.SSLContext | None,
     handshake_timeout_s: float | None = None,
+    on_made: Callable[[asyncio.BaseTransport], None] | None = None,
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """Streams over an accepted socket, after a server-side TLS handshake with `ctx`."""
+    """Streams over an accepted socket, after a server-side TLS handshake with `ctx`;
+    `on_made` is told the transport as soon as it exists."""
     reader = asyncio.StreamReader(loop=loop)
-    protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+    protocol = _TellingProtocol(reader, loop, on_made)
     if ctx is None:
         transport, _ = await loop.connect_accepted_socket(lambda: protocol, sock)
     else:
@@ -1211,6 +1235,18 @@ def _linger_reset(sock: socket.socket) -> None:
     """Make the socket's close send a reset rather than a FIN."""
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+def _let_go(sock: socket.socket, made: list[asyncio.BaseTransport]) -> None:
+    """A handshake's connection once it failed or was cancelled: its transport, if the
+    handshake made one, is aborted (a reset; the transport closes the socket); else the
+    socket is left to whatever transport asyncio built during the handshake
+    (`_leave_to_transport`)."""
+    if made:
+        _linger_reset(sock)
+        made[0].abort()  # type: ignore[attr-defined]
+    else:
+        _leave_to_transport(sock)
 
 
 def _leave_to_transport(sock: socket.socket) -> None:
