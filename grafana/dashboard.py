@@ -515,13 +515,22 @@ def build() -> dash_m.Dashboard:
             18,
             "Controller failovers",
             "Times a controller took over as the active one "
-            "(increase of metactl_controller_failovers_total).",
+            "(increase of metactl_controller_failovers_total), and times a standby "
+            "revoked the lease of an active controller it found dead, its port refusing "
+            "connections (metactl_controller_dead_active_revocations_total; docs/ha.md, "
+            '"A killed active controller"): a failover without one waited out the lease.',
             [
                 query(
                     "sum by (instance) "
                     f"(increase(metactl_controller_failovers_total{CTL}[$__rate_interval]))",
                     "{{instance}}",
-                )
+                ),
+                query(
+                    "sum by (instance) (increase("
+                    f"metactl_controller_dead_active_revocations_total{CTL}[$__rate_interval]))",
+                    "{{instance}} revoked a dead active's lease",
+                    "B",
+                ),
             ],
             bars=True,
         )
