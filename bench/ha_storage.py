@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import tests.e2e.ha as ha_processes
 from protocol.messages import Message
 from tests.e2e.cluster import Process, free_block
-from tests.e2e.ha import CLUSTER_ID, LEASE_TTL_S, HaCluster, Writer
+from tests.e2e.ha import LEASE_TTL_S, HaCluster, Writer
 from tests.processes import alive
 
 # Broker sessions as Kafka's defaults (9 s), as bench/etcd_leader_loss.py has them: the
@@ -145,18 +145,7 @@ def spawn_controller(c: HaCluster, address: str) -> Process:
     """HaCluster.start_controller's process, started from this (the main) thread without
     waiting for READY: `setpriv --pdeathsig` signals a child when the thread that
     started it ends, so no worker thread may start one."""
-    i = c.addresses.index(address) + 1
-    p = Process(
-        f"controller-{i}",
-        [sys.executable, "-m", "controller", "--data-dir", str(c.root / f"c{i}"),
-         "--listen", address, "--metadata-log", c.url, "--cluster-id", CLUSTER_ID,
-         "--lease-ttl-s", str(LEASE_TTL_S), "--node-id", f"c{i}",
-         "--heartbeat-interval-ms", str(BROKER_HEARTBEAT_MS), "--session-timeout-ms",
-         str(BROKER_SESSION_MS), "--insecure", *getattr(c, "controller_args", ())],
-        c.root / "logs" / f"controller-{i}.log",
-    )  # fmt: skip
-    c.controllers[address] = p
-    return p
+    return c.start_controller(address, ready=False)
 
 
 async def restarts(c: HaCluster, n: int, stats: RestartStats) -> None:

@@ -36,22 +36,25 @@ if TYPE_CHECKING:
 
 __all__ = ["describe_quorum"]
 
-MEMBER_HEALTH_CACHE_S: Final = 0.5
-"""How long one reading of the etcd members' health answers DescribeQuorum: each reading
-opens a channel to every member, and any known principal may ask, as often as it likes."""
+READ_CACHE_S: Final = 0.5
+"""How long one reading from etcd (the members' health, the recorded controllers)
+answers DescribeQuorum: any known principal may ask, as often as it likes, and the
+members' health opens a channel to every member."""
 
-_member_cache: dict[int, tuple[float, Any]] = {}  # id(etcd client) -> (read at, health)
+# (what, id(etcd client)) -> (read at, reading)
+_read_cache: dict[tuple[str, int], tuple[float, Any]] = {}
 
 
-async def _member_health(etcd: Any, read: Callable[[Any], Awaitable[Any]]) -> Any:
-    """`read(etcd)`, or its reading of under `MEMBER_HEALTH_CACHE_S` ago."""
-    now = time.monotonic()
-    cached = _member_cache.get(id(etcd))
-    if cached is not None and now - cached[0] < MEMBER_HEALTH_CACHE_S:
+async def _cached(what: str, etcd: Any, read: Callable[[], Awaitable[Any]]) -> Any:
+    """`read()`, or the reading of `what` from this etcd client under `READ_CACHE_S` ago."""
+    key = (what, id(etcd))
+    cached = _read_cache.get(key)
+    if cached is not None and time.monotonic() - cached[0] < READ_CACHE_S:
         return cached[1]
-    found = await read(etcd)
-    _member_cache.clear()  # one client per process: no entry outlives its client
-    _member_cache[id(etcd)] = (time.monotonic(), found)
+    found = await read()
+    for stale in [k for k in _read_cache if k[1] != id(etcd)]:
+        del _read_cache[stale]  # one client per process: no entry outlives its client
+    _read_cache[key] = (time.monotonic(), found)
     return found
 
 
@@ -110,7 +113,10 @@ async def describe_quorum(
     controllers: list[RegisteredController] = []
     controllers_error: str | None = None
     if service.election is not None:
-        entries, controllers_error = await service.election.controllers()
+        election = service.election
+        entries, controllers_error = await _cached(
+            "controllers", election.etcd, election.controllers
+        )
         controllers = [
             RegisteredController(
                 node_id=e.node,
@@ -126,7 +132,8 @@ async def describe_quorum(
         from metadata_log.etcd.client import member_health  # the etcd client is loaded
 
         try:
-            found = await _member_health(service.election.etcd, member_health)
+            etcd = service.election.etcd
+            found = await _cached("members", etcd, lambda: member_health(etcd))
         except MetactlError as exc:
             etcd_error = exc.message
         else:

@@ -69,7 +69,8 @@ class HaCluster:
             self.start_controller(address)
         return self
 
-    def start_controller(self, address: str) -> Process:
+    def start_controller(self, address: str, *, ready: bool = True) -> Process:
+        """Start the controller of `address` and (with `ready`) wait for its READY."""
         i = self.addresses.index(address) + 1
         p = Process(
             f"controller-{i}",
@@ -80,7 +81,8 @@ class HaCluster:
              str(SESSION_MS), "--insecure", *self.controller_args],
             self.root / "logs" / f"controller-{i}.log",
         )  # fmt: skip
-        p.await_ready()
+        if ready:
+            p.await_ready()
         self.controllers[address] = p
         return p
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from metactl.errors import MetactlError, NotControllerError
+from metadata_log.etcd.lease import LeaderInfo
 from ops.client import call
 from protocol.codec import decode_frame, encode_frame, parse_address
 from protocol.messages import (
@@ -27,6 +28,21 @@ from protocol.transport import read_frame
 from tests.e2e.ha import HaCluster, Writer
 
 pytestmark = pytest.mark.slow
+
+
+async def writing(
+    c: HaCluster, brokers: tuple[int, ...], acks: int
+) -> tuple[LeaderInfo, int, Writer]:
+    """Once a controller leads: start `brokers`, wait until they heartbeat to it, and
+    start a writer through every controller's address; return once it has `acks`
+    acknowledged writes. The leader, its token and the writer."""
+    first, token = await c.wait_leader()
+    for b in brokers:
+        c.start_broker(b)
+    await brokers_on(c, first.address, set(brokers))
+    writer = Writer(c.bootstrap).start()
+    await writer.acks_after(0, acks)
+    return first, token, writer
 
 
 async def brokers_on(c: HaCluster, address: str, ids: set[int]) -> None:
@@ -46,12 +62,7 @@ async def brokers_on(c: HaCluster, address: str, ids: set[int]) -> None:
 async def test_sigkill_the_active_controller_under_load(tmp_path: Path) -> None:
     c = HaCluster(tmp_path).start()
     try:
-        first, token = await c.wait_leader()
-        for b in (1, 2, 3):
-            c.start_broker(b)
-        await brokers_on(c, first.address, {1, 2, 3})
-        writer = Writer(c.bootstrap).start()
-        await writer.acks_after(0, 10)
+        first, token, writer = await writing(c, (1, 2, 3), 10)
         killed = time.monotonic()
         c.controllers[first.address].signal(signal.SIGKILL)
         # An operator command sent at once, to every controller, rides the failover: it
@@ -93,11 +104,7 @@ async def test_a_standby_revokes_the_lease_of_a_killed_active_controller(
         tmp_path, etcd_members=1, controllers=2, controller_args=("--lease-ttl-s", "10")
     ).start()
     try:
-        first, token = await c.wait_leader()
-        c.start_broker(1)
-        await brokers_on(c, first.address, {1})
-        writer = Writer(c.bootstrap).start()
-        await writer.acks_after(0, 5)
+        first, token, writer = await writing(c, (1,), 5)
         killed = time.monotonic()
         c.controllers[first.address].signal(signal.SIGKILL)
         new, _ = await c.wait_leader(other_than=token)
@@ -123,11 +130,7 @@ async def test_a_paused_active_controller_is_fenced_and_steps_down(tmp_path: Pat
     NOT_CONTROLLER (it knows its lease ran out without asking etcd) and steps down."""
     c = HaCluster(tmp_path, etcd_members=1, controllers=2).start()
     try:
-        first, token = await c.wait_leader()
-        c.start_broker(1)
-        await brokers_on(c, first.address, {1})
-        writer = Writer(c.bootstrap).start()
-        await writer.acks_after(0, 5)
+        first, token, writer = await writing(c, (1,), 5)
         old = c.controllers[first.address]
         old.signal(signal.SIGSTOP)
         new, _ = await c.wait_leader(other_than=token)

@@ -7,7 +7,6 @@ timing. The whole controller is in tests/service/test_ha.py and tests/e2e/test_h
 from __future__ import annotations
 
 import asyncio
-import socket
 import uuid
 from collections.abc import AsyncIterator
 
@@ -17,6 +16,7 @@ from controller.runtime.dead_active import DeadActive
 from metadata_log.etcd.client import Etcd, EtcdTarget, op_delete
 from metadata_log.etcd.lease import Holder, LeaderInfo, Leadership, current_leader
 from ops.etcd_local import LocalEtcd
+from tests.e2e.cluster import free_port
 
 BOUND_S = 30.0  # bounds a hang; no test times anything
 
@@ -30,11 +30,35 @@ async def client(etcd: LocalEtcd) -> AsyncIterator[Etcd]:
         await c.close()
 
 
-def closed_port() -> str:
-    """An address on which nothing listens (a port bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
+class Listener:
+    """A TCP listener on loopback standing for the holder's: it queues every connection
+    it accepts (the watch's, and the probes'), and can die."""
+
+    server: asyncio.Server
+    address: str
+
+    def __init__(self) -> None:
+        self.accepted: asyncio.Queue[asyncio.StreamWriter] = asyncio.Queue()
+
+    @classmethod
+    async def start(cls) -> Listener:
+        listener = cls()
+        listener.server = await asyncio.start_server(listener._on_connect, "127.0.0.1", 0)
+        listener.address = f"127.0.0.1:{listener.server.sockets[0].getsockname()[1]}"
+        return listener
+
+    async def _on_connect(self, _: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self.accepted.put(writer)
+
+    async def close(self) -> None:
+        self.server.close()
+        await self.server.wait_closed()
+
+    async def die(self, conn: asyncio.StreamWriter) -> None:
+        """The holder dies: nothing listens on its port any more, and `conn` (the
+        watch's connection) closes, as a killed process's kernel does both."""
+        await self.close()
+        conn.close()
 
 
 async def holding(etcd: Etcd, address: str) -> tuple[Leadership, Holder]:
@@ -54,24 +78,16 @@ def detector(etcd: Etcd, revoked: list[int]) -> DeadActive:
 async def test_a_holder_whose_port_refuses_has_its_lease_revoked(client: Etcd) -> None:
     """The watch holds a connection to the holder's listener; the holder dies (its
     listener and the connection close, the port refuses): the lease is revoked."""
-    accepted: asyncio.Queue[asyncio.StreamWriter] = asyncio.Queue()
-
-    async def on_connect(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await accepted.put(writer)
-
-    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    leadership, holder = await holding(client, f"127.0.0.1:{port}")
+    listener = await Listener.start()
+    leadership, holder = await holding(client, listener.address)
     revoked: list[int] = []
     watch = detector(client, revoked)
     try:
         watch.follow(holder)
         assert watch._task is not None
         async with asyncio.timeout(BOUND_S):
-            conn = await accepted.get()  # the watch reached the listener
-            server.close()  # the holder dies: nothing listens any more
-            await server.wait_closed()
-            conn.close()
+            conn = await listener.accepted.get()  # the watch reached the listener
+            await listener.die(conn)
             await watch._task  # the watch ends once it has revoked the lease
         info, _ = await current_leader(client)
         assert info is None and revoked == [1]
@@ -85,7 +101,7 @@ async def test_a_listener_never_reached_is_not_revoked_for_its_refusals(client: 
     rejection, a wrong advertised address, a holder dead before the standby came): the
     refusals are no evidence, so nothing is revoked however often it tries; the TTL
     decides."""
-    leadership, holder = await holding(client, closed_port())
+    leadership, holder = await holding(client, f"127.0.0.1:{free_port()}")
     revoked: list[int] = []
     watch = detector(client, revoked)
     try:
@@ -105,23 +121,17 @@ async def test_a_listener_never_reached_is_not_revoked_for_its_refusals(client: 
 async def test_a_live_listener_that_drops_the_connection_is_not_revoked(client: Etcd) -> None:
     """The listener closes the watch's first connection (as after an idle timeout): the
     probes find it accepting, the watch connects again, and the lease stays."""
-    accepted: asyncio.Queue[asyncio.StreamWriter] = asyncio.Queue()
-
-    async def on_connect(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await accepted.put(writer)
-
-    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    leadership, holder = await holding(client, f"127.0.0.1:{port}")
+    listener = await Listener.start()
+    leadership, holder = await holding(client, listener.address)
     revoked: list[int] = []
     watch = detector(client, revoked)
     held: list[asyncio.StreamWriter] = []
     try:
         watch.follow(holder)
         async with asyncio.timeout(BOUND_S):
-            (await accepted.get()).close()  # the watch's connection, dropped
+            (await listener.accepted.get()).close()  # the watch's connection, dropped
             while len(held) < 2:  # a probe held open, then the watch's new connection
-                held.append(await accepted.get())
+                held.append(await listener.accepted.get())
         assert revoked == [] and leadership.valid
         info, token = await current_leader(client)
         assert info == holder.info and token == holder.token
@@ -129,8 +139,7 @@ async def test_a_live_listener_that_drops_the_connection_is_not_revoked(client: 
         for w in held:
             w.close()
         await watch.close()
-        server.close()
-        await server.wait_closed()
+        await listener.close()
         await leadership.resign()
 
 
@@ -138,13 +147,8 @@ async def test_a_key_held_by_another_term_by_now_is_left_alone(client: Etcd) -> 
     """The campaign saw a holder that is gone since, and another holds the key: the dead
     one's port refuses once the watch has reached it, but its lease is not the key's any
     more, so nothing is revoked."""
-    accepted: asyncio.Queue[asyncio.StreamWriter] = asyncio.Queue()
-
-    async def on_connect(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await accepted.put(writer)
-
-    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
-    old, holder = await holding(client, f"127.0.0.1:{server.sockets[0].getsockname()[1]}")
+    listener = await Listener.start()
+    old, holder = await holding(client, listener.address)
     # The key is taken from the old term without revoking its lease (which stays alive,
     # renewed): revoking it now would succeed, so only the check of the key stops it.
     await client.txn("delete", [], [op_delete(client.target.key("leader"))])
@@ -155,10 +159,7 @@ async def test_a_key_held_by_another_term_by_now_is_left_alone(client: Etcd) -> 
         watch.follow(holder)
         assert watch._task is not None
         async with asyncio.timeout(BOUND_S):
-            conn = await accepted.get()  # reached
-            server.close()
-            await server.wait_closed()
-            conn.close()
+            await listener.die(await listener.accepted.get())  # reached, then dead
             await watch._task  # the watch ends, its holder gone from the key
         assert revoked == [] and new.valid and old.valid
         _, token = await current_leader(client)
