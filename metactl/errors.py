@@ -322,6 +322,29 @@ class NotControllerError(MetactlError):
         self.leader = leader
 
 
+class VoterNotFoundError(MetactlError):
+    """`metactl quorum remove` named a controller that is not recorded in etcd under the
+    log's prefix (Kafka's VOTER_NOT_FOUND, which remove-controller answers for a node
+    that is not a voter)."""
+
+    code = "VOTER_NOT_FOUND"
+
+
+class ControllerInUseError(MetactlError):
+    """`metactl quorum remove` was asked to forget a controller that looks alive: it
+    recorded itself in etcd recently (`--force` removes its record anyway), or recorded
+    itself again while being removed. metactl's code."""
+
+    code = "CONTROLLER_IN_USE"
+
+
+class ControllerIsActiveError(ControllerInUseError):
+    """`metactl quorum remove` named the active controller (it holds the leadership
+    key): refused even with `--force`. metactl's code."""
+
+    code = "CONTROLLER_IS_ACTIVE"
+
+
 # --- image, brokers, scenarios ------------------------------------------------------------
 
 

@@ -26,6 +26,13 @@ NETWORK_EXCEPTION, status 5).
 `--json` prints one object instead. This module asks and prints; the answers are built
 by the controllers (`controller.runtime.quorum`) and etcd's by
 `metadata_log.etcd.client.member_health`.
+
+`metactl quorum remove --node ID --data-dir etcd://HOST:PORT/PREFIX [--force]
+[--if-exists]` (Kafka's remove-controller) forgets a controller retired for good: its
+record in etcd, so that `describe` stops listing it as unreachable. It talks to etcd
+itself (no controller need be running) and only parses, calls
+`metadata_log.etcd.retire.remove_controller` (the checks and the transaction) and prints
+one line (or `--json`).
 """
 
 from __future__ import annotations
@@ -35,11 +42,13 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
-from metactl.errors import InvalidRequestError, MetactlError
+from metactl.errors import InvalidConfigurationError, InvalidRequestError, MetactlError
+from metadata_log.backends import is_etcd_url
+from metadata_log.etcd.tls import add_etcd_tls_arguments
 from ops.cli import EXIT_OK, HELP_FORMAT, examples
 from ops.client import Security, add_controller_arguments, ask, controller_address, security_from
 from ops.events import iso_ms
@@ -51,7 +60,10 @@ from protocol.messages import (
     RegisteredController,
 )
 
-__all__ = ["QuorumView", "gather", "register"]
+if TYPE_CHECKING:
+    from metadata_log.etcd.retire import Removed
+
+__all__ = ["QuorumView", "gather", "register", "removal_line"]
 
 ASK_S: Final = 5.0
 """The most one controller's answer may take: a paused one is unreachable, not a hang."""
@@ -108,6 +120,62 @@ def register(sub: Any) -> None:
     add_controller_arguments(d)
     d.add_argument("--json", action="store_true", help="one JSON object instead of text")
     d.set_defaults(func=cmd_describe)
+
+    r = qsub.add_parser(
+        "remove",
+        help="forget a controller retired for good: delete its record in etcd "
+        "(kafka-metadata-quorum remove-controller)",
+        description="Delete the record a controller keeps of itself in etcd "
+        "(controllers/<node id> under the log's prefix), so that quorum describe stops "
+        "listing it as unreachable. Refused (status 1) for a node not recorded "
+        "(VOTER_NOT_FOUND), the active controller (CONTROLLER_IS_ACTIVE, even with "
+        "--force) and a controller seen within the last 15 s (CONTROLLER_IN_USE, unless "
+        "--force): a running controller records itself again within 5 s, so stop it "
+        "first. The delete is one etcd transaction that removes the record only if it is "
+        "still the one read. Talks to etcd directly: no controller need be running.",
+        epilog=examples(
+            "metactl quorum remove --node c3 --data-dir etcd://127.0.0.1:2379/metactl",
+            "metactl quorum remove --node c3 --data-dir etcd://127.0.0.1:2379/metactl "
+            "--etcd-cacert data/certs/etcd/ca.pem --etcd-cert data/certs/etcd/admin.pem "
+            "--etcd-key data/certs/etcd/admin-key.pem --json",
+        ),
+        formatter_class=HELP_FORMAT,
+    )
+    r.add_argument(
+        "--node",
+        "--controller-id",
+        dest="node",
+        required=True,
+        metavar="ID",
+        help="the controller's node id, as quorum describe lists it (required)",
+    )
+    r.add_argument(
+        "--data-dir",
+        required=True,
+        metavar="URL",
+        help="the etcd log's URL, etcd://HOST:PORT[,HOST:PORT...]/PREFIX (required)",
+    )
+    add_etcd_tls_arguments(r)
+    r.add_argument(
+        "--force",
+        action="store_true",
+        help="remove the record of a controller seen within the last 15 s too (never the "
+        "active one's): a running controller records itself again within 5 s",
+    )
+    r.add_argument(
+        "--if-exists",
+        action="store_true",
+        help="a node that is not recorded is not an error: nothing to do (status 0)",
+    )
+    r.add_argument(
+        "--timeout",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="seconds etcd may take to answer each call (default 5)",
+    )
+    r.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    r.set_defaults(func=cmd_remove)
 
 
 # --- asking ---------------------------------------------------------------------------------
@@ -455,3 +523,68 @@ def cmd_describe(args: argparse.Namespace) -> int:
     lines = replication_lines(summary) if args.replication else status_lines(summary)
     print("\n".join(lines))
     return EXIT_OK
+
+
+def cmd_remove(args: argparse.Namespace) -> int:
+    url: str = args.data_dir
+    node: str = args.node
+    if not is_etcd_url(url):
+        raise InvalidConfigurationError(
+            f"--data-dir {url!r} is not an etcd log's URL (etcd://HOST:PORT/PREFIX): only "
+            "controllers on etcd record themselves; a single controller on SQLite has no "
+            "record to remove"
+        )
+    if not node or not node.isprintable() or node != node.strip():
+        raise InvalidConfigurationError(f"--node must be a controller's node id: got {node!r}")
+    if not args.timeout > 0:
+        raise InvalidConfigurationError(f"--timeout must be positive, got {args.timeout}")
+
+    from metadata_log.etcd.client import Etcd, EtcdTarget  # loads gRPC: only here
+    from metadata_log.etcd.retire import remove_controller
+
+    async def run() -> tuple[str, Removed | None]:
+        etcd = await Etcd.connect(EtcdTarget.parse(url), timeout_s=args.timeout)
+        try:
+            removed = await remove_controller(
+                etcd, node, force=bool(args.force), if_exists=bool(args.if_exists)
+            )
+            return etcd.target.url, removed
+        finally:
+            await etcd.close()
+
+    where, removed = asyncio.run(run())
+    if args.json:
+        out: dict[str, Any] = {"node_id": node, "metadata_log": where, "removed": False}
+        if removed is not None:
+            out["removed"] = True
+            if removed.entry is not None:
+                out["address"] = removed.entry.address
+                out["started_ms"] = removed.entry.started_ms
+                out["last_seen_ms"] = removed.entry.last_seen_ms
+            out["revision"] = removed.revision
+            out["forced"] = removed.forced
+        print(json.dumps(out))
+    else:
+        print(removal_line(node, where, removed))
+    return EXIT_OK
+
+
+def removal_line(node: str, where: str, removed: Removed | None) -> str:
+    """The one line `quorum remove` prints (`removed` None: `--if-exists` found nothing)."""
+    from metadata_log.etcd.registry import REFRESH_S  # loaded by the removal already
+
+    if removed is None:
+        return f"controller {node} is not recorded under {where}: nothing to remove"
+    entry = removed.entry
+    if entry is None:
+        what = "an unreadable record"
+    else:
+        seen = f", last seen {_age(entry.last_seen_ms)} ago" if entry.last_seen_ms else ""
+        what = f"{entry.address}{seen}"
+    line = f"removed controller {node} ({what}) from {where}: quorum describe no longer lists it"
+    if removed.forced:
+        line += (
+            f"; it was seen {max(0.0, removed.seen_ago_s or 0.0):.0f} s before (--force): if it "
+            f"is still running it records itself again within {REFRESH_S:g} s"
+        )
+    return line

@@ -5,9 +5,12 @@ the cluster (as kafka-metadata-quorum lists every voter), not only those it was 
 Each controller puts its `ControllerEntry` (node id, advertised address, start time,
 last-seen time) when it starts and again every `REFRESH_S` (`Registration`), with no
 lease: a controller that is gone stays listed with the time it was last seen, rather
-than vanishing. A controller retired for good is forgotten by deleting its key. The
-entries are advisory: nothing elects, fences or routes by them, and a failed write is
-logged (at most once a `WARN_EVERY_S`) and tried again at the next refresh.
+than vanishing. A controller retired for good is forgotten by deleting its key
+(`unregister`, in one transaction that deletes the record only if it is still the one
+read: `recorded` gives it with the revision it was written at; `metactl quorum
+remove`, whose checks are `metadata_log.etcd.retire`'s). The entries are advisory:
+nothing elects, fences or routes by them, and a failed write is logged (at most once a
+`WARN_EVERY_S`) and tried again at the next refresh.
 
 This module must not know the log's records or the leadership.
 """
@@ -16,20 +19,34 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Final
 
 import msgspec
 import structlog
+from etcd3aio._protobuf import Compare
 
-from metadata_log.etcd.client import Etcd, op_put, prefix_end
+from metadata_log.etcd.client import (
+    Etcd,
+    compare_mod_revision,
+    op_delete,
+    op_get,
+    op_put,
+    prefix_end,
+)
 
 __all__ = [
     "CONTROLLERS_PREFIX",
     "REFRESH_S",
     "ControllerEntry",
+    "Record",
     "Registration",
+    "Unregistered",
     "decode_entry",
+    "recorded",
     "registered",
+    "unregister",
 ]
 
 log = structlog.get_logger("metadata_log.etcd")
@@ -68,6 +85,59 @@ async def registered(etcd: Etcd) -> list[ControllerEntry]:
     kvs, _, _ = await etcd.range(start, prefix_end(start))
     entries = (decode_entry(bytes(kv.value)) for kv in kvs)
     return [e for e in entries if e is not None]
+
+
+@dataclass(frozen=True)
+class Record:
+    """One controller's key as read: its entry (None if the value does not decode) and
+    the revision it was last written at (etcd's mod revision), which `unregister`
+    compares."""
+
+    node: str
+    entry: ControllerEntry | None
+    mod_revision: int
+
+
+async def recorded(etcd: Etcd, node: str) -> Record | None:
+    """The record of controller `node` (None: no key ``controllers/<node>``)."""
+    kv, _ = await etcd.get(etcd.target.key(CONTROLLERS_PREFIX + node))
+    if kv is None:
+        return None
+    return Record(node, decode_entry(bytes(kv.value)), int(kv.mod_revision))
+
+
+@dataclass(frozen=True)
+class Unregistered:
+    """What `unregister` did: `deleted` the record, at etcd `revision`; or, if not, the
+    record now there (`now`: None if the key is gone, else it was written again)."""
+
+    deleted: bool
+    revision: int
+    now: Record | None = None
+
+
+async def unregister(etcd: Etcd, record: Record, *, also: Sequence[Compare] = ()) -> Unregistered:
+    """Delete `record`'s key in one transaction, only if it was last written at the
+    record's revision (a controller that recorded itself again since keeps its record)
+    and every compare of `also` holds (the caller's conditions, e.g. on the leadership
+    key). Attempted once: an error means its outcome is unknown (read it again)."""
+    key = etcd.target.key(CONTROLLERS_PREFIX + record.node)
+    r = await etcd.txn(
+        "the removal of a controller's registration",
+        [compare_mod_revision(key, record.mod_revision), *also],
+        [op_delete(key)],
+        [op_get(key)],
+    )
+    revision = int(r.header.revision)
+    if r.succeeded:
+        return Unregistered(deleted=True, revision=revision)
+    kvs = r.responses[0].response_range.kvs
+    now = (
+        Record(record.node, decode_entry(bytes(kvs[0].value)), int(kvs[0].mod_revision))
+        if kvs
+        else None
+    )
+    return Unregistered(deleted=False, revision=revision, now=now)
 
 
 class Registration:

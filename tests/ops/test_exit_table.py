@@ -196,6 +196,9 @@ CASES: dict[str, Case] = {
     "quorum describe": Case(
         ("quorum", "describe", "--status", "--bootstrap-controller", BAD, *NET), "INVALID_CONFIG"
     ),
+    "quorum remove": Case(  # a SQLite data directory: only etcd logs record controllers
+        ("quorum", "remove", "--node", "c1", "--data-dir", "{empty}"), "INVALID_CONFIG"
+    ),
     "audit elections": Case(("audit", "elections", "--data-dir", "{empty}"), "LOG_DIR_NOT_FOUND"),
     "audit unclean-recoveries": Case(
         ("audit", "unclean-recoveries", "--data-dir", "{empty}"), "LOG_DIR_NOT_FOUND"

@@ -12,6 +12,9 @@ processes, and etcd over TLS end to end (item 9):
 * Every controller records itself in etcd: asked only one of three controllers, the
   tool lists all three; a killed standby stays listed, unreachable, with its node id and
   when it was last seen.
+* `quorum remove` forgets a killed standby (describe stops listing it) and refuses the
+  active controller (even with --force), a live standby (without --force: one removed
+  with it records itself again) and an unknown node, each by name with status 1.
 """
 
 from __future__ import annotations
@@ -235,5 +238,89 @@ def test_asking_one_controller_lists_every_controller_recorded_in_etcd(
         text = capsys.readouterr().out
         assert f"{node_of[standby]}@{standby} (unreachable, last seen " in text
         assert f"{node_of[leader.address]}@{leader.address} (active)" in text
+    finally:
+        cluster.stop()
+
+
+async def _created_at(url: str, node: str, *, after: int = 0) -> int:
+    """The create revision of controller `node`'s record, once it has one over `after`
+    (a record deleted and written again is created anew)."""
+    from metadata_log.etcd.client import Etcd, EtcdTarget
+    from metadata_log.etcd.registry import CONTROLLERS_PREFIX
+
+    etcd = await Etcd.connect(EtcdTarget.parse(url))
+    try:
+        async with asyncio.timeout(BOUND_S):
+            while True:
+                kv, _ = await etcd.get(etcd.target.key(CONTROLLERS_PREFIX + node))
+                if kv is not None and kv.create_revision > after:
+                    return int(kv.create_revision)
+                await asyncio.sleep(0.2)  # polling interval of an observable condition
+    finally:
+        await etcd.close()
+
+
+def test_quorum_remove_forgets_a_retired_controller_and_refuses_live_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = HaCluster(tmp_path, etcd_members=1, controllers=3)
+    try:
+        cluster.start()  # each controller records itself in etcd before it says READY
+        leader, _ = asyncio.run(cluster.wait_leader())
+        node_of = {a: f"c{i}" for i, a in enumerate(cluster.addresses, 1)}
+        dead, live = (a for a in cluster.addresses if a != leader.address)
+        describe = ["quorum", "describe", "--replication", "--bootstrap-controller", live,
+                    "--insecure", "--json"]  # fmt: skip
+        remove = ["quorum", "remove", "--data-dir", cluster.url]
+
+        def listed() -> set[str]:
+            assert main(describe) == 0
+            return {c["address"] for c in json.loads(capsys.readouterr().out)["controllers"]}
+
+        def refused(*args: str) -> str:
+            assert main([*remove, *args]) == 1
+            captured = capsys.readouterr()
+            assert captured.out == "" and "Traceback" not in captured.err
+            return captured.err
+
+        # The active controller: refused, even with --force.
+        for force in ([], ["--force"]):
+            err = refused("--node", node_of[leader.address], *force)
+            assert err.startswith("error: CONTROLLER_IS_ACTIVE:") and "leadership key" in err
+        # A live standby: refused without --force, saying it would record itself again.
+        err = refused("--node", node_of[live])
+        assert err.startswith("error: CONTROLLER_IN_USE:") and "--force" in err
+        assert "records itself again within 5 s" in err
+        # An unknown node: refused, naming the recorded ones; --if-exists makes it a no-op.
+        err = refused("--node", "c9")
+        assert err.startswith("error: VOTER_NOT_FOUND:") and "(recorded: c1, c2, c3)" in err
+        assert main([*remove, "--node", "c9", "--if-exists"]) == 0
+        assert "is not recorded under" in capsys.readouterr().out
+        assert listed() == set(cluster.addresses)  # nothing was removed
+
+        # A SIGKILLed standby: seen seconds ago, so --force; then no longer listed.
+        p = cluster.controllers[dead]
+        p.signal(signal.SIGKILL)
+        p.wait()
+        assert main([*remove, "--node", node_of[dead], "--force", "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["removed"] and out["forced"] and out["node_id"] == node_of[dead]
+        assert out["address"] == dead and out["metadata_log"] == cluster.url
+        deadline = time.monotonic() + BOUND_S  # answers read etcd at most twice a second
+        while dead in (rows := listed()) and time.monotonic() < deadline:
+            time.sleep(0.1)  # polling interval of an observable condition
+        assert rows == {leader.address, live}
+        err = refused("--node", node_of[dead])  # gone: a second removal finds nothing
+        assert err.startswith("error: VOTER_NOT_FOUND:") and "(recorded: " in err
+
+        # A live standby removed with --force records itself again, as the line says.
+        created = asyncio.run(_created_at(cluster.url, node_of[live]))
+        assert main([*remove, "--node", node_of[live], "--force"]) == 0
+        line = capsys.readouterr().out
+        assert line.count("\n") == 1 and line.startswith(
+            f"removed controller {node_of[live]} ({live}, last seen "
+        )
+        assert "if it is still running it records itself again within 5 s" in line
+        assert asyncio.run(_created_at(cluster.url, node_of[live], after=created)) > created
     finally:
         cluster.stop()
