@@ -516,9 +516,9 @@ def build() -> dash_m.Dashboard:
             "Controller failovers",
             "Times a controller took over as the active one "
             "(increase of metactl_controller_failovers_total), and times a standby "
-            "revoked the lease of an active controller it found dead, its port refusing "
+            "ended the term of an active controller it found dead, its port refusing "
             "connections (metactl_controller_dead_active_revocations_total; docs/ha.md, "
-            '"A killed active controller"): a failover without one waited out the lease.',
+            '"A killed active controller"): a failover without one waited out the TTL.',
             [
                 query(
                     "sum by (instance) "
@@ -528,7 +528,7 @@ def build() -> dash_m.Dashboard:
                 query(
                     "sum by (instance) (increase("
                     f"metactl_controller_dead_active_revocations_total{CTL}[$__rate_interval]))",
-                    "{{instance}} revoked a dead active's lease",
+                    "{{instance}} ended a dead active's term",
                     "B",
                 ),
             ],

@@ -56,7 +56,7 @@ HEALTH_TIMEOUT_S: Final = 30.0
 CLUSTER_TOKEN: Final = "metactl"
 PORTS_FILE: Final = "ports.json"
 # Raft timing (docs/ha.md, "Losing the etcd leader"): a lost or frozen leader is replaced
-# within one to two election timeouts, well inside the controller's lease (TTL 2 s less
+# within one to two election timeouts, well inside the controller's leadership (TTL 2 s less
 # its safety margin); etcd's defaults (100 ms, 1000 ms) take up to 2 s. Pre-vote keeps a
 # member resumed after a pause from deposing a healthy leader with a needless election.
 HEARTBEAT_MS: Final = 50

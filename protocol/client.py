@@ -134,7 +134,7 @@ class Endpoints:
     controller moves to it, one that does not (no controller is active yet) to the next.
     The client's `RetryPolicy` decides whether and when to try again.
 
-    During a failover the standbys name the dead controller until its lease is gone: a
+    During a failover the standbys name the dead controller until its term is ended: a
     hint naming an address that refused a connection less than `STALE_HINT_S`
     ago is not followed (the next address is tried instead), and rotating skips such
     addresses while others are left, so retries poll the standbys, one of which becomes

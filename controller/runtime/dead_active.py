@@ -1,9 +1,8 @@
-"""A standby's quick verdict on a dead active controller: revoke its lease rather than
-wait out the TTL (issue 21; docs/ha.md, "A killed active controller").
+"""A standby's quick verdict on a dead active controller: end its term rather than wait
+out the TTL (issue 21; docs/ha.md, "A killed active controller").
 
-A SIGKILLed active controller leaves the leadership key in etcd until its lease runs
-out: the TTL from its last refresh, and then up to half a second more until etcd's
-lessor notices (etcd 3.4 looks for expired leases every 500 ms). Its host's kernel
+A SIGKILLed active controller leaves the leadership key in etcd until a standby has seen
+it silent (no heartbeat) for the TTL (`metadata_log.etcd.lease`). Its host's kernel
 knows at once: it closes the dead process's connections and refuses new ones on its
 port. So while its campaign waits, a standby (`DeadActive`) holds one idle connection
 to the holder's advertised listener (mutual TLS as the `controller` principal when the
@@ -14,9 +13,10 @@ held open is a live listener (a live controller closed an idle connection, say),
 the watch goes on; one reset or closed at once says nothing (a dying process's
 listener can still accept for a moment while the kernel tears it down), and is tried
 again shortly. `CONFIRMATIONS` refusals, `CONFIRM_INTERVAL_S` apart, while the
-leadership key is still held under the same create revision and lease as the campaign
-saw, make the holder dead: the standby revokes that lease (LeaseRevoke), the key goes
-with it, and every standby's campaign runs at once. Each revocation is logged
+leadership key is still held under the same create revision as the campaign saw, make
+the holder dead: the standby deletes the key by a transaction that compares its create
+revision (an older controller's key: revokes its etcd lease), and every standby's
+campaign runs at once. Each revocation is logged
 (WARNING) and counted (`metactl_controller_dead_active_revocations_total`).
 
 Only a listener this standby has reached during the holder's term counts: refusals from
@@ -29,12 +29,12 @@ holder waits out its TTL. A graceful stop keeps its port bound until it has resi
 What it cannot see, and leaves to the TTL: a frozen controller (SIGSTOP, a stalled
 machine) still accepts connections, and a partitioned or powered-off host times them
 out. Safety never rests on it: every append is fenced by the leadership key's create
-revision (`metadata_log.etcd.store`), so a live controller's lease revoked by mistake
+revision (`metadata_log.etcd.store`), so a live controller's term ended by mistake
 (its port refusing for a moment, an address another host answers) costs a failover,
 never data. `--dead-active-detection disabled` turns it off.
 
 This module decides nothing about metadata and never writes the log: it only watches a
-listener and revokes a lease.
+listener and ends a term.
 """
 
 from __future__ import annotations
@@ -43,12 +43,12 @@ import asyncio
 import ssl as _ssl
 import time
 from collections.abc import Callable
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import structlog
 
 from metactl.errors import InvalidRequestError, MetactlError
-from metadata_log.etcd.client import Etcd
+from metadata_log.etcd.client import Etcd, compare_create_revision, op_delete
 from metadata_log.etcd.lease import LEADER_KEY, Holder
 from protocol.codec import parse_address
 
@@ -78,7 +78,7 @@ Connected = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 class DeadActive:
     """Watches the listener of the leadership's holder while this controller campaigns
-    (`follow`), and revokes the holder's lease once it finds it dead."""
+    (`follow`), and ends the holder's term once it finds it dead."""
 
     def __init__(
         self,
@@ -93,10 +93,10 @@ class DeadActive:
         self.node = node
         self.own_address = own_address
         self.ssl = ssl
-        self.revoked = revoked  # called once per lease this controller revoked
+        self.revoked = revoked  # called once per term this controller ended
         self._holder: Holder | None = None
         self._task: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()  # ended ones still cleaning up
+        self._tasks: set[asyncio.Task[Any]] = set()  # ended ones still cleaning up
         self.attempts = 0  # connections tried to holders' listeners
         self.attempted = asyncio.Event()  # set at each (tests await these)
 
@@ -121,7 +121,7 @@ class DeadActive:
         self._tasks.add(self._task)
         self._task.add_done_callback(self._ended)
 
-    def _ended(self, task: asyncio.Task[None]) -> None:
+    def _ended(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error(
@@ -144,7 +144,7 @@ class DeadActive:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _watch(self, holder: Holder, host: str, port: int) -> None:
-        """Until the holder is found dead and its lease revoked (or it is gone from the
+        """Until the holder is found dead and its term ended (or it is gone from the
         key): hold a connection to its listener, and probe whenever it ends. Only once
         a connection was made during this holder's term do refusals count."""
         reached = False
@@ -159,7 +159,7 @@ class DeadActive:
                     warned = True
                     log.warning(
                         "cannot reach the active controller's listener; a death will be "
-                        "noticed by its lease running out",
+                        "noticed by its heartbeats stopping (the TTL)",
                         node=self.node,
                         address=f"{host}:{port}",
                     )
@@ -240,37 +240,57 @@ class DeadActive:
             return None
 
     async def _revoke(self, holder: Holder) -> bool:
-        """Revoke the dead holder's lease if the leadership key is still its own. True:
-        the watch is over (revoked here, or the key is gone or held by another term
-        already); False: etcd did not answer."""
+        """`_end_term` in a task of its own, so that it logs and counts what it did even
+        when the watch is cancelled meanwhile: the deletion wakes this controller's own
+        campaign, whose win stops the watch, often before etcd's answer is read here."""
+        task = asyncio.create_task(self._end_term(holder), name="dead-active-end-term")
+        self._tasks.add(task)
+        task.add_done_callback(self._ended)
+        return await asyncio.shield(task)
+
+    async def _end_term(self, holder: Holder) -> bool:
+        """End the dead holder's term if the leadership key is still its own: delete the
+        key if it is still that term's (compare on its create revision), or revoke its
+        etcd lease for an older controller's key. True: the watch is over (ended here, or
+        the key is gone or held by another term already); False: etcd did not answer."""
         assert holder.info is not None
+        key = self.etcd.target.key(LEADER_KEY)
         try:
-            kv, _ = await self.etcd.get(self.etcd.target.key(LEADER_KEY), timeout_s=ETCD_TIMEOUT_S)
-            if (
-                kv is None
-                or int(kv.create_revision) != holder.token
-                or int(kv.lease) != holder.lease_id
-            ):
-                return True  # it expired or resigned meanwhile: the campaign runs anyway
-            revoked = await self.etcd.revoke(holder.lease_id, timeout_s=ETCD_TIMEOUT_S)
+            if holder.lease_id:
+                kv, _ = await self.etcd.get(key, timeout_s=ETCD_TIMEOUT_S)
+                if (
+                    kv is None
+                    or int(kv.create_revision) != holder.token
+                    or int(kv.lease) != holder.lease_id
+                ):
+                    return True  # it expired or resigned meanwhile: the campaign runs anyway
+                ended = await self.etcd.revoke(holder.lease_id, timeout_s=ETCD_TIMEOUT_S)
+            else:
+                r = await self.etcd.txn_hedged(
+                    "ending a dead active controller's term",
+                    [compare_create_revision(key, holder.token)],
+                    [op_delete(key)],
+                    timeout_s=ETCD_TIMEOUT_S,
+                    hedge_s=ETCD_TIMEOUT_S / 4,
+                )
+                ended = r.succeeded
         except MetactlError as exc:
             log.warning(
-                "could not revoke the lease of a dead active controller; watching on",
+                "could not end the term of a dead active controller; watching on",
                 node=self.node,
                 active=holder.info.node,
                 code=exc.code,
                 error=exc.message,
             )
             return False
-        if revoked:
+        if ended:
             self.revoked()
             log.warning(
-                "revoked the lease of a dead active controller",
+                "ended the term of a dead active controller",
                 node=self.node,
                 active=holder.info.node,
                 address=holder.info.address,
                 token=holder.token,
-                lease=f"{holder.lease_id:x}",
                 refusals=CONFIRMATIONS,
                 interval_s=CONFIRM_INTERVAL_S,
             )

@@ -9,15 +9,16 @@ down, and again.
    another controller holds it; each holder seen becomes the service's NOT_CONTROLLER
    hint, and has its listener watched meanwhile (`controller.runtime.dead_active`,
    unless `--dead-active-detection disabled`): a holder found dead (its port refuses
-   connections) has its lease revoked, so the campaign need not wait out the TTL.
+   connections) has its term ended, so the campaign need not wait out the TTL.
 3. **Take over.** Open the log for writing under the won leadership (its appends are
    fenced by it), replay what the standby image has not seen yet (up to the log end,
    which nobody else can move now), abort a transaction the previous controller left
    open, and start the driver. Pending recoveries start over, as after a restart.
-4. **Step down** when the leadership is lost (its lease could not be renewed in time, or
-   was found expired) or the store stops taking writes (an append fenced by a newer
-   leadership, or one whose outcome is unknown): resign at once (revoke the lease, so a
-   standby takes over without waiting for the TTL), close the driver, and go back to 1.
+4. **Step down** when the leadership is lost (no heartbeat landed in time, or one
+   found the key gone or another term's) or the store stops taking writes (an append
+   fenced by a newer leadership, or one whose outcome is unknown): resign at once
+   (delete the key, so a standby takes over without waiting for the TTL), close the
+   driver, and go back to 1.
 
 Whatever its role, the controller records itself in etcd (``controllers/<node id>``:
 its address, start and last-seen times) when it starts and every few seconds after

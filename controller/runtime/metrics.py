@@ -670,7 +670,7 @@ def event_processing_age(ctl: Controller) -> float:
 class RoleMetrics:
     """What a controller service serves on `/metrics`: whether it is the active controller
     (`metactl_controller_active`), how often it took over (`..._failovers_total`), how
-    often it revoked a dead active controller's lease (`..._dead_active_revocations_total`)
+    often it ended a dead active controller's term (`..._dead_active_revocations_total`)
     and, while active, every metric of `ControllerMetrics` (a fresh set per term: counters
     count what this term committed, and a scrape of a standby shows no cluster gauges, so
     sums over controllers count each partition once, as Kafka's controller gauges do)."""
@@ -690,9 +690,9 @@ class RoleMetrics:
         )
         self.dead_active_revocations = Counter(
             "metactl_controller_dead_active_revocations",
-            "Leases of a dead active controller (its listener refused connections) that "
-            "this controller revoked as a standby, so as to take over without waiting out "
-            "the TTL (etcd logs, --dead-active-detection).",
+            "Terms of a dead active controller (its listener refused connections) that "
+            "this controller ended as a standby (deleting the leadership key), so as to "
+            "take over without waiting out the TTL (etcd logs, --dead-active-detection).",
             registry=self.registry,
         )
         self.current: ControllerMetrics | None = None

@@ -152,9 +152,10 @@ def add_ha_arguments(p: argparse.ArgumentParser) -> None:
         "--lease-ttl-s",
         type=int,
         default=DEFAULT_LEASE_TTL_S,
-        help="etcd logs: the leadership lease's TTL in whole seconds; the active "
-        "controller steps down before it can run out, and a standby takes over about this "
-        f"long after the active one dies (default {DEFAULT_LEASE_TTL_S})",
+        help="etcd logs: the leadership's TTL in whole seconds: the active controller "
+        "rewrites the leadership key six times per TTL and steps down before its last "
+        "heartbeat is a TTL old; a standby ends a term silent for this long "
+        f"(default {DEFAULT_LEASE_TTL_S})",
     )
     p.add_argument(
         "--advertised-listener",
@@ -175,8 +176,8 @@ def add_ha_arguments(p: argparse.ArgumentParser) -> None:
         default="enabled",
         help="etcd logs: a standby holds a connection to the active controller's "
         "advertised listener and, when that port refuses connections twice 0.1 s apart "
-        "(the process died; its host is up), revokes its lease and takes over at once "
-        "instead of after the lease TTL; a frozen or unreachable controller still costs "
+        "(the process died; its host is up), ends its term and takes over at once "
+        "instead of after the TTL; a frozen or unreachable controller still costs "
         "the TTL (default enabled)",
     )
     add_etcd_tls_arguments(p)

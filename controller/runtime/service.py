@@ -17,7 +17,7 @@ current by tailing the log), answers reads (DescribeCluster, FetchMetadata) from
 every write with NOT_CONTROLLER naming the active controller, and campaigns for the
 log's leadership (`controller.runtime.election`). The winner opens the log for writing
 under its leadership, starts the driver from its standby image and serves; it steps
-down (back to standby, closing the driver) when its lease can no longer be trusted, or
+down (back to standby, closing the driver) when its leadership can no longer be trusted, or
 an append is fenced or its outcome unknown. docs/ha.md has the whole story. Whatever
 its role, a controller answers DescribeQuorum for itself (`controller.runtime.quorum`,
 `metactl quorum describe`).
@@ -155,8 +155,8 @@ class HaSettings:
     node_id: str | None = None  # the name in the leadership key; default: the address
     cluster_id: str | None = None  # checked against the log's (or given to a new log)
     etcd_tls: EtcdTls | None = None  # TLS to etcd (--etcd-cacert/--etcd-cert/--etcd-key)
-    # A standby that finds the active controller's listener refusing connections revokes
-    # its lease rather than wait out the TTL (controller.runtime.dead_active).
+    # A standby that finds the active controller's listener refusing connections ends
+    # its term rather than wait out the TTL (controller.runtime.dead_active).
     dead_active_detection: bool = True
 
 
@@ -447,7 +447,7 @@ class ControllerService:
         """NOT_CONTROLLER for a write to a standby, naming the active controller as the
         leadership key names it now (a bounded look). A
         controller never names itself (it may still think it is active after a pause
-        longer than its lease); when no controller is known to be active the error says
+        longer than its TTL); when no controller is known to be active the error says
         so, and why (no holder, or etcd not answering: its reachable members)."""
         problem = None
         if self.leader_hint == self.advertised and not self.acting:
@@ -458,7 +458,7 @@ class ControllerService:
             # quorum nobody is active, whatever it saw.
             address, problem = await self.election.leader_or_problem()
             if address == self.advertised:
-                address, problem = None, "this controller's lease ran out; an election is due"
+                address, problem = None, "this controller's leadership ran out; an election is due"
             self.leader_hint = address
         return self._not_controller(problem)
 
@@ -475,7 +475,7 @@ class ControllerService:
     @property
     def acting(self) -> bool:
         """Active, and (on etcd) still sure of its leadership: checked per request, so a
-        controller resumed after a pause longer than its lease serves no write."""
+        controller resumed after a pause longer than its TTL serves no write."""
         return self.role == "active" and (self.leadership is None or self.leadership.valid)
 
     async def stop(self) -> None:
@@ -486,7 +486,7 @@ class ControllerService:
     async def _release(self) -> None:
         # On etcd the listener stays bound (accepting nothing) until the leadership is
         # resigned: a standby watching this controller would take a refused port for a
-        # death and revoke the lease under the draining log (`dead_active`).
+        # death and end the term under the draining log (`dead_active`).
         keep = self.election is not None
         try:
             if self.server is not None:

@@ -17,7 +17,8 @@ What this module adds on top, and why:
   look healthy) or is a follower of a dead leader, and wait out their deadline. Here
   every call goes first to the member that answered last (`member`), then to those that
   answered since they last failed:
-  - an idempotent call (reads, lease grant, keep-alive and revoke, the member list) is
+  - an idempotent call (reads, lease grant and revoke, the member list, and the
+    transactions that may be applied twice: `txn_hedged`, the leadership's) is
     *hedged*: with no answer from that member after `HEDGE_S` (`BULK_HEDGE_S` for a read
     of a page of values) it is also sent to the next member, and after a failure to the
     next at once; the first answer wins and its member serves the next calls. A member
@@ -96,6 +97,7 @@ __all__ = [
     "Kv",
     "MemberHealth",
     "compare_create_revision",
+    "compare_mod_revision",
     "compare_value",
     "compare_version",
     "member_health",
@@ -191,6 +193,11 @@ def prefix_end(prefix: bytes) -> bytes:
 
 def compare_create_revision(key: bytes, revision: int) -> Compare:
     return KVService.txn_compare_create_revision(key, revision)
+
+
+def compare_mod_revision(key: bytes, revision: int) -> Compare:
+    """The key was last written at `revision` (0: it does not exist)."""
+    return Compare(result=Compare.EQUAL, target=Compare.MOD, key=key, mod_revision=revision)
 
 
 def compare_version(key: bytes, version: int) -> Compare:
@@ -485,6 +492,25 @@ class Etcd:
             timeout_s,
         )
 
+    async def txn_hedged(
+        self,
+        what: str,
+        compare: Sequence[Compare],
+        success: Sequence[RequestOp],
+        timeout_s: float,
+        hedge_s: float,
+    ) -> TxnResponse:
+        """A transaction that may be applied twice without harm (a compare-and-put of the
+        same value, a compare-and-delete): sent to the next member too when the first has
+        not answered after `hedge_s` (`_hedged`), within `timeout_s`. The leadership's
+        heartbeat, so that a frozen etcd member does not use up its validity."""
+        return await self._hedged(
+            what,
+            lambda c: self._service(c, "kv").txn(compare, success, [], max_attempts=1),
+            timeout_s,
+            hedge_s,
+        )
+
     async def compact(self, revision: int) -> None:
         await self._once(
             f"compaction at revision {revision}",
@@ -500,21 +526,6 @@ class Etcd:
         expires after its TTL."""
         r = await self._hedged("a lease grant", lambda c: self._service(c, "lease").grant(ttl_s))
         return int(r.ID), int(r.TTL)
-
-    async def keep_alive(self, lease_id: int, timeout_s: float, *, hedge_s: float = HEDGE_S) -> int:
-        """Refresh a lease (hedged over the members after `hedge_s`, within `timeout_s`);
-        its TTL from now, or 0 if it no longer exists."""
-
-        async def once(client: Etcd3Client) -> int:
-            stream = self._service(client, "lease").keep_alive(lease_id)
-            try:
-                async for response in stream:
-                    return int(response.TTL)
-                return 0
-            finally:
-                stream.cancel()
-
-        return await self._hedged("a lease keep-alive", once, timeout_s, hedge_s)
 
     async def revoke(self, lease_id: int, timeout_s: float | None = None) -> bool:
         """Revoke a lease (its keys are deleted with it): True, or False if etcd no

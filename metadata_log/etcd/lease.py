@@ -1,37 +1,59 @@
-"""Leadership of a metadata log on etcd: the one writer, elected with a lease-bound key.
+"""Leadership of a metadata log on etcd: the one writer, elected with a key it rewrites.
 
-Whoever holds the log's leadership key (``<prefix>leader``) may append; the key is put
-with a lease, so it disappears when its holder stops renewing it (a crash, a pause, a
-partition). The pattern is etcd's election recipe, written out because the client
-library's `Election` neither keeps its lease alive nor resigns cleanly:
+Whoever holds the log's leadership key (``<prefix>leader``) may append. The key has no
+etcd lease: its holder rewrites it as a heartbeat, and a holder that stops rewriting it (a
+crash, a pause, a partition) has it deleted by a standby once it has been silent for the
+TTL. The campaign is etcd's election recipe; the liveness is this module's own, because
+etcd 3.4's lessor can revoke a live holder's lease (below).
 
-* **Campaign.** Grant a lease, then one transaction: if the key does not exist
-  (create_revision 0), put it with the lease and this process's address; otherwise read
-  it. The winner's *create revision* of the key is its fencing token: unique to this
-  term, and larger than every earlier term's. A loser watches the key and tries again
-  when it is deleted (its holder's lease expired or was revoked).
+* **Campaign.** One transaction: if the key does not exist (create_revision 0), put it
+  with this process's address and TTL; otherwise read it. The winner's *create revision*
+  of the key is its fencing token: unique to this term, and larger than every earlier
+  term's. A loser watches the key: a deletion (a resignation, or a standby ending a
+  silent term) sends it campaigning at once; each rewrite is a heartbeat of the holder.
+* **Ending a silent term.** A holder not seen to rewrite the key for the TTL (the larger
+  of the holder's, which the key carries, and this campaign's) is deleted by a
+  transaction that compares the key's mod revision with the last one seen: a heartbeat
+  that lands meanwhile makes the delete fail, and the wait goes on. Before deleting, the
+  key is read again linearizably, so a watch stuck on a partitioned member ends no live
+  term. A key held by this very controller's earlier incarnation (same node and listener
+  address: the old process is gone, since this one holds the port) is deleted at once.
 * **Fencing.** Every append of the holder is a transaction that also compares the key's
   create revision with the token (`metadata_log.etcd.store`). Once the key is gone or
   held by another term, the compare fails and nothing is written, however late the
-  request arrives: the equivalent of Raft's term check.
-* **Renewal and stepping down.** The holder refreshes the lease every sixth of its TTL
-  (`RENEWALS_PER_TTL`). A refresh sent at time t proves the lease lives until at least
-  t + TTL, so the holder trusts its leadership until `valid_until` = t + TTL - `safety_s`
-  and no longer: it stops acting at least `safety_s` before anyone else can be elected,
-  even when renewals fail silently (a partition, a frozen etcd). `lost` is set then, on
-  a refresh that finds the lease gone, and on `resign`, which revokes the lease so that a
-  standby takes over at once.
-* **Riding out an etcd leader change.** Only etcd's leader refreshes leases, so none can
-  be refreshed between the loss of one leader and the election of the next (one to two
-  election timeouts: 0.5-1 s on the local cluster, `ops.etcd_local`). A refresh is
-  hedged over the members and sent anew every `RENEW_ATTEMPT_S` until one answers, so
-  the first refresh after the election succeeds; refreshing six times per TTL leaves
-  the TTL less the safety margin less a sixth (1.17 s with TTL 2 s) for that, where a
-  third would leave 0.83 s, less than an election may take.
+  request arrives: the equivalent of Raft's term check. Heartbeats are fenced the same
+  way, so a deposed holder learns it at its next one.
+* **Heartbeats and stepping down.** The holder rewrites the key every sixth of its TTL
+  (`RENEWALS_PER_TTL`), a compare-and-put hedged over the members. A heartbeat sent at
+  time t and applied was seen by any standby at t or later, and the standby waits the TTL
+  from its last sight before deleting; so the holder trusts its leadership until
+  `valid_until` = t + TTL - `safety_s` and no longer: it stops acting at least `safety_s`
+  before anyone else can be elected, even when heartbeats fail silently (a partition, a
+  frozen etcd). The margin (`SAFETY_FRACTION` of the TTL, at least 0.25 s) covers only
+  the two processes' clock rates and the holder's own scheduling: no etcd timing is in
+  it, since a standby, not etcd's lessor, ends a term (it was a quarter with the lease).
+  `lost` is set then, on a heartbeat that finds the key gone or another term's, and on
+  `resign`, which deletes the key so that a standby takes over at once.
+* **Riding out an etcd leader change.** Only etcd's leader commits writes, so no
+  heartbeat lands between the loss of one leader and the election of the next (one to
+  two election timeouts: 0.5-1 s on the local cluster, `ops.etcd_local`). A heartbeat is
+  sent anew every `RENEW_ATTEMPT_S` until one answers, so the first one after the
+  election lands; beating six times per TTL leaves the TTL less the safety margin less a
+  sixth (1.42 s with TTL 2 s) for that. Standbys see no heartbeat meanwhile either, but
+  they wait the whole TTL.
+* **Why not an etcd lease.** Until this version the key was bound to a lease, refreshed by
+  keep-alives. etcd 3.4.23 (Debian bookworm's) lets an old etcd leader, resumed after a
+  pause, revoke leases it thinks expired (etcd issue 15247, fixed upstream later): a
+  paused etcd leader deposed a live controller at its resume in 11 of 40 trials. A key
+  with no lease cannot be revoked. A key an older controller holds with a lease is still
+  waited for until etcd deletes it (a rolling upgrade; docs/ha.md).
+* **Bounded history.** Each heartbeat is a revision of the key. The holder compacts etcd's
+  history every `HISTORY_S` to the revision of its heartbeat `HISTORY_S` earlier, so an
+  idle log does not grow etcd's history for ever (the store also compacts when it
+  deletes records before a snapshot; compaction covers the whole keyspace).
 
-Clocks: `time.monotonic` only, on this host; etcd measures the TTL on its leader, which
-extends leases when it changes, so a lease never ends earlier than the holder computes
-(but see docs/ha.md on etcd 3.4.23's old leader revoking leases after a long pause).
+Clocks: `time.monotonic` only, each process its own; no clocks are compared across
+processes, only durations, which the safety margin covers.
 
 This module must not know the log's records, nor decide what the holder does with its
 leadership.
@@ -52,7 +74,10 @@ from metactl.errors import LogError, MetactlError, StoreUnavailableError
 from metadata_log.etcd import DEFAULT_LEASE_TTL_S
 from metadata_log.etcd.client import (
     Etcd,
+    Kv,
     compare_create_revision,
+    compare_mod_revision,
+    op_delete,
     op_get,
     op_put,
 )
@@ -65,11 +90,16 @@ LEADER_KEY: Final = "leader"
 CAMPAIGN_RECHECK_S: Final = 5.0
 """A waiting campaign re-reads the key at least this often (a watch can be cut off)."""
 RENEWALS_PER_TTL: Final = 6
-"""The holder refreshes its lease this many times per TTL."""
+"""The holder rewrites the key (a heartbeat) this many times per TTL."""
 RENEW_ATTEMPT_S: Final = 0.3
-"""One refresh waits this long for an answer (from any member) before it is sent anew."""
+"""One heartbeat waits this long for an answer (from any member) before it is sent anew."""
 RENEW_RETRY_S: Final = 0.02
-"""A failed refresh is sent again after this long (while the leadership is valid)."""
+"""A failed heartbeat is sent again after this long (while the leadership is valid)."""
+SAFETY_FRACTION: Final = 1 / 8
+"""The holder stops trusting its leadership this much of the TTL before a standby could
+end it (at least 0.25 s)."""
+HISTORY_S: Final = 3600.0
+"""etcd history older than this (at least; at most twice this) is compacted by the holder."""
 
 
 class LeaderInfo(msgspec.Struct, frozen=True):
@@ -78,11 +108,13 @@ class LeaderInfo(msgspec.Struct, frozen=True):
     node: str
     address: str = ""  # HOST:PORT of the holder's listener ("" for a tool with no listener)
     since_ms: int = 0
+    ttl_ms: int = 0  # the holder's TTL (0: an older controller's key, bound to a lease)
 
 
 class Holder(NamedTuple):
     """The leadership key as a campaign found it held by another: its value (None if it
-    does not decode), its create revision (that term's token) and its lease."""
+    does not decode), its create revision (that term's token) and its etcd lease (0 but
+    for an older controller's key)."""
 
     info: LeaderInfo | None
     token: int
@@ -110,19 +142,23 @@ class Leadership:
     """This process holds the log's leadership key while `valid`. Create with `acquire`."""
 
     def __init__(
-        self, etcd: Etcd, info: LeaderInfo, *, lease_id: int, ttl_s: int, token: int, sent: float
+        self, etcd: Etcd, info: LeaderInfo, *, ttl_s: int, token: int, sent: float
     ) -> None:
         self.etcd = etcd
         self.info = info
-        self.lease_id = lease_id
         self.ttl_s = ttl_s
         self.token = token
         """The create revision of the leadership key: the fencing token of this term."""
-        self.safety_s = max(0.25, ttl_s / 4)
+        self.safety_s = max(0.25, ttl_s * SAFETY_FRACTION)
         self.valid_until = sent + ttl_s - self.safety_s
         self.lost = asyncio.Event()
         self.lost_reason = ""
+        self.beats = 0
+        """Heartbeats applied (tests and the bench count them)."""
+        self._value = msgspec.msgpack.encode(info)
         self._task: asyncio.Task[None] | None = None
+        self._checkpoint = (time.monotonic(), token)  # (when, revision) for compaction
+        self._compacting: asyncio.Task[None] | None = None
 
     @classmethod
     async def acquire(
@@ -134,58 +170,70 @@ class Leadership:
         wait: bool = True,
         on_leader: Callable[[Holder], None] | None = None,
     ) -> Leadership:
-        """Campaign until elected. With `wait=False`, one try: a key held by another
-        raises LogError naming the holder. `on_leader` hears of each other holder seen
-        while waiting (again after each of the campaign's re-reads)."""
+        """Campaign until elected. With `wait=False`, a key held by a live holder (one
+        seen to beat) raises LogError naming it; a silent one is waited out (its TTL) and
+        taken. `on_leader` hears of each other holder seen while waiting (again after each
+        of the campaign's re-reads)."""
         key = etcd.target.key(LEADER_KEY)
+        ttl_s = max(1, ttl_s)
         while True:
             sent = time.monotonic()
-            lease_id, granted = await etcd.grant(ttl_s)
-            try:
-                stamped = msgspec.structs.replace(info, since_ms=time.time_ns() // 1_000_000)
-                r = await etcd.txn(
-                    "a leadership campaign",
-                    [compare_create_revision(key, 0)],
-                    [op_put(key, msgspec.msgpack.encode(stamped), lease=lease_id)],
-                    [op_get(key)],
-                )
-            except BaseException:
-                with contextlib.suppress(MetactlError):
-                    await etcd.revoke(lease_id, timeout_s=1.0)
-                raise
+            stamped = msgspec.structs.replace(
+                info, since_ms=time.time_ns() // 1_000_000, ttl_ms=ttl_s * 1000
+            )
+            r = await etcd.txn(
+                "a leadership campaign",
+                [compare_create_revision(key, 0)],
+                [op_put(key, msgspec.msgpack.encode(stamped))],
+                [op_get(key)],
+            )
             if r.succeeded:
                 leadership = cls(
-                    etcd,
-                    stamped,
-                    lease_id=lease_id,
-                    ttl_s=granted,
-                    token=int(r.header.revision),
-                    sent=sent,
+                    etcd, stamped, ttl_s=ttl_s, token=int(r.header.revision), sent=sent
                 )
                 leadership._task = asyncio.create_task(
-                    leadership._renew(), name="leadership-keepalive"
+                    leadership._beat(), name="leadership-heartbeat"
                 )
                 log.info(
                     "elected: holds the metadata log's leadership",
                     node=info.node,
                     token=leadership.token,
-                    lease_ttl_s=granted,
+                    lease_ttl_s=ttl_s,
                     log=etcd.target.url,
                 )
                 return leadership
-            with contextlib.suppress(MetactlError):
-                await etcd.revoke(lease_id, timeout_s=1.0)
             kvs = r.responses[0].response_range.kvs
-            holder = decode_leader(kvs[0].value) if kvs else None
-            if not wait:
-                who = holder.node if holder is not None else "another writer"
-                raise LogError(
-                    f"metadata log {etcd.target.url} is already open for writing by {who} "
-                    f"(it holds the leadership key)"
-                )
-            if on_leader is not None and kvs:
-                on_leader(Holder(holder, int(kvs[0].create_revision), int(kvs[0].lease)))
-            await _await_release(etcd, key, int(r.header.revision) + 1)
+            if not kvs:
+                continue  # deleted since the compare: campaign again
+            kv = kvs[0]
+            holder = Holder(decode_leader(kv.value), int(kv.create_revision), int(kv.lease))
+            if on_leader is not None:
+                on_leader(holder)
+            revision = int(r.header.revision)
+            if holder.lease_id:  # an older controller's key: etcd deletes it with its lease
+                if not wait:
+                    raise _held(etcd, holder)
+                await _await_release(etcd, key, revision + 1)
+                continue
+
+            def beat(holder: Holder = holder) -> None:
+                if not wait:
+                    raise _held(etcd, holder)
+
+            ours = (
+                holder.info is not None
+                and bool(info.address)
+                and (holder.info.node, holder.info.address) == (info.node, info.address)
+            )
+            held_ttl = holder.info.ttl_ms / 1000 if holder.info is not None else 0.0
+            await _outlast(
+                etcd,
+                key,
+                kv,
+                revision,
+                silence_s=0.0 if ours else max(float(ttl_s), held_ttl),
+                on_beat=beat,
+            )
 
     @property
     def valid(self) -> bool:
@@ -198,21 +246,21 @@ class Leadership:
             self.lost.set()
             log.warning("leadership lost", node=self.info.node, token=self.token, reason=reason)
 
-    async def _renew(self) -> None:
-        """Refresh the lease every `ttl_s / RENEWALS_PER_TTL`. A refresh is hedged over
-        the members (`Etcd.keep_alive`) and bounded by `RENEW_ATTEMPT_S`; one that fails
-        or is not answered in time is sent again at once (a new send time: an answer to
-        an old one proves less), for as long as the leadership is valid. So a frozen or
+    async def _beat(self) -> None:
+        """Rewrite the key every `ttl_s / RENEWALS_PER_TTL`, fenced by the token. A
+        heartbeat is hedged over the members and bounded by `RENEW_ATTEMPT_S`; one that
+        fails or is not answered in time is sent again at once (a new send time: an answer
+        to an old one proves less), for as long as the leadership is valid. So a frozen or
         leaderless member does not use up the validity: when etcd's leader is lost, the
-        first refresh after a new one is elected succeeds (etcd's new leader keeps every
-        lease alive)."""
+        first heartbeat after a new one is elected lands."""
+        key = self.etcd.target.key(LEADER_KEY)
         interval = max(0.1, self.ttl_s / RENEWALS_PER_TTL)
         wait = interval
         failing_since: float | None = None
         while not self.lost.is_set():
             wait = min(wait, self.valid_until - time.monotonic())
             if wait <= 0:
-                self._lose("the lease could not be renewed in time")
+                self._lose("the leadership could not be renewed in time")
                 return
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
@@ -222,47 +270,163 @@ class Leadership:
             sent = time.monotonic()
             budget = self.valid_until - sent
             if budget <= 0:
-                self._lose("the lease could not be renewed in time")
+                self._lose("the leadership could not be renewed in time")
                 return
             try:
-                ttl = await self.etcd.keep_alive(
-                    self.lease_id,
+                r = await self.etcd.txn_hedged(
+                    "a leadership heartbeat",
+                    [compare_create_revision(key, self.token)],
+                    [op_put(key, self._value)],
                     timeout_s=min(budget, RENEW_ATTEMPT_S),
                     hedge_s=RENEW_ATTEMPT_S / 3,
                 )
             except StoreUnavailableError as exc:
                 if failing_since is None:
                     failing_since = sent
-                    log.warning("lease renewal failed", node=self.info.node, error=exc.message)
+                    log.warning(
+                        "leadership heartbeat failed", node=self.info.node, error=exc.message
+                    )
                 wait = RENEW_RETRY_S
                 continue
             except MetactlError as exc:
-                self._lose(f"lease renewal refused: {exc.message}")
+                self._lose(f"leadership heartbeat refused: {exc.message}")
                 return
-            if ttl <= 0:
-                self._lose("the lease expired")
+            if not r.succeeded:
+                self._lose("the leadership key was deleted or taken by another term")
                 return
-            self.valid_until = max(self.valid_until, sent + ttl - self.safety_s)
+            self.beats += 1
+            self.valid_until = max(self.valid_until, sent + self.ttl_s - self.safety_s)
             if failing_since is not None:
                 log.info(
-                    "lease renewed again",
+                    "leadership heartbeat landed again",
                     node=self.info.node,
                     seconds_failing=round(time.monotonic() - failing_since, 3),
                 )
                 failing_since = None
+            self._bound_history(int(r.header.revision))
             wait = interval
 
+    def _bound_history(self, revision: int) -> None:
+        """Every `HISTORY_S`, compact etcd's history to the heartbeat revision of
+        `HISTORY_S` earlier (in the background; a failure is only logged: the next one
+        compacts further)."""
+        when, old = self._checkpoint
+        now = time.monotonic()
+        if now - when < HISTORY_S or (self._compacting is not None and not self._compacting.done()):
+            return
+        self._checkpoint = (now, revision)
+
+        async def compact() -> None:
+            try:
+                await self.etcd.compact(old)
+            except MetactlError as exc:  # compacted further already, or etcd busy
+                log.info("etcd history compaction skipped", revision=old, error=exc.message)
+
+        self._compacting = asyncio.create_task(compact(), name="leadership-compaction")
+
     async def resign(self) -> None:
-        """Stop renewing and revoke the lease (the key goes with it), so that another
+        """Stop beating and delete the key (if it is still this term's), so that another
         controller can be elected now rather than after the TTL. Best effort: if etcd is
-        unreachable the lease simply expires."""
+        unreachable the key is ended by a standby after the TTL."""
         self._lose("resigned")
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._compacting):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        key = self.etcd.target.key(LEADER_KEY)
         with contextlib.suppress(MetactlError):
-            await self.etcd.revoke(self.lease_id, timeout_s=1.0)
+            await self.etcd.txn_hedged(
+                "a resignation",
+                [compare_create_revision(key, self.token)],
+                [op_delete(key)],
+                timeout_s=1.0,
+                hedge_s=RENEW_ATTEMPT_S / 3,
+            )
+
+
+def _held(etcd: Etcd, holder: Holder) -> LogError:
+    who = holder.info.node if holder.info is not None else "another writer"
+    return LogError(
+        f"metadata log {etcd.target.url} is already open for writing by {who} "
+        f"(it holds the leadership key)"
+    )
+
+
+async def _outlast(
+    etcd: Etcd,
+    key: bytes,
+    kv: Kv,
+    revision: int,
+    *,
+    silence_s: float,
+    on_beat: Callable[[], None],
+) -> None:
+    """Return once the term of the holder in `kv` (read at `revision`) is over: its key
+    deleted or created anew, or not rewritten for `silence_s` and then deleted here by a
+    compare on its mod revision. `on_beat` is called at each rewrite seen (it may raise)."""
+    token = int(kv.create_revision)
+    last = int(kv.mod_revision)
+    seen_at = time.monotonic()  # the loop's clock too (asyncio's default)
+    watch_from = revision + 1
+    while True:
+        remaining = seen_at + silence_s - time.monotonic()
+        reread = False
+        if remaining > 0:
+            try:
+                async with (
+                    asyncio.timeout(None) as deadline,
+                    contextlib.aclosing(etcd.watch(key, key + b"\0", watch_from)) as responses,
+                ):
+                    deadline.reschedule(seen_at + silence_s)
+                    async for response in responses:
+                        if response.canceled or response.compact_revision:
+                            break
+                        for ev in response.events:
+                            if ev.type == 1 or int(ev.kv.create_revision) != token:  # DELETE
+                                return
+                            last = int(ev.kv.mod_revision)
+                            seen_at = time.monotonic()
+                            deadline.reschedule(seen_at + silence_s)
+                            on_beat()
+                        watch_from = int(response.header.revision) + 1
+                    reread = True  # the watch ended (cut off, compacted): read again
+            except TimeoutError:
+                pass
+            except StoreUnavailableError:
+                await asyncio.sleep(RENEW_ATTEMPT_S)  # etcd unreachable: read again below
+                reread = True
+            if not reread and seen_at + silence_s > time.monotonic():
+                continue
+        # Silent for `silence_s` as the watch saw it (or the watch ended): read again
+        # linearizably (a watch on a partitioned member sees nothing), then end the term.
+        current, at = await etcd.get(key, timeout_s=1.0)
+        if current is None or int(current.create_revision) != token:
+            return
+        watch_from = at + 1
+        if int(current.mod_revision) != last:
+            last = int(current.mod_revision)
+            seen_at = time.monotonic()
+            on_beat()
+            continue
+        if seen_at + silence_s > time.monotonic():
+            continue
+        r = await etcd.txn_hedged(
+            "ending a silent leadership",
+            [compare_mod_revision(key, last)],
+            [op_delete(key)],
+            timeout_s=1.0,
+            hedge_s=RENEW_ATTEMPT_S / 3,
+        )
+        if r.succeeded:
+            info = decode_leader(current.value)
+            log.warning(
+                "ended the term of a silent active controller: no heartbeat for its TTL",
+                active=info.node if info is not None else "?",
+                token=token,
+                silent_s=round(time.monotonic() - seen_at, 3),
+            )
+            return
 
 
 async def _await_release(etcd: Etcd, key: bytes, from_revision: int) -> None:

@@ -25,7 +25,7 @@ Keys, all under the log's prefix (``etcd://host:port/metactl/demo`` → ``/metac
 ``state/end`` still holds the offset the writer expects and the leadership key's create
 revision is still the writer's token (every writer holds a `Leadership`: one handed to
 it, or one it took at open). A writer that lost
-its leadership (its lease expired while it was paused, say) cannot append, however late
+its leadership (its term ended while it was paused, say) cannot append, however late
 its request arrives, and its store raises `WriterFencedError`. This is the equivalent of
 Raft's term check, done by the store that runs Raft.
 

@@ -27,8 +27,8 @@ from metactl.errors import (
     WriterFencedError,
 )
 from metadata_log.backends import open_store
-from metadata_log.etcd.client import Etcd, EtcdTarget, op_put, prefix_end
-from metadata_log.etcd.lease import LeaderInfo, Leadership, current_leader
+from metadata_log.etcd.client import Etcd, EtcdTarget, op_delete, op_put, prefix_end
+from metadata_log.etcd.lease import LEADER_KEY, LeaderInfo, Leadership, current_leader
 from metadata_log.etcd.store import EtcdLogStore
 from metadata_log.records import NoOpRecord
 from ops.etcd_local import LocalEtcd
@@ -54,18 +54,24 @@ async def keys_under(raw: Etcd, suffix: str) -> list[bytes]:
     return [bytes(kv.key) for kv in kvs]
 
 
+async def end_term(raw: Etcd) -> None:
+    """Delete the leadership key, as a standby does to a holder silent for its TTL."""
+    r = await raw.txn("ending a term", [], [op_delete(raw.target.key(LEADER_KEY))])
+    assert r.succeeded
+
+
 async def test_one_writer_per_log_and_its_fence(url: str, raw: Etcd) -> None:
     """A second writer is refused while the first holds the leadership key. Once that
-    lease is gone (revoked here, as expiry would), the old writer's next append is
-    refused by the fence and writes nothing, and it takes no more writes; a new writer
-    is elected and continues from the same end."""
+    key is gone (deleted here, as a standby ending a silent term would), the old
+    writer's next append is refused by the fence and writes nothing, and it takes no
+    more writes; a new writer is elected and continues from the same end."""
     a = await EtcdLogStore.open(url, node="a")
     try:
         assert await a.append(records(3)) == range(3)
         with pytest.raises(LogError, match="already open for writing by a"):
             await EtcdLogStore.open(url, node="b")
         assert a.leadership is not None
-        await raw.revoke(a.leadership.lease_id)  # the lease ends behind a's back
+        await end_term(raw)  # the term ends behind a's back
         b = await EtcdLogStore.open(url, node="b")
         try:
             with pytest.raises(WriterFencedError, match="held by b"):
@@ -88,7 +94,7 @@ async def test_the_fence_is_the_create_revision_not_the_holders_name(url: str, r
         first = await Leadership.acquire(etcd, LeaderInfo(node="ctl-1", address="h:1"))
         store = await EtcdLogStore.open(url, leadership=first)
         await store.append(records(1))
-        await raw.revoke(first.lease_id)
+        await end_term(raw)
         second = await Leadership.acquire(etcd, LeaderInfo(node="ctl-1", address="h:1"))
         assert second.token > first.token
         info, token = await current_leader(raw)

@@ -1,6 +1,6 @@
 """A standby's watch of the active controller's listener (`controller.runtime.dead_active`)
 against a real etcd member and real sockets: a port that refuses connections gets the
-holder's lease revoked; a live listener, or a key that another term holds by now, does
+holder's term ended (its key deleted); a live listener, or a key that another term holds by now, does
 not. Waits are on observable events (connections accepted, the watch ending), never on
 timing. The whole controller is in tests/service/test_ha.py and tests/e2e/test_ha.py."""
 
@@ -62,7 +62,7 @@ class Listener:
 
 
 async def holding(etcd: Etcd, address: str) -> tuple[Leadership, Holder]:
-    """A leadership held under `address` (its lease renewed), as a campaign sees it."""
+    """A leadership held under `address` (heartbeating), as a campaign sees it."""
     leadership = await Leadership.acquire(etcd, LeaderInfo(node="dead", address=address), ttl_s=30)
     kv, _ = await etcd.get(etcd.target.key("leader"))
     assert kv is not None
@@ -75,9 +75,9 @@ def detector(etcd: Etcd, revoked: list[int]) -> DeadActive:
     )
 
 
-async def test_a_holder_whose_port_refuses_has_its_lease_revoked(client: Etcd) -> None:
+async def test_a_holder_whose_port_refuses_has_its_term_ended(client: Etcd) -> None:
     """The watch holds a connection to the holder's listener; the holder dies (its
-    listener and the connection close, the port refuses): the lease is revoked."""
+    listener and the connection close, the port refuses): its key is deleted."""
     listener = await Listener.start()
     leadership, holder = await holding(client, listener.address)
     revoked: list[int] = []
@@ -88,7 +88,7 @@ async def test_a_holder_whose_port_refuses_has_its_lease_revoked(client: Etcd) -
         async with asyncio.timeout(BOUND_S):
             conn = await listener.accepted.get()  # the watch reached the listener
             await listener.die(conn)
-            await watch._task  # the watch ends once it has revoked the lease
+            await watch._task  # the watch ends once it has ended the term
         info, _ = await current_leader(client)
         assert info is None and revoked == [1]
     finally:
@@ -120,7 +120,7 @@ async def test_a_listener_never_reached_is_not_revoked_for_its_refusals(client: 
 
 async def test_a_live_listener_that_drops_the_connection_is_not_revoked(client: Etcd) -> None:
     """The listener closes the watch's first connection (as after an idle timeout): the
-    probes find it accepting, the watch connects again, and the lease stays."""
+    probes find it accepting, the watch connects again, and the term goes on."""
     listener = await Listener.start()
     leadership, holder = await holding(client, listener.address)
     revoked: list[int] = []
@@ -145,12 +145,12 @@ async def test_a_live_listener_that_drops_the_connection_is_not_revoked(client: 
 
 async def test_a_key_held_by_another_term_by_now_is_left_alone(client: Etcd) -> None:
     """The campaign saw a holder that is gone since, and another holds the key: the dead
-    one's port refuses once the watch has reached it, but its lease is not the key's any
-    more, so nothing is revoked."""
+    one's port refuses once the watch has reached it, but the key is another term's by
+    now, so nothing is deleted."""
     listener = await Listener.start()
     old, holder = await holding(client, listener.address)
-    # The key is taken from the old term without revoking its lease (which stays alive,
-    # renewed): revoking it now would succeed, so only the check of the key stops it.
+    # The key is taken from the old term behind its back: only the compare on the
+    # create revision stops the watch from deleting the new term's key.
     await client.txn("delete", [], [op_delete(client.target.key("leader"))])
     new, _ = await holding(client, "127.0.0.1:1")
     revoked: list[int] = []
@@ -161,7 +161,7 @@ async def test_a_key_held_by_another_term_by_now_is_left_alone(client: Etcd) -> 
         async with asyncio.timeout(BOUND_S):
             await listener.die(await listener.accepted.get())  # reached, then dead
             await watch._task  # the watch ends, its holder gone from the key
-        assert revoked == [] and new.valid and old.valid
+        assert revoked == [] and new.valid
         _, token = await current_leader(client)
         assert token == new.token
     finally:

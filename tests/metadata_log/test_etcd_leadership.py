@@ -1,0 +1,194 @@
+"""The leadership key without an etcd lease (`metadata_log.etcd.lease`), against a real
+etcd member: a heartbeating holder is never deposed; a silent one is ended after its TTL
+by a compare on the mod revision that a late heartbeat defeats; a tool is refused by a
+live holder and takes a silent one's place; a controller's own stale key is taken back at
+once; an older controller's leased key is left to its lease; the holder bounds etcd's
+history. Waits are on events (heartbeats counted, campaigns returning), each bounded by
+`BOUND_S` only as a guard against hanging."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import msgspec
+import pytest
+
+from metactl.errors import LogError, StorageError
+from metadata_log.etcd import lease
+from metadata_log.etcd.client import Etcd, EtcdTarget, op_put
+from metadata_log.etcd.lease import LEADER_KEY, LeaderInfo, Leadership, current_leader
+from ops.etcd_local import LocalEtcd
+
+BOUND_S = 30.0
+
+
+@pytest.fixture
+async def client(etcd: LocalEtcd) -> AsyncIterator[Etcd]:
+    c = await Etcd.connect(EtcdTarget.parse(etcd.url(f"leadership/{uuid.uuid4().hex[:10]}")))
+    yield c
+    await c.close()
+
+
+async def stale_key(client: Etcd, info: LeaderInfo) -> int:
+    """A key as a holder that died right after its election leaves it; its token."""
+    key = client.target.key(LEADER_KEY)
+    r = await client.txn("a dead holder's key", [], [op_put(key, msgspec.msgpack.encode(info))])
+    return int(r.header.revision)
+
+
+async def beats(leadership: Leadership, n: int) -> None:
+    start = leadership.beats
+    async with asyncio.timeout(BOUND_S):
+        while leadership.beats < start + n:
+            await asyncio.sleep(0.02)  # polling a counter the heartbeat task moves
+            assert not leadership.lost.is_set(), leadership.lost_reason
+
+
+async def test_a_heartbeating_holder_is_never_deposed(client: Etcd) -> None:
+    """A campaign waits while the holder beats, for three of its TTLs; once the holder
+    stops beating (its task cancelled, as a frozen process), the campaign ends its term
+    and wins, and the old holder's next heartbeat would be fenced."""
+    holder = await Leadership.acquire(client, LeaderInfo(node="a", address="h:1"), ttl_s=1)
+    seen: list[str] = []
+    campaign = asyncio.create_task(
+        Leadership.acquire(
+            client,
+            LeaderInfo(node="b", address="h:2"),
+            ttl_s=1,
+            on_leader=lambda h: seen.append(h.info.node if h.info else "?"),
+        )
+    )
+    try:
+        await beats(holder, 3 * lease.RENEWALS_PER_TTL)
+        assert not campaign.done() and seen == ["a"]
+        assert holder._task is not None
+        holder._task.cancel()  # silent from now on, still believing itself the holder
+        async with asyncio.timeout(BOUND_S):
+            new = await campaign
+        assert new.token > holder.token and new.info.node == "b"
+        info, token = await current_leader(client)
+        assert info is not None and (info.node, token) == ("b", new.token)
+        await new.resign()
+    finally:
+        campaign.cancel()
+        await holder.resign()
+
+
+async def test_a_heartbeat_between_the_read_and_the_delete_keeps_the_term(
+    client: Etcd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The silence is confirmed by a read, then the key is deleted by a compare on the mod
+    revision read. A heartbeat that lands between the two (planted here, once) defeats
+    the delete: the term goes on, and the campaign waits again."""
+    token = await stale_key(client, LeaderInfo(node="a", address="h:1", ttl_ms=1000))
+    key = client.target.key(LEADER_KEY)
+    get = client.get
+    planted = asyncio.Event()
+    late: list[int] = []  # the late heartbeat's revision
+    read_after: list[int] = []  # mod revisions the campaign read after it
+
+    async def get_then_beat(k: bytes, **kw: object) -> object:
+        result = await get(k, **kw)  # type: ignore[arg-type]
+        if not planted.is_set():
+            planted.set()
+            r = await client.txn("a late heartbeat", [], [op_put(key, result[0].value)])
+            late.append(int(r.header.revision))
+        elif result[0] is not None:
+            read_after.append(int(result[0].mod_revision))
+        return result
+
+    monkeypatch.setattr(client, "get", get_then_beat)
+    campaign = asyncio.create_task(
+        Leadership.acquire(client, LeaderInfo(node="b", address="h:2"), ttl_s=1)
+    )
+    try:
+        async with asyncio.timeout(BOUND_S):
+            await planted.wait()
+            # The next silence (nobody beats any more) ends the term: the campaign wins.
+            new = await campaign
+        kv, _ = await get(key)
+        assert kv is not None and int(kv.create_revision) == new.token > token
+        assert int(kv.version) == 1  # a new key: the old one was deleted, not overwritten
+        # The delete after the first read failed: the campaign read the late heartbeat.
+        assert late and late[0] in read_after, (late, read_after)
+        await new.resign()
+    finally:
+        campaign.cancel()
+
+
+async def test_a_tool_is_refused_by_a_live_holder_and_takes_a_silent_ones_place(
+    client: Etcd,
+) -> None:
+    holder = await Leadership.acquire(client, LeaderInfo(node="a", address="h:1"), ttl_s=1)
+    try:
+        with pytest.raises(LogError, match="already open for writing by a"):
+            await Leadership.acquire(client, LeaderInfo(node="tool"), ttl_s=1, wait=False)
+    finally:
+        await holder.resign()
+    token = await stale_key(client, LeaderInfo(node="gone", address="h:9", ttl_ms=1000))
+    async with asyncio.timeout(BOUND_S):
+        tool = await Leadership.acquire(client, LeaderInfo(node="tool"), ttl_s=1, wait=False)
+    assert tool.token > token
+    await tool.resign()
+    assert await current_leader(client) == (None, 0)  # resigned: the key is deleted
+
+
+async def test_a_controllers_own_stale_key_is_taken_back_at_once(client: Etcd) -> None:
+    """Same node and listener address: the earlier process is gone (this one holds the
+    port), so its key is not waited out, however long its TTL."""
+    me = LeaderInfo(node="c1", address="127.0.0.1:9092")
+    token = await stale_key(client, msgspec.structs.replace(me, ttl_ms=3_600_000))
+    async with asyncio.timeout(BOUND_S):
+        again = await Leadership.acquire(client, me, ttl_s=3600)
+    assert again.token > token
+    await again.resign()
+
+
+async def test_an_older_controllers_leased_key_is_left_to_its_lease(client: Etcd) -> None:
+    """A key bound to an etcd lease (written by a controller of the previous version)
+    is not ended by silence: the campaign waits for etcd to delete it with its lease."""
+    key = client.target.key(LEADER_KEY)
+    lease_id, _ = await client.grant(60)
+    old = LeaderInfo(node="old", address="h:1")
+    await client.txn("an old key", [], [op_put(key, msgspec.msgpack.encode(old), lease=lease_id)])
+    seen = asyncio.Event()
+    campaign = asyncio.create_task(
+        Leadership.acquire(
+            client, LeaderInfo(node="new", address="h:2"), ttl_s=1, on_leader=lambda h: seen.set()
+        )
+    )
+    try:
+        async with asyncio.timeout(BOUND_S):
+            await seen.wait()
+            with pytest.raises(LogError, match="already open for writing by old"):
+                await Leadership.acquire(client, LeaderInfo(node="tool"), ttl_s=1, wait=False)
+            assert not campaign.done()
+            assert await client.revoke(lease_id)  # the old controller's lease ends
+            new = await campaign
+        assert new.info.node == "new"
+        await new.resign()
+    finally:
+        campaign.cancel()
+
+
+async def test_the_holder_compacts_etcds_history(
+    client: Etcd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each heartbeat is a revision; the holder compacts history to the revision of its
+    heartbeat one `HISTORY_S` earlier, so an idle log does not grow etcd for ever."""
+    monkeypatch.setattr(lease, "HISTORY_S", 0.5)
+    holder = await Leadership.acquire(client, LeaderInfo(node="a"), ttl_s=1)
+    key = client.target.key(LEADER_KEY)
+    try:
+        async with asyncio.timeout(BOUND_S):
+            while True:  # until a compaction has run past the election's revision
+                await beats(holder, 1)
+                try:
+                    await client.range(key, key + b"\0", revision=holder.token)
+                except StorageError as exc:
+                    assert "compacted" in exc.message
+                    break
+    finally:
+        await holder.resign()
