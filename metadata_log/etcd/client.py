@@ -46,9 +46,9 @@ What this module adds on top, and why:
   answers up to `MAX_RECEIVE_BYTES` (range reads are paged well below it).
 * TLS (`metadata_log.etcd.tls`): the target's `EtcdTls` (the CA, and a client
   certificate for an etcd with ``--client-cert-auth``) makes the channels TLS ones; the
-  members' certificates are checked against the first endpoint's host as given (the
-  watch channel balances over every endpoint, so one name: every member's certificate
-  must carry it, as a local cluster's carry 127.0.0.1 and localhost). A first round trip that
+  members' certificates are checked each against its own endpoint's host as given
+  (every member has a channel of its own, watches included), as etcdctl checks them; a
+  local cluster's carry 127.0.0.1 and localhost. A first round trip that
   fails on TLS (a refused or missing client certificate, a server that does not speak
   TLS, or one that does to a plaintext client) is SSL_AUTHENTICATION_FAILED, not a
   retriable unavailability: retrying cannot fix a certificate.
@@ -236,8 +236,6 @@ class Etcd:
         # When each member last answered, and last failed or did not answer in time.
         self._ok = [0.0] * len(self._members)
         self._bad = [0.0] * len(self._members)
-        self._watcher: Etcd3Client | None = None  # balanced over every member, on demand
-        self._watcher_lock = asyncio.Lock()
         self._closed = False
 
     @classmethod
@@ -248,9 +246,7 @@ class Etcd:
         members: list[Etcd3Client] = []
         try:
             for endpoint in target.endpoints:
-                members.append(
-                    await _client((endpoint,), target.tls, target.url, named=target.endpoints[0])
-                )
+                members.append(await _client((endpoint,), target.tls, target.url, named=endpoint))
         except BaseException:
             for client in members:
                 await client.close()
@@ -545,19 +541,18 @@ class Etcd:
     async def watch(
         self, start: bytes, end: bytes, start_revision: int
     ) -> AsyncGenerator[Any, None]:
-        """Watch responses for keys in [start, end) from `start_revision` on. The stream
-        reconnects by itself across member failures; a response with `canceled` or
-        `compact_revision` set ends it (the caller re-reads and watches again)."""
-        async with self._watcher_lock:  # one, though watches start concurrently
-            if self._watcher is None and not self._closed:
-                self._watcher = await _client(
-                    self.target.endpoints, self.target.tls, self.target.url
-                )
-        if self._watcher is None or self._closed:
-            raise StoreUnavailableError("the etcd client is closed")
+        """Watch responses for keys in [start, end) from `start_revision` on, from the
+        member that answered last (its own channel: a watch follows the calls off a member
+        that stopped answering, when the caller watches again). An error ends the stream
+        (StoreUnavailableError) and moves later calls to another member; a response with
+        `canceled` or `compact_revision` set ends it too (the caller re-reads and watches
+        again). A member frozen under an open watch sends nothing and no error: callers
+        that must notice read again when a watch stays quiet (`EtcdLogStore`'s follower,
+        the leadership's campaign)."""
+        i = self._current
         stream = cast(
             AsyncGenerator[Any, None],
-            self._service(self._watcher, "watch").watch(
+            self._service(self._members[i], "watch").watch(
                 start, range_end=end, start_revision=start_revision
             ),
         )
@@ -568,7 +563,10 @@ class Etcd:
                 except StopAsyncIteration:
                     return
                 except (EtcdError, grpc.aio.AioRpcError) as exc:
-                    raise _mapped(exc, "a watch", self.where) from None
+                    error = _mapped(exc, "a watch", self.target.endpoints[i])
+                    if isinstance(error, StoreUnavailableError):
+                        self._failed(i)
+                    raise error from None
                 yield response
                 if response.canceled or response.compact_revision:
                     return
@@ -592,7 +590,7 @@ class Etcd:
 
     async def close(self) -> None:
         self._closed = True
-        for client in [*self._members, *([self._watcher] if self._watcher else [])]:
+        for client in self._members:
             await client.close()
 
 
@@ -669,8 +667,8 @@ async def _client(
     endpoints: Sequence[str], tls: EtcdTls | None, url: str, *, named: str | None = None
 ) -> Etcd3Client:
     """A connected library client balancing over `endpoints`, with TLS if `tls`: the
-    members' certificates must carry the host of `named` (default: the first endpoint),
-    the name one channel over several endpoints checks."""
+    members' certificates must carry the host of `named` (default: the first endpoint;
+    `Etcd.connect` gives each member's client that member's own endpoint)."""
     addresses = [await _resolve(e, url) for e in endpoints]
     tls_args: dict[str, Any] = {}
     if tls is not None:

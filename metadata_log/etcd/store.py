@@ -53,7 +53,9 @@ this prefix only: other users of the same etcd cluster lose their older revision
 **Tailing.** A read-only store (a standby controller, `metactl log tail`) watches
 ``state/`` from the revision it read at open, so `wait_for` wakes on each commit without
 polling; a watch cut off by compaction or an outage is re-established after re-reading
-the state.
+the state. A watch runs on one member's channel, and a member frozen under it sends
+neither events nor an error, so a watch quiet for `FOLLOW_IDLE_S` is checked by a read
+of the state (hedged over the members), and opened again if the log moved past it.
 
 This module must not interpret records, elect anyone (it is handed a `Leadership`, or
 takes the key for itself, without waiting, as SQLite takes its file lock), or decide what
@@ -109,6 +111,8 @@ REQUEST_OVERHEAD: Final = 64 * 1024  # keys, batch headers, compares, gRPC frami
 PAGE: Final = 64  # group keys (or snapshot chunks) per range read
 SETTLE_S: Final = 10.0
 RETRY_BACKOFF_S: Final = 0.2
+FOLLOW_IDLE_S: Final = 1.0
+"""A follower's watch quiet this long is checked by a read of the log's state."""
 _BATCH: Final = struct.Struct(">IqII")  # record count, timestamp ms, CRC, payload bytes
 _MANIFEST: Final = struct.Struct(">qIIq")  # timestamp ms, CRC, chunks, payload bytes
 
@@ -147,6 +151,7 @@ class EtcdLogStore(LogStore):
         self._revision = revision
         self.settle_s = SETTLE_S
         self._follow_task: asyncio.Task[None] | None = None
+        self._heard = 0.0  # when the follower's watch last sent something (monotonic)
 
     @property
     def cluster_id(self) -> str:
@@ -510,29 +515,61 @@ class EtcdLogStore(LogStore):
 
     async def _follow(self) -> None:
         """Watch ``state/`` and publish each new end offset; re-read and re-watch when the
-        watch ends (compaction, an outage)."""
-        keys = self.keys
+        watch ends (compaction, an outage). A watch quiet for `FOLLOW_IDLE_S` is checked
+        by a linearizable read of the state: a member frozen under it (SIGSTOP, a stalled
+        machine) sends nothing and no error, so a log end the read shows past the watch's
+        is published, and the watch is opened again (on the member that answered)."""
         while not self.closed:
+            watching = asyncio.create_task(self._watch_state(), name="log-follower-stream")
             try:
-                async with contextlib.aclosing(
-                    self.etcd.watch(keys.state, prefix_end(keys.state), self._revision + 1)
-                ) as responses:
-                    async for response in responses:
-                        for ev in response.events:
-                            if ev.type != 0:  # only PUTs carry a value
-                                continue
-                            key, value = bytes(ev.kv.key), bytes(ev.kv.value)
-                            if key == keys.end and value.isdigit():
-                                self._advance(int(value))
-                            elif key == keys.start and value.isdigit():
-                                self._start_offset = max(self._start_offset, int(value))
-                        if response.header.revision:
-                            self._revision = max(self._revision, int(response.header.revision))
+                while True:
+                    done, _ = await asyncio.wait({watching}, timeout=FOLLOW_IDLE_S)
+                    if done:
+                        watching.result()  # its error, if any
+                        break
+                    if time.monotonic() - self._heard < FOLLOW_IDLE_S:
+                        continue
+                    start, end, revision = await read_state(self.etcd)
+                    if end > self._end_offset or start > self._start_offset:
+                        log.warning(
+                            "the metadata log's watch fell behind (a frozen etcd member?); "
+                            "watching again",
+                            location=self.location,
+                            end_offset=end,
+                            watched_end_offset=self._end_offset,
+                        )
+                        self._apply_state(start, end, revision)
+                        break
+                    self._heard = time.monotonic()
                 self._apply_state(*await read_state(self.etcd))
             except StoreUnavailableError as exc:
                 log.warning("following the metadata log failed", location=self.location,
                             error=exc.message)  # fmt: skip
                 await asyncio.sleep(RETRY_BACKOFF_S)  # then re-read and watch again
+            finally:
+                watching.cancel()
+                with contextlib.suppress(asyncio.CancelledError, MetactlError):
+                    await watching
+
+    async def _watch_state(self) -> None:
+        """One watch of ``state/`` from the revision read last, until it ends."""
+        keys = self.keys
+        self._heard = time.monotonic()
+        async with contextlib.aclosing(
+            self.etcd.watch(keys.state, prefix_end(keys.state), self._revision + 1)
+        ) as responses:
+            async for response in responses:
+                self._heard = time.monotonic()
+                for ev in response.events:
+                    if ev.type != 0:  # only PUTs carry a value
+                        continue
+                    key, value = bytes(ev.kv.key), bytes(ev.kv.value)
+                    if key == keys.end and value.isdigit():
+                        self._advance(int(value))
+                    elif key == keys.start and value.isdigit():
+                        self._start_offset = max(self._start_offset, int(value))
+                if response.header.revision:
+                    self._revision = max(self._revision, int(response.header.revision))
 
     # --- lifecycle -----------------------------------------------------------------------
 

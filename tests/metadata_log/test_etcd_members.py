@@ -201,3 +201,31 @@ def test_the_local_cluster_runs_with_quick_elections(tmp_path: Path) -> None:
     assert int(flags["--election-timeout"]) <= 500
     assert int(flags["--heartbeat-interval"]) * 5 <= int(flags["--election-timeout"])
     assert "--pre-vote" in cmd
+
+
+async def test_a_reader_follows_the_log_past_a_member_frozen_under_its_watch(
+    cluster: LocalEtcd,
+) -> None:
+    """A standby's store watches from the member it reads from. Frozen (SIGSTOP), that
+    member sends neither events nor an error; the watch, quiet, is checked by a read
+    that another member answers, so the commits made meanwhile reach the reader while
+    the member is still frozen, and it watches on from another member."""
+    leader = await etcd_leader(cluster)
+    i = (leader + 1) % len(cluster.members)  # a follower: writes go on without it
+    prefix = f"members/{uuid.uuid4().hex}"
+    writer = await EtcdLogStore.open(url_first(cluster, leader, prefix), node="w")
+    reader = await EtcdLogStore.open(url_first(cluster, i, prefix), read_only=True)
+    try:
+        await writer.append(records(1))
+        assert await reader.wait_for(0, timeout=30)  # its watch is open, on member i
+        assert reader.etcd.member == cluster.members[i].endpoint
+        with frozen(cluster, i):
+            await writer.append(records(2, first=1))
+            assert await reader.wait_for(2, timeout=30), "the reader stayed behind"
+            assert reader.etcd.member != cluster.members[i].endpoint
+            await writer.append(records(1, first=3))
+            assert await reader.wait_for(3, timeout=30)
+        assert [e.record for e in await reader.read(0)] == records(4)
+    finally:
+        await reader.close()
+        await writer.close()
