@@ -633,15 +633,27 @@ class ClusterUp:
 
     def stop(self) -> None:
         """Brokers, then controllers, then etcd: SIGTERM (SIGCONT first, for a paused
-        one), SIGKILL after the bound. Idempotent."""
+        one), SIGKILL after the bound. Brokers and controllers together; etcd members
+        one after the other, as `LocalEtcd.stop` does: a leader stopped while its
+        followers stop too waits out etcd's 5 s leadership-transfer timeout. Idempotent."""
+
+        def term(c: Child) -> None:
+            if c.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(c.proc.pid, signal.SIGTERM)
+
         for kind in ("broker", "controller", "etcd"):
             group = [c for c in self.children if c.kind == kind]
+            one_by_one = kind == "etcd"
             for c in group:
                 if c.proc.poll() is None:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(c.proc.pid, signal.SIGCONT)
-                        os.killpg(c.proc.pid, signal.SIGTERM)
+                    if not one_by_one:
+                        term(c)
             for c in group:
+                if one_by_one:
+                    term(c)
                 try:
                     c.proc.wait(timeout=STOP_TIMEOUT_S)
                 except subprocess.TimeoutExpired:
