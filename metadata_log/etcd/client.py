@@ -708,8 +708,8 @@ async def _tls_refusal(target: EtcdTarget, detail: str) -> SslAuthenticationErro
             return SslAuthenticationError(
                 f"etcd at {','.join(target.endpoints)}: TLS failed ({cause}): its "
                 "certificate is not of "
-                "the --etcd-cacert CA or does not name "
-                f"{_split_endpoint(target.endpoints[0], target.url)[0]}, it refused this "
+                "the --etcd-cacert CA or does not name the member's host as the URL gives "
+                "it, it refused this "
                 "client's certificate (or its lack of one: --client-cert-auth), or it does "
                 f"not speak TLS; check {flags}"
             )

@@ -15,8 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trustme
 
-from metactl.errors import InvalidConfigurationError, SslAuthenticationError
+from metactl.errors import InvalidConfigurationError, MetactlError, SslAuthenticationError
 from metadata_log.etcd.client import Etcd, EtcdTarget, member_health
 from metadata_log.etcd.store import EtcdLogStore
 from metadata_log.etcd.tls import (
@@ -32,6 +33,7 @@ from ops.certs import default_names, etcd_client_tls, etcd_dir, init_certs, init
 from ops.cli import main
 from ops.etcd_local import PORTS_FILE, LocalEtcd
 from protocol.tls import ADMIN, CA_CERT, cert_path, key_path
+from tests.e2e.cluster import free_port
 from tests.metadata_log.log_fixtures import records
 
 pytestmark = pytest.mark.slow
@@ -213,3 +215,46 @@ def test_a_controller_without_its_etcd_certificate_exits_with_a_named_error(
     r = subprocess.run(no_cert, capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 1, r.stderr
     assert "error: SSL_AUTHENTICATION_FAILED" in r.stderr and "Traceback" not in r.stderr
+
+
+async def test_each_members_certificate_is_checked_against_its_own_host(
+    tmp_path: Path,
+) -> None:
+    """A member whose certificate names only its own host ("localhost", not 127.0.0.1)
+    behind a URL whose first endpoint is another host: the client checks that member
+    against its own host, as etcdctl does, and reads from it (the first endpoint does
+    not answer). Checking every member against the first endpoint's host refused it."""
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(tmp_path / "ca.pem")
+    ca.issue_cert("localhost").private_key_and_cert_chain_pem.write_to_path(tmp_path / "m.pem")
+    port, peer, closed = free_port(), free_port(), free_port()
+    proc = subprocess.Popen(  # noqa: ASYNC220 (started once; the loop waits on it below)
+        ["etcd", "--name", "m", "--data-dir", str(tmp_path / "data"),
+         "--listen-client-urls", f"https://127.0.0.1:{port}",
+         "--advertise-client-urls", f"https://localhost:{port}",
+         "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+         "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+         "--initial-cluster", f"m=http://127.0.0.1:{peer}",
+         "--cert-file", str(tmp_path / "m.pem"), "--key-file", str(tmp_path / "m.pem")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    tls = EtcdTls(tmp_path / "ca.pem")
+    target = EtcdTarget.parse(f"etcd://127.0.0.1:{closed},localhost:{port}/names", tls=tls)
+    try:
+        async with asyncio.timeout(30):
+            while True:  # until the member serves (no member: StoreUnavailableError)
+                try:
+                    client = await Etcd.connect(target, timeout_s=2.0)
+                    break
+                except SslAuthenticationError:
+                    raise
+                except MetactlError:
+                    await asyncio.sleep(0.1)  # polling a starting process
+        try:
+            kv, _ = await client.get(target.key("meta"))
+            assert kv is None and client.member == f"localhost:{port}"
+        finally:
+            await client.close()
+    finally:
+        proc.terminate()
+        proc.wait()
