@@ -1,8 +1,9 @@
 """A standby's watch of the active controller's listener (`controller.runtime.dead_active`)
 against a real etcd member and real sockets: a port that refuses connections gets the
-holder's term ended (its key deleted); a live listener, or a key that another term holds by now, does
-not. Waits are on observable events (connections accepted, the watch ending), never on
-timing. The whole controller is in tests/service/test_ha.py and tests/e2e/test_ha.py."""
+holder's term ended (its key deleted); a live listener, or a key that another term holds
+by now, does not. Waits are on observable events (connections accepted, the watch
+ending), never on timing. The whole controller is in tests/service/test_ha.py and
+tests/e2e/test_ha.py."""
 
 from __future__ import annotations
 
