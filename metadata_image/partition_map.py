@@ -122,6 +122,13 @@ class PartitionMap(_Reads, Mapping["TopicPartition", "PartitionState"]):
                 if value is not None:
                     yield value
 
+    def chunk_at(self, topic: str, c: int) -> Chunk:
+        """Chunk `c` of `topic` (partitions `c * CHUNK` on, `None` in its holes; empty if
+        it holds none), to read entry `i & CHUNK_MASK` of partition `i`: for a loop over
+        many partitions that does its own work per partition (a fence's decisions), where
+        `of_topic`'s generator cost as much as the work."""
+        return self._chunks.get((topic, c), ())
+
     def of_topic(self, topic: str, numbers: Iterable[int]) -> Iterator[PartitionState]:
         """The partitions `numbers` of `topic`, in that order; KeyError for one missing.
 

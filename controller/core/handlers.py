@@ -244,17 +244,16 @@ def _op_changes(
     image: ClusterImage,
     op: BrokerOp,
     broker_id: int,
-    partitions: list[PartitionState],
+    groups: list[tuple[str, tuple[int, ...]]],
     config: ControllerConfig,
 ) -> list[PartitionChangeRecord]:
-    """The changes `op` makes to `partitions` (some of the broker's), in `image`, where
-    the broker-level record is already applied."""
+    """The changes `op` makes to the partitions of `groups` (runs of the broker's), in
+    `image`, where the broker-level record is already applied."""
     reason = _OP_REASONS[op]
     elr = image.elr_enabled(config.eligible_leader_replicas)
     if op is BrokerOp.FENCE or op is BrokerOp.CONTROLLED_SHUTDOWN:
-        return remove_from_isrs(
-            image, broker_id, reason=reason, elr_enabled=elr, partitions=partitions
-        )
+        return remove_from_isrs(image, broker_id, reason=reason, elr_enabled=elr, groups=groups)
+    partitions = _present(image, groups)
     if op is BrokerOp.UNREGISTER:
         return without_broker(image, broker_id, partitions, elr_enabled=elr)
     out: list[PartitionChangeRecord] = []
@@ -285,12 +284,11 @@ def _broker_slice(
     a controlled shutdown, `still_leads` updated); the operation is done once the
     returned plan is."""
     groups, plan = c.plan.take_groups(budget if budget is not None else 1 << 62)
-    partitions = _present(image, groups)
-    changes = _op_changes(image, c.op, c.broker_id, partitions, config)
+    changes = _op_changes(image, c.op, c.broker_id, groups, config)
     still = c.still_leads
     if c.op is BrokerOp.CONTROLLED_SHUTDOWN and not still:
         moved = {(ch.topic, ch.partition) for ch in changes if ch.leader is not None}
-        still = any(p.leader == c.broker_id and p.tp not in moved for p in partitions)
+        still = any(p.leader == c.broker_id and p.tp not in moved for p in _present(image, groups))
     return changes, msgspec.structs.replace(c, plan=plan, still_leads=still)
 
 
@@ -728,7 +726,9 @@ def _striped(order: tuple[int, ...], start: int, end: int, rf: int) -> list[list
     once and shared by the partitions it places: treat the lists as read-only."""
     n = len(order)
     rotations = [[order[(p + j) % n] for j in range(rf)] for p in range(n)]
-    return [rotations[p % n] for p in range(start, end)]
+    first = start % n
+    period = rotations[first:] + rotations[:first]  # from partition `start` on
+    return (period * ((end - start) // n + 1))[: end - start]  # repeated in C
 
 
 def _broker_order(image: ClusterImage) -> tuple[int, ...]:

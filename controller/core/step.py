@@ -479,11 +479,12 @@ def queue_touched(
             backlog = backlog.with_partitions(delta.partitions)
         else:
             notes, pending, wakes = tracker.offline, tracker.pending, tracker.wake_of
-            backlog = backlog.with_partitions(
-                tp
-                for tp in delta.partitions
-                if tp in offline or tp in notes or tp in pending or tp in wakes
-            )
+            if offline or notes or pending or wakes:  # else none is queued: no probes
+                backlog = backlog.with_partitions(
+                    tp
+                    for tp in delta.partitions
+                    if tp in offline or tp in notes or tp in pending or tp in wakes
+                )
     if delta.features:
         # The rules changed (eligible.leader.replicas.version): every leaderless partition
         # and every recovery the tracker knows is looked at again, as after a restart

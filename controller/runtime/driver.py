@@ -97,7 +97,24 @@ task waits (it also waits while an answer waits on a commit, `_committer_behind`
 Measured (bench/controller_ops.py, bench/large_cluster.py (c), 100,000 partitions in
 slices of 1,000): 1 ahead gives each slice its own fsync, 0.68-0.70 s for the create and
 heartbeats at p99 7 ms meanwhile; 16 ahead lets group commit take several slices at
-once, 0.49-0.56 s and p99 23 ms (the unsliced create: 0.42-0.48 s, heartbeats p99 420 ms)."""
+once, 0.49-0.56 s and p99 23 ms (the unsliced create: 0.42-0.48 s, heartbeats p99 420 ms).
+A transaction's slices are paced by `SLICES_PER_APPEND` instead."""
+
+SLICES_PER_APPEND: Final = 16
+"""A transaction's slices are held until this many are stepped but not yet told, then
+appended together (and the last ones with the transaction's end): a transaction of at most
+this many slices is one append and one fsync, after its last step.
+
+Appending each slice while the next ones were stepped did not overlap the disk with the
+steps: the store's hops and its writer thread wait for the event loop, which is busy with
+a slice (the thread takes the GIL back after its insert and after its fsync), so each
+append took 6-10 ms, the event task stalled on the committer, and the last slices were
+appended after the last step anyway. Traced with bench/controller_ops.py (a fence of a
+broker with 10,000 partitions, 10 slices): four appends, the first 7-10 ms long, a 2 ms
+stall after the fifth slice and a 2-3.5 ms append after the last; held, the ten slices
+run back to back and one append of 3.5-4.5 ms follows. Nothing waits on a held slice: an
+event that writes nothing during the transaction is answered once the log before it is
+durable, and one that writes records waits for the end marker in any case."""
 
 
 __all__ = [
@@ -438,12 +455,14 @@ class Controller:
 
     def _committer_behind(self) -> bool:
         """Bulk work (slices, backlog Ticks) waits for the committer: while it is more
-        than `MAX_SLICES_AHEAD` commits behind, or while an answer waits on the commit in
-        flight. Answers first: an append is several hops between the committer and the
-        store's thread, each a turn of the event loop, and with a 30 ms slice stepped in
-        every turn a one-record commit took 0.4-0.6 s (measured, 300,000 partitions)."""
+        than `MAX_SLICES_AHEAD` commits behind (`SLICES_PER_APPEND` during a transaction),
+        or while an answer waits on the commit in flight. Answers first: an append is
+        several hops between the committer and the store's thread, each a turn of the
+        event loop, and with a 30 ms slice stepped in every turn a one-record commit took
+        0.4-0.6 s (measured, 300,000 partitions)."""
         c = self.committer
-        return c.unpublished > MAX_SLICES_AHEAD or c.answers_waiting()
+        limit = MAX_SLICES_AHEAD if self._slicing is None else SLICES_PER_APPEND
+        return c.unpublished > limit or c.answers_waiting()
 
     async def _between_slices(self) -> bool:
         """Yield, answer what was queued meanwhile, then step the next slice, once the
@@ -630,7 +649,10 @@ class Controller:
     def _enqueue(self, c: Commit) -> None:
         self.committer.queued(c)
         self._commits.append(c)
-        self._commit_wakeup.set()
+        if self._slicing is None or c.image_after is not None or self._committer_behind():
+            self._commit_wakeup.set()
+        # else: a slice of the open transaction, held (`SLICES_PER_APPEND`). The
+        # committer takes it with the next slice that wakes it, or the last.
 
     def _report(self, event: Event, enqueued: float, started: float) -> None:
         done = time.perf_counter()

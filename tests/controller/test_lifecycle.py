@@ -643,6 +643,7 @@ def test_replica_index_removals() -> None:
 
     index = EMPTY_INDEX.added({"a": [0, 1, 2], "b": [0]}).added({"a": [3]})
     assert index.removed({"zz": [0]}) == index
+    assert index.removed({"a": [7, 8]}) == index  # none of them is in it
     smaller = index.removed({"a": [1, 3, 9]})
     assert sorted(smaller) == [("a", 0), ("a", 2), ("b", 0)] and len(smaller) == 3
     assert sorted(smaller.removed({"a": [0, 2]})) == [("b", 0)]

@@ -625,6 +625,7 @@ class TestReplicaIndex:
         assert ("b", 2) in index and ("a", 1) in index
         assert ("a", 2) not in index and ("c", 0) not in index
         assert "a" not in index and ("a", 1, 0) not in index  # not a partition at all
+        assert ("a", "1") not in index  # nor is a partition named by anything but a number
         assert len(index) == 3
         assert next(iter(index)) == ("a", 1)  # topics in name order, whatever the hash seed
         grown = index.added({"b": [5], "c": [0]})
@@ -633,9 +634,9 @@ class TestReplicaIndex:
         assert grown == EMPTY_INDEX.added({"a": [1], "b": [0, 2, 5], "c": [0]})
 
     def test_a_topic_added_in_slices_keeps_few_chunks_and_acts_as_one_set(self) -> None:
-        """A sliced create adds a chunk per slice; chunks merge as a binary counter
-        carries, so 100 slices leave a handful, and the index is, for membership,
-        iteration order and equality, the one set built at once."""
+        """A sliced create adds a chunk per slice; chunks merge four at a time, as a
+        base-4 counter carries, so 100 slices leave a handful, and the index is, for
+        membership, iteration order and equality, the one set built at once."""
         index = EMPTY_INDEX
         for s in range(100):
             index = index.added({"t": range(1000 * s, 1000 * (s + 1))})

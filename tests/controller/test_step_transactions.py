@@ -339,18 +339,24 @@ def test_a_large_backlog_is_queued_as_a_plan_and_drained_a_budget_per_step() -> 
     assert len(c.tracker.pending) == 40  # balanced: waiting for broker 1's answers
 
 
-def test_a_continuation_skips_partitions_that_are_gone() -> None:
+@pytest.mark.parametrize("op", ["FENCE", "CONTROLLED_SHUTDOWN"])
+def test_a_continuation_skips_partitions_that_are_gone(op: str) -> None:
     """A slice re-reads its partitions from the image: one that no longer exists (a topic
-    deleted meanwhile, once deletes exist) is skipped, the others are still changed."""
+    deleted meanwhile, once deletes exist) is skipped, the others are still changed (a
+    controlled shutdown also reads them again to tell whether the broker still leads)."""
     from controller.core.handlers import BrokerOp, Continue, continue_op
     from controller.core.work import PartitionPlan
 
     c = _cluster(partitions=4)
     c.fence(1)  # fenced: its partitions are leaderless or led by others, in its ELR
     plan = PartitionPlan((("t", (0, 1, 99, 2, 3)),))
-    cont = Continue(BrokerOp.FENCE, 2, plan, Ack())
+    cont = Continue(BrokerOp[op], 2, plan, Ack())
     result = continue_op(c.image, cont, None, c.config)
-    assert result.follow_up is None and result.response == Ack()
+    assert result.follow_up is None
+    if op == "FENCE":
+        assert result.response == Ack()
+    else:  # its leaderships all moved
+        assert result.response == ControlledShutdownResponse(can_stop=True)
     changed = {(r.topic, r.partition) for r in result.records}
     assert ("t", 99) not in changed and changed <= {("t", i) for i in range(4)}
     assert changed  # broker 2 left the ISRs it was in

@@ -265,3 +265,38 @@ async def test_listeners_hear_a_sliced_transaction_once_with_its_records(tmp_pat
         assert [r for _, rs in told for r in rs] == stored
         assert isinstance(stored[0], BeginTransactionRecord)
         assert isinstance(stored[-1], EndTransactionRecord)
+
+
+async def test_a_heartbeat_among_held_slices_is_answered_before_the_transaction_ends(
+    tmp_path: Path,
+) -> None:
+    """A transaction's slices are held back from the log until `SLICES_PER_APPEND` wait
+    (one append for a short fence). A heartbeat that arrives after the second slice, with
+    slices held, is answered inside the transaction (once the log before it is durable),
+    not after its end: nothing waits on a held slice."""
+    async with controller(tmp_path / "held") as ctl:
+        epochs = await start(ctl, range(1, 5))
+        await ctl.submit(CreateTopic(name="t", partitions=PARTITIONS, replication_factor=3))
+        order: list[str] = []
+        sent = asyncio.Event()
+        heartbeat: list[asyncio.Future[object]] = []
+
+        def listen(name: str, queued: float, took: float) -> None:
+            order.append(name)
+            if name == "Continue" and order.count("Continue") == 2 and not sent.is_set():
+                request = BrokerHeartbeatRequest(
+                    broker_id=2, broker_epoch=epochs[2], metadata_offset=0
+                )
+                heartbeat.append(asyncio.ensure_future(ctl.submit(request)))
+                sent.set()
+
+        ctl.event_listeners.append(listen)
+        fence = asyncio.ensure_future(ctl.submit(FenceBroker(broker_id=1)))
+        async with asyncio.timeout(30):  # a guard against a stall, not a timing
+            await sent.wait()
+            hb = await heartbeat[0]
+            assert not fence.done()  # answered inside the transaction
+            await fence
+        assert isinstance(hb, BrokerHeartbeatResponse) and not hb.is_fenced
+        first = order.index("Continue")
+        assert first < order.index("BrokerHeartbeatRequest") < len(order) - 1
