@@ -872,10 +872,18 @@ class ControllerService:
 
     async def _session_loop(self) -> None:
         period = max(0.05, min(self.config.broker_heartbeat_interval_ms, 1000) / 2000)
+        paused = False
         while True:
             await asyncio.sleep(period)  # a timer, not synchronisation
             if not self.acting:
+                paused = True
                 continue
+            if paused:
+                # Acting again after a pause (a leadership suspended through an etcd
+                # election, or a new term): heartbeats were refused meanwhile, so every
+                # session starts over, as at a takeover.
+                self.sessions = BrokerSessions(self.config.broker_session_timeout_ms)
+                paused = False
             ctl = self.controller
             live = [b.broker_id for b in ctl.image.brokers.values() if not b.fenced]
             for broker_id in self.sessions.expired(live, self.clock.now_ms()):

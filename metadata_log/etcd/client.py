@@ -427,6 +427,17 @@ class Etcd:
         )
         return (r.kvs[0] if r.kvs else None), int(r.header.revision)
 
+    async def get_at_term(
+        self, key: bytes, *, timeout_s: float | None = None
+    ) -> tuple[Kv | None, int, int]:
+        """`get`, with the Raft term of the member that answered: (kv or None, the store's
+        revision, etcd's Raft term). A term larger than one seen before means etcd
+        elected a leader in between (a time nobody could write)."""
+        r = await self._hedged(
+            f"a read of {key!r}", lambda c: self._service(c, "kv").get(key), timeout_s
+        )
+        return (r.kvs[0] if r.kvs else None), int(r.header.revision), int(r.header.raft_term)
+
     async def range(
         self,
         start: bytes,

@@ -32,15 +32,21 @@ etcd 3.4's lessor can revoke a live holder's lease (below).
   frozen etcd). The margin (`SAFETY_FRACTION` of the TTL, at least 0.25 s) covers only
   the two processes' clock rates and the holder's own scheduling: no etcd timing is in
   it, since a standby, not etcd's lessor, ends a term (it was a quarter with the lease).
-  `lost` is set then, on a heartbeat that finds the key gone or another term's, and on
-  `resign`, which deletes the key so that a standby takes over at once.
+  Past `valid_until` the holder is *suspended*: it does not act, but goes on beating
+  until `hold_until` (one TTL more); a heartbeat that lands meanwhile proves the key
+  still this term's, and the term goes on. `lost` is set at `hold_until`, on a heartbeat
+  that finds the key gone or another term's, and on `resign`, which deletes the key so
+  that a standby takes over at once.
 * **Riding out an etcd leader change.** Only etcd's leader commits writes, so no
   heartbeat lands between the loss of one leader and the election of the next (one to
   two election timeouts: 0.5-1 s on the local cluster, `ops.etcd_local`). A heartbeat is
   sent anew every `RENEW_ATTEMPT_S` until one answers, so the first one after the
   election lands; beating six times per TTL leaves the TTL less the safety margin less a
-  sixth (1.42 s with TTL 2 s) for that. Standbys see no heartbeat meanwhile either, but
-  they wait the whole TTL.
+  sixth (1.42 s with TTL 2 s) for that. An election slower than that (a split vote: 1.7
+  s seen on a loaded machine) suspends the holder, and its first heartbeat after the
+  election resumes it. Standbys see no heartbeat meanwhile either: a standby whose TTL
+  of silence ends with etcd at a newer Raft term than at the last heartbeat it saw (an
+  election in between, when nobody could write) gives the holder another TTL.
 * **Why not an etcd lease.** Until this version the key was bound to a lease, refreshed by
   keep-alives. etcd 3.4.23 (Debian bookworm's) lets an old etcd leader, resumed after a
   pause, revoke leases it thinks expired (etcd issue 15247, fixed upstream later): a
@@ -155,6 +161,8 @@ class Leadership:
         self.lost_reason = ""
         self.beats = 0
         """Heartbeats applied (tests and the bench count them)."""
+        self.resumes = 0
+        """Times a heartbeat landed after the validity had run out (`hold_until`)."""
         self._value = msgspec.msgpack.encode(info)
         self._task: asyncio.Task[None] | None = None
         self._checkpoint = (time.monotonic(), token)  # (when, revision) for compaction
@@ -233,12 +241,21 @@ class Leadership:
                 revision,
                 silence_s=0.0 if ours else max(float(ttl_s), held_ttl),
                 on_beat=beat,
+                term=int(r.header.raft_term),
             )
 
     @property
     def valid(self) -> bool:
         """Whether this process may still act as the holder."""
         return not self.lost.is_set() and time.monotonic() < self.valid_until
+
+    @property
+    def hold_until(self) -> float:
+        """Past `valid_until` the holder does not act but goes on beating until this
+        (one more TTL): a heartbeat that lands meanwhile proves the key still this term's
+        and the term goes on. An etcd leader election slower than the validity left
+        (seen: 1.7 s) then costs no failover."""
+        return self.valid_until + self.ttl_s
 
     def _lose(self, reason: str) -> None:
         if not self.lost.is_set():
@@ -257,21 +274,33 @@ class Leadership:
         interval = max(0.1, self.ttl_s / RENEWALS_PER_TTL)
         wait = interval
         failing_since: float | None = None
+        suspended_at: float | None = None
         while not self.lost.is_set():
-            wait = min(wait, self.valid_until - time.monotonic())
-            if wait <= 0:
-                self._lose("the leadership could not be renewed in time")
+            now = time.monotonic()
+            if now >= self.hold_until:
+                self._lose("no heartbeat landed for the TTL and a grace of one more")
                 return
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(wait):
-                    await self.lost.wait()
-            if self.lost.is_set():
-                return
+            if suspended_at is None and now >= self.valid_until:
+                suspended_at = now
+                log.warning(
+                    "leadership suspended: no heartbeat landed in time; not acting until one does",
+                    node=self.info.node,
+                    token=self.token,
+                )
+                wait = 0.0  # beat now
+            wait = min(wait, (self.valid_until if suspended_at is None else self.hold_until) - now)
+            if wait > 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await self.lost.wait()
+                if self.lost.is_set():
+                    return
+                if suspended_at is None and time.monotonic() >= self.valid_until:
+                    continue  # validity ran out while waiting: suspend first, then beat
             sent = time.monotonic()
-            budget = self.valid_until - sent
+            budget = self.hold_until - sent
             if budget <= 0:
-                self._lose("the leadership could not be renewed in time")
-                return
+                continue  # lost at the top of the loop
             try:
                 r = await self.etcd.txn_hedged(
                     "a leadership heartbeat",
@@ -303,6 +332,15 @@ class Leadership:
                     seconds_failing=round(time.monotonic() - failing_since, 3),
                 )
                 failing_since = None
+            if suspended_at is not None and self.valid:
+                self.resumes += 1
+                log.warning(
+                    "leadership resumed: a heartbeat landed, the term goes on",
+                    node=self.info.node,
+                    token=self.token,
+                    suspended_s=round(time.monotonic() - suspended_at, 3),
+                )
+                suspended_at = None
             self._bound_history(int(r.header.revision))
             wait = interval
 
@@ -361,6 +399,7 @@ async def _outlast(
     *,
     silence_s: float,
     on_beat: Callable[[], None],
+    term: int,
 ) -> None:
     """Return once the term of the holder in `kv` (read at `revision`) is over: its key
     deleted or created anew, or not rewritten for `silence_s` and then deleted here by a
@@ -369,6 +408,9 @@ async def _outlast(
     last = int(kv.mod_revision)
     seen_at = time.monotonic()  # the loop's clock too (asyncio's default)
     watch_from = revision + 1
+    # etcd's Raft term when the last rewrite was seen: a newer one at the silence's end
+    # means etcd elected a leader meanwhile, a time in which no heartbeat could land, so
+    # the holder gets a new TTL (it goes on beating past its validity: `hold_until`).
     while True:
         remaining = seen_at + silence_s - time.monotonic()
         reread = False
@@ -387,6 +429,7 @@ async def _outlast(
                                 return
                             last = int(ev.kv.mod_revision)
                             seen_at = time.monotonic()
+                            term = max(term, int(response.header.raft_term))
                             deadline.reschedule(seen_at + silence_s)
                             on_beat()
                         watch_from = int(response.header.revision) + 1
@@ -400,16 +443,25 @@ async def _outlast(
                 continue
         # Silent for `silence_s` as the watch saw it (or the watch ended): read again
         # linearizably (a watch on a partitioned member sees nothing), then end the term.
-        current, at = await etcd.get(key, timeout_s=1.0)
+        current, at, now_term = await etcd.get_at_term(key, timeout_s=1.0)
         if current is None or int(current.create_revision) != token:
             return
         watch_from = at + 1
         if int(current.mod_revision) != last:
             last = int(current.mod_revision)
             seen_at = time.monotonic()
+            term = max(term, now_term)
             on_beat()
             continue
         if seen_at + silence_s > time.monotonic():
+            continue
+        if now_term > term:
+            log.info(
+                "etcd elected a leader while the active controller was silent; it gets another TTL",
+                token=token,
+                raft_term=now_term,
+            )
+            term, seen_at = now_term, time.monotonic()
             continue
         r = await etcd.txn_hedged(
             "ending a silent leadership",

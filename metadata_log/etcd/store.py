@@ -31,7 +31,8 @@ Raft's term check, done by the store that runs Raft.
 
 **Doubtful appends.** A transaction that times out (a member died, quorum was lost) may
 still be applied. The same transaction is sent again, unchanged, until `settle_s` passes
-or the leadership lapses: it commits once at most, because its compare on ``state/end``
+or the leadership is lost (a suspended one keeps trying: `Leadership.hold_until`): it
+commits once at most, because its compare on ``state/end``
 fails if an earlier attempt was applied, and a failed compare is resolved by reading what
 is there (this append's own first batch: it was applied; another term's leadership key:
 fenced). If the doubt cannot be settled the append fails with `FatalStorageError`: the
@@ -279,7 +280,9 @@ class EtcdLogStore(LogStore):
                     f"an append at offset {expected}", compares, success, failure
                 )
             except StoreUnavailableError as exc:
-                if not leadership.valid or time.monotonic() >= deadline:
+                # Until settled, the term ends or `settle_s` passes: a leadership suspended
+                # through an etcd election (`Leadership.hold_until`) keeps its append.
+                if leadership.lost.is_set() or time.monotonic() >= deadline:
                     raise FatalStorageError(
                         f"the append at offset {expected} to {self.location} may or may not "
                         f"have been applied ({exc.message}); reopen the log to read which"
@@ -287,7 +290,7 @@ class EtcdLogStore(LogStore):
                 if doubt is not None:  # at most every RETRY_BACKOFF_S
                     await asyncio.sleep(max(0.0, RETRY_BACKOFF_S - (time.monotonic() - sent)))
                 doubt = exc
-                await self._find_member(min(deadline, leadership.valid_until))
+                await self._find_member(min(deadline, leadership.hold_until))
                 continue
             if r.succeeded:
                 return

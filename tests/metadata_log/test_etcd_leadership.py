@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 import msgspec
 import pytest
 
-from metactl.errors import LogError, StorageError
+from metactl.errors import LogError, StorageError, StoreUnavailableError
 from metadata_log.etcd import lease
 from metadata_log.etcd.client import Etcd, EtcdTarget, op_put
 from metadata_log.etcd.lease import LEADER_KEY, LeaderInfo, Leadership, current_leader
@@ -84,7 +84,7 @@ async def test_a_heartbeat_between_the_read_and_the_delete_keeps_the_term(
     the delete: the term goes on, and the campaign waits again."""
     token = await stale_key(client, LeaderInfo(node="a", address="h:1", ttl_ms=1000))
     key = client.target.key(LEADER_KEY)
-    get = client.get
+    get = client.get_at_term
     planted = asyncio.Event()
     late: list[int] = []  # the late heartbeat's revision
     read_after: list[int] = []  # mod revisions the campaign read after it
@@ -99,7 +99,7 @@ async def test_a_heartbeat_between_the_read_and_the_delete_keeps_the_term(
             read_after.append(int(result[0].mod_revision))
         return result
 
-    monkeypatch.setattr(client, "get", get_then_beat)
+    monkeypatch.setattr(client, "get_at_term", get_then_beat)
     campaign = asyncio.create_task(
         Leadership.acquire(client, LeaderInfo(node="b", address="h:2"), ttl_s=1)
     )
@@ -108,7 +108,7 @@ async def test_a_heartbeat_between_the_read_and_the_delete_keeps_the_term(
             await planted.wait()
             # The next silence (nobody beats any more) ends the term: the campaign wins.
             new = await campaign
-        kv, _ = await get(key)
+        kv, _, _ = await get(key)
         assert kv is not None and int(kv.create_revision) == new.token > token
         assert int(kv.version) == 1  # a new key: the old one was deleted, not overwritten
         # The delete after the first read failed: the campaign read the late heartbeat.
@@ -192,3 +192,89 @@ async def test_the_holder_compacts_etcds_history(
                     break
     finally:
         await holder.resign()
+
+
+async def heartbeats_fail_until(
+    leadership: Leadership, monkeypatch: pytest.MonkeyPatch, release: asyncio.Event
+) -> asyncio.Event:
+    """The holder's heartbeats fail as in an etcd leader election (no leader: every member
+    unavailable for writes) until `release` is set. The event returned is set once one
+    fails with the holder past its validity (suspended)."""
+    send = leadership.etcd.txn_hedged
+    suspended = asyncio.Event()
+
+    async def no_leader(what: str, *args: object, **kw: object) -> object:
+        if what == "a leadership heartbeat" and not release.is_set():
+            if not leadership.valid:
+                suspended.set()
+            raise StoreUnavailableError("etcdserver: no leader (planted)")
+        return await send(what, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(leadership.etcd, "txn_hedged", no_leader)
+    return suspended
+
+
+async def test_a_holder_past_its_validity_is_suspended_and_resumed_by_a_heartbeat(
+    client: Etcd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No heartbeat lands for longer than the validity (an etcd election slower than the
+    margin): the holder stops acting (not `valid`) but is not lost, and the first
+    heartbeat that lands resumes it, same term."""
+    holder = await Leadership.acquire(client, LeaderInfo(node="a"), ttl_s=1)
+    release = asyncio.Event()
+    suspended = await heartbeats_fail_until(holder, monkeypatch, release)
+    try:
+        async with asyncio.timeout(BOUND_S):
+            await suspended.wait()
+        assert not holder.valid and not holder.lost.is_set()  # suspended, not lost
+        release.set()
+        async with asyncio.timeout(BOUND_S):
+            while holder.resumes == 0:
+                await asyncio.sleep(0.02)  # polling a counter the heartbeat task moves
+                assert not holder.lost.is_set(), holder.lost_reason
+        assert holder.valid
+        info, token = await current_leader(client)
+        assert info is not None and token == holder.token
+    finally:
+        release.set()
+        await holder.resign()
+
+
+async def test_a_holder_suspended_past_its_grace_is_lost(
+    client: Etcd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    holder = await Leadership.acquire(client, LeaderInfo(node="a"), ttl_s=1)
+    release = asyncio.Event()
+    await heartbeats_fail_until(holder, monkeypatch, release)
+    try:
+        async with asyncio.timeout(BOUND_S):
+            await holder.lost.wait()
+        assert "grace" in holder.lost_reason and holder.resumes == 0
+    finally:
+        release.set()
+        await holder.resign()
+
+
+async def test_a_silence_across_an_etcd_election_gives_the_holder_another_ttl(
+    client: Etcd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the end of a silence, etcd answers at a newer Raft term than when the holder
+    was last seen (planted once: an election happened, when no heartbeat could land):
+    the campaign does not end the term then, but after a new TTL of silence."""
+    token = await stale_key(client, LeaderInfo(node="a", address="h:1", ttl_ms=1000))
+    read = client.get_at_term
+    terms: list[int] = []
+
+    async def newer_term_once(k: bytes, **kw: object) -> tuple[object, int, int]:
+        kv, revision, term = await read(k, **kw)  # type: ignore[arg-type]
+        if not terms:
+            term += 1  # as if etcd had elected a leader during the silence
+        terms.append(term)
+        return kv, revision, term
+
+    monkeypatch.setattr(client, "get_at_term", newer_term_once)
+    async with asyncio.timeout(BOUND_S):
+        new = await Leadership.acquire(client, LeaderInfo(node="b", address="h:2"), ttl_s=1)
+    assert new.token > token
+    assert len(terms) >= 2  # the first silence did not end the term; a second one did
+    await new.resign()
