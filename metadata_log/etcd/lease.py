@@ -267,9 +267,10 @@ class Leadership:
         """Rewrite the key every `ttl_s / RENEWALS_PER_TTL`, fenced by the token. A
         heartbeat is hedged over the members and bounded by `RENEW_ATTEMPT_S`; one that
         fails or is not answered in time is sent again at once (a new send time: an answer
-        to an old one proves less), for as long as the leadership is valid. So a frozen or
-        leaderless member does not use up the validity: when etcd's leader is lost, the
-        first heartbeat after a new one is elected lands."""
+        to an old one proves less), until `hold_until` (past `valid_until` the holder is
+        suspended: it does not act, and the first heartbeat that lands resumes it). So a
+        frozen or leaderless member does not use up the validity: when etcd's leader is
+        lost, the first heartbeat after a new one is elected lands."""
         key = self.etcd.target.key(LEADER_KEY)
         interval = max(0.1, self.ttl_s / RENEWALS_PER_TTL)
         wait = interval
