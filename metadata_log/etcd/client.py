@@ -419,22 +419,20 @@ class Etcd:
         """The key's current value (None if absent) and the store's revision, read
         linearizably (so only a member with a leader answers). With `persist`, members
         that fail are asked again until one answers or `timeout_s` passes (`_hedged`)."""
-        r = await self._hedged(
-            f"a read of {key!r}",
-            lambda c: self._service(c, "kv").get(key),
-            timeout_s,
-            persist=persist,
-        )
-        return (r.kvs[0] if r.kvs else None), int(r.header.revision)
+        kv, revision, _ = await self.get_at_term(key, timeout_s=timeout_s, persist=persist)
+        return kv, revision
 
     async def get_at_term(
-        self, key: bytes, *, timeout_s: float | None = None
+        self, key: bytes, *, timeout_s: float | None = None, persist: bool = False
     ) -> tuple[Kv | None, int, int]:
         """`get`, with the Raft term of the member that answered: (kv or None, the store's
         revision, etcd's Raft term). A term larger than one seen before means etcd
         elected a leader in between (a time nobody could write)."""
         r = await self._hedged(
-            f"a read of {key!r}", lambda c: self._service(c, "kv").get(key), timeout_s
+            f"a read of {key!r}",
+            lambda c: self._service(c, "kv").get(key),
+            timeout_s,
+            persist=persist,
         )
         return (r.kvs[0] if r.kvs else None), int(r.header.revision), int(r.header.raft_term)
 
