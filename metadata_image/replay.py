@@ -260,7 +260,7 @@ class _Builder:
         parts = self.partitions
         offline = self.offline
         delta = self.delta
-        changed = None if delta is None else delta.partitions
+        mark = None if delta is None else delta.partitions.add
         elections = None if delta is None else delta.elections
         fset = _fset
         interned = _SETS.get  # `_fset`'s lookup, inlined: most ISRs are interned already
@@ -268,6 +268,10 @@ class _Builder:
         last_topic: str | None = None
         last_c = -1
         chunk: list[PartitionState | None] = []
+        # The records of one decision share their ISR list (a fence restamps one change
+        # per shape): its frozenset is looked up once per run of them.
+        last_isr: list[int] | None = None
+        last_set: frozenset[int] = EMPTY
         for r in records:
             topic = r.topic
             i = r.partition
@@ -277,7 +281,10 @@ class _Builder:
                 last_topic = topic
                 last_c = c
             j = i & CHUNK_MASK
-            p = chunk[j] if j < len(chunk) else None
+            try:
+                p = chunk[j]
+            except IndexError:
+                p = None
             if p is None:
                 raise ReplayError(f"PartitionChange for unknown partition {topic}-{i}")
             leader = r.leader
@@ -288,7 +295,13 @@ class _Builder:
                 # The usual change (a fence's, an election's): the ISR, the leader and the
                 # epochs. `replace` copies the rest in C, where the constructor took every
                 # field as a keyword (a third of a 100,000-partition fence's replay).
-                new_isr = p.isr if isr is None else (interned(tuple(isr)) or fset(isr))
+                if isr is None:
+                    new_isr = p.isr
+                elif isr is last_isr:
+                    new_isr = last_set
+                else:
+                    new_isr = last_set = interned(tuple(isr)) or fset(isr)
+                    last_isr = isr
                 if leader is None:
                     chunk[j] = replace(
                         p,
@@ -296,14 +309,16 @@ class _Builder:
                         leader_epoch=r.leader_epoch,
                         partition_epoch=r.partition_epoch,
                     )
-                else:
-                    chunk[j] = replace(
-                        p,
-                        isr=new_isr,
-                        leader=leader,
-                        leader_epoch=r.leader_epoch,
-                        partition_epoch=r.partition_epoch,
-                    )
+                    if mark is not None:
+                        mark(p.tp)
+                    continue
+                chunk[j] = replace(
+                    p,
+                    isr=new_isr,
+                    leader=leader,
+                    leader_epoch=r.leader_epoch,
+                    partition_epoch=r.partition_epoch,
+                )
             else:
                 chunk[j] = replace(
                     p,
@@ -324,8 +339,8 @@ class _Builder:
                     offline[p.tp] = None
                 elif p.leader == NO_LEADER:
                     del offline[p.tp]
-            if changed is not None:
-                changed.add(p.tp)
+            if mark is not None:
+                mark(p.tp)
                 if r.election is not None and leader is not None:
                     elections.append(Election(p.tp, leader, r.election))  # type: ignore[union-attr]
 

@@ -189,8 +189,10 @@ def remove_from_isrs(
             if c != last_c:
                 chunk = parts.chunk_at(topic, c)
                 last_c = c
-            j = i & CHUNK_MASK
-            p = chunk[j] if j < len(chunk) else None
+            try:
+                p = chunk[i & CHUNK_MASK]
+            except IndexError:
+                p = None
             if p is None:
                 continue  # a partition gone meanwhile
             isr = p.isr
@@ -217,7 +219,7 @@ def remove_from_isrs(
                 append(
                     replace(
                         template,
-                        topic=p.topic,
+                        topic=topic,
                         partition=i,
                         partition_epoch=p.partition_epoch + 1,
                         leader_epoch=p.leader_epoch + bump,
