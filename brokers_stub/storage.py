@@ -1,14 +1,15 @@
 """Small file primitives of the broker's data directory: atomic replace, fsync, the two
 little state files (`clean_shutdown`, `metadata_offset`).
 
-Owns *how* bytes reach the disk: "page cache" writes (write a temporary file, rename it
-over the old one, no fsync) and durable writes (fsync the file before the rename and the
+Owns *how* bytes reach the disk: "page cache" writes (no fsync: a process crash keeps
+them, an OS crash may not) and durable writes (fsync the file before the rename and the
 directory after it). It must not know what a replica or a partition is, and must not
 decide *when* anything is written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -29,14 +30,12 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def replace_file(path: Path, data: bytes, *, durable: bool) -> None:
-    """Atomically replace `path` with `data` (write a sibling temporary file, rename).
+def tmp_path(path: Path) -> Path:
+    """The temporary sibling `path`'s new content is written to before it takes the name."""
+    return path.with_name(f".{path.name}{TMP_SUFFIX}")
 
-    With `durable=False` the bytes only reach the page cache: a process crash keeps them,
-    an OS crash may not. With `durable=True` the file is fsynced before the rename and the
-    directory after it, so the new content survives an OS crash.
-    """
-    tmp = path.with_name(f".{path.name}{TMP_SUFFIX}")
+
+def _write_new(tmp: Path, data: bytes, *, durable: bool) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         view = memoryview(data)
@@ -47,6 +46,69 @@ def replace_file(path: Path, data: bytes, *, durable: bool) -> None:
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_through_cache(path: Path, data: bytes) -> None:
+    """Give `path` the content `data` through the page cache, without replacing a file.
+
+    The bytes go to `tmp_path(path)`, then `path` is unlinked and the temporary file
+    renamed to it. Renaming over an existing file would be atomic, but ext4 (its
+    `auto_da_alloc`) then starts writing the new file's data out at the rename: measured
+    0.13 ms per write on an idle disk and 0.4 ms in a busy broker, against 15 us this
+    way, and a broker writes a replica's state at every change (bench/produce.py).
+
+    After a process crash `path` holds the old content or the new one, or is missing
+    while `tmp_path(path)` holds the new one whole (the unlink comes after the write
+    completes); a reader must take it from there (`read_through_cache`). After an OS
+    crash any of them may be empty or missing: only a `write_durable` copy is safe then.
+    """
+    tmp = tmp_path(path)
+    _write_new(tmp, data, durable=False)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    os.rename(tmp, path)
+
+
+def read_through_cache(path: Path) -> list[bytes]:
+    """What `write_through_cache` may have left at `path`: the file's content, and the
+    temporary file's, which is complete if `path` is missing and may be cut short if
+    not. The caller takes the newest complete one of them. A reader racing a writer that
+    renamed the temporary file between the two reads reads `path` again."""
+    found: list[bytes] = []
+    for candidate in (path, tmp_path(path), path):
+        with contextlib.suppress(FileNotFoundError):
+            found.append(candidate.read_bytes())
+        if found and candidate is not path:
+            break
+    return found
+
+
+def write_durable(path: Path, data: bytes, *, twin: Path | None = None) -> None:
+    """Give `path` (and `twin`, a second name of the same file) the content `data`,
+    surviving an OS crash: the file is fsynced, renamed over `twin` (through a hard link)
+    and `path`, and the directory fsynced once. `twin` keeps the durable copy while later
+    `write_through_cache` calls replace `path`."""
+    tmp = tmp_path(path)
+    _write_new(tmp, data, durable=True)
+    if twin is not None:
+        link = tmp_path(twin)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(link)
+        os.link(tmp, link)
+        os.replace(link, twin)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def replace_file(path: Path, data: bytes, *, durable: bool) -> None:
+    """Atomically replace `path` with `data` (write a sibling temporary file, rename).
+
+    With `durable=False` the bytes only reach the page cache: a process crash keeps them,
+    an OS crash may not. With `durable=True` the file is fsynced before the rename and the
+    directory after it, so the new content survives an OS crash.
+    """
+    tmp = tmp_path(path)
+    _write_new(tmp, data, durable=durable)
     os.replace(tmp, path)
     if durable:
         fsync_dir(path.parent)

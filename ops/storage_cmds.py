@@ -305,6 +305,7 @@ def inspect(
     """What `storage info` reports (the identity, the log, the replicas, the status),
     and the refusal a start would meet (None if it would start)."""
     from brokers_stub.identity_check import broker_verdict
+    from brokers_stub.replica_log import replica_files
     from brokers_stub.storage import CLEAN_SHUTDOWN_FILE, REPLICAS_DIR
 
     if not data_dir.is_dir():
@@ -326,7 +327,7 @@ def inspect(
     if replicas.is_dir():
         report["replicas"] = {
             "location": str(replicas),
-            "files": len([p for p in replicas.glob("*.json") if not p.name.startswith(".")]),
+            "files": len(replica_files(replicas)),
             "clean_shutdown": (data_dir / CLEAN_SHUTDOWN_FILE).is_file(),
         }
     role = identity.role if identity is not None else None

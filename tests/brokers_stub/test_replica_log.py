@@ -153,6 +153,78 @@ def test_load_all_reports_bad_files_and_keeps_the_good(tmp_path: Path) -> None:
     assert rl.load_all(tmp_path / "missing") == ([], [])
 
 
+def _state(log: ReplicaLog) -> tuple[int, int, int, int]:
+    return (log.seq, log.log_end_offset, log.high_watermark, log.flushed_offset)
+
+
+def test_a_save_never_writes_into_the_fsynced_file(tmp_path: Path) -> None:
+    """`flush` writes one file under two names; `save` replaces `<name>.json` by another
+    file, so the fsynced one, under `<name>.json.flushed`, is never written through the
+    page cache (an OS crash may empty a page-cache write)."""
+    log = ReplicaLog(topic="t", partition=0, log_end_offset=5)
+    rl.flush(log, tmp_path)
+    path = tmp_path / "t-0.json"
+    flushed = tmp_path / "t-0.json.flushed"
+    assert path.stat().st_ino == flushed.stat().st_ino  # one file, two links
+    durable = flushed.read_bytes()
+    log.log_end_offset = 9
+    rl.save(log, tmp_path)
+    assert path.stat().st_ino != flushed.stat().st_ino
+    assert flushed.read_bytes() == durable
+    assert json.loads(path.read_bytes())["log_end_offset"] == 9
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t-0.json", "t-0.json.flushed"]
+
+
+def test_load_takes_the_newest_complete_state_a_crash_left(tmp_path: Path) -> None:
+    log = ReplicaLog(topic="t", partition=0, log_end_offset=5)
+    rl.flush(log, tmp_path)  # seq 1, durable
+    log.log_end_offset = 8
+    rl.save(log, tmp_path)  # seq 2
+    path = tmp_path / "t-0.json"
+    tmp = tmp_path / ".t-0.json.tmp"
+    newest = _state(log)
+
+    # A process crash between the save's unlink and its rename: only the temporary
+    # file holds the newest state, whole.
+    path.rename(tmp)
+    assert [_state(x) for x in rl.load_all(tmp_path)[0]] == [newest]
+    tmp.rename(path)
+
+    # A crash while the temporary file was written: cut short, it is ignored.
+    tmp.write_bytes(path.read_bytes()[:20])
+    assert [_state(x) for x in rl.load_all(tmp_path)[0]] == [newest]
+    # ... and whole (written, not yet renamed): it is the newest.
+    log.log_end_offset = 11
+    tmp.write_bytes(json.dumps({**log.to_json(), "seq": 3}).encode())
+    assert [x.log_end_offset for x in rl.load_all(tmp_path)[0]] == [11]
+    tmp.unlink()
+
+    # An OS crash that emptied the page-cache write: the fsynced state, not a problem.
+    path.write_bytes(b"")
+    (only,), problems = rl.load_all(tmp_path)
+    assert problems == [] and _state(only) == (1, 5, 0, 5)
+
+    # An OS crash that kept an older page-cache write under `<name>.json` than the
+    # fsynced one: the higher sequence number wins, not the name.
+    older = ReplicaLog(topic="t", partition=0, log_end_offset=4, seq=0)
+    path.write_bytes(json.dumps(older.to_json()).encode())
+    (only,), _ = rl.load_all(tmp_path)
+    assert only.log_end_offset == 5 and only.flushed_offset == 5
+
+
+def test_a_file_of_an_earlier_version_loads_and_remove_takes_every_name(tmp_path: Path) -> None:
+    legacy = {"topic": "t", "partition": 0, "log_end_offset": 7, "leader_epochs": [[1, 0]]}
+    (tmp_path / "t-0.json").write_text(json.dumps(legacy))  # no seq, no second name
+    ((log,), problems) = rl.load_all(tmp_path)
+    assert problems == [] and log.seq == 0 and log.log_end_offset == 7
+    rl.flush(log, tmp_path)
+    (tmp_path / ".t-0.json.tmp").write_text("{")  # what a crash may leave
+    assert [p.name for p in rl.replica_files(tmp_path)] == ["t-0.json"]
+    assert rl.remove(tmp_path, "t", 0) is True
+    assert list(tmp_path.iterdir()) == []
+    assert rl.remove(tmp_path, "t", 0) is False
+
+
 def test_clean_shutdown_file_is_taken_once(tmp_path: Path) -> None:
     assert take_clean_shutdown_epoch(tmp_path) == (None, None)
     write_clean_shutdown(tmp_path, 42)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import random
 import signal
@@ -26,7 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from brokers_stub.replica_log import ReplicaLog
+from brokers_stub.replica_log import ReplicaLog, replica_path
+from brokers_stub.replica_log import load as load_replica
 from brokers_stub.storage import REPLICAS_DIR
 from metactl.errors import NetworkError
 from metadata_log.records import MetadataRecord
@@ -282,10 +282,10 @@ class Cluster:
     def replica(self, broker_id: int, topic: str, partition: int) -> ReplicaLog | None:
         """Broker `broker_id`'s replica of a partition, as its file holds it now (written
         through the page cache at every change); None if it has none."""
-        path = self.root / f"broker-{broker_id}" / REPLICAS_DIR / f"{topic}-{partition}.json"
+        replicas = self.root / f"broker-{broker_id}" / REPLICAS_DIR
         try:
-            return ReplicaLog.from_json(json.loads(path.read_bytes()))
-        except FileNotFoundError:
+            return load_replica(replica_path(replicas, topic, partition))
+        except ValueError:  # no file (or none complete, as no broker leaves it)
             return None
 
     async def wait_for(
