@@ -23,7 +23,6 @@ as `protocol.client` does; the secure default is the flags'.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import ssl
 from dataclasses import dataclass
 from functools import cached_property
@@ -118,13 +117,12 @@ async def ask(
     `timeout_s` lasts. An attempt still unanswered at the deadline is REQUEST_TIMED_OUT; a
     retry that would end past it is not made, and the error it would retry is raised (a
     closed port stays NETWORK_EXCEPTION, whatever the timeout)."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
     if retry is CLI_RETRY and isinstance(client.target, Endpoints):
         # A controller quorum: ride a failover until the deadline (`RideFailover`).
         retry = RideFailover(endpoints=len(client.target.addresses))
     # Each attempt's own timeout is later than the deadline: at the deadline the answer is
     # the request's REQUEST_TIMED_OUT, never a NETWORK_EXCEPTION without a message.
-    return await client.request(body, timeout_s + 1.0, retry=retry, deadline=deadline)
+    return await client.request(body, timeout_s + 1.0, retry=retry, within_s=timeout_s)
 
 
 @dataclass(frozen=True)

@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import random as _random
+import socket
 import ssl as _ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from metactl.errors import (
     InvalidRequestError,
@@ -270,25 +272,29 @@ class RpcClient:
         retry: RetryPolicy | None = None,
         still_wanted: Callable[[], bool] | None = None,
         deadline: float | None = None,
+        within_s: float | None = None,
     ) -> Message:
         """Send `body`, return the response body; raise the peer's coded error, or
         `NetworkError` when the exchange failed (the connection is then dropped).
         `timeout_s` bounds each attempt; `retry` (default: the client's) decides retries,
         and `still_wanted`, asked after each backoff, can end them early (the last error is
-        then raised). With a `deadline` (the event loop's time) the request owns it: an
-        attempt still unanswered at the deadline is REQUEST_TIMED_OUT ("no answer from
-        ADDRESS within S s", S the time from this call to the deadline), and a retry whose
+        then raised). With a `deadline` (the event loop's time), or `within_s` (the
+        deadline that many seconds after this call), the request owns it: an attempt still
+        unanswered at the deadline is REQUEST_TIMED_OUT ("no answer from ADDRESS within
+        S s", S `within_s`, or the time from this call to the deadline), and a retry whose
         backoff would end at or past it, or that a slow event loop wakes after it, is not
         made: the error it would retry is raised (a closed port stays NETWORK_EXCEPTION
         however loaded the machine is)."""
         policy = retry if retry is not None else self.retry
         loop = asyncio.get_running_loop()
         began = loop.time()
+        if within_s is not None:
+            deadline = began + within_s
         attempt = 0
         redirected = False
         while True:
             try:
-                return await self._attempt(body, timeout_s, deadline, began)
+                return await self._attempt(body, timeout_s, deadline, began, within_s)
             except MetactlError as exc:
                 # The next try goes elsewhere. A redirect to a hinted active controller
                 # (never two in a row) is made at once and not counted against the
@@ -312,7 +318,12 @@ class RpcClient:
                     attempt += 1
 
     async def _attempt(
-        self, body: Message, timeout_s: float, deadline: float | None, began: float
+        self,
+        body: Message,
+        timeout_s: float,
+        deadline: float | None,
+        began: float,
+        within_s: float | None,
     ) -> Message:
         """One exchange, bounded by `timeout_s` and, if given, the caller's `deadline`."""
         if deadline is None:
@@ -321,8 +332,9 @@ class RpcClient:
             async with asyncio.timeout_at(deadline):
                 return await self._request_once(body, timeout_s)
         except TimeoutError:
+            budget = within_s if within_s is not None else max(0.0, round(deadline - began, 3))
             raise RequestTimedOutError(
-                f"no answer from {self.address} within {max(0.0, round(deadline - began, 3)):g} s"
+                f"no answer from {self.address} within {budget:g} s"
             ) from None
 
     async def _request_once(self, body: Message, timeout_s: float) -> Message:
@@ -369,9 +381,14 @@ class RpcClient:
         if self._reader is None or self._writer is None:
             host, port = parse_address(address)
             async with asyncio.timeout(self.connect_timeout):
-                self._reader, self._writer = await asyncio.open_connection(
-                    host, port, ssl=self.ssl, server_hostname=host if self.ssl else None
-                )
+                sock = await tcp_connect(host, port)
+                try:
+                    self._reader, self._writer = await asyncio.open_connection(
+                        sock=sock, ssl=self.ssl, server_hostname=host if self.ssl else None
+                    )
+                except BaseException:
+                    sock.close()
+                    raise
             self._connected_to = address
             if self.ssl is not None and self.expect_principal is not None:
                 got = principal_of(self._writer.get_extra_info("peercert"))
@@ -400,6 +417,48 @@ class RpcClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+async def tcp_connect(host: str, port: int) -> socket.socket:
+    """A TCP connection to `host:port`, as `asyncio.open_connection` makes one (each
+    address the name resolves to, in turn), that is never a connection to itself.
+
+    Connecting to a loopback port in the ephemeral range that nothing listens on may land
+    on the very port the kernel picked for the client (TCP's simultaneous open): the
+    connection then succeeds, and the client reads its own request back and times out
+    (seen in a test: REQUEST_TIMED_OUT where a closed port is NETWORK_EXCEPTION). Such a
+    connection is refused here, as it would have been on any other local port."""
+    loop = asyncio.get_running_loop()
+    numeric = socket.AF_INET6 if ":" in host else socket.AF_INET
+    targets: list[tuple[int, int, int, Any]]
+    try:
+        socket.inet_pton(numeric, host)  # an address: no resolver thread (asyncio does so)
+        targets = [(numeric, socket.SOCK_STREAM, socket.IPPROTO_TCP, (host, port))]
+    except OSError:
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        targets = [(f, kind, proto, address) for f, kind, proto, _, address in infos]
+    errors: list[OSError] = []
+    for family, kind, proto, address in targets:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            await loop.sock_connect(sock, address)
+            if sock.getsockname() == sock.getpeername():
+                raise ConnectionRefusedError(
+                    errno.ECONNREFUSED,
+                    f"Connect call failed {address}: it reached itself (nothing listens there)",
+                )
+        except OSError as exc:
+            sock.close()
+            errors.append(exc)
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    if len(errors) == 1:
+        raise errors[0]
+    raise OSError(f"Multiple exceptions: {', '.join(str(e) for e in errors)}")
 
 
 async def request_once(

@@ -4,10 +4,12 @@ fails fast on the others. Against a real FrameServer on 127.0.0.1 port 0."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 
 import pytest
 
+import protocol.client
 from metactl.errors import (
     EligibleLeadersNotAvailableError,
     IneligibleReplicaError,
@@ -16,7 +18,7 @@ from metactl.errors import (
     RequestTimedOutError,
 )
 from ops.client import ask
-from protocol.client import RetryPolicy, RpcClient, request_once
+from protocol.client import NO_RETRY, RetryPolicy, RpcClient, request_once
 from protocol.messages import DescribeClusterRequest, DescribeClusterResponse
 from protocol.server import FrameServer
 from tests.protocol.conftest import Scripted
@@ -130,11 +132,12 @@ async def test_an_attempt_unanswered_at_the_deadline_is_request_timed_out() -> N
     address = f"127.0.0.1:{silent.sockets[0].getsockname()[1]}"
     try:
         async with RpcClient(address, retry=RetryPolicy(attempts=5)) as client:
-            deadline = asyncio.get_running_loop().time() + 0.25
+            # The time it owns, named as given (a deadline computed by the caller was
+            # named as the time left at the call: "0.993 s" for a `--timeout 1`).
             with pytest.raises(
                 RequestTimedOutError, match=f"no answer from {address} within 0.25 s"
             ):
-                await client.request(DescribeClusterRequest(), 5.0, deadline=deadline)
+                await client.request(DescribeClusterRequest(), 5.0, within_s=0.25)
     finally:
         silent.close()
 
@@ -298,3 +301,32 @@ async def test_a_redirect_is_followed_at_once_but_never_twice_in_a_row() -> None
     finally:
         for s in servers:
             await s.stop()
+
+
+async def test_a_connection_that_reaches_itself_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Connecting to a loopback port nothing listens on may land on the port the kernel
+    picked for the client itself (TCP's simultaneous open): the client then read its own
+    request back and timed out. Forced here with a real socket bound to the very port it
+    connects to: NETWORK_EXCEPTION (refused) at once, as for any closed port."""
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        port = probe.getsockname()[1]
+
+    class BoundToTarget:
+        """`socket` as `protocol.client` sees it, whose sockets are bound to `port`."""
+
+        def socket(self, *args: int) -> socket.socket:
+            s = socket.socket(*args)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))
+            return s
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(socket, name)
+
+    monkeypatch.setattr(protocol.client, "socket", BoundToTarget())
+    async with RpcClient(f"127.0.0.1:{port}", retry=NO_RETRY) as client:
+        with pytest.raises(NetworkError, match="reached itself") as caught:
+            await client.request(DescribeClusterRequest(), 5.0)
+    assert caught.value.refused
