@@ -29,6 +29,7 @@ format. It must not make replication decisions (leader or follower: see
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -307,7 +308,10 @@ def load(path: Path) -> ReplicaLog:
     docstring); ValueError naming what is wrong if there is none."""
     best: ReplicaLog | None = None
     errors: list[str] = []
-    for data in [*read_through_cache(path), *read_through_cache(flushed_path(path))]:
+    found = read_through_cache(path)
+    with contextlib.suppress(FileNotFoundError):  # written whole, only by `flush`
+        found.append(flushed_path(path).read_bytes())
+    for data in found:
         try:
             log = ReplicaLog.from_json(json.loads(data))
         except (ValueError, KeyError, TypeError) as exc:
@@ -330,13 +334,5 @@ def load_all(replicas_dir: Path) -> tuple[list[ReplicaLog], list[str]]:
         try:
             logs.append(load(path))
         except (OSError, ValueError) as exc:
-            problems.append(f"{path.name}: {exc}")
-    return logs, problems
-    for path in sorted(replicas_dir.glob("*.json")):
-        if path.name.endswith(TMP_SUFFIX) or path.name.startswith("."):
-            continue
-        try:
-            logs.append(ReplicaLog.from_json(json.loads(path.read_bytes())))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
             problems.append(f"{path.name}: {exc}")
     return logs, problems

@@ -100,18 +100,15 @@ def write_durable(path: Path, data: bytes, *, twin: Path | None = None) -> None:
     fsync_dir(path.parent)
 
 
-def replace_file(path: Path, data: bytes, *, durable: bool) -> None:
-    """Atomically replace `path` with `data` (write a sibling temporary file, rename).
-
-    With `durable=False` the bytes only reach the page cache: a process crash keeps them,
-    an OS crash may not. With `durable=True` the file is fsynced before the rename and the
-    directory after it, so the new content survives an OS crash.
-    """
+def replace_file(path: Path, data: bytes) -> None:
+    """Atomically replace `path` with `data` through the page cache (write a sibling
+    temporary file, rename it over `path`): a process crash keeps the old content or the
+    new one, an OS crash may keep neither. For files written too seldom for the rename's
+    cost to matter (`write_through_cache` avoids it); `write_durable` to survive an OS
+    crash."""
     tmp = tmp_path(path)
-    _write_new(tmp, data, durable=durable)
+    _write_new(tmp, data, durable=False)
     os.replace(tmp, path)
-    if durable:
-        fsync_dir(path.parent)
 
 
 def take_clean_shutdown_epoch(data_dir: Path) -> tuple[int | None, str | None]:
@@ -146,12 +143,12 @@ def take_clean_shutdown_epoch(data_dir: Path) -> tuple[int | None, str | None]:
 def write_clean_shutdown(data_dir: Path, broker_epoch: int) -> None:
     """The last act of a clean shutdown: record the epoch durably."""
     data = json.dumps({"broker_epoch": broker_epoch}).encode() + b"\n"
-    replace_file(data_dir / CLEAN_SHUTDOWN_FILE, data, durable=True)
+    write_durable(data_dir / CLEAN_SHUTDOWN_FILE, data)
 
 
 def write_metadata_offset(data_dir: Path, offset: int) -> None:
     """The offset of the next metadata record the broker needs (page-cache write)."""
-    replace_file(data_dir / METADATA_OFFSET_FILE, f"{offset}\n".encode(), durable=False)
+    replace_file(data_dir / METADATA_OFFSET_FILE, f"{offset}\n".encode())
 
 
 def read_metadata_offset(data_dir: Path) -> int | None:
