@@ -287,14 +287,15 @@ class RpcClient:
         however loaded the machine is)."""
         policy = retry if retry is not None else self.retry
         loop = asyncio.get_running_loop()
-        began = loop.time()
         if within_s is not None:
-            deadline = began + within_s
+            deadline = loop.time() + within_s
+        elif deadline is not None:
+            within_s = max(0.0, round(deadline - loop.time(), 3))
         attempt = 0
         redirected = False
         while True:
             try:
-                return await self._attempt(body, timeout_s, deadline, began, within_s)
+                return await self._attempt(body, timeout_s, deadline, within_s)
             except MetactlError as exc:
                 # The next try goes elsewhere. A redirect to a hinted active controller
                 # (never two in a row) is made at once and not counted against the
@@ -318,23 +319,18 @@ class RpcClient:
                     attempt += 1
 
     async def _attempt(
-        self,
-        body: Message,
-        timeout_s: float,
-        deadline: float | None,
-        began: float,
-        within_s: float | None,
+        self, body: Message, timeout_s: float, deadline: float | None, within_s: float | None
     ) -> Message:
-        """One exchange, bounded by `timeout_s` and, if given, the caller's `deadline`."""
+        """One exchange, bounded by `timeout_s` and, if given, the caller's `deadline`
+        (`within_s` after the request began: what its REQUEST_TIMED_OUT names)."""
         if deadline is None:
             return await self._request_once(body, timeout_s)
         try:
             async with asyncio.timeout_at(deadline):
                 return await self._request_once(body, timeout_s)
         except TimeoutError:
-            budget = within_s if within_s is not None else max(0.0, round(deadline - began, 3))
             raise RequestTimedOutError(
-                f"no answer from {self.address} within {budget:g} s"
+                f"no answer from {self.address} within {within_s:g} s"
             ) from None
 
     async def _request_once(self, body: Message, timeout_s: float) -> Message:
