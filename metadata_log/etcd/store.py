@@ -529,6 +529,7 @@ class EtcdLogStore(LogStore):
                     done, _ = await asyncio.wait({watching}, timeout=FOLLOW_IDLE_S)
                     if done:
                         watching.result()  # its error, if any
+                        self._apply_state(*await read_state(self.etcd))
                         break
                     if time.monotonic() - self._heard < FOLLOW_IDLE_S:
                         continue
@@ -544,7 +545,6 @@ class EtcdLogStore(LogStore):
                         self._apply_state(start, end, revision)
                         break
                     self._heard = time.monotonic()
-                self._apply_state(*await read_state(self.etcd))
             except StoreUnavailableError as exc:
                 log.warning("following the metadata log failed", location=self.location,
                             error=exc.message)  # fmt: skip
