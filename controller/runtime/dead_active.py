@@ -48,8 +48,8 @@ from typing import Any, Final, Literal
 import structlog
 
 from metactl.errors import InvalidRequestError, MetactlError
-from metadata_log.etcd.client import Etcd, compare_create_revision, op_delete
-from metadata_log.etcd.lease import LEADER_KEY, Holder
+from metadata_log.etcd.client import Etcd
+from metadata_log.etcd.lease import LEADER_KEY, Holder, end_term
 from protocol.codec import parse_address
 
 __all__ = ["CONFIRMATIONS", "CONFIRM_INTERVAL_S", "DeadActive"]
@@ -266,14 +266,13 @@ class DeadActive:
                     return True  # it expired or resigned meanwhile: the campaign runs anyway
                 ended = await self.etcd.revoke(holder.lease_id, timeout_s=ETCD_TIMEOUT_S)
             else:
-                r = await self.etcd.txn_hedged(
+                ended = await end_term(
+                    self.etcd,
+                    holder.token,
                     "ending a dead active controller's term",
-                    [compare_create_revision(key, holder.token)],
-                    [op_delete(key)],
                     timeout_s=ETCD_TIMEOUT_S,
                     hedge_s=ETCD_TIMEOUT_S / 4,
                 )
-                ended = r.succeeded
         except MetactlError as exc:
             log.warning(
                 "could not end the term of a dead active controller; watching on",

@@ -246,7 +246,7 @@ class Etcd:
         members: list[Etcd3Client] = []
         try:
             for endpoint in target.endpoints:
-                members.append(await _client((endpoint,), target.tls, target.url, named=endpoint))
+                members.append(await _client(endpoint, target.tls, target.url))
         except BaseException:
             for client in members:
                 await client.close()
@@ -640,7 +640,7 @@ async def member_health(
 async def _one_member(target: EtcdTarget, name: str, url: str, timeout_s: float) -> MemberHealth:
     endpoint = urlsplit(url).netloc or url
     try:
-        client = await _client((endpoint,), target.tls, url)
+        client = await _client(endpoint, target.tls, url)
     except MetactlError as exc:
         return MemberHealth(name, url, healthy=False, error=exc.message)
     try:
@@ -672,17 +672,14 @@ async def _one_member(target: EtcdTarget, name: str, url: str, timeout_s: float)
     )
 
 
-async def _client(
-    endpoints: Sequence[str], tls: EtcdTls | None, url: str, *, named: str | None = None
-) -> Etcd3Client:
-    """A connected library client balancing over `endpoints`, with TLS if `tls`: the
-    members' certificates must carry the host of `named` (default: the first endpoint;
-    `Etcd.connect` gives each member's client that member's own endpoint)."""
-    addresses = [await _resolve(e, url) for e in endpoints]
+async def _client(endpoint: str, tls: EtcdTls | None, url: str) -> Etcd3Client:
+    """A connected library client of one member, with TLS if `tls`: the member's
+    certificate must carry the host of its own endpoint, as etcdctl checks."""
+    addresses = [await _resolve(endpoint, url)]
     tls_args: dict[str, Any] = {}
     if tls is not None:
         ca, chain, key = tls.load()
-        server_name = _split_endpoint(named or endpoints[0], url)[0].strip("[]")
+        server_name = _split_endpoint(endpoint, url)[0].strip("[]")
         tls_args = {"ca_cert": ca, "cert_chain": chain, "cert_key": key}
         tls_args["tls_server_name"] = server_name
     client = Etcd3Client(addresses, rpc_max_attempts=1, **tls_args)

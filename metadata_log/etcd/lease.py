@@ -373,15 +373,24 @@ class Leadership:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        key = self.etcd.target.key(LEADER_KEY)
         with contextlib.suppress(MetactlError):
-            await self.etcd.txn_hedged(
-                "a resignation",
-                [compare_create_revision(key, self.token)],
-                [op_delete(key)],
-                timeout_s=1.0,
-                hedge_s=RENEW_ATTEMPT_S / 3,
+            await end_term(
+                self.etcd, self.token, "a resignation", timeout_s=1.0, hedge_s=RENEW_ATTEMPT_S / 3
             )
+
+
+async def end_term(etcd: Etcd, token: int, what: str, *, timeout_s: float, hedge_s: float) -> bool:
+    """Delete the leadership key if it is still term `token`'s (compared on its create
+    revision): True if it was, False if the key is gone or another term's."""
+    key = etcd.target.key(LEADER_KEY)
+    r = await etcd.txn_hedged(
+        what,
+        [compare_create_revision(key, token)],
+        [op_delete(key)],
+        timeout_s=timeout_s,
+        hedge_s=hedge_s,
+    )
+    return bool(r.succeeded)
 
 
 def _held(etcd: Etcd, holder: Holder) -> LogError:

@@ -21,7 +21,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 import structlog
@@ -97,13 +97,18 @@ class Record:
     entry: ControllerEntry | None
     mod_revision: int
 
+    @classmethod
+    def of(cls, node: str, kv: Any) -> Record:
+        """The record a read of ``controllers/<node>`` returned (`kv`: etcd's KeyValue)."""
+        return cls(node, decode_entry(bytes(kv.value)), int(kv.mod_revision))
+
 
 async def recorded(etcd: Etcd, node: str) -> Record | None:
     """The record of controller `node` (None: no key ``controllers/<node>``)."""
     kv, _ = await etcd.get(etcd.target.key(CONTROLLERS_PREFIX + node))
     if kv is None:
         return None
-    return Record(node, decode_entry(bytes(kv.value)), int(kv.mod_revision))
+    return Record.of(node, kv)
 
 
 @dataclass(frozen=True)
@@ -132,11 +137,7 @@ async def unregister(etcd: Etcd, record: Record, *, also: Sequence[Compare] = ()
     if r.succeeded:
         return Unregistered(deleted=True, revision=revision)
     kvs = r.responses[0].response_range.kvs
-    now = (
-        Record(record.node, decode_entry(bytes(kvs[0].value)), int(kvs[0].mod_revision))
-        if kvs
-        else None
-    )
+    now = Record.of(record.node, kvs[0]) if kvs else None
     return Unregistered(deleted=False, revision=revision, now=now)
 
 
