@@ -303,6 +303,8 @@ class _Builder:
                     new_isr = last_set = interned(tuple(isr)) or fset(isr)
                     last_isr = isr
                 if leader is None:
+                    # Kept apart on purpose (most of a fence's changes): no leader keyword
+                    # to pass, no offline or election bookkeeping to test.
                     chunk[j] = replace(
                         p,
                         isr=new_isr,

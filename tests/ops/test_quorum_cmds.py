@@ -195,51 +195,66 @@ def test_no_controller_answering_fails_by_name(capsys: pytest.CaptureFixture[str
     assert usage.value.code == 2
 
 
-def test_asking_one_controller_lists_every_controller_recorded_in_etcd(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+Quorum = tuple[HaCluster, str, dict[str, str]]
+
+
+@pytest.fixture
+def three_controllers(tmp_path: Path) -> Iterator[Quorum]:
+    """Three controllers on a one-member etcd, each recorded in etcd before it says READY:
+    the cluster, the active controller's address, and each address's node id (c1..c3)."""
     cluster = HaCluster(tmp_path, etcd_members=1, controllers=3)
     try:
-        cluster.start()  # each controller records itself in etcd before it says READY
+        cluster.start()
         leader, _ = asyncio.run(cluster.wait_leader())
-        node_of = {a: f"c{i}" for i, a in enumerate(cluster.addresses, 1)}
-        standby = next(a for a in cluster.addresses if a != leader.address)
-        asked = next(a for a in cluster.addresses if a not in (leader.address, standby))
-        flags = ["--bootstrap-controller", asked, "--insecure"]
-
-        assert main(["quorum", "describe", "--replication", *flags, "--json"]) == 0
-        rep = json.loads(capsys.readouterr().out)
-        rows = {c["address"]: c for c in rep["controllers"]}
-        assert rows.keys() == set(cluster.addresses), rep
-        assert {a: r["node_id"] for a, r in rows.items()} == node_of
-        assert rows[leader.address]["role"] == "active"
-        assert rows[asked]["role"] == rows[standby]["role"] == "standby"
-        assert all(r["last_seen_ms"] >= r["started_ms"] > 0 for r in rows.values())
-        assert rep["controllers"][0]["address"] == asked  # the one asked comes first
-
-        # A killed standby stays listed: unreachable, with its node id and last-seen age.
-        p = cluster.controllers[standby]
-        p.signal(signal.SIGKILL)
-        p.wait()
-        assert main(["quorum", "describe", "--replication", *flags, "--json"]) == 0
-        rep = json.loads(capsys.readouterr().out)
-        rows = {c["address"]: c for c in rep["controllers"]}
-        assert rows.keys() == set(cluster.addresses), rep
-        gone = rows[standby]
-        assert gone["role"] == "unreachable" and gone["node_id"] == node_of[standby], gone
-        assert gone["error"]["code"] == "NETWORK_EXCEPTION" and gone["last_seen_ms"] > 0
-        assert sorted(r["role"] for r in rows.values()) == ["active", "standby", "unreachable"]
-
-        assert main(["quorum", "describe", "--replication", *flags]) == 0
-        text = capsys.readouterr().out
-        line = next(x for x in text.splitlines() if standby in x)
-        assert line.startswith(node_of[standby] + " ") and "unreachable (last seen " in line
-        assert main(["quorum", "describe", "--status", *flags]) == 0
-        text = capsys.readouterr().out
-        assert f"{node_of[standby]}@{standby} (unreachable, last seen " in text
-        assert f"{node_of[leader.address]}@{leader.address} (active)" in text
+        yield cluster, leader.address, {a: f"c{i}" for i, a in enumerate(cluster.addresses, 1)}
     finally:
         cluster.stop()
+
+
+def kill(cluster: HaCluster, address: str) -> None:
+    """SIGKILL the controller at `address` and reap it."""
+    p = cluster.controllers[address]
+    p.signal(signal.SIGKILL)
+    p.wait()
+
+
+def test_asking_one_controller_lists_every_controller_recorded_in_etcd(
+    three_controllers: Quorum, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster, active, node_of = three_controllers
+    standby = next(a for a in cluster.addresses if a != active)
+    asked = next(a for a in cluster.addresses if a not in (active, standby))
+    flags = ["--bootstrap-controller", asked, "--insecure"]
+
+    assert main(["quorum", "describe", "--replication", *flags, "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    rows = {c["address"]: c for c in rep["controllers"]}
+    assert rows.keys() == set(cluster.addresses), rep
+    assert {a: r["node_id"] for a, r in rows.items()} == node_of
+    assert rows[active]["role"] == "active"
+    assert rows[asked]["role"] == rows[standby]["role"] == "standby"
+    assert all(r["last_seen_ms"] >= r["started_ms"] > 0 for r in rows.values())
+    assert rep["controllers"][0]["address"] == asked  # the one asked comes first
+
+    # A killed standby stays listed: unreachable, with its node id and last-seen age.
+    kill(cluster, standby)
+    assert main(["quorum", "describe", "--replication", *flags, "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    rows = {c["address"]: c for c in rep["controllers"]}
+    assert rows.keys() == set(cluster.addresses), rep
+    gone = rows[standby]
+    assert gone["role"] == "unreachable" and gone["node_id"] == node_of[standby], gone
+    assert gone["error"]["code"] == "NETWORK_EXCEPTION" and gone["last_seen_ms"] > 0
+    assert sorted(r["role"] for r in rows.values()) == ["active", "standby", "unreachable"]
+
+    assert main(["quorum", "describe", "--replication", *flags]) == 0
+    text = capsys.readouterr().out
+    line = next(x for x in text.splitlines() if standby in x)
+    assert line.startswith(node_of[standby] + " ") and "unreachable (last seen " in line
+    assert main(["quorum", "describe", "--status", *flags]) == 0
+    text = capsys.readouterr().out
+    assert f"{node_of[standby]}@{standby} (unreachable, last seen " in text
+    assert f"{node_of[active]}@{active} (active)" in text
 
 
 async def _created_at(url: str, node: str, *, after: int = 0) -> int:
@@ -261,66 +276,58 @@ async def _created_at(url: str, node: str, *, after: int = 0) -> int:
 
 
 def test_quorum_remove_forgets_a_retired_controller_and_refuses_live_ones(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    three_controllers: Quorum, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cluster = HaCluster(tmp_path, etcd_members=1, controllers=3)
-    try:
-        cluster.start()  # each controller records itself in etcd before it says READY
-        leader, _ = asyncio.run(cluster.wait_leader())
-        node_of = {a: f"c{i}" for i, a in enumerate(cluster.addresses, 1)}
-        dead, live = (a for a in cluster.addresses if a != leader.address)
-        describe = ["quorum", "describe", "--replication", "--bootstrap-controller", live,
-                    "--insecure", "--json"]  # fmt: skip
-        remove = ["quorum", "remove", "--data-dir", cluster.url]
+    cluster, active, node_of = three_controllers
+    dead, live = (a for a in cluster.addresses if a != active)
+    describe = ["quorum", "describe", "--replication", "--bootstrap-controller", live,
+                "--insecure", "--json"]  # fmt: skip
+    remove = ["quorum", "remove", "--data-dir", cluster.url]
 
-        def listed() -> set[str]:
-            assert main(describe) == 0
-            return {c["address"] for c in json.loads(capsys.readouterr().out)["controllers"]}
+    def listed() -> set[str]:
+        assert main(describe) == 0
+        return {c["address"] for c in json.loads(capsys.readouterr().out)["controllers"]}
 
-        def refused(*args: str) -> str:
-            assert main([*remove, *args]) == 1
-            captured = capsys.readouterr()
-            assert captured.out == "" and "Traceback" not in captured.err
-            return captured.err
+    def refused(*args: str) -> str:
+        assert main([*remove, *args]) == 1
+        captured = capsys.readouterr()
+        assert captured.out == "" and "Traceback" not in captured.err
+        return captured.err
 
-        # The active controller: refused, even with --force.
-        for force in ([], ["--force"]):
-            err = refused("--node", node_of[leader.address], *force)
-            assert err.startswith("error: CONTROLLER_IS_ACTIVE:") and "leadership key" in err
-        # A live standby: refused without --force, saying it would record itself again.
-        err = refused("--node", node_of[live])
-        assert err.startswith("error: CONTROLLER_IN_USE:") and "--force" in err
-        assert "records itself again within 5 s" in err
-        # An unknown node: refused, naming the recorded ones; --if-exists makes it a no-op.
-        err = refused("--node", "c9")
-        assert err.startswith("error: VOTER_NOT_FOUND:") and "(recorded: c1, c2, c3)" in err
-        assert main([*remove, "--node", "c9", "--if-exists"]) == 0
-        assert "is not recorded under" in capsys.readouterr().out
-        assert listed() == set(cluster.addresses)  # nothing was removed
+    # The active controller: refused, even with --force.
+    for force in ([], ["--force"]):
+        err = refused("--node", node_of[active], *force)
+        assert err.startswith("error: CONTROLLER_IS_ACTIVE:") and "leadership key" in err
+    # A live standby: refused without --force, saying it would record itself again.
+    err = refused("--node", node_of[live])
+    assert err.startswith("error: CONTROLLER_IN_USE:") and "--force" in err
+    assert "records itself again within 5 s" in err
+    # An unknown node: refused, naming the recorded ones; --if-exists makes it a no-op.
+    err = refused("--node", "c9")
+    assert err.startswith("error: VOTER_NOT_FOUND:") and "(recorded: c1, c2, c3)" in err
+    assert main([*remove, "--node", "c9", "--if-exists"]) == 0
+    assert "is not recorded under" in capsys.readouterr().out
+    assert listed() == set(cluster.addresses)  # nothing was removed
 
-        # A SIGKILLed standby: seen seconds ago, so --force; then no longer listed.
-        p = cluster.controllers[dead]
-        p.signal(signal.SIGKILL)
-        p.wait()
-        assert main([*remove, "--node", node_of[dead], "--force", "--json"]) == 0
-        out = json.loads(capsys.readouterr().out)
-        assert out["removed"] and out["forced"] and out["node_id"] == node_of[dead]
-        assert out["address"] == dead and out["metadata_log"] == cluster.url
-        deadline = time.monotonic() + BOUND_S  # answers read etcd at most twice a second
-        while dead in (rows := listed()) and time.monotonic() < deadline:
-            time.sleep(0.1)  # polling interval of an observable condition
-        assert rows == {leader.address, live}
-        err = refused("--node", node_of[dead])  # gone: a second removal finds nothing
-        assert err.startswith("error: VOTER_NOT_FOUND:") and "(recorded: " in err
+    # A SIGKILLed standby: seen seconds ago, so --force; then no longer listed.
+    kill(cluster, dead)
+    assert main([*remove, "--node", node_of[dead], "--force", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["removed"] and out["forced"] and out["node_id"] == node_of[dead]
+    assert out["address"] == dead and out["metadata_log"] == cluster.url
+    deadline = time.monotonic() + BOUND_S  # answers read etcd at most twice a second
+    while dead in (rows := listed()) and time.monotonic() < deadline:
+        time.sleep(0.1)  # polling interval of an observable condition
+    assert rows == {active, live}
+    err = refused("--node", node_of[dead])  # gone: a second removal finds nothing
+    assert err.startswith("error: VOTER_NOT_FOUND:") and "(recorded: " in err
 
-        # A live standby removed with --force records itself again, as the line says.
-        created = asyncio.run(_created_at(cluster.url, node_of[live]))
-        assert main([*remove, "--node", node_of[live], "--force"]) == 0
-        line = capsys.readouterr().out
-        assert line.count("\n") == 1 and line.startswith(
-            f"removed controller {node_of[live]} ({live}, last seen "
-        )
-        assert "if it is still running it records itself again within 5 s" in line
-        assert asyncio.run(_created_at(cluster.url, node_of[live], after=created)) > created
-    finally:
-        cluster.stop()
+    # A live standby removed with --force records itself again, as the line says.
+    created = asyncio.run(_created_at(cluster.url, node_of[live]))
+    assert main([*remove, "--node", node_of[live], "--force"]) == 0
+    line = capsys.readouterr().out
+    assert line.count("\n") == 1 and line.startswith(
+        f"removed controller {node_of[live]} ({live}, last seen "
+    )
+    assert "if it is still running it records itself again within 5 s" in line
+    assert asyncio.run(_created_at(cluster.url, node_of[live], after=created)) > created
