@@ -35,6 +35,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from metactl.numbers import int_arg
+
 ROOT = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
 
@@ -159,8 +161,8 @@ class Standalone:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workers", type=int, default=2, help="workers (default 2)")
-    parser.add_argument("--cores", type=int, default=1, help="cores per worker (default 1)")
+    parser.add_argument("--workers", type=int_arg, default=2, help="workers (default 2)")
+    parser.add_argument("--cores", type=int_arg, default=1, help="cores per worker (default 1)")
     parser.add_argument("--memory", default="4g", help="memory per worker (default 4g)")
     parser.add_argument(
         "--dir", type=Path, default=Path("spark-standalone"), help="logs and work directories"

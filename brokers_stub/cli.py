@@ -21,13 +21,14 @@ import structlog
 from brokers_stub.config import BrokerConfig
 from metactl.errors import MetactlError
 from metactl.logs import configure
+from metactl.numbers import int_arg, long_arg
 from metactl.settings import layered, resolve_settings
 from protocol.flags import add_limit_arguments, add_tls_arguments, server_limits, tls_identity
 from protocol.tls import broker_principal
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--id", dest="broker_id", type=int, required=True, help="broker id")
+    parser.add_argument("--id", dest="broker_id", type=int_arg, required=True, help="broker id")
     parser.add_argument(
         "--controller",
         "--bootstrap-controller",
@@ -57,13 +58,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rack", default=None, help="rack of this broker")
     parser.add_argument(
         "--heartbeat-interval-ms",
-        type=int,
+        type=long_arg,
         default=2000,
         help="how often to heartbeat the controller (default 2000)",
     )
     parser.add_argument(
         "--session-timeout-ms",
-        type=int,
+        type=long_arg,
         default=9000,
         help="the controller's session timeout: how long a shutdown waits for it (default 9000)",
     )
@@ -75,13 +76,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--flush-interval-ms",
-        type=int,
+        type=long_arg,
         default=1000,
         help="fsync changed replicas this often (Kafka's flush.ms; default 1000)",
     )
     parser.add_argument(
         "--flush-messages",
-        type=int,
+        type=int_arg,
         default=None,
         metavar="N",
         help="also fsync a replica as soon as N records are unflushed (Kafka's "
@@ -89,20 +90,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-batch-records",
-        type=int,
+        type=int_arg,
         default=10_000,
         help="largest Produce batch accepted, in records (default 10000)",
     )
     parser.add_argument(
         "--replica-lag-time-max-ms",
-        type=int,
+        type=long_arg,
         default=3000,
         help="a follower this far behind leaves the ISR (Kafka's replica.lag.time.max.ms; "
         "default 3000)",
     )
     parser.add_argument(
         "--fetch-interval-ms",
-        type=int,
+        type=long_arg,
         default=100,
         help="a follower's pause after a refused fetch, or one that brought nothing new "
         "without being long-polled; the fetch round of partitions beyond 32 per leader "

@@ -1,4 +1,5 @@
-"""Shared foundations of metactl: the error hierarchy, version and logging set-up.
+"""Shared foundations of metactl: the error hierarchy, version, logging set-up, the
+settings layers of a process (`settings`) and the one reader of numbers (`numbers`).
 
 This package holds what every layer needs and nothing that belongs to one layer:
 no log storage, no controller rules, no networking.

@@ -17,6 +17,7 @@ from typing import Final
 import immutables
 import msgspec
 
+from metactl.numbers import is_digits
 from metadata_image.partition_map import EMPTY_PARTITIONS, PartitionMap
 from metadata_log.records import (
     ELR_FEATURE,
@@ -207,7 +208,7 @@ def tp_name(tp: TopicPartition) -> str:
 def parse_tp(name: str) -> TopicPartition:
     """Parse "orders-0" into ("orders", 0). Topic names may themselves contain dashes."""
     topic, sep, part = name.rpartition("-")
-    if not sep or not topic or not part.isdigit():
+    if not sep or not topic or not is_digits(part):
         raise ValueError(f"not a partition name (expected TOPIC-N): {name!r}")
     return topic, int(part)
 

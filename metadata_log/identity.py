@@ -14,6 +14,16 @@ The file (Java properties, one ``key=value`` a line)::
                               # where a controller's log was at its last start (for the
                               # messages and `storage info`; not checked)
 
+Reading it refuses every damaged shape with INVALID_STORAGE_IDENTITY naming the file
+(`read_identity`): a directory, a FIFO, a device or a socket where the file should be (it
+is opened without blocking and checked to be a regular file, so a FIFO cannot hang a
+start), a symbolic link that loops or leads nowhere, a file that cannot be read, one
+larger than `MAX_IDENTITY_BYTES`, not UTF-8 text, holding control characters, empty, with
+a line that is not ``key=value``, a key set twice, a version other than 1, no
+``directory.id``, or a bad ``process.role`` or ``log.created``. Numbers in it (``version``,
+a broker's ``node.id``) are read as Kafka reads them (`metactl.numbers`): ``version=01``
+is 1, ``node.id=1_0`` is refused. Only a missing file (or directory) is no identity.
+
 `metactl storage format` writes it (``log.created=false`` unless a log is there already);
 a process writes it on its first start (`metadata_log.identity_check` for a controller,
 `brokers_stub.identity_check` for a broker), and flips ``log.created`` once its log
@@ -34,8 +44,10 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import os
+import stat
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -48,6 +60,7 @@ from metactl.errors import (
     InvalidConfigurationError,
     StorageIdentityError,
 )
+from metactl.numbers import INT32_MAX, NumberFormatError, kafka_int
 
 __all__ = [
     "BROKER",
@@ -63,6 +76,8 @@ __all__ = [
 ]
 
 IDENTITY_FILE: Final = "meta.properties"
+# Far more than any identity (about 300 bytes): a larger file is not one, and is not read.
+MAX_IDENTITY_BYTES: Final = 64 * 1024
 VERSION: Final = 1
 CONTROLLER: Final = "controller"
 BROKER: Final = "broker"
@@ -166,12 +181,25 @@ class Identity:
             key, sep, value = line.partition("=")
             key, value = key.strip(), value.strip()
             if not sep or not key:
-                raise StorageIdentityError(f"{where} line {number} is not key=value: {raw!r}")
+                raise StorageIdentityError(f"{where} line {number} is not key=value: {raw[:64]!r}")
+            if not (key.isprintable() and value.isprintable()):
+                raise StorageIdentityError(
+                    f"{where} line {number} holds control characters: {raw[:64]!r}"
+                )
             if key in values:
                 raise StorageIdentityError(f"{where} sets {key} twice")
             values[key] = value
+        if not values:
+            raise StorageIdentityError(
+                f"{where} is empty (no key=value line): not an identity. Format the "
+                "directory again (`metactl storage format`) or restore the file"
+            )
         version = values.get("version")
-        if version != str(VERSION):
+        try:
+            read_version = None if version is None else kafka_int(version)
+        except NumberFormatError:
+            read_version = None
+        if read_version != VERSION:
             raise StorageIdentityError(
                 f"{where} has version {version!r}; this metactl reads version {VERSION}"
             )
@@ -184,10 +212,13 @@ class Identity:
         created = values.get("log.created", "false")
         if created not in ("true", "false"):
             raise StorageIdentityError(f"{where} has log.created {created!r} (true, false)")
+        node_id = values.get("node.id") or None
+        if role == BROKER and node_id is not None:
+            node_id = broker_node_id(node_id, where)
         return cls(
             cluster_id=values.get("cluster.id") or None,
             directory_id=directory_id,
-            node_id=values.get("node.id") or None,
+            node_id=node_id,
             role=role,
             log_created=created == "true",
             log_location=values.get("metadata.log") or None,
@@ -199,18 +230,92 @@ def identity_path(data_dir: Path) -> Path:
     return data_dir / IDENTITY_FILE
 
 
-def read_identity(data_dir: Path) -> Identity | None:
-    """The directory's identity; None if it has none (or does not exist);
-    StorageIdentityError if the file is unreadable as an identity."""
-    path = identity_path(data_dir)
+def broker_node_id(value: str, where: str) -> str:
+    """A broker directory's ``node.id`` as Kafka reads it (a broker id, 0 .. 2^31-1), in
+    its canonical spelling; StorageIdentityError naming `where` if it is not one. (A
+    controller's ``node.id`` is its --node-id, any name.)"""
     try:
-        raw = path.read_bytes()
+        return str(kafka_int(value, 0, INT32_MAX))
+    except NumberFormatError as exc:
+        raise StorageIdentityError(
+            f"{where} has node.id {value[:64]!r}, which is not a broker id: {exc}"
+        ) from None
+
+
+_KINDS: Final = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _unusable(path: Path, why: str) -> StorageIdentityError:
+    return StorageIdentityError(
+        f"{path} {why}: it cannot be this directory's identity. Restore the file, or "
+        "move it away and format the directory (`metactl storage format`)"
+    )
+
+
+def _read_identity_bytes(path: Path) -> bytes | None:
+    """The file's bytes; None if there is no file. Never blocks on a FIFO (opened with
+    O_NONBLOCK, then refused as not a regular file) and never reads more than
+    `MAX_IDENTITY_BYTES` + 1 bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
+        if path.is_symlink():
+            raise _unusable(
+                path, f"is a symbolic link to {os.readlink(path)!r}, which does not exist"
+            ) from None
+        return None  # no file (or no directory): no identity
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _unusable(path, "is a symbolic link that loops") from None
+        if exc.errno == errno.ENOTDIR:
+            raise _unusable(path, f"is under {path.parent}, which is not a directory") from None
+        raise _unusable(path, f"cannot be opened ({exc.strerror or exc})") from None
+    try:
+        st = os.fstat(fd)
+        for test, kind in _KINDS:
+            if test(st.st_mode):
+                raise _unusable(path, f"is {kind}, not a file")
+        if not stat.S_ISREG(st.st_mode):
+            raise _unusable(path, "is not a regular file")
+        if st.st_size > MAX_IDENTITY_BYTES:
+            raise _unusable(
+                path, f"is {st.st_size} bytes (an identity is at most {MAX_IDENTITY_BYTES})"
+            )
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_IDENTITY_BYTES:
+            chunk = os.read(fd, MAX_IDENTITY_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > MAX_IDENTITY_BYTES:
+            raise _unusable(path, f"is over {MAX_IDENTITY_BYTES} bytes")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise _unusable(path, f"cannot be read ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+
+
+def read_identity(data_dir: Path) -> Identity | None:
+    """The directory's identity; None if it has none (no file, or no directory);
+    StorageIdentityError naming the file for every other shape it cannot be read as an
+    identity in (the module's docstring lists them)."""
+    path = identity_path(data_dir)
+    raw = _read_identity_bytes(path)
+    if raw is None:
         return None
     try:
         text = raw.decode()
-    except UnicodeDecodeError:
-        raise StorageIdentityError(f"{path} is not text") from None
+    except UnicodeDecodeError as exc:
+        raise _unusable(path, f"is not text (not UTF-8 at byte {exc.start})") from None
     return Identity.parse(text, str(path))
 
 
@@ -274,6 +379,11 @@ def check(
     kind of process's (StorageIdentityError). What the identity does not record yet, or
     the process was not told, is not compared."""
     where = identity_path(data_dir)
+    if role == BROKER and identity.role in (None, BROKER) and identity.node_id is not None:
+        # A broker's node.id is a number (Kafka's): 01 is 1; a name is refused.
+        identity = dataclasses.replace(
+            identity, node_id=broker_node_id(identity.node_id, str(where))
+        )
     if cluster_id is not None and identity.cluster_id not in (None, cluster_id):
         raise InconsistentClusterIdError(
             f"{data_dir} belongs to cluster {identity.cluster_id!r} ({where}), not to "

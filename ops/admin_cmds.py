@@ -33,6 +33,7 @@ from metactl.errors import (
     RequestTimedOutError,
     error_for_code,
 )
+from metactl.numbers import NumberFormatError, int_arg, kafka_int
 from metadata_image.image import TopicPartition, parse_tp
 from ops.cli import EXIT_OK, EXIT_UNAVAILABLE, HELP_FORMAT, error_line, examples, exit_status
 from ops.client import (
@@ -41,6 +42,7 @@ from ops.client import (
     controller_address,
     security_from,
 )
+from ops.reassign_plan import Int32
 from protocol.messages import (
     CreateTopic,
     CreateTopicsRequest,
@@ -95,14 +97,14 @@ def register(sub: Any) -> None:
     )
     c.add_argument(
         "--partitions",
-        type=int,
+        type=int_arg,
         default=None,
         metavar="N",
         help="partition count (default: the controller's, 1)",
     )
     c.add_argument(
         "--replication-factor",
-        type=int,
+        type=int_arg,
         default=None,
         metavar="R",
         help="replicas per partition (default: the controller's, 3)",
@@ -124,7 +126,7 @@ def register(sub: Any) -> None:
     )
     c.add_argument(
         "--min-isr",
-        type=int,
+        type=int_arg,
         default=None,
         metavar="M",
         help=f"alias of --config {MIN_ISR}=M (default: the controller's, 1)",
@@ -194,7 +196,7 @@ def register(sub: Any) -> None:
     )
     e.add_argument(
         "--replica",
-        type=int,
+        type=int_arg,
         default=None,
         metavar="ID",
         help="UNCLEAN: the replica to elect (required for UNCLEAN; no default: the "
@@ -235,10 +237,10 @@ def topic_configs(args: argparse.Namespace) -> tuple[int | None, str | None]:
     min_isr: int | None = None
     if MIN_ISR in values:
         try:
-            min_isr = int(values[MIN_ISR])
-        except ValueError:
+            min_isr = kafka_int(values[MIN_ISR])
+        except NumberFormatError as exc:
             raise InvalidConfigurationError(
-                f"{MIN_ISR}={values[MIN_ISR]!r} is not a number"
+                f"{MIN_ISR}={values[MIN_ISR]!r} is not a number ({exc})"
             ) from None
     return min_isr, values.get(STRATEGY)
 
@@ -247,8 +249,8 @@ def _assignments(text: str | None) -> list[list[int]] | None:
     if not text:
         return None
     try:
-        return [[int(x) for x in part.split(":")] for part in text.split(",")]
-    except ValueError:
+        return [[kafka_int(x) for x in part.split(":")] for part in text.split(",")]
+    except NumberFormatError:
         raise InvalidConfigurationError(
             f"--replica-assignment {text!r}: expected broker ids like 1:2:3,2:3:1"
         ) from None
@@ -320,8 +322,8 @@ def _ranges(ids: list[int]) -> str:
 
 class _JsonPartition(msgspec.Struct, forbid_unknown_fields=True):
     topic: str
-    partition: int
-    replica: int | None = None  # metactl's: the replica of an UNCLEAN election
+    partition: Int32  # a JSON integer within Java's int (not true, 1.0 or "1")
+    replica: Int32 | None = None  # metactl's: the replica of an UNCLEAN election
 
 
 class _JsonFile(msgspec.Struct):
@@ -358,11 +360,12 @@ def _one_partition(args: argparse.Namespace) -> TopicPartition:
             "--all-topic-partitions or --path-to-json-file FILE"
         )
     if args.topic is not None:
-        if not args.partition.isdigit():
+        try:
+            return args.topic, kafka_int(args.partition, 0)
+        except NumberFormatError as exc:
             raise InvalidConfigurationError(
-                f"--partition {args.partition!r}: with --topic, the partition's index"
-            )
-        return args.topic, int(args.partition)
+                f"--partition {args.partition!r}: with --topic, the partition's index ({exc})"
+            ) from None
     try:
         return parse_tp(args.partition)
     except ValueError as exc:

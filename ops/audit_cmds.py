@@ -44,6 +44,7 @@ from metactl.errors import (
     SparkJobFailedError,
     error_for_code,
 )
+from metactl.numbers import int_arg
 from ops.cli import EXIT_INTERRUPTED, HELP_FORMAT, examples, fail
 from ops.export_cmds import add_source_options, input_from_args
 
@@ -139,7 +140,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         )
         p.add_argument(
             "--shuffle-partitions",
-            type=int,
+            type=int_arg,
             help="spark.sql.shuffle.partitions (default: Spark's, 200)",
         )
         p.add_argument("--driver-memory", default="4g", help="spark.driver.memory (default 4g)")
@@ -172,7 +173,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         if job in ("brokers", ALL):
             p.add_argument(
                 "--flap-fences",
-                type=int,
+                type=int_arg,
                 default=3,
                 help="flapping: more than N fences (default 3)",
             )
@@ -180,7 +181,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                 "--flap-window", default="10m", help="within this long (default 10m; 1h, 30s)"
             )
         if job in ("unclean-recoveries", "invariants", ALL):
-            p.add_argument("--show", type=int, default=20, help="events to print (default 20)")
+            p.add_argument("--show", type=int_arg, default=20, help="events to print (default 20)")
         if job in ("invariants", ALL):
             p.add_argument(
                 "--method",
@@ -194,7 +195,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         p.set_defaults(func=_run)
 
 
-_BARE_OR_MIN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(min)?\s*$")
+_BARE_OR_MIN = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(min)?\s*$", re.ASCII)
 
 
 def flap_window_ms(text: str) -> int:

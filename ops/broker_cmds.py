@@ -18,6 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from metactl.numbers import decimal_arg, int_arg
 from ops.cli import EXIT_INTERRUPTED, EXIT_OK, HELP_FORMAT, examples
 
 START_TIMEOUT_S = 90.0
@@ -68,7 +69,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ),
         formatter_class=HELP_FORMAT,
     )
-    start.add_argument("--id", dest="broker_id", type=int, required=True, help="broker id")
+    start.add_argument("--id", dest="broker_id", type=int_arg, required=True, help="broker id")
     start.add_argument(
         "--data-dir",
         type=Path,
@@ -77,7 +78,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     start.add_argument(
         "--timeout",
-        type=float,
+        type=decimal_arg,
         default=START_TIMEOUT_S,
         metavar="S",
         help=f"how long to wait for the broker to be ready (default {START_TIMEOUT_S:.0f})",

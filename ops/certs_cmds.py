@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from metactl.errors import InvalidConfigurationError
+from metactl.numbers import NumberFormatError, kafka_int
 from ops.certs import ETCD_CLIENTS, default_names, etcd_dir, init_certs, init_etcd_certs
 from ops.cli import EXIT_OK, HELP_FORMAT, examples
 from protocol.flags import ENV_TLS_DIR
@@ -73,14 +74,15 @@ def parse_broker_ids(text: str) -> list[int]:
     """'1,2,3' -> [1, 2, 3]; InvalidConfigurationError for anything else."""
     ids: list[int] = []
     for raw in text.split(","):
-        part = raw.strip()
-        if not part.isdigit() or int(part) > MAX_BROKER_ID:
+        try:
+            broker = kafka_int(raw, 0, MAX_BROKER_ID)
+        except NumberFormatError:
             raise InvalidConfigurationError(
                 f"--brokers takes broker ids 0..{MAX_BROKER_ID} separated by commas, "
                 f"e.g. 1,2,3; got {text!r}"
-            )
-        if int(part) not in ids:
-            ids.append(int(part))
+            ) from None
+        if broker not in ids:
+            ids.append(broker)
     return ids
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from metactl.errors import InvalidConfigurationError, InvalidRequestError, MetactlError
+from metactl.numbers import decimal_arg, int_arg, long_arg
 from ops.cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, HELP_FORMAT, error_line, examples
 from ops.run_progress import MODES
 
@@ -62,16 +63,16 @@ def register(sub: Any) -> None:
         ),
         formatter_class=HELP_FORMAT,
     )
-    r.add_argument("--brokers", type=int, default=5, help="broker processes (default 5)")
+    r.add_argument("--brokers", type=int_arg, default=5, help="broker processes (default 5)")
     r.add_argument(
         "--controllers",
-        type=int,
+        type=int_arg,
         default=1,
         help="controller processes on one etcd metadata log (needs --etcd; default 1)",
     )
     r.add_argument(
         "--etcd",
-        type=int,
+        type=int_arg,
         default=0,
         metavar="M",
         help="run the metadata log on a local M-member etcd cluster (docs/ha.md); faults "
@@ -80,21 +81,23 @@ def register(sub: Any) -> None:
     )
     r.add_argument(
         "--lease-ttl-s",
-        type=int,
+        type=int_arg,
         default=2,
         help="the controllers' leadership lease on an etcd log (default 2)",
     )
     r.add_argument(
         "--base-port",
-        type=int,
+        type=int_arg,
         default=None,
         metavar="P",
         help="pin every port from P on: 2 per controller (listener, /metrics), 2 per etcd "
         "member (client, peer), 1 per broker (default: free ports)",
     )
-    r.add_argument("--partitions", type=int, default=6, help="partitions of the topic (default 6)")
-    r.add_argument("--rf", type=int, default=3, help="replication factor (default 3)")
-    r.add_argument("--min-isr", type=int, default=2, help="min.insync.replicas (default 2)")
+    r.add_argument(
+        "--partitions", type=int_arg, default=6, help="partitions of the topic (default 6)"
+    )
+    r.add_argument("--rf", type=int_arg, default=3, help="replication factor (default 3)")
+    r.add_argument("--min-isr", type=int_arg, default=2, help="min.insync.replicas (default 2)")
     r.add_argument(
         "--strategy",
         choices=["balanced", "proactive", "manual"],
@@ -104,12 +107,14 @@ def register(sub: Any) -> None:
     add_rule_mode_arguments(r)
     r.add_argument(
         "--lossy-kills",
-        type=int,
+        type=int_arg,
         default=4,
         help="at most K lossy kills (random plans; default 4)",
     )
-    r.add_argument("--duration", type=float, default=60.0, help="fault phase, seconds (default 60)")
-    r.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    r.add_argument(
+        "--duration", type=decimal_arg, default=60.0, help="fault phase, seconds (default 60)"
+    )
+    r.add_argument("--seed", type=long_arg, default=0, help="random seed (default 0)")
     r.add_argument(
         "--schedule",
         default=None,
@@ -117,20 +122,20 @@ def register(sub: Any) -> None:
         help="a fault schedule (JSON) instead of a random plan; builtin:outage, "
         "builtin:controller-and-outage",
     )
-    r.add_argument("--producers", type=int, default=3, help="producer groups (default 3)")
-    r.add_argument("--batch", type=int, default=50, help="records per batch (default 50)")
+    r.add_argument("--producers", type=int_arg, default=3, help="producer groups (default 3)")
+    r.add_argument("--batch", type=int_arg, default=50, help="records per batch (default 50)")
     r.add_argument(
-        "--flush-interval-ms", type=int, default=500, help="brokers' flush.ms (default 500)"
+        "--flush-interval-ms", type=long_arg, default=500, help="brokers' flush.ms (default 500)"
     )
     r.add_argument(
         "--session-timeout-ms",
-        type=int,
+        type=long_arg,
         default=1500,
         help="the controller's broker session timeout (default 1500)",
     )
     r.add_argument(
         "--heartbeat-interval-ms",
-        type=int,
+        type=long_arg,
         default=200,
         help="the brokers' heartbeat interval (default 200)",
     )

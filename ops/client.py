@@ -32,6 +32,7 @@ from metactl.errors import (
     InvalidConfigurationError,
     MetactlError,
 )
+from metactl.numbers import decimal_arg
 from metadata_log.etcd.tls import add_etcd_tls_arguments
 from protocol.client import DEFAULT_TIMEOUT_S, Endpoints, RetryPolicy, RideFailover, RpcClient
 from protocol.codec import parse_address
@@ -66,7 +67,7 @@ def add_controller_arguments(
     )
     target.add_argument(
         "--timeout",
-        type=float,
+        type=decimal_arg,
         default=DEFAULT_TIMEOUT_S,
         metavar="S",
         help=f"seconds any one answer may take, retries included (default {DEFAULT_TIMEOUT_S:g})",

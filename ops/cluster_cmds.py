@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from metactl.numbers import int_arg
 from ops.cli import HELP_FORMAT, examples
 from ops.client import DEFAULT_CONTROLLER
 from ops.etcd_local import LocalEtcd
@@ -47,16 +48,16 @@ def register(sub: Any) -> None:
         ),
         formatter_class=HELP_FORMAT,
     )
-    u.add_argument("--brokers", type=int, default=3, help="broker processes (default 3)")
+    u.add_argument("--brokers", type=int_arg, default=3, help="broker processes (default 3)")
     u.add_argument(
         "--controllers",
-        type=int,
+        type=int_arg,
         default=1,
         help="controller processes; more than one needs --etcd (default 1)",
     )
     u.add_argument(
         "--etcd",
-        type=int,
+        type=int_arg,
         default=0,
         metavar="MEMBERS",
         help="run the metadata log on a local etcd cluster of this many members, from "
@@ -82,10 +83,13 @@ def register(sub: Any) -> None:
     )
     u.add_argument("--topic", default="demo", help="the demo topic's name (default demo)")
     u.add_argument(
-        "--partitions", type=int, default=6, help="the demo topic's partitions (default 6)"
+        "--partitions", type=int_arg, default=6, help="the demo topic's partitions (default 6)"
     )
     u.add_argument(
-        "--min-isr", type=int, default=2, help="the demo topic's min.insync.replicas (default 2)"
+        "--min-isr",
+        type=int_arg,
+        default=2,
+        help="the demo topic's min.insync.replicas (default 2)",
     )
     u.add_argument(
         "--unclean-recovery-strategy",

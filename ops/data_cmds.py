@@ -46,6 +46,7 @@ from metactl.errors import (
     MetactlError,
     UnknownTopicOrPartitionError,
 )
+from metactl.numbers import decimal_arg, int_arg, long_arg
 from ops.cli import EXIT_OK, HELP_FORMAT, examples
 from ops.client import (
     INSECURE,
@@ -89,7 +90,10 @@ def register(sub: Any) -> None:
     add_controller_arguments(p)
     p.add_argument("--topic", required=True, help="the topic to produce to (required)")
     p.add_argument(
-        "--partition", type=int, default=None, help="one partition (default: round-robin over all)"
+        "--partition",
+        type=int_arg,
+        default=None,
+        help="one partition (default: round-robin over all)",
     )
     p.add_argument(
         "--acks",
@@ -97,16 +101,18 @@ def register(sub: Any) -> None:
         default="all",
         help="all (-1): answered once committed; 1: once the leader appended (default all)",
     )
-    p.add_argument("--count", type=int, required=True, help="records to produce in all")
-    p.add_argument("--batch", type=int, default=100, help="records per batch (default 100)")
-    p.add_argument("--rate", type=float, default=None, help="records per second (no limit)")
-    p.add_argument("--in-flight", type=int, default=1, help="batches sent concurrently (default 1)")
+    p.add_argument("--count", type=long_arg, required=True, help="records to produce in all")
+    p.add_argument("--batch", type=int_arg, default=100, help="records per batch (default 100)")
+    p.add_argument("--rate", type=decimal_arg, default=None, help="records per second (no limit)")
     p.add_argument(
-        "--timeout-ms", type=int, default=None, help="acks=all commit timeout (broker default)"
+        "--in-flight", type=int_arg, default=1, help="batches sent concurrently (default 1)"
+    )
+    p.add_argument(
+        "--timeout-ms", type=long_arg, default=None, help="acks=all commit timeout (broker default)"
     )
     p.add_argument(
         "--retries",
-        type=int,
+        type=int_arg,
         default=DATA_RETRY.attempts - 1,
         help="retries of a batch refused with a retriable error "
         f"(default {DATA_RETRY.attempts - 1})",
@@ -130,7 +136,7 @@ def register(sub: Any) -> None:
     add_controller_arguments(c)
     c.add_argument("--topic", required=True, help="the topic to read (required)")
     c.add_argument(
-        "--partition", type=int, default=None, help="one partition (default: every partition)"
+        "--partition", type=int_arg, default=None, help="one partition (default: every partition)"
     )
     c.add_argument(
         "--from-beginning",

@@ -50,6 +50,7 @@ from metactl.errors import (
     UnknownTopicOrPartitionError,
     UnsupportedVersionError,
 )
+from metactl.numbers import int_arg
 from metadata_image.image import ClusterImage
 from metadata_image.transactions import EffectiveEntries, LogReplay, replay_log
 from metadata_log.batch_format import LogEntry
@@ -179,7 +180,7 @@ def register(sub: Any) -> None:
 def _page_size_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--page-size",
-        type=int,
+        type=int_arg,
         default=PAGE_ITEMS,
         metavar="N",
         help=f"items asked per request (default and controller maximum {PAGE_ITEMS})",

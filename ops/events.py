@@ -566,9 +566,10 @@ def _recovery(r: UncleanRecoveryRecord, before: View) -> str:
     return f"{name} UNCLEAN RECOVERY: chose {r.chosen} of {pool} ({r.strategy}){loss}"
 
 
-_DURATION: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+# ASCII digits only (`metactl.numbers`: `\d` would take "١٠m").
+_DURATION: Final = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)\s*$", re.ASCII)
 _UNIT_MS: Final = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_EPOCH_MS: Final = re.compile(r"^\s*-?\d+\s*$")
+_EPOCH_MS: Final = re.compile(r"^\s*-?[0-9]+\s*$", re.ASCII)
 
 
 def parse_duration_ms(text: str, flag: str) -> int:

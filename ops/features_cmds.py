@@ -20,6 +20,7 @@ import json
 from typing import Any
 
 from metactl.errors import InvalidConfigurationError, MetactlError
+from metactl.numbers import NumberFormatError, kafka_int
 from metadata_log.records import ELR_FEATURE
 from ops.cli import EXIT_OK, HELP_FORMAT, examples
 from ops.client import add_controller_arguments, ask, controller_address, security_from
@@ -91,10 +92,10 @@ def features(items: list[str]) -> list[tuple[str, int]]:
         if not sep or not name:
             raise InvalidConfigurationError(f"--feature {item!r}: expected NAME=LEVEL")
         try:
-            value = int(level.strip())
-        except ValueError:
+            value = kafka_int(level, -(2**15), 2**15 - 1)  # a level is Kafka's int16
+        except NumberFormatError as exc:
             raise InvalidConfigurationError(
-                f"--feature {item!r}: the level must be an integer"
+                f"--feature {item!r}: the level must be an integer ({exc})"
             ) from None
         if name in out:
             raise InvalidConfigurationError(f"--feature {name} is given twice")

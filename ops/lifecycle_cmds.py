@@ -28,6 +28,7 @@ from typing import Any
 import msgspec
 
 from metactl.errors import InvalidConfigurationError, MetactlError, error_for_code
+from metactl.numbers import int_arg
 from ops.cli import EXIT_OK, HELP_FORMAT, error_line, examples, exit_status
 from ops.client import add_controller_arguments, ask, controller_address, security_from
 from protocol.messages import (
@@ -125,7 +126,7 @@ def register(sub: Any) -> None:
     a.add_argument("--topic", required=True, help="the topic to grow (required)")
     a.add_argument(
         "--partitions",
-        type=int,
+        type=int_arg,
         required=True,
         metavar="N",
         help="the new partition count, larger than the current one (required)",
@@ -161,7 +162,7 @@ def register(sub: Any) -> None:
     )
     add_controller_arguments(u)
     u.add_argument(
-        "--id", dest="broker_id", type=int, required=True, help="the broker's id (required)"
+        "--id", dest="broker_id", type=int_arg, required=True, help="the broker's id (required)"
     )
     u.set_defaults(func=cmd_brokers_unregister)
 

@@ -26,6 +26,7 @@ from metactl.errors import (
     OffsetOutOfRangeError,
 )
 from metactl.logs import configure
+from metactl.numbers import long_arg
 from metadata_log.batch_format import LogEntry
 from metadata_log.etcd.tls import add_etcd_tls_arguments
 from metadata_log.records import RECORD_TYPES, record_type, to_builtins
@@ -67,14 +68,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     dump.add_argument(
         "--from",
         dest="from_offset",
-        type=int,
+        type=long_arg,
         metavar="OFFSET",
         help="first offset (default: the start of the log)",
     )
     dump.add_argument(
         "--to",
         dest="to_offset",
-        type=int,
+        type=long_arg,
         metavar="OFFSET",
         help="stop before this offset (default: the end of the log)",
     )
@@ -111,7 +112,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     tail.add_argument(
         "--from",
         dest="from_offset",
-        type=int,
+        type=long_arg,
         metavar="OFFSET",
         help="first offset (default: the current end)",
     )

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 
 from metactl.errors import InvalidConfigurationError, InvalidRequestError, MetactlError
+from metactl.numbers import decimal_arg
 from metadata_log.backends import is_etcd_url
 from metadata_log.etcd.tls import add_etcd_tls_arguments
 from ops.cli import EXIT_OK, HELP_FORMAT, examples
@@ -169,7 +170,7 @@ def register(sub: Any) -> None:
     )
     r.add_argument(
         "--timeout",
-        type=float,
+        type=decimal_arg,
         default=5.0,
         metavar="S",
         help="seconds etcd may take to answer each call (default 5)",

@@ -6,6 +6,8 @@ The file: `{"version": 1, "partitions": [{"topic": "t", "partition": 0, "replica
 3, 4]}]}`. `log_dirs`, if present, must be `"any"` for each replica (a metactl broker has
 one log directory); `replicas` may be left out to `--cancel`. Anything else (bad JSON, an
 unknown key, another version, a partition listed twice) is INVALID_CONFIG naming the file.
+Its numbers are JSON integers within Java's int, as Kafka's decoder takes them: `true`,
+`1.0`, `"1"` or 2147483648 as a partition or a broker id are INVALID_CONFIG (`Int32`).
 
 Pure but for reading the file: no requests, no printing.
 """
@@ -17,11 +19,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Final
+from typing import Annotated, Final
 
 import msgspec
 
 from metactl.errors import InvalidConfigurationError
+from metactl.numbers import INT32_MAX, INT32_MIN
 from metadata_image.image import TopicPartition
 from protocol.messages import OngoingReassignment, Reassignment
 
@@ -31,16 +34,22 @@ EXPECTED: Final = (
 )
 
 
+# A number of a JSON file an operator writes: a JSON integer within Java's int, as
+# Kafka's JSON decoder (`DecodeJson.DecodeInt`) takes one; msgspec refuses a bool, a
+# float and a string for an int already.
+Int32 = Annotated[int, msgspec.Meta(ge=INT32_MIN, le=INT32_MAX)]
+
+
 class JsonPartition(msgspec.Struct, forbid_unknown_fields=True):
     topic: str
-    partition: int
-    replicas: list[int] | None = None  # not needed to --cancel
+    partition: Int32
+    replicas: list[Int32] | None = None  # not needed to --cancel
     log_dirs: list[str] | None = None
 
 
 class JsonFile(msgspec.Struct):
     partitions: list[JsonPartition]
-    version: int = 1
+    version: Int32 = 1
 
 
 def tp_name(tp: TopicPartition) -> str:

@@ -19,6 +19,7 @@ from typing import Final
 import msgspec
 
 from metactl.errors import FrameTooLargeError, InvalidRequestError, UnsupportedVersionError
+from metactl.numbers import is_digits
 from protocol.messages import Message
 
 DEFAULT_MAX_FRAME_BYTES: Final = 8 * 1024 * 1024
@@ -81,6 +82,6 @@ def parse_address(address: str) -> tuple[str, int]:
     """(host, port) of HOST:PORT (an empty host is 127.0.0.1); InvalidRequestError for
     anything else, a port over 65535 included (0 asks a listener for any free port)."""
     host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
+    if not sep or not is_digits(port) or int(port) > 65535:
         raise InvalidRequestError(f"not a HOST:PORT address (port 0-65535): {address!r}")
     return host or "127.0.0.1", int(port)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from metactl.errors import InvalidConfigurationError
+from metactl.numbers import int_arg, long_arg
 from protocol.server import (
     DEFAULT_FRAME_DEADLINE_S,
     DEFAULT_HANDSHAKE_TIMEOUT_S,
@@ -122,7 +123,7 @@ def add_limit_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("connection limits")
     g.add_argument(
         "--max-connections",
-        type=int,
+        type=int_arg,
         default=DEFAULT_MAX_CONNECTIONS,
         metavar="N",
         help="authenticated client connections in all; more are closed at once (the "
@@ -130,14 +131,14 @@ def add_limit_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--max-connections-per-peer",
-        type=int,
+        type=int_arg,
         default=DEFAULT_MAX_CONNECTIONS_PER_PEER,
         metavar="N",
         help="open connections per principal (per address without TLS) (default %(default)s)",
     )
     g.add_argument(
         "--max-pending-handshakes",
-        type=int,
+        type=int_arg,
         default=DEFAULT_MAX_PENDING_HANDSHAKES,
         metavar="N",
         help="connections accepted but not yet authenticated, in all; a new one drops the "
@@ -145,7 +146,7 @@ def add_limit_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--max-pending-handshakes-per-address",
-        type=int,
+        type=int_arg,
         default=DEFAULT_MAX_PENDING_HANDSHAKES_PER_ADDRESS,
         metavar="N",
         help="connections not yet authenticated from one address; a new one drops that "
@@ -153,7 +154,7 @@ def add_limit_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--max-handshakes-in-progress",
-        type=int,
+        type=int_arg,
         default=DEFAULT_MAX_HANDSHAKES_IN_PROGRESS,
         metavar="N",
         help="TLS handshakes running at once (each holds about 300 KB); one more starts "
@@ -161,7 +162,7 @@ def add_limit_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--max-parked-handshakes",
-        type=int,
+        type=int_arg,
         default=DEFAULT_MAX_PARKED_HANDSHAKES,
         metavar="N",
         help="dropped pending connections held open, reading nothing, until their handshake "
@@ -170,21 +171,21 @@ def add_limit_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--idle-timeout-ms",
-        type=int,
+        type=long_arg,
         default=int(DEFAULT_IDLE_TIMEOUT_S * 1000),
         metavar="MS",
         help="close a connection without a request for this long (default %(default)s)",
     )
     g.add_argument(
         "--frame-deadline-ms",
-        type=int,
+        type=long_arg,
         default=int(DEFAULT_FRAME_DEADLINE_S * 1000),
         metavar="MS",
         help="a frame, once begun, must arrive whole within this (default %(default)s)",
     )
     g.add_argument(
         "--handshake-timeout-ms",
-        type=int,
+        type=long_arg,
         default=int(DEFAULT_HANDSHAKE_TIMEOUT_S * 1000),
         metavar="MS",
         help="a TLS handshake must finish within this of the accept (default %(default)s)",

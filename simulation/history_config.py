@@ -12,9 +12,12 @@ importing the controller.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final
+
+from metactl.numbers import INT64_MAX, INT64_MIN, kafka_int
 
 __all__ = [
     "DAY_MS",
@@ -77,11 +80,14 @@ class SimulationReport:
         ]
 
 
+_EPOCH_MS: Final = re.compile(r"[+-]?[0-9]+", re.ASCII)
+
+
 def parse_time_ms(text: str) -> int:
     """An ISO 8601 date or time (UTC unless it says otherwise) or epoch milliseconds."""
     text = text.strip()
-    if text.lstrip("-").isdigit():
-        return int(text)
+    if _EPOCH_MS.fullmatch(text):
+        return kafka_int(text, INT64_MIN, INT64_MAX)  # epoch ms: as Kafka's parseLong
     value = datetime.fromisoformat(text.replace("Z", "+00:00"))
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)

@@ -35,6 +35,7 @@ from controller.runtime.quota import (
 from controller.runtime.service import ControllerService, HaSettings
 from metactl.errors import InvalidConfigurationError, MetactlError
 from metactl.logs import configure
+from metactl.numbers import int_arg, int_flag, long_arg
 from metactl.settings import layered, resolve_settings
 from metadata_log.etcd import DEFAULT_LEASE_TTL_S
 from metadata_log.etcd.tls import add_etcd_tls_arguments, etcd_tls_from
@@ -73,13 +74,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--heartbeat-interval-ms",
-        type=int,
+        type=long_arg,
         default=2000,
         help="how often brokers are told to heartbeat (default 2000)",
     )
     p.add_argument(
         "--session-timeout-ms",
-        type=int,
+        type=long_arg,
         default=9000,
         help="a broker silent this long is fenced (default 9000)",
     )
@@ -91,13 +92,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--unclean-recovery-window-ms",
-        type=int,
+        type=long_arg,
         default=1000,
         help="how long balanced recovery waits for more replicas' log information (default 1000)",
     )
     p.add_argument(
         "--default-min-isr",
-        type=int,
+        type=int_arg,
         default=1,
         help="seeds the cluster-default min.insync.replicas of a new cluster (default 1); "
         "afterwards `metactl configs --entity-default` changes it (docs/lifecycle.md)",
@@ -105,7 +106,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_rule_mode_arguments(p)
     p.add_argument(
         "--max-frame-bytes",
-        type=int,
+        type=int_arg,
         default=DEFAULT_MAX_FRAME_BYTES,
         help=f"the largest request or answer frame (default {DEFAULT_MAX_FRAME_BYTES})",
     )
@@ -150,7 +151,7 @@ def add_ha_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--lease-ttl-s",
-        type=int,
+        type=int_arg,
         default=DEFAULT_LEASE_TTL_S,
         help="etcd logs: the leadership's TTL in whole seconds: the active controller "
         "rewrites the leadership key six times per TTL and steps down before its last "
@@ -197,15 +198,9 @@ def ha_settings(args: Any) -> HaSettings:
     )
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number of at least 1 (a bad one is a usage error)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+# An argparse type: a whole number of at least 1, read as Kafka reads an int
+# (`metactl.numbers`); a bad one is a usage error.
+positive_int = int_flag(minimum=1)
 
 
 def add_mutation_arguments(p: argparse.ArgumentParser) -> None:
@@ -213,7 +208,7 @@ def add_mutation_arguments(p: argparse.ArgumentParser) -> None:
     (controller/runtime/quota.py says why the defaults are what they are)."""
     p.add_argument(
         "--controller-mutation-rate",
-        type=int,
+        type=int_arg,
         default=DEFAULT_MUTATION_RATE,
         metavar="PARTITIONS_PER_S",
         help="partitions each principal (or, without TLS, each client host) may create or "
@@ -222,7 +217,7 @@ def add_mutation_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--controller-mutation-burst-window-s",
-        type=int,
+        type=int_arg,
         default=DEFAULT_BURST_WINDOW_S,
         metavar="SECONDS",
         help="the quota's bucket holds rate x this many partitions "
@@ -230,7 +225,7 @@ def add_mutation_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-partitions-per-request",
-        type=int,
+        type=int_arg,
         default=DEFAULT_MAX_PARTITIONS_PER_REQUEST,
         metavar="N",
         help="a CreateTopics creating more partitions in all is refused with "

@@ -87,6 +87,7 @@ from metactl.errors import (
     StorageError,
     StoreUnavailableError,
 )
+from metactl.numbers import is_digits
 from metadata_log.etcd.tls import PROCESS_DEFAULT, EtcdTls, ProcessDefault, resolve_tls
 
 __all__ = [
@@ -173,7 +174,7 @@ class EtcdTarget:
 
 def _split_endpoint(endpoint: str, url: str) -> tuple[str, int]:
     host, sep, port = endpoint.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not is_digits(port) or not 0 < int(port) < 65536:
         raise InvalidConfigurationError(
             f"etcd URL {url!r}: endpoint {endpoint!r} is not host:port (port 1-65535)"
         )
