@@ -36,7 +36,12 @@ Rules (`RULES` holds the one-line descriptions the reports print):
 ``unclean_replica_in_isr``
     After an unclean registration, the replica may rejoin the ISR only by AlterPartition
     (or by being chosen by a recorded unclean recovery); flagged when it enters any other
-    way, or is still in the ISR when it registers.
+    way, when it is still in the ISR once its registration's changes are done (checked at
+    the partition's next record that is not an ``unclean_registration`` change, at its
+    deletion and at the end of the log), or when it is elected leader with the ELR on
+    other than by a recorded recovery (an ISR the classic rules left it in before an
+    upgrade is no clean leadership). Under the classic rules (ELR off) an unclean
+    registration keeps its ISR membership, as in Kafka: not flagged there.
 ``unclean_replica_in_elr``
     After an unclean registration, and before rejoining the ISR, the replica is in the
     ELR (it was not moved to the LastKnownELR, or entered a new ELR). Flagged at the
@@ -97,6 +102,7 @@ NO_LEADER: Final = -1
 ALTER_PARTITION: Final = "alter_partition"
 UNCLEAN_RECOVERY: Final = "unclean_recovery"
 UNREGISTER: Final = "unregister"
+UNCLEAN_REGISTRATION: Final = "unclean_registration"
 MANUAL: Final = "manual"
 EMPTY: Final[frozenset[int]] = frozenset()
 
@@ -153,6 +159,7 @@ class PartitionChecker:
         "disabled",
         "elr",
         "elr_enabled",
+        "excluding",
         "flagged_elr",
         "generation",
         "isr",
@@ -213,6 +220,9 @@ class PartitionChecker:
         self.unregistered: dict[int, tuple[int, int]] = {}
         # (offset, timestamp) of an ELR downgrade whose ClearElr has not reached it yet
         self.disabled: tuple[int, int] | None = None
+        # broker -> (offset, timestamp) of an unclean registration, with the ELR on, of a
+        # broker in the ISR: its changes, which may still come, must take it out
+        self.excluding: dict[int, tuple[int, int]] = {}
 
     def _flag(self, offset: int, ts: int, rule: str, broker: int | None, detail: str) -> None:
         self.out.append(
@@ -240,6 +250,8 @@ class PartitionChecker:
         self.records += 1
         if self.unregistered:
             self._settle_unregistered()
+        if self.excluding:
+            self._settle_excluding()
         before = self.isr if self.created else EMPTY
         self.created = True
         self.recovery = None
@@ -282,6 +294,8 @@ class PartitionChecker:
         self.records += 1
         if self.unregistered and reason != UNREGISTER:
             self._settle_unregistered()
+        if self.excluding and reason != UNCLEAN_REGISTRATION:
+            self._settle_excluding()
         chosen, self.recovery = self.recovery, None
         before = self.isr
         # What `_check_adding` compares with (only called when a replica is or becomes
@@ -364,6 +378,26 @@ class PartitionChecker:
                 elected=elected,
                 allowed=recorded or election == MANUAL,
             )
+        if (
+            elected
+            and self.elr_enabled
+            and new_leader in self.tainted
+            and not recorded
+            and election != MANUAL
+        ):
+            at, _ = self.tainted[new_leader]
+            self._flag(
+                offset,
+                ts,
+                "unclean_replica_in_isr",
+                new_leader,
+                f"broker {new_leader}, registered uncleanly at offset {at}, elected "
+                f"leader ({election or reason}) without a recorded unclean recovery",
+            )
+        elif elected and not self.elr_enabled:
+            # The classic rules elected it (their documented loss, if its log lost
+            # records): its log is the partition's from here on.
+            self.tainted.pop(new_leader, None)
         self._check_state(offset, ts, before, reason=reason or "", recorded=recorded)
         if not self.elr_enabled and self.disabled is None and (self.elr or self.lkelr):
             self._flag(
@@ -381,6 +415,7 @@ class PartitionChecker:
             return
         self.records += 1
         self._settle_unregistered()
+        self._settle_excluding()
         self.recovery = chosen
 
     def on_clear_elr(
@@ -394,20 +429,23 @@ class PartitionChecker:
     ) -> None:
         """ClearElr of the topic: for partitions in [first, end) (end None: all), the ELR
         and LastKnownELR are cleared and the effective MinISR becomes min(`min_isr`,
-        replication factor) (None: unchanged); the epoch moves when anything changed."""
+        replication factor) (None: unchanged). The epoch moves where the ELR or the
+        LastKnownELR was cleared (a version-3 record, as Kafka); an older record also moved
+        it where only the MinISR changed, which this check, that epochs only grow, allows."""
         if not self.created:
             return
         if self.partition < (first or 0) or (end is not None and self.partition >= end):
             return
         self.records += 1
         self._settle_unregistered()
+        self._settle_excluding()
         self.recovery = None
         target = len(self.replicas) - len(self.removing)
         new_min = self.min_isr if min_isr is None else min(min_isr, target)
-        if self.elr or self.lkelr or new_min != self.min_isr:
-            self.elr = self.lkelr = EMPTY
-            self.min_isr = new_min
+        if self.elr or self.lkelr:
             self.partition_epoch += 1
+        self.elr = self.lkelr = EMPTY
+        self.min_isr = new_min
         self.disabled = None  # a downgrade's clear has reached it
         self._check_taint_in_elr(offset, ts)
 
@@ -416,15 +454,10 @@ class PartitionChecker:
             return
         self.records += 1
         self._settle_unregistered()
+        self._settle_excluding()
         self.recovery = None
-        if broker in self.isr:
-            self._flag(
-                offset,
-                ts,
-                "unclean_replica_in_isr",
-                broker,
-                f"broker {broker} registered uncleanly while in the ISR {_fmt(self.isr)}",
-            )
+        if broker in self.isr and self.elr_enabled:
+            self.excluding[broker] = (offset, ts)  # its changes come next
         self.tainted[broker] = (offset, ts)
         self.flagged_elr.discard(broker)
 
@@ -435,6 +468,7 @@ class PartitionChecker:
             return
         self.records += 1
         self._settle_unregistered()
+        self._settle_excluding()
         self.recovery = None
         self.unregistered[broker] = (offset, ts)
 
@@ -444,6 +478,7 @@ class PartitionChecker:
         if self.created:
             self.records += 1
             self._settle_unregistered()
+            self._settle_excluding()
             self._settle_disabled()
             if self.elr_enabled and not enabled:
                 self.disabled = (offset, ts)  # owed a ClearElr
@@ -468,6 +503,7 @@ class PartitionChecker:
         """What is owed when the partition's state ends (deletion, the end of the log):
         unregistrations and an ELR downgrade done, no unclean replica left in the ELR."""
         self._settle_unregistered()
+        self._settle_excluding()
         self._settle_disabled()
         for b in sorted(self.elr):
             if b in self.tainted and b not in self.flagged_elr:
@@ -481,6 +517,23 @@ class PartitionChecker:
                     f"ELR {_fmt(self.elr)} at the end of the partition's history",
                 )
                 self.flagged_elr.add(b)
+
+    def _settle_excluding(self) -> None:
+        """The unclean registrations seen (ELR on) are done: none may have left its broker
+        in the ISR."""
+        if not self.excluding:
+            return
+        for b, (at, at_ts) in sorted(self.excluding.items()):
+            if b in self.isr:
+                self._flag(
+                    at,
+                    at_ts,
+                    "unclean_replica_in_isr",
+                    b,
+                    f"broker {b} registered uncleanly at offset {at} and stayed in the ISR "
+                    f"{_fmt(self.isr)}",
+                )
+        self.excluding.clear()
 
     def _settle_unregistered(self) -> None:
         """The unregistrations seen are done (their transaction's changes came before

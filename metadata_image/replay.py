@@ -45,6 +45,7 @@ from metadata_image.image import (
 from metadata_image.partition_map import CHUNK_BITS, CHUNK_MASK
 from metadata_log.records import (
     BROKER_RESOURCE,
+    CLEAR_ELR_EPOCH_VERSION,
     MIN_ISR_CONFIG,
     NO_LEADER,
     RECORD_TYPES,
@@ -150,6 +151,7 @@ class _Builder:
         "offline",
         "partitions",
         "reassigning",
+        "removed",
         "topic_ids",
         "topics",
     )
@@ -163,6 +165,10 @@ class _Builder:
         self.offline = image.offline.mutate()
         # New replicas, broker -> topic -> partition numbers; merged into the index once.
         self.added: dict[int, dict[str, list[int]]] = {}
+        # Replicas gone (a reassignment completed or cancelled), the same way: removing
+        # them one partition at a time rebuilt a topic's index per partition (a cancel
+        # of 1,000 partitions took 40-270 ms). No replica is pending in both.
+        self.removed: dict[int, dict[str, list[int]]] = {}
         self.end_offset = image.end_offset
         self._base_index = image.replicas_by_broker
         self._base_active = image.active
@@ -176,8 +182,8 @@ class _Builder:
         self.last_recoveries: Any = image.last_recoveries
 
     def _flush_added(self) -> Any:
-        """The replica index as a mutation, with the replicas added so far merged in
-        (removals must see them: a batch may add a replica and then remove it)."""
+        """The replica index as a mutation, with the replicas added and removed so far
+        merged in (the two are disjoint, so their order does not matter)."""
         if self.index is None:
             self.index = self._base_index.mutate()
         im = self.index
@@ -186,16 +192,30 @@ class _Builder:
                 im[broker_id] = im.get(broker_id, EMPTY_INDEX).added(new, fresh=True)
             self.index_brokers.update(self.added)
             self.added = {}
+        if self.removed:
+            for broker_id, parts in self.removed.items():
+                _set_index(im, broker_id, im.get(broker_id, EMPTY_INDEX).removed(parts))
+            self.removed = {}
         return im
 
-    def remove_replicas(self, gone: dict[int, dict[str, list[int]]]) -> None:
-        im = self._flush_added()
-        for broker_id, parts in gone.items():
-            _set_index(im, broker_id, im.get(broker_id, EMPTY_INDEX).removed(parts))
+    def remove_replica(self, broker_id: int, topic: str, partition: int) -> None:
+        """The broker no longer hosts the partition (merged into the index later, with
+        the other removals). Where the broker's replicas of the topic also have additions
+        pending, those are merged first, so that the two stay disjoint."""
+        if topic in self.added.get(broker_id, ()):
+            self._flush_added()
+        self.removed.setdefault(broker_id, {}).setdefault(topic, []).append(partition)
+
+    def add_replica(self, broker_id: int, topic: str, partition: int) -> None:
+        """The broker hosts the partition now (merged into the index later), after any
+        removal pending for the broker's replicas of the topic."""
+        if topic in self.removed.get(broker_id, ()):
+            self._flush_added()
+        self.added.setdefault(broker_id, {}).setdefault(topic, []).append(partition)
 
     def finish(self) -> ClusterImage:
         index = self._base_index
-        if self.index is not None:
+        if self.index is not None or self.removed:
             index = self._flush_added().finish()
         elif self.added:
             with index.mutate() as im:
@@ -449,9 +469,9 @@ class _Builder:
         new = set(replicas) - set(p.replicas)
         gone = set(p.replicas) - set(replicas)
         for b in sorted(new):
-            self.added.setdefault(b, {}).setdefault(p.topic, []).append(p.partition)
-        if gone:
-            self.remove_replicas({b: {p.topic: [p.partition]} for b in gone})
+            self.add_replica(b, p.topic, p.partition)
+        for b in sorted(gone):
+            self.remove_replica(b, p.topic, p.partition)
         adding = p.adding if r.adding_replicas is None else tuple(r.adding_replicas)
         removing = p.removing if r.removing_replicas is None else tuple(r.removing_replicas)
         if adding or removing:
@@ -641,11 +661,21 @@ class _Builder:
         end = t.partitions if record.end is None else min(record.end, t.partitions)
         configured = record.min_isr
         changed = None if self.delta is None else self.delta.partitions
+        # From version 3 on (Kafka's rule) only a partition whose ELR or LastKnownELR is
+        # cleared gets a new partition epoch; one whose effective MinISR alone changes
+        # keeps it, so that its leader's next AlterPartition is not refused for nothing.
+        # Earlier records replay as they were written: every changed partition bumped.
+        bump_all = record.v < CLEAR_ELR_EPOCH_VERSION
         for p in self.partitions.topic_states(topic, range(record.first, end)):
             min_isr = p.min_isr if configured is None else min(configured, len(p.target))
-            if p.elr or p.last_known_elr or min_isr != p.min_isr:
+            clears = bool(p.elr or p.last_known_elr)
+            if clears or min_isr != p.min_isr:
                 self.set_partition(
-                    p.tp, _replace_partition(p, elr=EMPTY, lkelr=EMPTY, min_isr=min_isr), p
+                    p.tp,
+                    _replace_partition(
+                        p, elr=EMPTY, lkelr=EMPTY, min_isr=min_isr, bump=clears or bump_all
+                    ),
+                    p,
                 )
                 if changed is not None:
                     changed.add(p.tp)
@@ -734,7 +764,7 @@ def _replace_broker(
 
 
 def _replace_partition(
-    p: PartitionState, *, elr: frozenset[int], lkelr: frozenset[int], min_isr: int
+    p: PartitionState, *, elr: frozenset[int], lkelr: frozenset[int], min_isr: int, bump: bool
 ) -> PartitionState:
     return PartitionState(
         topic=p.topic,
@@ -746,7 +776,7 @@ def _replace_partition(
         last_known_elr=lkelr,
         leader=p.leader,
         leader_epoch=p.leader_epoch,
-        partition_epoch=p.partition_epoch + 1,
+        partition_epoch=p.partition_epoch + 1 if bump else p.partition_epoch,
         recovery_state=p.recovery_state,
         min_isr=min_isr,
         adding=p.adding,

@@ -219,6 +219,10 @@ class UncleanRecoveryRecord(_Record, tag="UncleanRecovery", frozen=True):
     at_ms: int | None = None
 
 
+CLEAR_ELR_EPOCH_VERSION: Final = 3
+"""The ClearElrRecord version from which only cleared partitions get a new epoch."""
+
+
 class ClearElrRecord(_Record, tag="ClearElr", frozen=True):
     """min.insync.replicas changed (KIP-966): the ELR and LastKnownELR of the topic's
     partitions [first, end) are cleared, and their effective MinISR becomes
@@ -227,7 +231,12 @@ class ClearElrRecord(_Record, tag="ClearElr", frozen=True):
     Kafka writes one record for a topic, or one with an empty name for all topics. Here a
     cluster-wide clear is one record per topic, and a large topic's is cut into ranges of
     a work budget each (`controller.core.work`), all inside one transaction; the record
-    also carries the new configured MinISR, so that replay needs no configuration."""
+    also carries the new configured MinISR, so that replay needs no configuration.
+
+    Version 3 (`CLEAR_ELR_EPOCH_VERSION`, what the controller writes) bumps the partition
+    epoch only of a partition whose ELR or LastKnownELR it clears, as Kafka's ClearElr
+    touches only those; one whose effective MinISR alone changes keeps its epoch. Earlier
+    versions bumped every partition they changed, and replay keeps that for them."""
 
     topic: str
     min_isr: int | None = None  # None (a log before v2): the MinISR is unchanged

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from metactl.errors import InvalidConfigurationError
+from metactl.numbers import decimal_arg, int_arg, long_arg
 from ops.cli import EXIT_REFUSED, HELP_FORMAT, examples, fail
 from ops.run_progress import MODES
 
@@ -63,30 +64,38 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         formatter_class=HELP_FORMAT,
     )
     history.add_argument(
-        "--brokers", type=int, default=30, metavar="N", help="brokers (default 30)"
+        "--brokers", type=int_arg, default=30, metavar="N", help="brokers (default 30)"
     )
     history.add_argument(
-        "--partitions", type=int, default=5000, metavar="N", help="partitions in all (default 5000)"
+        "--partitions",
+        type=int_arg,
+        default=5000,
+        metavar="N",
+        help="partitions in all (default 5000)",
     )
     history.add_argument(
-        "--days", type=float, default=30.0, metavar="D", help="virtual days to run (default 30)"
+        "--days",
+        type=decimal_arg,
+        default=30.0,
+        metavar="D",
+        help="virtual days to run (default 30)",
     )
     history.add_argument(
         "--out", type=Path, required=True, metavar="DIR", help="new data directory (required)"
     )
-    history.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    history.add_argument("--seed", type=long_arg, default=0, help="random seed (default 0)")
     history.add_argument(
-        "--topics", type=int, metavar="N", help="topics (default: one per 100 partitions)"
+        "--topics", type=int_arg, metavar="N", help="topics (default: one per 100 partitions)"
     )
     history.add_argument(
         "--replication-factor",
-        type=int,
+        type=int_arg,
         default=3,
         metavar="R",
         help="replicas per partition (default 3)",
     )
     history.add_argument(
-        "--min-isr", type=int, default=2, metavar="M", help="min.insync.replicas (default 2)"
+        "--min-isr", type=int_arg, default=2, metavar="M", help="min.insync.replicas (default 2)"
     )
     history.add_argument(
         "--strategy",
@@ -94,7 +103,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="cluster unclean recovery strategy (default balanced)",
     )
     history.add_argument(
-        "--intensity", type=float, default=1.0, help="scale every event rate (default 1.0)"
+        "--intensity", type=decimal_arg, default=1.0, help="scale every event rate (default 1.0)"
     )
     history.add_argument(
         "--start",
@@ -110,16 +119,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _register_faults(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from controller.runtime.serve import add_rule_mode_arguments
-    from simulation.faults_schedule import LIFECYCLE_OPS
+    from simulation.faults_schedule import FAILOVERS, LIFECYCLE_OPS
 
     faults = commands.add_parser(
         "faults",
         help="seeded crashes, page-cache loss and network faults; count lost acknowledged data",
         description="Run seeded fault schedules (lossy and plain kills, controlled "
-        "shutdowns, network partitions, message loss, delay and reordering, and with "
-        "--failovers controller failovers), with "
+        "shutdowns, network partitions, message loss, delay and reordering, and "
+        "controller failovers), with "
         "lifecycle operations interleaved (MinISR changes, reassignments, partition "
-        "additions, topic deletes, unregistrations), against the real controller step and "
+        "additions, topic deletes, unregistrations, ELR feature cycles), against the real "
+        "controller step and "
         "the brokers' replication logic in virtual time, and classify every acks=all "
         "record as present, lost and reported (an unclean recovery after it was "
         "acknowledged), lost silently, or of a topic deleted since. Exit 0 iff nothing "
@@ -133,9 +143,9 @@ def _register_faults(commands: argparse._SubParsersAction[argparse.ArgumentParse
         formatter_class=HELP_FORMAT,
     )
     faults.add_argument(
-        "--schedules", type=int, default=200, metavar="N", help="fault schedules (default 200)"
+        "--schedules", type=int_arg, default=200, metavar="N", help="fault schedules (default 200)"
     )
-    faults.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    faults.add_argument("--seed", type=long_arg, default=0, help="random seed (default 0)")
     faults.add_argument(
         "--strategy",
         choices=("balanced", "proactive", "manual"),
@@ -145,14 +155,14 @@ def _register_faults(commands: argparse._SubParsersAction[argparse.ArgumentParse
     add_rule_mode_arguments(faults)
     faults.add_argument(
         "--lossy-kills",
-        type=int,
+        type=int_arg,
         default=2,
         metavar="K",
         help="lossy kills (SIGKILL with the page cache lost) per schedule (default 2)",
     )
     faults.add_argument(
         "--lifecycle-ops",
-        type=int,
+        type=int_arg,
         default=LIFECYCLE_OPS,
         metavar="N",
         help="lifecycle operations (MinISR changes, reassignments and cancels, partition "
@@ -161,16 +171,16 @@ def _register_faults(commands: argparse._SubParsersAction[argparse.ArgumentParse
     )
     faults.add_argument(
         "--failovers",
-        type=int,
-        default=0,
+        type=int_arg,
+        default=FAILOVERS,
         metavar="N",
         help="controller failovers per schedule: the active controller dies (half of them "
         "inside a metadata transaction) and a standby takes over 0.5-3 s later from the "
-        "durable log (default 0)",
+        f"durable log (default {FAILOVERS}; 0 for none)",
     )
     faults.add_argument(
         "--work-budget",
-        type=int,
+        type=int_arg,
         default=None,
         metavar="P",
         help="the controller's work budget, partitions per event (default the "
@@ -207,7 +217,7 @@ def _register_faults(commands: argparse._SubParsersAction[argparse.ArgumentParse
     )
     faults.add_argument(
         "--shrink-max",
-        type=int,
+        type=int_arg,
         default=3,
         metavar="M",
         help="failing schedules to shrink and save (default 3)",

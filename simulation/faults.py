@@ -4,7 +4,9 @@ and the real replication logic, with an oracle of every acknowledged record.
 `run_faults` generates `schedules` schedules from one seed (`faults_schedule.generate`),
 runs each in a `faults_sim.FaultSim` and sums what they found into a `FaultsSummary`:
 acknowledged records, and of those the ones lost and reported (an unclean recovery, or a
-classic unclean election, committed after the acknowledgement), the ones lost silently
+classic unclean election, committed after the acknowledgement), in an ELR mode the ones
+a leader elected under the classic rules of a feature cycle's downgrade window may have
+overwritten (the classic rules' documented loss, counted apart), the ones lost silently
 (no such report: a broken durability guarantee) and the ones of topics deleted since
 (not checked), the partition-seconds spent without a leader, the unclean recoveries,
 the lifecycle operations interleaved with the faults (config changes, reassignments,
@@ -93,6 +95,7 @@ class FaultsSummary(msgspec.Struct, kw_only=True):
     present: int = 0
     lost_reported: int = 0
     lost_silent: int = 0
+    lost_classic: int = 0  # ELR modes: lost under a feature cycle's classic window
     unreadable: int = 0
     deleted: int = 0
     unavailable_partition_seconds: float = 0.0
@@ -112,6 +115,7 @@ class FaultsSummary(msgspec.Struct, kw_only=True):
         self.present += out.present
         self.lost_reported += out.lost_reported
         self.lost_silent += out.lost_silent
+        self.lost_classic += out.lost_classic
         self.unreadable += out.unreadable
         self.deleted += out.deleted
         for what, n in out.lifecycle.items():
@@ -146,6 +150,10 @@ class FaultsSummary(msgspec.Struct, kw_only=True):
             f"  lost, reported: {self.lost_reported}",
             f"  lost silently: {self.lost_silent}",
         ]
+        if self.lost_classic:
+            out.append(
+                f"  lost under the classic rules (a downgrade's window): {self.lost_classic}"
+            )
         if self.unreadable:
             out.append(f"  unreadable (no leader at the end): {self.unreadable}")
         if self.deleted:

@@ -41,9 +41,11 @@ OpKind = Literal[
     "add_partitions",
     "delete_topic",
     "unregister",
+    "elr_feature_cycle",
 ]
 
 LIFECYCLE_OPS: Final = 4  # lifecycle ops per generated schedule (--lifecycle-ops)
+FAILOVERS: Final = 1  # controller failovers per generated schedule (--failovers)
 ARM_MS: Final = 5_000  # a mid-transaction failover waits this long for a transaction
 
 REPLAY_FORMAT: Final = "metactl-faults-schedule"
@@ -82,7 +84,12 @@ class Op(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     - `add_partitions`: grow the topic by `value` partitions;
     - `delete_topic`: delete the topic, and create it again `for_ms` later (new id,
       producers carry on against it);
-    - `unregister`: unregister `broker` (refused unless it is fenced then)."""
+    - `unregister`: unregister `broker` (refused unless it is fenced then);
+    - `elr_feature_cycle`: switch eligible.leader.replicas.version to the other level
+      (a downgrade to 0 where the ELR is on, an upgrade to 1 where it is off), and back
+      `for_ms` later, so that the run ends under the mode's own rules. The window under
+      the other rules is where an upgrade meets what the classic rules left behind (an
+      ISR kept with a fenced last member)."""
 
     at_ms: int
     kind: OpKind
@@ -158,7 +165,7 @@ def schedule_seed(seed: int, index: int) -> int:
 
 
 def generate(
-    seed: int, lossy_kills: int = 2, lifecycle_ops: int = LIFECYCLE_OPS, failovers: int = 0
+    seed: int, lossy_kills: int = 2, lifecycle_ops: int = LIFECYCLE_OPS, failovers: int = FAILOVERS
 ) -> Schedule:
     """A random schedule: 3-4 brokers, 1-2 partitions (RF 3, MinISR 2), `lossy_kills`
     lossy kills and 2-5 other faults in a 30 s window, `lifecycle_ops` lifecycle
@@ -288,6 +295,7 @@ def generate_ops(
         *("add_partitions",) * 2,
         "delete_topic",
         *("unregister",) * 2,
+        *("elr_feature_cycle",) * 2,
     ]
     ops: list[Op] = []
     for _ in range(count):
@@ -316,6 +324,8 @@ def generate_ops(
             ops.append(Op(at_ms=at, kind="add_partitions", value=1))
         elif kind == "delete_topic":
             ops.append(Op(at_ms=at, kind="delete_topic", for_ms=rnd.randint(0, 3_000)))
+        elif kind == "elr_feature_cycle":
+            ops.append(Op(at_ms=at, kind=kind, for_ms=rnd.randint(1_000, 15_000)))
         else:
             kills = [f for f in faults if f.kind in ("kill", "lossy_kill")]
             if kills:

@@ -20,7 +20,8 @@
   send it (AlterConfigs of the topic or the cluster default, AlterPartitionReassignments
   to start or cancel, CreatePartitions, DeleteTopic and the CreateTopic that re-creates
   the topic, with a fresh random id, `for_ms` later, retried until the controller
-  accepts it, and UnregisterBroker). Nothing else helps them along: a reassignment
+  accepts it, UnregisterBroker, and an UpdateFeature of eligible.leader.replicas.version
+  to the other level and back). Nothing else helps them along: a reassignment
   completes only when the simulated leader's own ISR expansion (AlterPartition, once
   the new replica has copied the log and caught up) makes the target a subset of the
   ISR. Refusals are counted, not failures (an op may name what is gone by then);
@@ -37,7 +38,10 @@
   lost and every broker restarts; after `heal_ms` the operator elects the best log of
   any partition still without a leader (always needed with the manual strategy); after
   `settle_ms` `_outcome` classifies each acknowledged record against the final leader's
-  log: present, lost and reported, or lost silently; a record of a topic id that no
+  log: present, lost and reported, lost under the classic rules (in an ELR mode, a
+  record a leader elected while a feature cycle had the classic rules on may have
+  overwritten: the classic rules' own loss, which a downgrade accepts), or lost
+  silently; a record of a topic id that no
   longer exists (deleted, whether or not its name was created again) is counted as
   deleted, not checked: deleting a topic is not losing its records.
 
@@ -52,7 +56,7 @@ import heapq
 import random
 import uuid
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import msgspec
 
@@ -70,9 +74,11 @@ from metadata_image.image import ClusterImage, TopicPartition
 from metadata_image.transactions import LogReplay, replay_log
 from metadata_log.records import (
     BROKER_RESOURCE,
+    ELR_FEATURE,
     MIN_ISR_CONFIG,
     NO_LEADER,
     TOPIC_RESOURCE,
+    FeatureLevelRecord,
     MetadataRecord,
     PartitionChangeRecord,
     UncleanRecoveryRecord,
@@ -95,6 +101,7 @@ from protocol.messages import (
     ReplicaLogInfo,
     UnfenceBroker,
     UnregisterBroker,
+    UpdateFeature,
 )
 from simulation.faults_cluster import (
     CONTROLLER,
@@ -132,6 +139,9 @@ class Outcome(msgspec.Struct, kw_only=True):
     present: int = 0
     lost_reported: int = 0
     lost_silent: int = 0
+    # ELR modes: lost where a leader elected under the classic rules (a feature cycle's
+    # downgrade window) may have overwritten it: the classic rules' documented loss.
+    lost_classic: int = 0
     unreadable: int = 0  # acknowledged records of partitions without a leader at the end
     deleted: int = 0  # acknowledged records of a topic id deleted since (not checked)
     unavailable_partition_ms: int = 0
@@ -176,6 +186,9 @@ class FaultSim(Cluster):
         self.deadlines: set[int] = set()
         # Potential-data-loss reports by (topic id, partition): event sequence numbers.
         self.reports: dict[tuple[str, int], list[int]] = {}
+        # Elections under the classic rules by (topic id, partition): event sequence
+        # numbers (only the ELR modes' feature cycles make any there).
+        self.classic_elections: dict[tuple[str, int], list[int]] = {}
         # Topic ids: random (as the driver draws them), from a stream of their own so that
         # the rest of the run does not depend on how many topics are created.
         self.ids = random.Random(f"metactl-faults-ids:{schedule.seed}")
@@ -260,7 +273,21 @@ class FaultSim(Cluster):
                 self.reports.setdefault((t.topic_id, tp[1]), []).append(self.seq)
 
         recovered: TopicPartition | None = None
+        elr = before.elr_enabled(self.config.eligible_leader_replicas)
         for r in records:
+            if isinstance(r, FeatureLevelRecord) and r.name == ELR_FEATURE:
+                elr = r.level >= 1
+            if (
+                isinstance(r, PartitionChangeRecord)
+                and r.leader is not None
+                and not elr
+                and self.mode.eligible_leader_replicas
+            ):
+                t = before.topics.get(r.topic) or after.topics.get(r.topic)
+                if t is not None:
+                    self.classic_elections.setdefault((t.topic_id, r.partition), []).append(
+                        self.seq
+                    )
             if isinstance(r, UncleanRecoveryRecord):
                 recovered = (r.topic, r.partition)
                 self.out.unclean_recoveries += 1
@@ -514,6 +541,9 @@ class FaultSim(Cluster):
             event = CreatePartitions(topic=TOPIC, count=count)
         elif op.kind == "delete_topic":
             event = DeleteTopic(name=TOPIC)
+        elif op.kind == "elr_feature_cycle":
+            self._feature_cycle(op.for_ms or 0)
+            return
         else:
             assert op.broker is not None
             event = UnregisterBroker(broker_id=op.broker)
@@ -532,6 +562,29 @@ class FaultSim(Cluster):
                 self._count("reassignment completed at once")
         if op.kind == "delete_topic" and not refused:
             self.at(self.now + (op.for_ms or 0), self._recreate)
+
+    def _feature_cycle(self, for_ms: int) -> None:
+        """eligible.leader.replicas.version to the other level now, and back `for_ms`
+        later (retried until the controller takes it), so the run ends on the mode's
+        level."""
+        elr = self.core.image.elr_enabled(self.config.eligible_leader_replicas)
+        if self._set_elr(0 if elr else 1):
+            self.at(self.now + for_ms, self._restore_elr)
+
+    def _set_elr(self, level: int) -> bool:
+        kind: Literal["upgrade", "downgrade"] = "downgrade" if level == 0 else "upgrade"
+        response = self._step(UpdateFeature(name=ELR_FEATURE, level=level, upgrade_type=kind))
+        refused = isinstance(response, MetactlError)
+        self._count(f"elr {kind} refused" if refused else f"elr {kind}")
+        return not refused
+
+    def _restore_elr(self, _: None) -> None:
+        """Back to the mode's own level; retried while no controller is active."""
+        level = 1 if self.mode.eligible_leader_replicas else 0
+        if self.core.image.elr_enabled(self.config.eligible_leader_replicas) == bool(level):
+            return
+        if not self.ctl_up or not self._set_elr(level):
+            self.at(self.now + RETRY_MS, self._restore_elr)
 
     def _recreate(self, _: None) -> None:
         """Create the deleted topic again (a new random id); retried until accepted."""
@@ -705,6 +758,9 @@ class FaultSim(Cluster):
             out.present += end - start - len(missing)
             if any(r > seq for r in self.reports.get((topic_id, tp[1]), ())):
                 out.lost_reported += len(missing)
+                continue
+            if any(r > seq for r in self.classic_elections.get((topic_id, tp[1]), ())):
+                out.lost_classic += len(missing)
                 continue
             out.lost_silent += len(missing)
             for offset in missing[: 5 - len(out.silent_examples)]:

@@ -261,16 +261,40 @@ def _op_changes(
         if op is BrokerOp.UNFENCE:
             if p.leader != NO_LEADER or (broker_id not in p.elr and broker_id not in p.isr):
                 continue
-            change = build_change(image, p, reason=reason, broker=broker_id, elr_enabled=elr)
+            if elr and broker_id in p.isr and not image.brokers[broker_id].last_registration_clean:
+                # An ISR the classic rules left it in, and an unclean registration under
+                # them, before an upgrade: with the ELR on it is no clean leader. Unclean
+                # Exclusion applies now, as at a registration under KIP-966's rules (an
+                # unclean registration with the ELR on leaves no ISR membership behind,
+                # and a fenced broker cannot rejoin one, so nothing else reaches here).
+                change = build_change(
+                    image,
+                    p,
+                    reason=ChangeReason.UNCLEAN_REGISTRATION,
+                    target_isr=p.isr - {broker_id},
+                    unclean_excluded=frozenset((broker_id,)),
+                    broker=broker_id,
+                )
+            else:
+                change = build_change(image, p, reason=reason, broker=broker_id, elr_enabled=elr)
         else:  # UNCLEAN_REGISTRATION
-            if broker_id not in p.elr:
+            # KIP-966's Unclean Exclusion (Kafka since KAFKA-18106): with the ELR on, the
+            # broker leaves every ISR and ELR it is in, whatever put it there (an ISR the
+            # classic rules left it in before an upgrade, or before an unregistration);
+            # where rule 1 would have kept it (the ISR falls below MinISR) it goes to the
+            # LastKnownELR, and the partition waits for a recovery. With the ELR off the
+            # classic rules stand: the last ISR member stays, and is elected again.
+            in_isr = elr and broker_id in p.isr
+            if broker_id not in p.elr and not in_isr:
                 continue
             change = build_change(
                 image,
                 p,
                 reason=reason,
+                target_isr=p.isr - {broker_id} if in_isr else None,
                 unclean_excluded=frozenset((broker_id,)),
                 broker=broker_id,
+                elr_enabled=elr,
             )
         if change is not None:
             out.append(change)

@@ -47,9 +47,11 @@ from metactl.errors import (
     PreferredLeaderNotAvailableError,
     UnknownTopicOrPartitionError,
 )
+from metactl.numbers import parse_int
 from metadata_image.image import ClusterImage
 from metadata_log.records import (
     BROKER_RESOURCE,
+    CLEAR_ELR_EPOCH_VERSION,
     ELR_FEATURE,
     MIN_ISR_CONFIG,
     TOPIC_RESOURCE,
@@ -118,12 +120,9 @@ def bootstrap(image: ClusterImage, config: ControllerConfig) -> HandlerResult:
 
 
 def _min_isr_value(text: str) -> int:
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise InvalidConfigurationError(
-            f"{MIN_ISR_CONFIG} must be an integer, got {text[:64]!r}"
-        ) from None
+    """The config's value as Kafka parses an INT config: an optional sign and the digits
+    0-9, trimmed, within Java's int (`metactl.numbers`); INVALID_CONFIG otherwise."""
+    value = parse_int(text, MIN_ISR_CONFIG)
     validation.check_min_isr(value)
     return value
 
@@ -159,14 +158,34 @@ def alter_configs(
         t = image.topics.get(req.resource_name)
         if t is None:
             raise UnknownTopicOrPartitionError(f"unknown topic {req.resource_name}")
+        if t.min_isr == (None if value is None else int(value)):
+            # Kafka writes a ConfigRecord only when the value changes, and the ELR clear
+            # follows from the records written: setting the current value, or deleting a
+            # value never set, writes nothing and keeps the ELR (it may hold the one
+            # replica that has all the data). The cluster default is the exception.
+            return HandlerResult(
+                [],
+                AlterConfigsResponse(
+                    resource_type=req.resource_type,
+                    resource_name=req.resource_name,
+                    cleared_topics=0,
+                ),
+            )
         cluster = image.cluster_min_isr(default)
         topics: tuple[tuple[str, int, int | None], ...] = (
             (t.name, t.partitions, int(value) if value is not None else cluster),
         )
     else:
         if req.resource_name != "":
-            raise InvalidRequestError(
-                f"broker-level {MIN_ISR_CONFIG} is not allowed: set the cluster default "
+            # Kafka refuses it with INVALID_CONFIG while the ELR is on; metactl keeps no
+            # broker-level configs at either level (a difference, docs/lifecycle.md).
+            why = (
+                "is not allowed while eligible leader replicas are on"
+                if image.elr_enabled(config.eligible_leader_replicas)
+                else "is not kept by metactl (it keeps topic values and the cluster default)"
+            )
+            raise InvalidConfigurationError(
+                f"broker-level {MIN_ISR_CONFIG} {why}: set the cluster default "
                 "(--entity-type brokers --entity-default)"
             )
         if value is None:
@@ -250,6 +269,7 @@ def clear_elr_slice(s: ClearElrSlice, budget: int | None) -> HandlerResult:
         end = min(partitions, start + left)
         records.append(
             ClearElrRecord(
+                v=CLEAR_ELR_EPOCH_VERSION,
                 topic=name,
                 min_isr=min_isr,
                 first=start,
@@ -409,16 +429,23 @@ def reassign(
     removing = tuple(b for b in original if b not in target)
     full = target + removing
     elr_on = image.elr_enabled(config.eligible_leader_replicas)
-    # Under the classic rules an ISR never empties: a move (or cancel) that would take
-    # every ISR member out of the assignment now (replicas being added that are the only
-    # ones in sync) is refused; bring a replica of the new assignment into the ISR first.
-    # (Kafka resets such an ISR to the original replicas and calls the revert unclean;
-    # refusing loses nothing.)
+    # A move (or cancel) may not take every replica that may hold the acknowledged
+    # records out of the assignment: every ISR member, or with the ISR empty every ELR
+    # member, or with both empty every LastKnownELR member (the recovery candidates).
+    # Say replicas being added caught up and are the only ones in sync: a cancel would
+    # drop them. Refused in both modes; bring a replica of the new assignment in sync
+    # first, or elect (an unclean election is an operator's explicit choice). Kafka
+    # refuses an unclean revert too (docs/lifecycle.md).
     leaving = frozenset(p.replicas) - frozenset(full)
-    if not elr_on and p.isr and not frozenset(target) <= p.isr and p.isr <= leaving:
+    holders, which = next(
+        ((s, name) for s, name in ((p.isr, "ISR"), (p.elr, "ELR")) if s),
+        (p.last_known_elr, "LastKnownELR"),
+    )
+    if holders and not frozenset(target) <= p.isr and holders <= leaving:
         raise InvalidReplicaAssignmentError(
-            f"{r.topic}-{r.partition}: under the classic rules every ISR member "
-            f"({sorted(p.isr)}) would leave the assignment; the ISR cannot empty"
+            f"{r.topic}-{r.partition}: every {which} member ({sorted(holders)}) would leave "
+            "the assignment, and with it the only replicas known to hold every "
+            "acknowledged record"
         )
     change = move_replicas(
         image,

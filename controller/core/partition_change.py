@@ -84,8 +84,11 @@ def build_change(
     """The change that moves `p` to `target_isr` (default: unchanged) and a valid leader.
 
     `unclean_excluded` names brokers that just registered uncleanly: they leave the ELR
-    for the LastKnownELR (Unclean Exclusion). `recovered` marks the end of a leader's
-    recovery after an unclean election.
+    for the LastKnownELR (Unclean Exclusion), and a caller that also takes them out of the
+    ISR (`target_isr`) gets the same: where rule 1 would keep a leaving ISR member in the
+    ELR (the ISR falls below MinISR), it goes to the LastKnownELR instead, and it is never
+    a leader. `recovered` marks the end of a leader's recovery after an unclean
+    election.
 
     `elect` names a leader the caller has already chosen and validated: with
     `ElectionKind.PREFERRED` it moves leadership within the ISR (rule 8); with
@@ -109,10 +112,12 @@ def build_change(
                 isr = old_isr
             elr, lkelr = EMPTY, EMPTY
         else:
-            elr, lkelr = p.elr, p.last_known_elr
+            elr, lkelr = next_elr(old_isr, isr, p.elr, p.last_known_elr, p.min_isr)
             if unclean_excluded:
+                # Unclean Exclusion, applied after rule 1 so that it covers an ISR member
+                # leaving here too (one the classic rules left in the ISR before an
+                # upgrade): what rule 1 would keep in the ELR goes to the LastKnownELR.
                 elr, lkelr = elr - unclean_excluded, lkelr | (elr & unclean_excluded)
-            elr, lkelr = next_elr(old_isr, isr, elr, lkelr, p.min_isr)
         if elect is not None:
             leader, kind = elect
         else:
@@ -120,7 +125,7 @@ def build_change(
         if kind is ElectionKind.ELR:
             # Case B: the elected ELR member moves to the ISR; rule 1 runs on the final ISR.
             isr = frozenset((leader,))
-            elr, lkelr = next_elr(old_isr, isr, elr, lkelr, p.min_isr)
+            elr, lkelr = next_elr(old_isr - unclean_excluded, isr, elr, lkelr, p.min_isr)
         if recovered and p.recovery_state is LeaderRecoveryState.RECOVERING:
             recovery_state = LeaderRecoveryState.RECOVERED
 
@@ -297,12 +302,19 @@ def _restamped(
     leader = v.leader if change is None or change.leader is None else change.leader
     changed = leader != p.leader
     moved = replicas is not None
+    # Kafka's PartitionChangeBuilder bumps the leader epoch whenever the new replicas do
+    # not hold all the old ones (a reassignment completed or cancelled), even where the
+    # leader stays, so that the removed replicas are fenced off the partition. Not where
+    # there is no leader (a difference from Kafka, docs/lifecycle.md): nobody serves a
+    # fetch to fence, the next election bumps it anyway, and a leaderless partition's
+    # epoch names its outage (the recovery tracker's offline note).
+    shrunk = moved and leader != NO_LEADER and not frozenset(v.replicas) >= frozenset(p.replicas)
     return PartitionChangeRecord(
         topic=p.topic,
         partition=p.partition,
         reason=reason,
         partition_epoch=p.partition_epoch + 1,
-        leader_epoch=p.leader_epoch + 1 if changed else p.leader_epoch,
+        leader_epoch=p.leader_epoch + 1 if changed or shrunk else p.leader_epoch,
         election=(
             change.election if change is not None and changed and leader != NO_LEADER else None
         ),

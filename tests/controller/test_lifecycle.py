@@ -151,7 +151,7 @@ class TestConfigs:
         ("request_", "code"),
         [
             (cfg("broker", "", delete=True), "INVALID_CONFIG"),  # the default stays
-            (cfg("broker", "1", "2"), "INVALID_REQUEST"),  # no broker-level value
+            (cfg("broker", "1", "2"), "INVALID_CONFIG"),  # no broker-level value (as Kafka)
             (cfg("topic", "nope", "2"), "UNKNOWN_TOPIC_OR_PARTITION"),
             (cfg("topic", "t", "two"), "INVALID_CONFIG"),
             (cfg("topic", "t", "0"), "INVALID_CONFIG"),
@@ -836,3 +836,200 @@ def test_a_feature_change_queues_every_leaderless_partition() -> None:
     assert ("t", 0) in c.image.offline
     image, delta = apply(c.image, [FeatureLevelRecord(name=ELR_FEATURE, level=0)])
     assert touched(image, delta) == frozenset({("t", 0)})
+
+
+# --- issue 30: Kafka's exact rules, and no silent loss across an ELR upgrade ------------
+
+
+def classic_last_member() -> Cluster:
+    """t-0 on [1, 2], MinISR 2, under the classic rules: 2 fenced, then 1, the last ISR
+    member, which the classic rules keep in the ISR (no leader)."""
+    c = Cluster(ControllerConfig(eligible_leader_replicas=False))
+    c.start(1, 2)
+    c.create("t", assignments=[[1, 2]], min_isr=2)
+    c.fence(2)
+    c.fence(1)
+    assert c.view() == (-1, [1], [], [])
+    return c
+
+
+class TestUncleanRegistrationAcrossLevels:
+    def test_an_unclean_restart_after_the_upgrade_leaves_the_isr_for_the_lkelr(self) -> None:
+        """Item 1: the classic last member, uncleanly restarted after the upgrade, is no
+        clean ISR leader: it goes to the LastKnownELR and a recovery elects it, reported.
+        (Before: a clean ISR election, no UncleanRecoveryRecord: a silent loss.)"""
+        c = classic_last_member()
+        c.submit(UpdateFeature(name=ELR_FEATURE, level=1))
+        r = c.register(1)
+        assert not r.clean
+        assert c.view() == (-1, [], [], [1])
+        change = c.last.records[-1]
+        assert isinstance(change, PartitionChangeRecord)
+        assert change.reason == ChangeReason.UNCLEAN_REGISTRATION
+        result = c.unfence(1)
+        assert c.view() == (-1, [], [], [1])  # no clean election from the ISR
+        assert not any(isinstance(r, PartitionChangeRecord) for r in result.records)
+        c.answer(1, 0, 10)  # balanced asks the LastKnownELR's log
+        assert c.view() == (1, [1], [], [])
+        assert c.p().recovery_state.value == 1  # RECOVERING: a potential data-loss event
+        recoveries = [r for r in c.last.records if isinstance(r, UncleanRecoveryRecord)]
+        assert [(r.chosen, r.potential_data_loss) for r in recoveries] == [(1, True)]
+        consistent(c)
+
+    def test_classic_rules_still_elect_the_last_member_again(self) -> None:
+        """At level 0 the classic rules stand (the documented silent-loss path)."""
+        c = classic_last_member()
+        c.register(1)
+        assert c.view() == (-1, [1], [], [])
+        c.unfence(1)
+        assert c.view() == (1, [1], [], [])
+        assert c.p().recovery_state.value == 0
+
+    def test_registered_uncleanly_before_the_upgrade_unfenced_after_it(self) -> None:
+        c = classic_last_member()
+        c.register(1)  # classic: stays in the ISR
+        c.submit(UpdateFeature(name=ELR_FEATURE, level=1))
+        assert c.view() == (-1, [1], [], [])
+        c.unfence(1)
+        changes = [r for r in c.last.records if isinstance(r, PartitionChangeRecord)]
+        assert changes[0].reason == ChangeReason.UNCLEAN_REGISTRATION
+        assert (changes[0].isr, changes[0].last_known_elr) == ([], [1])
+        assert c.view() == (-1, [], [], [1])  # never a clean election
+        c.answer(1, 0, 10)
+        assert c.view() == (1, [1], [], [])
+        assert c.p().recovery_state.value == 1  # recovered, reported
+        consistent(c)
+
+    def test_a_clean_registration_after_the_upgrade_is_elected_cleanly(self) -> None:
+        c = classic_last_member()
+        c.submit(UpdateFeature(name=ELR_FEATURE, level=1))
+        c.restart(1, clean=True)
+        assert c.view() == (1, [1], [], [])
+        assert c.p().recovery_state.value == 0
+
+    def test_re_registration_after_an_unregistration_under_the_classic_rules(self) -> None:
+        c = classic_last_member()
+        c.submit(UnregisterBroker(broker_id=1))
+        assert c.view() == (-1, [1], [], [])  # classic: the last member stays
+        c.submit(UpdateFeature(name=ELR_FEATURE, level=1))
+        assert not c.register(1).clean  # a new registration of a broker hosting replicas
+        assert c.view() == (-1, [], [], [1])
+
+    def test_a_downgrade_puts_nobody_into_an_isr(self) -> None:
+        c = Cluster()
+        c.start(1, 2)
+        c.create("t", assignments=[[1, 2]], min_isr=2)
+        c.fence(2)
+        c.fence(1)
+        assert c.view() == (-1, [], [1, 2], [])
+        c.submit(UpdateFeature(name=ELR_FEATURE, level=0, upgrade_type="downgrade"))
+        assert c.view() == (-1, [], [], [])
+        c.restart(1, clean=False)
+        assert c.view() == (-1, [], [], [])  # classic: elected from the ISR only
+
+    def test_an_isr_member_above_min_isr_just_leaves(self) -> None:
+        """With other members enough for MinISR, the unclean registrant leaves the ISR and
+        goes nowhere (rule 1 keeps no ELR at or above MinISR)."""
+        c = Cluster(ControllerConfig(eligible_leader_replicas=False))
+        c.start(1, 2, 3)
+        c.create("t", assignments=[[1, 2, 3]], min_isr=1)
+        c.fence(2)
+        c.fence(3)
+        c.fence(1)
+        assert c.view() == (-1, [1], [], [])
+        c.submit(UpdateFeature(name=ELR_FEATURE, level=1))
+        c.register(1)
+        assert c.view() == (-1, [], [], [1])  # below MinISR 1: to the LastKnownELR
+
+
+class TestKafkasConfigRules:
+    def test_a_topic_value_set_to_itself_writes_nothing_and_keeps_the_elr(self) -> None:
+        """Item 2."""
+        c = with_elr()
+        before = c.p().partition_epoch
+        r = c.submit(cfg("topic", "t", "2"))
+        assert r.records == []
+        assert r.response == AlterConfigsResponse(
+            resource_type="topic", resource_name="t", cleared_topics=0
+        )
+        assert c.view() == (1, [1], [2], []) and c.p().partition_epoch == before
+
+    def test_deleting_a_value_never_set_writes_nothing(self) -> None:
+        c = Cluster()
+        c.start(1, 2, 3)
+        c.create("t", assignments=[[1, 2, 3]])  # follows the default
+        c.fence(3)
+        c.submit(cfg("broker", "", "3"))
+        c.fence(2)
+        assert c.view() == (1, [1], [2], [])
+        assert c.submit(cfg("topic", "t", delete=True)).records == []
+        assert c.view() == (1, [1], [2], [])
+
+    def test_the_cluster_default_to_itself_still_clears(self) -> None:
+        c = with_elr()
+        c.submit(Bootstrap())
+        r = c.submit(cfg("broker", "", c.image.cluster_configs[MIN_ISR_CONFIG]))
+        assert any(isinstance(x, ClearElrRecord) for x in r.records)
+        assert c.view() == (1, [1], [], [])
+
+    def test_only_cleared_partitions_get_a_new_epoch(self) -> None:
+        """Item 4: t-0 has an ELR, t-1 not; lowering MinISR bumps t-0 only, and t-1's
+        leader's AlterPartition at the epoch it knew is accepted."""
+        c = Cluster()
+        c.start(1, 2, 3, 4)
+        c.create("t", assignments=[[1, 2, 3], [2, 3, 4]], min_isr=3)
+        c.fence(1)
+        e0, e1 = c.p("t", 0).partition_epoch, c.p("t", 1).partition_epoch
+        c.submit(cfg("topic", "t", "2"))
+        assert c.p("t", 0).partition_epoch == e0 + 1
+        assert (c.p("t", 1).partition_epoch, c.p("t", 1).min_isr) == (e1, 2)
+        clears = [r for r in c.log if isinstance(r, ClearElrRecord)]
+        assert clears and all(r.v == 3 for r in clears)
+        c.alter([2, 3], topic="t", partition=1)
+        assert c.view("t", 1)[1] == [2, 3]
+        consistent(c)
+
+    def test_an_old_clear_record_replays_as_written(self) -> None:
+        """A version-1 ClearElrRecord (a log from before) bumps every changed partition."""
+        c = Cluster()
+        c.start(1, 2, 3)
+        c.create("t", assignments=[[1, 2, 3]], min_isr=3)
+        before = c.p().partition_epoch
+        old = replay(c.image, [ClearElrRecord(topic="t", min_isr=2)])
+        new = replay(c.image, [ClearElrRecord(v=3, topic="t", min_isr=2)])
+        assert old.partitions[("t", 0)].partition_epoch == before + 1
+        assert new.partitions[("t", 0)].partition_epoch == before
+        assert old.partitions[("t", 0)].min_isr == new.partitions[("t", 0)].min_isr == 2
+
+
+class TestReassignmentEpochs:
+    def test_completion_and_cancel_bump_the_leader_epoch_where_the_leader_stays(self) -> None:
+        """Item 3."""
+        c = Cluster()
+        c.start(1, 2, 3, 4, 5)
+        c.create("t", assignments=[[1, 2, 3], [1, 2, 3]], min_isr=2)
+        assert reassign(c, ("t", 0, [1, 2, 4])) == [None]
+        assert (c.p().leader, c.p().leader_epoch) == (1, 0)  # growing: no bump
+        c.alter([1, 2, 3, 4])  # completes: 3 leaves
+        assert (c.p().replicas, c.p().leader, c.p().leader_epoch) == ((1, 2, 4), 1, 1)
+        assert reassign(c, ("t", 1, [1, 2, 5])) == [None]
+        assert reassign(c, ("t", 1, None)) == [None]
+        assert (c.p("t", 1).replicas, c.p("t", 1).leader, c.p("t", 1).leader_epoch) == (
+            (1, 2, 3),
+            1,
+            1,
+        )
+        consistent(c)
+
+    def test_a_cancel_that_would_strand_the_data_is_refused(self) -> None:
+        c = Cluster()
+        c.start(1, 2, 3, 4)
+        c.create("t", assignments=[[1, 2]], min_isr=1)
+        reassign(c, ("t", 0, [3, 4]))
+        c.alter([1, 2, 3])
+        c.fence(1)
+        c.fence(2)
+        assert c.view() == (3, [3], [], [])
+        assert reassign(c, ("t", 0, None)) == ["INVALID_REPLICA_ASSIGNMENT"]
+        assert reassign(c, ("t", 0, [1, 4])) == ["INVALID_REPLICA_ASSIGNMENT"]
+        assert c.view() == (3, [3], [], [])

@@ -251,6 +251,10 @@ class Model:
         self.offline_since: dict[TopicPartition, int] = {}
         # Invariant bookkeeping.
         self.tainted: dict[TopicPartition, set[int]] = {}
+        # The tainted brokers that registered uncleanly while KIP-966's rules applied:
+        # Unclean Exclusion holds for them even where the partition's state was made
+        # under the classic rules (`legacy`), such as an ISR they were left in.
+        self.excluded: dict[TopicPartition, set[int]] = {}
         self.reached_min: dict[TopicPartition, bool] = {}
         # Replicas an AlterPartition named in the ISR (or an operator elected) since they
         # joined the assignment: only these may be in the ISR, ELR or LastKnownELR while
@@ -296,13 +300,20 @@ class Model:
         p = MPartition(topic, i, tuple(a), min(configured, len(a)), isr, leader)
         self.parts[p.tp] = p
         self.tainted[p.tp] = set()
+        self.excluded[p.tp] = set()
         self.reached_min[p.tp] = False
         self.vouched[p.tp] = set()
         self.note_isr(p)
 
     def drop_topic(self, name: str) -> None:
         for p in self.of_topic(name):
-            for book in (self.parts, self.pending, self.offline_since, self.tainted):
+            for book in (
+                self.parts,
+                self.pending,
+                self.offline_since,
+                self.tainted,
+                self.excluded,
+            ):
                 book.pop(p.tp, None)
             self.reached_min.pop(p.tp, None)
             self.vouched.pop(p.tp, None)
@@ -333,7 +344,10 @@ class Model:
         def rule1(n: frozenset[int]) -> tuple[frozenset[int], frozenset[int]]:
             if len(n) >= p.min_isr:
                 return EMPTY, EMPTY
-            return frozenset((elr | (old - n)) - n - leaving), frozenset(lkelr - n)
+            # Those leaving the ISR join the ELR, but one that registered uncleanly goes
+            # to the LastKnownELR instead (Unclean Exclusion, whatever put it in the ISR).
+            joined = (elr | (old - n)) - n - leaving
+            return frozenset(joined - excluded), frozenset((lkelr | (joined & excluded)) - n)
 
         isr = new_isr
         new_elr, new_lkelr = rule1(isr)
@@ -407,6 +421,7 @@ class Model:
         p.pe += 1
         self.reached_min[p.tp] = len(p.isr) >= p.min_isr  # a new history starts
         self.tainted[p.tp].discard(chosen)
+        self.excluded[p.tp].discard(chosen)
         self.offline_since.pop(p.tp, None)  # the outage ends: a later loss starts a new one
 
     def fence_changes(self, b: int) -> int:
@@ -464,9 +479,9 @@ class Model:
         min.insync.replicas change), the effective MinISR becomes it capped at the target
         replication factor. The completeness history restarts (MinISR Recovery Quorum)."""
         min_isr = p.min_isr if configured is None else min(configured, len(p.target))
-        if p.elr or p.lkelr or min_isr != p.min_isr:
-            p.elr, p.lkelr, p.min_isr = EMPTY, EMPTY, min_isr
+        if p.elr or p.lkelr:  # Kafka: only a partition whose ELR or LastKnownELR goes
             p.pe += 1
+        p.elr, p.lkelr, p.min_isr = EMPTY, EMPTY, min_isr
         self.reached_min[p.tp] = len(p.isr) >= p.min_isr
 
     def switch_mode(self) -> None:
@@ -501,22 +516,28 @@ class Model:
         )
         # A lower MinISR keeps what a higher one guaranteed; a higher one starts afresh.
         kept = self.reached_min[p.tp] and min_isr <= p.min_isr
+        leader = p.leader
         p.replicas, p.adding, p.removing, p.min_isr = replicas, adding, removing, min_isr
         self.reached_min[p.tp] = kept
         changed = self.change(p, p.isr - leaving, leaving=leaving, force=moved)
+        if changed and leaving and p.leader == leader != NO_LEADER:
+            p.le += 1  # Kafka: the replicas lost a member, so the leader epoch moves too
         if voided:  # MinISR Recovery Quorum: the history restarts without them
             self.reached_min[p.tp] = False
         self.note_isr(p)
         self.vouched[p.tp] &= set(replicas)
         self.tainted[p.tp] &= set(replicas)
+        self.excluded[p.tp] &= set(replicas)
         return changed
 
     def strands_isr(self, topic: str, number: int, target: list[int] | None) -> bool:
-        """Whether reassigning the partition to `target` (None: cancelling) under the
-        classic rules takes every ISR member out of the assignment (refused: the classic
-        ISR never empties)."""
+        """Whether reassigning the partition to `target` (None: cancelling) takes every
+        replica that may hold its acknowledged records out of the assignment: every ISR
+        member, or with the ISR empty every ELR member, or with both empty every
+        LastKnownELR member (refused, in both modes)."""
         p = self.parts.get((topic, number))
-        if not self.classic or p is None or not p.isr:
+        holders = p.isr or p.elr or p.lkelr if p is not None else EMPTY
+        if p is None or not holders:
             return False
         if target is None:
             leaving = frozenset(p.adding)
@@ -524,7 +545,7 @@ class Model:
             return False
         else:
             leaving = frozenset(p.replicas) - frozenset(target) - frozenset(p.original)
-        return p.isr <= leaving
+        return holders <= leaving
 
     def unregister(self, b: int) -> None:
         """KIP-966: an unregistered broker leaves every ISR, ELR and LastKnownELR (its
@@ -633,7 +654,12 @@ class ControllerMachine(RuleBasedStateMachine):
                 assert before is not None
                 after = image.partitions[(r.topic, r.partition)]
                 assert after.partition_epoch == before.partition_epoch + 1
-                bump = 1 if after.leader != before.leader else 0
+                # Kafka's rule: the leader epoch moves with the leader, and when the
+                # replicas lose a member (a reassignment completed or cancelled).
+                shrunk = after.leader != NO_LEADER and not frozenset(after.replicas) >= frozenset(
+                    before.replicas
+                )
+                bump = 1 if after.leader != before.leader or shrunk else 0
                 assert after.leader_epoch == before.leader_epoch + bump
                 assert (r.leader is not None) == (after.leader != before.leader)
                 known = before.isr | before.elr | before.last_known_elr
@@ -763,8 +789,12 @@ class ControllerMachine(RuleBasedStateMachine):
         if not clean:
             for p in m.hosted_by(b):
                 m.tainted[p.tp].add(b)
-                if b in p.elr:
-                    m.change(p, p.isr, excluded=frozenset({b}))
+                if not m.classic:
+                    # KIP-966 (KAFKA-18106): out of every ISR and ELR, whatever put it
+                    # there (an ISR the classic rules left it in before an upgrade too).
+                    m.excluded[p.tp].add(b)
+                    if b in p.elr | p.isr:
+                        m.change(p, p.isr - {b}, excluded=frozenset({b}))
         self.after_action()
 
     @rule(b=st.sampled_from(BROKERS), clean=st.booleans(), unfence=st.booleans())
@@ -830,6 +860,13 @@ class ControllerMachine(RuleBasedStateMachine):
         else:
             m.brokers[b].fenced = False
             for p in m.hosted_by(b):
+                unclean = not m.classic and not m.brokers[b].clean
+                if m.elects_on_unfence(p, b) and unclean and b in p.isr:
+                    # A classic ISR and a classic unclean registration before the ELR
+                    # upgrade: no clean leader under KIP-966's rules (Unclean Exclusion).
+                    m.excluded[p.tp].add(b)
+                    m.change(p, p.isr - {b}, excluded=frozenset({b}))
+                    continue
                 if m.elects_on_unfence(p, b):
                     m.change(p, p.isr)
         self.after_action()
@@ -1076,6 +1113,7 @@ class ControllerMachine(RuleBasedStateMachine):
         changed = m.change(p, frozenset(target), recovered=recovered)
         for r in target:
             m.tainted[p.tp].discard(r)
+            m.excluded[p.tp].discard(r)
         m.vouched[p.tp] |= target
         if changed and (p.adding or p.removing) and frozenset(p.target) <= p.isr:
             # KIP-455: every target replica is in the ISR: the reassignment completes, in a
@@ -1281,14 +1319,19 @@ class ControllerMachine(RuleBasedStateMachine):
         elif resource_type == "topic" and name not in m.topics:
             expected = "UNKNOWN_TOPIC_OR_PARTITION"
         elif resource_type == "broker" and name != "":
-            expected = "INVALID_REQUEST"
+            expected = "INVALID_CONFIG"  # as Kafka under ELR (metactl keeps none at 0)
         elif resource_type == "broker" and op == "delete":
             expected = "INVALID_CONFIG"  # the cluster default cannot be deleted
         result = self.attempt(request, expected)
         if result is None:
             return
         new = int(value) if op == "set" else None
-        if resource_type == "topic":
+        if resource_type == "topic" and m.topics[name].min_isr == new:
+            # Kafka writes no ConfigRecord for a value that does not change, so nothing
+            # is cleared (only the cluster default clears "even to the same value").
+            assert result.records == []
+            cleared = []
+        elif resource_type == "topic":
             m.topics[name].min_isr = new
             cleared = [name]
         else:
@@ -1557,7 +1600,7 @@ class ControllerMachine(RuleBasedStateMachine):
                 code = "UNKNOWN_TOPIC_OR_PARTITION"
             elif target is None:
                 if (p.adding or p.removing) and m.strands_isr(topic, number, None):
-                    code = "INVALID_REPLICA_ASSIGNMENT"  # classic: the ISR cannot empty
+                    code = "INVALID_REPLICA_ASSIGNMENT"  # it would strand the data
                 elif p.adding or p.removing:
                     written += m.move(p, p.original, (), ())
                     note("reassignment cancelled")
@@ -1572,7 +1615,7 @@ class ControllerMachine(RuleBasedStateMachine):
             elif (tuple(target) != p.replicas or p.adding or p.removing) and m.strands_isr(
                 topic, number, target
             ):
-                code = "INVALID_REPLICA_ASSIGNMENT"  # classic: the ISR cannot empty
+                code = "INVALID_REPLICA_ASSIGNMENT"  # it would strand the data
             elif tuple(target) != p.replicas or p.adding or p.removing:
                 original = p.original
                 adding = tuple(r for r in target if r not in original)
@@ -1925,6 +1968,10 @@ class ControllerMachine(RuleBasedStateMachine):
             if kip966 and tp in m.legacy and not inactive and not tainted & (p.isr | p.elr):
                 # Made under the classic rules, now as KIP-966's rules keep it.
                 m.legacy.discard(tp)
+            if kip966:
+                # Unclean Exclusion of a registration under KIP-966's rules holds at once,
+                # whatever state the classic rules left (the ELR upgrade's silent loss).
+                assert not m.excluded[tp] & (p.isr | p.elr), (tp, m.excluded[tp], view_of(p))
             if kip966 and tp not in m.legacy:
                 # Unclean Exclusion (see the module docstring for the premise).
                 assert not tainted & (p.isr | p.elr), (tp, tainted)

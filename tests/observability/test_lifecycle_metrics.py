@@ -256,16 +256,20 @@ async def test_elr_clears_by_scope_feature_level_and_unregistrations(admin: Admi
         await a.service.controller.submit(FenceBroker(broker_id=b))
     assert one(await a.scrape(), "metactl_partitions_with_elr") == 2
 
-    # A topic's min.insync.replicas: that topic's ELR is cleared (KIP-966).
-    r = await a.conn.request(
-        AlterConfigs(
-            resource_type="topic", resource_name="t1", set_configs={"min.insync.replicas": "2"}
+    # A topic's min.insync.replicas: that topic's ELR is cleared (KIP-966). Set to the
+    # value it has (2, from the create), nothing is written and nothing cleared.
+    for value, clears, with_elr in (("2", 0, 2), ("3", 1, 1), ("3", 1, 1)):
+        r = await a.conn.request(
+            AlterConfigs(
+                resource_type="topic",
+                resource_name="t1",
+                set_configs={"min.insync.replicas": value},
+            )
         )
-    )
-    assert isinstance(r, AlterConfigsResponse)
-    s = await a.scrape()
-    assert one(s, "metactl_elr_clears_total", scope="topic") == 1
-    assert one(s, "metactl_partitions_with_elr") == 1
+        assert isinstance(r, AlterConfigsResponse)
+        s = await a.scrape()
+        assert one(s, "metactl_elr_clears_total", scope="topic") == clears
+        assert one(s, "metactl_partitions_with_elr") == with_elr
     # The cluster default, to the same value: every topic's (one operation).
     r = await a.conn.request(
         AlterConfigs(
