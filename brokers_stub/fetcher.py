@@ -14,6 +14,18 @@ A ReplicaFetch names one partition and a connection carries one request at a tim
   on the leader (`max_wait_ms` 0), one round every `fetch_interval_ms` unless a round
   changed something.
 
+A fetch names the partition's leader epoch as this broker's image shows it
+(`current_leader_epoch`), as Kafka's followers do. A leader at a newer epoch refuses it
+with FENCED_LEADER_EPOCH: the partition is then not fetched again until this broker's
+image shows another leader epoch for it (a lane whose partitions are all fenced waits
+for the next image, `ReplicaManager.until_image_moved`; nothing polls). The new image
+either names the new epoch, and fetching resumes in it, or no longer lists this broker
+among the replicas (a reassignment removed it), and the replica manager deletes the
+replica and closes its lane. A leader at an older epoch (its metadata is behind) refuses
+with UNKNOWN_LEADER_EPOCH: the partition is fetched again after the pause below, as
+Kafka's fetcher backs off, since only the leader's metadata has to move. Neither refusal
+changes the replica: it is no progress, and nothing is truncated.
+
 A lane pauses after an answer that changed nothing and came sooner than
 `fetch_interval_ms` (a refusal, or a leader that does not long-poll), and backs off while
 the leader is unreachable. Each answer that still matches the partition's leadership
@@ -32,7 +44,7 @@ import contextlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from metactl.errors import MetactlError, NetworkError
+from metactl.errors import FencedLeaderEpochError, MetactlError, NetworkError
 from metadata_image.image import TopicPartition
 from protocol.client import RpcClient
 from protocol.messages import ReplicaFetchRequest, ReplicaFetchResponse
@@ -74,6 +86,8 @@ class Fetcher:
             self.shared = FetchLane(self, rest, long_poll=False)
         else:
             self.shared.partitions = rest
+            kept = set(rest)
+            self.shared.fenced = {tp: e for tp, e in self.shared.fenced.items() if tp in kept}
 
     def close(self) -> None:
         """Cancel every lane (the replica manager awaits their tasks at stop)."""
@@ -103,6 +117,10 @@ class FetchLane:
             expect_principal=broker_principal(fetcher.leader_id) if m.config.tls else None,
         )
         self.failures = 0
+        # The partitions a leader refused with FENCED_LEADER_EPOCH, and the epoch they
+        # were fetched in: not fetched again while the image shows that epoch.
+        self.fenced: dict[TopicPartition, int] = {}
+        self.awaiting_metadata = False  # every partition is fenced: waiting for an image
         name = f"{partitions[0][0]}-{partitions[0][1]}" if long_poll else "shared"
         self.task = m.spawn(self._run(), f"fetch-{fetcher.leader_id}-{name}")
 
@@ -127,6 +145,13 @@ class FetchLane:
                     delay = max(interval, min(0.05 * 2 ** min(self.failures, 5), 1.0))
                 elif changed:
                     continue  # carry the new log end (and fetch the high watermark) at once
+                elif self._all_fenced():
+                    self.awaiting_metadata = True
+                    try:
+                        await m.until_image_moved()  # the new epoch, or the replica's end
+                    finally:
+                        self.awaiting_metadata = False
+                    continue
                 else:  # nothing new, sooner than a long poll would take: do not spin
                     delay = interval - (loop.time() - started)
                 if delay > 0:
@@ -134,6 +159,18 @@ class FetchLane:
         finally:
             with contextlib.suppress(Exception):
                 await self.client.close()
+
+    def _all_fenced(self) -> bool:
+        """Every partition of the lane was refused FENCED_LEADER_EPOCH in the leader epoch
+        the image still shows: nothing to fetch before the next image."""
+        image = self.fetcher.manager.image
+        if image is None or not self.partitions:
+            return False
+        for tp in self.partitions:
+            p = image.partition(tp)
+            if p is None or self.fenced.get(tp) != p.leader_epoch:
+                return False
+        return True
 
     async def _fetch(self, tp: TopicPartition) -> bool:
         """Fetch `tp` once; True if the answer changed the replica."""
@@ -147,6 +184,11 @@ class FetchLane:
         log = m.logs.get(tp)
         if p is None or log is None or p.leader != fetcher.leader_id:
             return False
+        fenced_in = self.fenced.get(tp)
+        if fenced_in == p.leader_epoch:
+            return False  # the leader fenced this epoch: wait for the image to move
+        if fenced_in is not None:
+            del self.fenced[tp]
         wait_ms = m.config.fetch_wait_ms if self.long_poll else 0
         sent_offset = log.log_end_offset
         req = ReplicaFetchRequest(
@@ -158,6 +200,7 @@ class FetchLane:
             last_fetched_epoch=log.last_fetched_epoch,
             max_wait_ms=wait_ms,
             topic_id=log.topic_id or "",
+            current_leader_epoch=p.leader_epoch,
         )
         try:
             resp = await self.client.request(req, (m.config.request_timeout_ms + wait_ms) / 1000)
@@ -167,7 +210,19 @@ class FetchLane:
                 fetcher.unreachable = True
             self.failures += 1
             return False
-        except MetactlError as exc:
+        except FencedLeaderEpochError as exc:
+            # The leader is at a newer epoch: this broker's metadata is behind, or a
+            # reassignment removed this replica. Either way the next image says which.
+            self.fenced[tp] = p.leader_epoch
+            m.log.info(
+                "replica fetch fenced; waiting for metadata",
+                partition=log.name,
+                leader=fetcher.leader_id,
+                leader_epoch=p.leader_epoch,
+                error=exc.message,
+            )
+            return False
+        except MetactlError as exc:  # UNKNOWN_LEADER_EPOCH among them: retried after a pause
             m.log.debug("replica fetch refused", partition=log.name, code=exc.code)
             return False
         self.failures = 0

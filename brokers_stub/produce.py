@@ -12,7 +12,10 @@ Records carry no bytes: a batch of `count` records gets the consecutive offsets
   NOT_ENOUGH_REPLICAS_AFTER_APPEND when the committed ISR drops below MinISR first, with
   NOT_LEADER_OR_FOLLOWER when leadership moves first, and with REQUEST_TIMED_OUT after
   its timeout. Such a batch stays in the log and may still commit: it was not
-  acknowledged, nothing more.
+  acknowledged, nothing more. A new leader epoch of the same leader, led on from the
+  epoch just before (Kafka bumps the leader epoch when a reassignment removes a replica,
+  and the leader stays), is no move: the batch is in the same log and goes on waiting
+  (`ProduceWaiters.carry`); its answer names the epoch it was appended in.
 
 Acknowledgements are never gated on fsync (Kafka relies on replication): flushing stays
 the replica manager's business (`flush_interval_ms`, `flush_messages`).
@@ -134,12 +137,23 @@ class ProduceWaiters:
                 continue
             if w.leader_epoch == leader_epoch:
                 w.future.set_result(high_watermark)
-            else:  # cannot happen while the manager fails them on leadership changes
+            else:  # cannot happen: the manager fails or carries them on epoch changes
                 w.future.set_exception(NotLeaderOrFollowerError("the leader epoch changed"))
             done += 1
         if not waiters:
             del self._by_tp[tp]
         return done
+
+    def carry(self, tp: TopicPartition, from_epoch: int, to_epoch: int) -> int:
+        """The leader led on from `from_epoch` into `to_epoch`, its log untouched: the
+        batches of `from_epoch` wait on as batches of `to_epoch` (their records are in
+        the log the new epoch's high watermark covers); how many."""
+        carried = 0
+        for w in self._by_tp.get(tp, ()):
+            if w.leader_epoch == from_epoch:
+                w.leader_epoch = to_epoch
+                carried += 1
+        return carried
 
     def fail(
         self,

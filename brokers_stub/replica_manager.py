@@ -16,6 +16,18 @@ high watermark) when it arrives, and when the leader has nothing new for the fol
 parks on the partition's `LeaderState` until the log end or the high watermark moves
 past what the follower has, the leadership ends, or its `max_wait_ms` runs out. Every
 append, high-watermark advance and leadership change signals it: no timer is involved.
+A follower names the leader epoch its metadata shows (`current_leader_epoch`); a fetch
+of an older epoch is refused with FENCED_LEADER_EPOCH, of a newer one with
+UNKNOWN_LEADER_EPOCH, and neither is recorded (`handle_fetch`). So when a reassignment
+removes a replica and the leader stays, the bumped leader epoch fences the removed
+replica off the partition, as in Kafka.
+
+A new leader epoch where this broker stays leader starts a new epoch in its log's
+history and a new `LeaderState`. Led on from the epoch just before, nothing changed in
+its log: the followers keep their positions (the ISR members count as caught up as of
+now) and the acks=all batches waiting on the high watermark keep waiting, so neither
+the high watermark nor acks=all stalls (`_become_or_stay_leader`). The fetches parked in
+the old epoch are released and handled anew (`_answer_parked`).
 
 Nothing acts on the image before it has caught up with the controller's committed end:
 while a restarted broker replays the log from 0, old images would name it leader of
@@ -60,13 +72,16 @@ from brokers_stub.replication import (
     join_floor,
     next_high_watermark,
     record_fetch,
+    reelected_follower,
 )
 from brokers_stub.storage import REPLICAS_DIR, fsync_dir
 from metactl.errors import (
+    FencedLeaderEpochError,
     InconsistentTopicIdError,
     InvalidRequestError,
     MetactlError,
     NotLeaderOrFollowerError,
+    UnknownLeaderEpochError,
     UnknownTopicOrPartitionError,
 )
 from metadata_image.delta import MetadataDelta
@@ -129,6 +144,9 @@ class ReplicaManager:
         self._running = False  # start() called: fetchers may run
         self._stopped = False  # stop() called: no new AlterPartition
         self._stale_leader_warned: set[tuple[TopicPartition, int]] = set()
+        # Set (and replaced) at every caught-up image: the fetch lanes that were refused
+        # FENCED_LEADER_EPOCH wait on it (`until_image_moved`).
+        self._image_moved: asyncio.Event | None = None
         self.isr_updater = IsrUpdater(
             config,
             log,
@@ -261,6 +279,9 @@ class ReplicaManager:
                 self._create_replica(image, tp)
             return
         self.image = image
+        moved, self._image_moved = self._image_moved, None
+        if moved is not None:
+            moved.set()
         unseen = self._unseen
         self._unseen = MetadataDelta()
         self._drop_stale(image, unseen)
@@ -286,6 +307,12 @@ class ReplicaManager:
             self._reconcile_fetchers(image)
         for tp in led:
             self._maybe_alter_isr(tp, now)
+
+    async def until_image_moved(self) -> None:
+        """Return at the next caught-up image (`on_metadata`)."""
+        if self._image_moved is None:
+            self._image_moved = asyncio.Event()
+        await self._image_moved.wait()
 
     def _create_replica(self, image: ClusterImage, tp: TopicPartition) -> None:
         """Create the replica of `tp` if this broker hosts it and has none yet. A replica
@@ -429,20 +456,32 @@ class ReplicaManager:
                 st.hw_sent.pop(r, None)
             return True
         if st is not None:
-            st.end()  # an older epoch's parked fetches
+            st.end()  # an older epoch's parked fetches: answered anew (`_answer_parked`)
+        # Led on from the epoch just before: no other leader came in between (every
+        # leader change is a new epoch), so this log is the partition's log of both
+        # epochs. The followers keep their positions in it and the batches waiting to
+        # commit keep waiting (Kafka: a re-elected leader); after a gap the epochs between
+        # may have had another leader, so the followers start afresh and the batches fail.
+        led_on = st is not None and p.leader_epoch == st.leader_epoch + 1
         if log.assign_epoch(p.leader_epoch):
             self._save(p.tp)
         # Kafka: the ISR members start caught up as of now; others must prove it.
-        self.leaders[p.tp] = LeaderState(
-            leader_epoch=p.leader_epoch,
-            followers={
-                r: FollowerFetchState(last_caught_up_ms=now) for r in p.isr if r != self.broker_id
-            },
-        )
+        followers = {
+            r: FollowerFetchState(last_caught_up_ms=now) for r in p.isr if r != self.broker_id
+        }
+        if st is not None and led_on:
+            for r, prev in st.followers.items():
+                if r in p.replicas and r != self.broker_id:
+                    followers[r] = reelected_follower(
+                        prev, in_isr=r in p.isr, leader_leo=log.log_end_offset, now_ms=now
+                    )
+            self.data.waiters.carry(p.tp, st.leader_epoch, p.leader_epoch)
+        self.leaders[p.tp] = LeaderState(leader_epoch=p.leader_epoch, followers=followers)
         self.log.info(
             "became leader",
             partition=log.name,
             leader_epoch=p.leader_epoch,
+            led_on=led_on,
             log_end_offset=log.log_end_offset,
             high_watermark=log.high_watermark,
             isr=sorted(p.isr),
@@ -546,7 +585,7 @@ class ReplicaManager:
                             await st.until_moved()
             finally:
                 st.parked -= 1
-            resp = self._answer_parked(req, st)
+            resp, st = self._answer_parked(req, st)
         st.hw_sent[req.follower_id] = resp.high_watermark
         return resp
 
@@ -559,57 +598,93 @@ class ReplicaManager:
         known = st.hw_sent.get(req.follower_id)
         return log.log_end_offset > req.fetch_offset or known is None or log.high_watermark > known
 
-    def _answer_parked(self, req: ReplicaFetchRequest, st: LeaderState) -> ReplicaFetchResponse:
-        """The answer to a fetch that was held: the log as it is now, if this broker still
-        leads the epoch it was recorded in (the log only grew since, so it cannot diverge
-        where it did not); NOT_LEADER_OR_FOLLOWER otherwise."""
+    def _answer_parked(
+        self, req: ReplicaFetchRequest, st: LeaderState
+    ) -> tuple[ReplicaFetchResponse, LeaderState]:
+        """The answer to a fetch that was held, and the leadership it is answered in.
+
+        If this broker still leads the epoch the fetch was recorded in: the log as it is
+        now (the log only grew since, so it cannot diverge where it did not). If it leads
+        the partition in a newer epoch, the fetch is handled anew in that epoch
+        (`handle_fetch`, as Kafka reads a delayed fetch again when it completes): a
+        follower that named the old epoch gets FENCED_LEADER_EPOCH and learns the new one
+        from its metadata, one that named none (an older follower) is answered and
+        recorded in the new epoch. NOT_LEADER_OR_FOLLOWER otherwise: the leadership moved
+        or ended, or the broker is stopping."""
         tp = (req.topic, req.partition)
         image = self.image
         p = image.partition(tp) if image is not None else None
-        if (
-            st.ended
-            or self._stopped
-            or self.leaders.get(tp) is not st
-            or p is None
-            or p.leader != self.broker_id
-            or p.leader_epoch != st.leader_epoch
-        ):
+        current = self.leaders.get(tp)
+        leads = (
+            not self._stopped
+            and p is not None
+            and p.leader == self.broker_id
+            and current is not None
+            and not current.ended
+            and current.leader_epoch == p.leader_epoch
+        )
+        if not leads or current is None:
             raise NotLeaderOrFollowerError(
                 f"broker {self.broker_id} no longer leads {req.topic}-{req.partition} "
                 f"in leader epoch {st.leader_epoch}"
             )
+        if current is not st:
+            return self.handle_fetch(req), current
         log = self.logs[tp]
-        return ReplicaFetchResponse(
+        resp = ReplicaFetchResponse(
             leader_epoch=st.leader_epoch,
             log_end_offset=log.log_end_offset,
             high_watermark=log.high_watermark,
             leader_epochs=list(log.leader_epochs),
         )
+        return resp, st
 
     def handle_fetch(self, req: ReplicaFetchRequest) -> ReplicaFetchResponse:
-        """ReplicaFetch answered at once: checked, recorded, and the log as it is."""
+        """ReplicaFetch answered at once: checked, recorded, and the log as it is.
+
+        The checks, in Kafka's order: the partition is known; the follower's replica is
+        of this topic id (INCONSISTENT_TOPIC_ID); the follower's `current_leader_epoch`,
+        if it names one, is the image's (older: FENCED_LEADER_EPOCH, so a replica a
+        reassignment removed, which has not seen that yet, copies nothing more; newer:
+        UNKNOWN_LEADER_EPOCH, this broker's metadata is behind); this broker leads that
+        epoch and the follower is one of the partition's other replicas
+        (NOT_LEADER_OR_FOLLOWER). A refused fetch is not recorded: it moves neither the
+        follower's position and caught-up time nor the high watermark."""
         tp = (req.topic, req.partition)
+        name = f"{req.topic}-{req.partition}"
+        if req.current_leader_epoch < -1:
+            raise InvalidRequestError(
+                f"current_leader_epoch must be >= 0, or -1 for none, got {req.current_leader_epoch}"
+            )
         image = self.image
         if image is None:
             raise NotLeaderOrFollowerError("metadata not caught up yet")
         p = image.partition(tp)
         if p is None:
-            raise UnknownTopicOrPartitionError(f"unknown partition {req.topic}-{req.partition}")
+            raise UnknownTopicOrPartitionError(f"unknown partition {name}")
+        log = self.logs.get(tp)
+        if req.topic_id and log is not None and log.topic_id and req.topic_id != log.topic_id:
+            raise InconsistentTopicIdError(
+                f"{name}: the follower's replica is of topic id "
+                f"{req.topic_id[:36]}, broker {self.broker_id}'s of {log.topic_id}"
+            )
+        if 0 <= req.current_leader_epoch < p.leader_epoch:
+            raise FencedLeaderEpochError(
+                f"{name}: broker {req.follower_id} fetches in leader epoch "
+                f"{req.current_leader_epoch}, the partition is at {p.leader_epoch}"
+            )
+        if req.current_leader_epoch > p.leader_epoch:
+            raise UnknownLeaderEpochError(
+                f"{name}: broker {req.follower_id} fetches in leader epoch "
+                f"{req.current_leader_epoch}, broker {self.broker_id} knows only "
+                f"{p.leader_epoch} so far"
+            )
         st = self.leaders.get(tp)
         if p.leader != self.broker_id or st is None or st.leader_epoch != p.leader_epoch:
-            raise NotLeaderOrFollowerError(
-                f"broker {self.broker_id} does not lead {req.topic}-{req.partition}"
-            )
+            raise NotLeaderOrFollowerError(f"broker {self.broker_id} does not lead {name}")
         if req.follower_id not in p.replicas or req.follower_id == self.broker_id:
-            raise NotLeaderOrFollowerError(
-                f"broker {req.follower_id} is not a follower of {req.topic}-{req.partition}"
-            )
+            raise NotLeaderOrFollowerError(f"broker {req.follower_id} is not a follower of {name}")
         log = self.logs[tp]
-        if req.topic_id and log.topic_id and req.topic_id != log.topic_id:
-            raise InconsistentTopicIdError(
-                f"{req.topic}-{req.partition}: the follower's replica is of topic id "
-                f"{req.topic_id[:36]}, this leader's of {log.topic_id}"
-            )
         history = list(log.leader_epochs)
         truncate_to = divergence(
             log.leader_epochs, log.log_end_offset, req.last_fetched_epoch, req.fetch_offset

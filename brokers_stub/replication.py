@@ -105,6 +105,28 @@ def record_fetch(
     )
 
 
+def reelected_follower(
+    prev: FollowerFetchState, *, in_isr: bool, leader_leo: int, now_ms: int
+) -> FollowerFetchState:
+    """Leader side: what a leader that leads on into its next leader epoch (its log
+    untouched, no other leader in between) keeps of a follower (Kafka's
+    Replica.resetReplicaState for a re-elected leader).
+
+    The follower's position and broker epoch stay: it still holds those records of this
+    very log, so the high watermark need not wait for a fetch in the new epoch. An ISR
+    member counts as caught up and as having fetched as of now; any other replica must
+    prove itself with fetches of the new epoch.
+    """
+    return FollowerFetchState(
+        broker_epoch=prev.broker_epoch,
+        fetch_offset=prev.fetch_offset,
+        last_fetch_ms=now_ms if in_isr and prev.fetch_offset is not None else None,
+        leader_leo_at_fetch=leader_leo,
+        last_caught_up_ms=now_ms if in_isr else None,
+        caught_up=in_isr and prev.caught_up,
+    )
+
+
 def next_high_watermark(
     *,
     current_hw: int,

@@ -49,6 +49,14 @@ class FencedLeaderEpochError(MetactlError):
     retriable = True
 
 
+class UnknownLeaderEpochError(MetactlError):
+    """A request named a leader epoch newer than the one the receiver knows: the receiver
+    has not caught up with that metadata yet (Kafka 74). Retriable: it catches up."""
+
+    code = "UNKNOWN_LEADER_EPOCH"
+    retriable = True
+
+
 class IneligibleReplicaError(MetactlError):
     code = "INELIGIBLE_REPLICA"
 

@@ -570,6 +570,12 @@ class ReplicaFetchRequest(_Msg, tag="ReplicaFetch", frozen=True):
     # id (the topic was deleted and created again) refuses with INCONSISTENT_TOPIC_ID, so
     # a follower never copies another topic's records. "" (an older follower): unchecked.
     topic_id: str = ""
+    # The partition's leader epoch as the follower's metadata shows it (Kafka's
+    # current_leader_epoch): a leader at a newer epoch refuses with FENCED_LEADER_EPOCH
+    # (a replica removed by a reassignment, or one behind on metadata, copies nothing),
+    # one at an older epoch with UNKNOWN_LEADER_EPOCH (it has not seen that metadata yet).
+    # -1 (an older follower, which omits the field): unchecked.
+    current_leader_epoch: int = -1
 
 
 class ReplicaFetchResponse(_Msg, tag="ReplicaFetchResponse", frozen=True):
