@@ -30,9 +30,28 @@
     leadership back. Prints the time of each
     phase, heartbeat and describe p99/max, healthy brokers fenced and the controller's
     peak RSS; `--json` prints one object with the worst of the two.
+(r) Bounded requests (issue 30, item 6): on a seeded log of N partitions (RF 3 on brokers
+    1-3, broker 4 empty), with brokers 1-4 heartbeating every 200 ms and an operator
+    describing every 100 ms (session timeout 3 s), the largest legal request of each
+    lifecycle type, one after the other: a reassignment of the cap's partitions, its
+    --list (paged) and its cancel, a broker's AlterPartitions at the cap, a create at the
+    partitions cap and one naming the most topics, an addition of partitions at the
+    cap, a delete naming the most topics, a MinISR change and the config-entry cap, an
+    ELR downgrade and upgrade (each clearing every topic's ELRs in slices), a bulk
+    preferred election of every partition and one naming a frame of partitions, an
+    unregistration, a whole metadata fetch and a v1 describe. Prints each request's time
+    and whether its answer was readable, heartbeat p99/max per request and healthy
+    brokers fenced (goals: p99 <= 250 ms, max <= 1 s, 0 fenced, every answer readable).
+(s) A restart on a log of N partitions (`--restart-partitions`, 1,000,000 in the issue)
+    all leaderless (broker 1, their only replica, fenced): the controller starts, and a
+    healthy broker heartbeats every 200 ms from the moment it serves (its READY line)
+    for 20 s while recovery evaluation looks at every partition. Prints the time to
+    serve, the first heartbeat's answer after serving and the heartbeats' max (goals:
+    <= 1 s each).
 
 Run: python bench/large_cluster.py [--partitions 1000000] [--json] [--sections t,a,b,c]
      [--fence-partitions 1000000] [--create-partitions 100000]
+     [--sections r,s --partitions 300000 --restart-partitions 1000000]
 Prints figures and ratios; asserts nothing. Needs about 4 GiB of memory for (a).
 """
 
@@ -78,26 +97,37 @@ from metadata_log.sqlite_format import resolve_log_path
 from metadata_log.sqlite_store import SqliteLogStore
 from protocol.client import RpcClient
 from protocol.messages import (
+    AlterConfigs,
     AlterPartition,
+    AlterPartitionReassignments,
     AlterPartitions,
     AlterPartitionsResponse,
     BrokerHeartbeatRequest,
     BrokerHeartbeatResponse,
+    CreatePartitions,
+    CreatePartitionsRequest,
     CreateTopic,
     CreateTopicsRequest,
     CreateTopicsResponse,
+    DeleteTopicsRequest,
     DescribeClusterRequest,
     ElectPreferredLeaders,
     ElectPreferredLeadersResponse,
     FenceBroker,
+    FetchMetadataRequest,
     GetReplicaLogInfoRequest,
     GetReplicaLogInfoResponse,
     IsrMember,
+    ListPartitionReassignmentsRequest,
     Message,
+    Reassignment,
     RegisterBroker,
     RegisterBrokerResponse,
     ReplicaLogInfoEntry,
+    ReplicaRef,
     UnfenceBroker,
+    UnregisterBroker,
+    UpdateFeature,
 )
 
 GOAL_MS = 100.0
@@ -828,6 +858,255 @@ def bench_topologies(
           f"(0); peak RSS {worst['peak_rss_mib']} MiB (≤ {GOAL_RSS_MIB:.0f})")  # fmt: skip
 
 
+# --- (r) the largest legal request of each lifecycle type --------------------------------
+
+
+def requests_records(partitions: int) -> tuple[list[MetadataRecord], dict[int, int]]:
+    """Brokers 1-4 registered and unfenced (broker 4 hosts nothing), N partitions at RF 3
+    on brokers 1-3 (MinISR 2) in topics of 10,000, and the describe probe's `small`."""
+    out: list[MetadataRecord] = []
+    epochs = {}
+    for i, b in enumerate((1, 2, 3, 4)):
+        out.append(RegisterBrokerRecord(broker_id=b, incarnation_id=f"b{b}-0", broker_epoch=2 * i))
+        out.append(UnfenceBrokerRecord(broker_id=b, broker_epoch=2 * i))
+        epochs[b] = 2 * i
+    for t in range(0, partitions, 10_000):
+        n = min(10_000, partitions - t)
+        name = f"t{t // 10_000:04d}"
+        out.append(TopicRecord(name=name, topic_id=name, partitions=n, min_isr=2))
+        out.extend(
+            PartitionRecord(topic=name, partition=i, replicas=[1, 2, 3], isr=[1, 2, 3],
+                            leader=1 + i % 3, min_isr=2)
+            for i in range(n)
+        )  # fmt: skip
+    out.append(TopicRecord(name="small", topic_id="small", partitions=3, min_isr=1))
+    for i in range(3):
+        out.append(PartitionRecord(topic="small", partition=i, replicas=[2], isr=[2], leader=2))
+    return out, epochs
+
+
+def largest_requests(partitions: int, epochs: dict[int, int]) -> list[tuple[str, Message]]:
+    """(label, request): the largest legal one of each lifecycle type, in order."""
+    from controller.runtime.request_caps import (
+        MAX_ALTER_PARTITION_ITEMS,
+        MAX_CONFIG_ENTRIES,
+        MAX_REASSIGNMENT_ITEMS,
+        MAX_TOPICS_PER_REQUEST,
+    )
+
+    def tp(k: int) -> tuple[str, int]:
+        return f"t{k // 10_000:04d}", k % 10_000
+
+    moving = [tp(k) for k in range(MAX_REASSIGNMENT_ITEMS)]
+    isr = [IsrMember(broker_id=b, broker_epoch=epochs[b]) for b in (1, 2, 3)]
+    frame_refs = 8 * 1024 * 1024 // 16  # about a frame of [topic, partition] pairs
+    return [
+        ("reassign", AlterPartitionReassignments(
+            reassignments=[Reassignment(topic=t, partition=i, replicas=[2, 3, 4])
+                           for t, i in moving])),
+        ("list_reassignments", ListPartitionReassignmentsRequest()),  # the CLI's pages
+        ("cancel_reassign", AlterPartitionReassignments(
+            reassignments=[Reassignment(topic=t, partition=i, replicas=None) for t, i in moving])),
+        ("alter_partitions", AlterPartitions(items=[
+            AlterPartition(topic=t, partition=i, leader=1, broker_epoch=epochs[1],
+                           partition_epoch=99, isr=isr)
+            for t, i in map(tp, range(MAX_ALTER_PARTITION_ITEMS))])),
+        ("create_topic_10k", CreateTopicsRequest(
+            topics=[CreateTopic(name="new", partitions=10_000, replication_factor=3)])),
+        ("create_topics_most", CreateTopicsRequest(
+            topics=[CreateTopic(name=f"e{i:05d}", partitions=0)
+                    for i in range(MAX_TOPICS_PER_REQUEST)])),
+        ("create_partitions", CreatePartitionsRequest(
+            topics=[CreatePartitions(topic="new", count=20_000)])),
+        ("delete_topics_most", DeleteTopicsRequest(
+            topics=["new"] + [f"e{i:05d}" for i in range(MAX_TOPICS_PER_REQUEST - 1)])),
+        ("min_isr_change", AlterConfigs(
+            resource_type="topic", resource_name="t0000",
+            set_configs={"min.insync.replicas": "1"})),
+        ("configs_most", AlterConfigs(
+            resource_type="topic", resource_name="t0000",
+            delete_configs=[f"x{i}" for i in range(MAX_CONFIG_ENTRIES)])),
+        ("elr_downgrade", UpdateFeature(
+            name="eligible.leader.replicas.version", level=0, upgrade_type="downgrade")),
+        ("elr_upgrade", UpdateFeature(name="eligible.leader.replicas.version", level=1)),
+        ("elect_preferred_all", ElectPreferredLeaders()),
+        ("elect_preferred_frame", ElectPreferredLeaders(
+            partitions=[ReplicaRef(*tp(k % partitions)) for k in range(frame_refs)])),
+        ("unregister", UnregisterBroker(broker_id=5)),
+        ("fetch_metadata", FetchMetadataRequest(from_offset=0, max_records=50_000,
+                                                max_wait_ms=0)),
+        ("describe_v1", DescribeClusterRequest()),
+    ]  # fmt: skip
+
+
+async def bench_requests(partitions: int, tmp: Path) -> dict[str, Any]:
+    from metactl.errors import MetactlError, NetworkError, RequestTimedOutError
+    from ops.reassign_cmds import ongoing
+
+    records, epochs = requests_records(partitions)
+    data = tmp / "requests"
+    await seed_log(data, records)
+    del records
+    freeze_heap()
+    proc, ready = start_controller(
+        data, "--heartbeat-interval-ms", "500", session_ms=TOPOLOGY_SESSION_MS
+    )
+    address = ready["listen"]
+    profiler = profile_process(proc.pid, "requests")
+    probes = ProbeProcess(address, epochs)
+    rows: list[dict[str, Any]] = []
+    try:
+        await probes.start()
+        await asyncio.sleep(1.0)  # an idle window first
+        async with RpcClient(address) as c:
+            # Broker 5: registered, never unfenced (the unregistration's subject).
+            await c.request(RegisterBroker(broker_id=5, incarnation_id="b5"))
+            for label, body in largest_requests(partitions, epochs):
+                probes.enter(label)
+                began = time.perf_counter()
+                try:
+                    if isinstance(body, ListPartitionReassignmentsRequest):
+                        answer: object = f"{len(await ongoing(c, None, 600))} partitions"
+                    else:
+                        answer = type(await c.request(body, timeout_s=600)).__name__
+                    readable = True
+                except (NetworkError, RequestTimedOutError) as exc:
+                    answer, readable = str(exc)[:120], False
+                except MetactlError as exc:
+                    answer, readable = f"{exc.code}: {exc.message[:80]}", True
+                rows.append({
+                    "request": label, "s": round(time.perf_counter() - began, 2),
+                    "readable": readable, "answer": answer,
+                })  # fmt: skip
+            probes.enter("after")
+            await asyncio.sleep(1.0)  # a last window of probes after the work
+    finally:
+        results = await probes.close()
+        rss = peak_rss_mib(proc.pid)
+        if profiler is not None:
+            profiler.send_signal(signal.SIGINT)
+            profiler.wait(60)
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(60)
+    hb = results["heartbeat_by_phase"]
+    for row in rows:
+        lat = hb.get(row["request"], [])
+        row["heartbeat"] = f"p99 {pct(lat, 99):.1f} max {max(lat, default=0):.1f} ms"
+    heartbeats: list[float] = results["heartbeats"]
+    return {
+        "partitions": partitions,
+        "heartbeat_p99_ms": round(pct(heartbeats, 99), 1),
+        "heartbeat_max_ms": round(max(heartbeats, default=float("nan")), 1),
+        "describe_p99_ms": round(pct(results["describes"], 99), 1),
+        "healthy_fenced": results["healthy_fenced"],
+        "all_readable": all(r["readable"] for r in rows),
+        "peak_rss_mib": round(rss, 1),
+        "requests": rows,
+    }
+
+
+def print_requests(r: dict[str, Any]) -> None:
+    print(f"(r) the largest legal request of each lifecycle type at {r['partitions']:,} "
+          f"partitions; brokers 1-4 heartbeat every {HEALTHY_PERIOD_S * 1000:.0f} ms:")  # fmt: skip
+    for row in r["requests"]:
+        print(f"    {row['request']:22s} {row['s']:7.2f} s  readable {row['readable']!s:5s} "
+              f"heartbeat {row['heartbeat']}  ({row['answer']})")  # fmt: skip
+    print(f"    all: heartbeat p99 {r['heartbeat_p99_ms']} ms (goal <= {GOAL_P99_MS:.0f}), max "
+          f"{r['heartbeat_max_ms']} ms (<= {GOAL_MAX_MS:.0f}); describe p99 "
+          f"{r['describe_p99_ms']} ms; healthy brokers fenced {r['healthy_fenced']} (0); "
+          f"every answer readable: {r['all_readable']}; "
+          f"peak RSS {r['peak_rss_mib']} MiB")  # fmt: skip
+
+
+# --- (s) a restart on a log of leaderless partitions ----------------------------------
+
+
+def restart_records(partitions: int) -> list[MetadataRecord]:
+    """The offline topology after broker 1's fence: every partition's only replica is
+    broker 1, fenced; each is leaderless with broker 1 in its ELR (MinISR 1)."""
+    from metadata_log.records import (
+        BROKER_RESOURCE,
+        ELR_FEATURE,
+        MIN_ISR_CONFIG,
+        ConfigRecord,
+        FeatureLevelRecord,
+        FenceBrokerRecord,
+    )
+
+    # A cluster that has run before: bootstrapped (a restart submits nothing before
+    # serving, so the first events after it are where recovery evaluation starts).
+    out: list[MetadataRecord] = [
+        FeatureLevelRecord(name=ELR_FEATURE, level=1),
+        ConfigRecord(resource_type=BROKER_RESOURCE, resource_name="", name=MIN_ISR_CONFIG,
+                     value="1"),
+    ]  # fmt: skip
+    for i, b in enumerate((1, 2)):
+        epoch = 2 + 2 * i
+        out.append(RegisterBrokerRecord(broker_id=b, incarnation_id=f"b{b}-0", broker_epoch=epoch))
+        out.append(UnfenceBrokerRecord(broker_id=b, broker_epoch=epoch))
+    out.append(FenceBrokerRecord(broker_id=1, broker_epoch=2))
+    for t in range(0, partitions, 10_000):
+        n = min(10_000, partitions - t)
+        name = f"t{t // 10_000:04d}"
+        out.append(TopicRecord(name=name, topic_id=name, partitions=n, min_isr=1))
+        out.extend(
+            PartitionRecord(topic=name, partition=i, replicas=[1], isr=[], elr=[1],
+                            leader=-1, leader_epoch=1, partition_epoch=1, min_isr=1)
+            for i in range(n)
+        )  # fmt: skip
+    return out
+
+
+async def bench_restart(partitions: int, tmp: Path) -> dict[str, Any]:
+    data = tmp / "restart"
+    t = time.perf_counter()
+    await seed_log(data, restart_records(partitions))
+    seeded = time.perf_counter() - t
+    freeze_heap()
+    began = time.perf_counter()
+    proc, ready = start_controller(
+        data, "--metrics", "127.0.0.1:0", "--heartbeat-interval-ms", "500",
+        session_ms=TOPOLOGY_SESSION_MS,
+    )  # fmt: skip
+    serving = time.perf_counter()
+    lat: list[float] = []  # each heartbeat, from when it was due
+    first_s = float("nan")
+    fenced_answers = 0
+    try:
+        beat = BrokerHeartbeatRequest(broker_id=2, broker_epoch=4, metadata_offset=1 << 40)
+        async with RpcClient(ready["listen"]) as c:
+            due = serving
+            while time.perf_counter() - serving < 20.0:
+                wait = due - time.perf_counter()
+                if wait > 0:
+                    await asyncio.sleep(wait)  # the schedule: pacing
+                r = await c.request(beat, timeout_s=120)
+                now = time.perf_counter()
+                if not lat:
+                    first_s = now - serving
+                lat.append((now - due) * 1000)
+                if not isinstance(r, BrokerHeartbeatResponse) or r.is_fenced:
+                    fenced_answers += 1
+                due += HEALTHY_PERIOD_S
+        offline = scrape(ready["metrics"]).get("metactl_offline_partitions", float("nan"))
+    finally:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(60)
+    return {
+        "partitions": partitions,
+        "seed_log_s": round(seeded, 1),
+        "start_to_serving_s": round(serving - began, 2),
+        "first_heartbeat_after_serving_s": round(first_s, 3),
+        "heartbeat_p99_ms": round(pct(lat, 99), 1),
+        "heartbeat_max_ms": round(max(lat, default=float("nan")), 1),
+        "heartbeats": len(lat),
+        "fenced_answers": fenced_answers,
+        "offline_partitions_at_end": offline,
+    }
+
+
 def main() -> None:
     import logging
 
@@ -844,13 +1123,27 @@ def main() -> None:
         default="offline,moving",
         help="(t): which topologies to run (default offline,moving)",
     )
-    ap.add_argument("--sections", default="t,a,b,c", help="which sections to run (default t,a,b,c)")
+    ap.add_argument(
+        "--sections", default="t,a,b,c", help="which sections to run (default t,a,b,c; also r,s)"
+    )
+    ap.add_argument("--restart-partitions", type=int, default=1_000_000, help="(s)'s log")
     ap.add_argument("--fence-partitions", type=int, default=1_000_000)
     ap.add_argument("--create-partitions", type=int, default=100_000)
     args = ap.parse_args()
     sections = set(args.sections.split(","))
     with tempfile.TemporaryDirectory(prefix="metactl-bench-") as d:
         tmp = Path(d)
+        if "r" in sections:
+            r = asyncio.run(bench_requests(args.partitions, tmp))
+            if args.json:
+                print(json.dumps(r), flush=True)
+            print_requests(r)
+        if "s" in sections:
+            s = asyncio.run(bench_restart(args.restart_partitions, tmp))
+            print(f"(s) restart on {args.restart_partitions:,} leaderless partitions: "
+                  + ", ".join(f"{k} {v}" for k, v in s.items()), flush=True)  # fmt: skip
+        if sections <= {"r", "s"}:
+            return
         if "t" in sections or args.json:
             kinds = tuple(k for k in args.topologies.split(",") if k)
             bench_topologies(args.partitions, tmp, args.json, kinds)

@@ -16,7 +16,9 @@ one log directory). The file's format and `--verify`'s verdicts are `ops.reassig
   otherwise, so `until metactl reassign --verify ...` waits for the end.
 - `--cancel` asks the controller to restore each partition's original replicas.
 - `--list` prints every partition being reassigned, with its adding and removing
-  replicas.
+  replicas. Like `--verify` and `--execute`'s check, it reads them page by page
+  (ListPartitionReassignments v2, each page within the client's frame limit), falling
+  back to one v1 answer from a controller older than paging.
 
 Each partition succeeds or fails alone: a failure is its own `error:` line and the
 status is the first failure's. This module owns the arguments, the requests and the
@@ -32,11 +34,14 @@ import json
 from pathlib import Path
 from typing import Any, Final
 
+import msgspec
+
 from metactl.errors import (
     InvalidConfigurationError,
     InvalidRequestError,
     MetactlError,
     UnknownTopicOrPartitionError,
+    UnsupportedVersionError,
 )
 from metadata_image.image import TopicPartition
 from ops.cli import EXIT_OK, HELP_FORMAT, examples
@@ -147,11 +152,36 @@ async def current_replicas(
 async def ongoing(
     client: RpcClient, topics: set[str] | None, timeout_s: float
 ) -> dict[TopicPartition, OngoingReassignment]:
-    request = ListPartitionReassignmentsRequest(topics=None if topics is None else sorted(topics))
-    r = await ask(client, request, timeout_s)
-    if not isinstance(r, ListPartitionReassignmentsResponse):
-        raise MetactlError(f"unexpected answer {type(r).__name__} from {client.address}")
-    return {(o.topic, o.partition): o for o in r.reassignments}
+    """Every partition being reassigned (of `topics`), page by page. Raises the
+    controller's coded error, or InvalidRequestError if a page's cursor does not move on
+    (a server bug), so the walk always ends."""
+    request = ListPartitionReassignmentsRequest(
+        v=2,
+        topics=None if topics is None else sorted(topics),
+        max_bytes=client.max_frame_bytes,
+    )
+    out: dict[TopicPartition, OngoingReassignment] = {}
+    last: TopicPartition | None = None
+    while True:
+        try:
+            r = await ask(client, request, timeout_s)
+        except UnsupportedVersionError:
+            if request.cursor is not None:
+                raise
+            # A controller older than paging: one v1 answer (it may not fit a frame).
+            request = msgspec.structs.replace(request, v=1, max_bytes=None)
+            r = await ask(client, request, timeout_s)
+        if not isinstance(r, ListPartitionReassignmentsResponse):
+            raise MetactlError(f"unexpected answer {type(r).__name__} from {client.address}")
+        for o in r.reassignments:
+            out[(o.topic, o.partition)] = o
+        if r.next_cursor is None or request.v < 2:
+            return out
+        cursor = (r.next_cursor.topic, r.next_cursor.partition)
+        if last is not None and cursor <= last:
+            raise InvalidRequestError(f"the controller's list went back to {tp_name(cursor)}")
+        last = cursor
+        request = msgspec.structs.replace(request, cursor=r.next_cursor)
 
 
 async def alter(

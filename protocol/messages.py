@@ -332,7 +332,17 @@ class AlterPartitionReassignmentsResponse(
 
 
 class ListPartitionReassignmentsRequest(_Msg, tag="ListPartitionReassignments", frozen=True):
+    """v1: every partition being reassigned (of `topics`, if set) in one answer, refused
+    with MESSAGE_TOO_LARGE when that does not fit a frame. v2: one page (docs/protocol.md,
+    ListPartitionReassignments): up to `limit` partitions from `cursor` on (in (topic,
+    partition) order), within `max_bytes`. The v2 fields are ignored at v1."""
+
+    VERSIONS: ClassVar[frozenset[int]] = frozenset({1, 2})
     topics: list[str] | None = None  # None: every partition being reassigned
+    cursor: DescribeCursor | None = None  # v2: the first partition to look at; None: the first
+    limit: int | None = None  # v2: most partitions in the page; None: the controller's page size
+    # v2: the largest frame payload the sender accepts; the controller also keeps to its own.
+    max_bytes: int | None = None
 
 
 class OngoingReassignment(msgspec.Struct, frozen=True, kw_only=True):
@@ -346,7 +356,13 @@ class OngoingReassignment(msgspec.Struct, frozen=True, kw_only=True):
 class ListPartitionReassignmentsResponse(
     _Msg, tag="ListPartitionReassignmentsResponse", frozen=True
 ):
+    """Answered at the request's version, from one committed image."""
+
+    VERSIONS: ClassVar[frozenset[int]] = frozenset({1, 2})
     reassignments: list[OngoingReassignment]
+    # v2: where the next page starts looking; None: nothing more (always None at v1). A
+    # page may hold fewer partitions than asked (even none) and still have a next one.
+    next_cursor: DescribeCursor | None = None
 
 
 class UnregisterBroker(_Msg, tag="UnregisterBroker", frozen=True):

@@ -295,7 +295,7 @@ def _step(state: ControllerState, event: Event, now_ms: int, rules: Rules) -> St
             backlog = backlog.first(sorted(tracker.answered))
             tracker = msgspec.structs.replace(tracker, answered=frozenset())
         backlog = queue_touched(backlog, image, delta, budget, tracker).with_partitions(due)
-        scope, backlog = backlog.take(budget)
+        scope, backlog = backlog.take(budget, image.offline)
         recovery = evaluate(
             image, tracker, now_ms, policies=rules.policies, config=rules.config, scope=scope
         )
@@ -490,8 +490,7 @@ def queue_touched(
         # and every recovery the tracker knows is looked at again, as after a restart
         # (`Backlog.resolve` of EVERYTHING; a budget at a time, as any backlog).
         noted = (tracker.offline, tracker.pending) if tracker is not None else ()
-        again = EVERYTHING.resolve(image, *noted)
-        backlog = Backlog((*backlog.parts, *again.parts), backlog.everything)
+        backlog = backlog.then(EVERYTHING.resolve(image, *noted))
     if delta.removed_topics and tracker is not None:
         # A deleted topic's recoveries and notes end: the next looks find them gone.
         gone = delta.removed_topics

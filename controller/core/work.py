@@ -13,19 +13,24 @@ budget"):
   no reader ever sees half of it.
 * Recovery evaluation is incremental: a step queues the partitions whose recovery status
   it may have changed in a `Backlog` and evaluates at most `WORK_BUDGET` of them; the
-  driver steps `Tick`s while the backlog is not empty.
+  driver steps `Tick`s while the backlog is not empty. After a start or a revert (every
+  leaderless partition to look at, `EVERYTHING`) a large image is not listed in one
+  step either: a `Sweep` walks its partitions, a bounded stretch per step, and hands out
+  the leaderless ones it meets.
 
-This module holds the two cursors that make that possible: `PartitionPlan`, a broker's
-partitions in a fixed order with a position, and `Backlog`, the partitions still to be
-evaluated. Both are immutable values (a step returns new ones), cost O(taken) to
-advance, and never walk a million-partition index per event after the first.
+This module holds the cursors that make that possible: `PartitionPlan`, a broker's
+partitions in a fixed order with a position, `Sweep`, every partition of an image in
+(topic name, partition) order with a position, and `Backlog`, the partitions still to be
+evaluated. All are immutable values (a step returns new ones), cost O(taken) to
+advance (a sweep O(`SWEEP_SCAN` x taken) membership checks at most), and never walk a
+million-partition index per event.
 
 Pure: no IO, no clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator
 from typing import Final
 
 import msgspec
@@ -36,6 +41,14 @@ WORK_BUDGET: Final = 1_000
 """Partitions per controller event: changed, created or evaluated. One slice of a
 100,000-partition create takes 5-20 ms of step; a fence slice 2-5 ms (bench/
 large_cluster.py), so heartbeats and describes wait for at most a few slices."""
+
+SWEEP_SCAN: Final = 16
+"""A sweep looks at most this many partitions per partition it may hand out: a step takes
+at most `SWEEP_SCAN` x budget membership checks (16,000, about 2-4 ms) from a sweep."""
+
+MATERIALIZE_BELOW: Final = 4 * WORK_BUDGET
+"""`Backlog.resolve` lists the leaderless partitions outright while there are at most this
+many (O(4,000)); beyond, it sweeps the image instead."""
 
 
 class PartitionPlan(msgspec.Struct, frozen=True, gc=False):
@@ -83,6 +96,58 @@ class PartitionPlan(msgspec.Struct, frozen=True, gc=False):
         return out, PartitionPlan(topics, ti, pos)
 
 
+class Sweep(msgspec.Struct, frozen=True, gc=False):
+    """Every partition of an image, in (topic name, partition) order, from a position:
+    what `Backlog.resolve` queues instead of listing a million leaderless partitions in
+    one step. Holds each topic's name and partition count only (O(topics) to make), so
+    taking from it costs what it looks at, never the whole image."""
+
+    topics: tuple[tuple[str, int], ...] = ()
+    topic_index: int = 0
+    position: int = 0
+
+    @classmethod
+    def of_image(cls, image: ClusterImage) -> Sweep:
+        return cls(tuple((name, image.topics[name].partitions) for name in sorted(image.topics)))
+
+    @property
+    def done(self) -> bool:
+        return self.topic_index >= len(self.topics)
+
+    def take(
+        self, n: int | None, keep: Container[TopicPartition] | None = None
+    ) -> tuple[list[TopicPartition], Sweep]:
+        """Up to `n` partitions (None: all) and the sweep after them. With `keep`, only
+        the partitions in it are handed out, and at most `SWEEP_SCAN` x `n` are looked
+        at: fewer (even none) may come back before the sweep is done."""
+        out: list[TopicPartition] = []
+        topics, ti, pos = self.topics, self.topic_index, self.position
+        scan = None if n is None else (n if keep is None else SWEEP_SCAN * n)
+        while ti < len(topics) and (n is None or (len(out) < n and scan)):
+            name, count = topics[ti]
+            end = count if scan is None else min(count, pos + scan)
+            if keep is None:
+                if n is not None:
+                    end = min(end, pos + n - len(out))
+                out.extend((name, i) for i in range(pos, end))
+                looked = end - pos
+            else:
+                looked = 0
+                for i in range(pos, end):
+                    looked += 1
+                    tp = (name, i)
+                    if tp in keep:
+                        out.append(tp)
+                        if n is not None and len(out) >= n:
+                            break
+            pos += looked
+            if scan is not None:
+                scan -= looked
+            if pos >= count:
+                ti, pos = ti + 1, 0
+        return out, Sweep(topics, ti, pos)
+
+
 class Backlog(msgspec.Struct, frozen=True, gc=False):
     """Partitions whose unclean-recovery status may have changed and that are still to be
     evaluated: a few plans (a broker's partitions, after its state changed) and small
@@ -90,15 +155,19 @@ class Backlog(msgspec.Struct, frozen=True, gc=False):
     evaluating it twice is harmless (evaluation is idempotent for an unchanged input).
 
     `everything` asks for a look at every leaderless partition (a fresh controller, or one
-    that reverted to its committed image): the first step turns it into a plan of the
-    image's offline partitions."""
+    that reverted to its committed image): the first step resolves it, into a list of
+    the image's leaderless partitions when they are few (`MATERIALIZE_BELOW`), else into
+    a `Sweep` of the image, taken after the parts, that hands out only the partitions
+    leaderless when it meets them (a partition that loses its leader later is queued by
+    the step that changed it)."""
 
     parts: tuple[PartitionPlan, ...] = ()
     everything: bool = False
+    sweep: Sweep | None = None
 
     @property
     def empty(self) -> bool:
-        return not self.everything and not self.parts
+        return not self.everything and not self.parts and self.sweep is None
 
     def with_partitions(self, tps: Iterable[TopicPartition]) -> Backlog:
         grouped: dict[str, list[int]] = {}
@@ -107,30 +176,50 @@ class Backlog(msgspec.Struct, frozen=True, gc=False):
         if not grouped:
             return self
         plan = PartitionPlan(tuple((t, tuple(n)) for t, n in grouped.items()))
-        return Backlog((*self.parts, plan), self.everything)
+        return self.with_plan(plan)
 
     def first(self, tps: Iterable[TopicPartition]) -> Backlog:
         """This backlog with `tps` in front of it."""
         head = Backlog().with_partitions(tps)
-        return Backlog((*head.parts, *self.parts), self.everything)
+        return msgspec.structs.replace(self, parts=(*head.parts, *self.parts))
 
     def with_plan(self, plan: PartitionPlan) -> Backlog:
-        return Backlog((*self.parts, plan), self.everything)
+        return msgspec.structs.replace(self, parts=(*self.parts, plan))
+
+    def then(self, other: Backlog) -> Backlog:
+        """This backlog, then `other`'s parts; `other`'s sweep (a newer look at everything)
+        replaces this one's."""
+        return Backlog(
+            (*self.parts, *other.parts),
+            self.everything or other.everything,
+            other.sweep if other.sweep is not None else self.sweep,
+        )
 
     def resolve(self, image: ClusterImage, *noted: Iterable[TopicPartition]) -> Backlog:
         """`everything` made concrete: every leaderless partition of `image`, and the
         partitions of `noted` (the tracker's notes and pending recoveries, which a look
-        drops if they are led again)."""
+        drops if they are led again). Few leaderless partitions are listed; more are left
+        to a `Sweep` of the image (O(topics) now, then a bounded stretch per step), and
+        only the noted ones that are led are listed (none after a start: the tracker is
+        empty)."""
         if not self.everything:
             return self
-        every = dict.fromkeys(image.offline)
-        for tps in noted:
-            every.update(dict.fromkeys(tps))
-        return Backlog(self.parts).with_partitions(every)
+        offline = image.offline
+        rest = Backlog(self.parts, sweep=self.sweep)
+        if len(offline) <= MATERIALIZE_BELOW:
+            every = dict.fromkeys(offline)
+            for tps in noted:
+                every.update(dict.fromkeys(tps))
+            return rest.with_partitions(every)
+        led = dict.fromkeys(tp for tps in noted for tp in tps if tp not in offline)
+        return msgspec.structs.replace(rest.with_partitions(led), sweep=Sweep.of_image(image))
 
-    def take(self, n: int | None) -> tuple[list[TopicPartition], Backlog]:
-        """Up to `n` queued partitions (None: all of them) and the backlog after them.
-        Call `resolve` first."""
+    def take(
+        self, n: int | None, offline: Container[TopicPartition] | None = None
+    ) -> tuple[list[TopicPartition], Backlog]:
+        """Up to `n` queued partitions (None: all of them) and the backlog after them: the
+        parts first, then the sweep's partitions that are in `offline` (None: all of
+        them). Call `resolve` first."""
         assert not self.everything
         out: list[TopicPartition] = []
         parts = list(self.parts)
@@ -142,7 +231,13 @@ class Backlog(msgspec.Struct, frozen=True, gc=False):
                 parts.pop(0)
             else:
                 parts[0] = rest
-        return out, Backlog(tuple(parts))
+        sweep = self.sweep
+        if sweep is not None and (n is None or len(out) < n):
+            got, sweep = sweep.take(None if n is None else n - len(out), offline)
+            out.extend(got)
+            if sweep.done:
+                sweep = None
+        return out, Backlog(tuple(parts), sweep=sweep)
 
     def __iter__(self) -> Iterator[TopicPartition]:  # for tests and tools: what is queued
         for plan in self.parts:
@@ -150,6 +245,8 @@ class Backlog(msgspec.Struct, frozen=True, gc=False):
             while not rest.done:
                 got, rest = rest.take(1 << 16)
                 yield from got
+        if self.sweep is not None:
+            yield from self.sweep.take(None)[0]
 
 
 EMPTY_BACKLOG: Final = Backlog()

@@ -73,6 +73,15 @@ _TOPICS_KEY_BYTES: Final = 7 + 5
 RECOVERIES_WITHIN_MS: Final = 24 * 3600 * 1000
 
 _encoder: Final = msgspec.msgpack.Encoder()
+# The fewest bytes a partition takes in an answer (an empty topic name, no replicas): a
+# v1 answer of more partitions than fit at this size is refused before any is built.
+_MIN_PARTITION_BYTES: Final = len(
+    _encoder.encode(
+        PartitionState(
+            topic="", partition=0, replicas=[], leader=0, leader_epoch=0, partition_epoch=0, isr=[]
+        )
+    )
+)
 
 RecoveryPending = Callable[[TopicPartition], list[int] | None]
 HeartbeatAge = Callable[[int], int | None]
@@ -291,11 +300,21 @@ def describe_page(
     `notes` and `now_ms` add each partition's recent unclean recovery and each fenced
     broker's reason.
 
-    v1: everything in one answer, or FrameTooLargeError when it does not fit. v2: one
-    page, with the cursors where the next page starts, and at least one item whenever
-    any is left (else FrameTooLargeError: one item is over the limit on its own).
+    v1: everything in one answer, or FrameTooLargeError when it does not fit (at once,
+    without building any of it, when even the smallest encoding of that many partitions
+    would not). v2: one page, with the cursors where the next page starts, and at least
+    one item whenever any is left (else FrameTooLargeError: one item is over the limit on
+    its own).
     """
     topic = request.topic
+    if request.v < 2:
+        total = len(image.partitions) if topic is None else _partition_count(image, topic)
+        if total * _MIN_PARTITION_BYTES > max_bytes:
+            raise FrameTooLargeError(
+                f"the whole answer ({len(image.brokers)} brokers, {total} partitions) "
+                f"exceeds the {max_bytes}-byte frame limit: DescribeCluster v2 pages it "
+                "(metactl describe does)"
+            )
     partition_limit: int | None = None  # None: no limit (v1)
     broker_limit: int | None = None
     start: TopicPartition | None = None

@@ -7,8 +7,13 @@ recovery. Every decision is still made by the pure core through `Controller.subm
 under TLS, who may ask is decided first by `controller.core.authz` (refusals counted
 and logged here, rate-limited per principal). CreateTopics and ElectLeaders are then
 admitted by the partitions-per-request cap and the per-principal mutation quota
-(`controller.runtime.quota`) before anything is submitted; DescribeCluster is answered
-page by page (`controller.runtime.describe`).
+(`controller.runtime.quota`) before anything is submitted. Every request that carries a
+list is bounded first (`controller.runtime.request_caps`: an item cap, and a bound on its
+answer against the frame limit), and no answer leaves larger than the frame limit
+(MESSAGE_TOO_LARGE instead); DescribeCluster and ListPartitionReassignments are answered
+page by page (`controller.runtime.describe`, `controller.runtime.admin_views`), metadata
+fetches in as many records as fit a frame, and a bulk preferred election is read and
+elected a work budget at a time.
 
 Roles. On SQLite (the default) the service is the one controller and always *active*.
 On etcd (``--metadata-log etcd://...``) several services share one log and take turns:
@@ -32,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+import msgspec
 import structlog
 
 from controller.core import validation
@@ -48,10 +54,23 @@ from controller.runtime.driver import Controller
 from controller.runtime.metrics import ControllerMetrics, MetricsServer, RoleMetrics
 from controller.runtime.quorum import describe_quorum
 from controller.runtime.quota import MutationLimits, MutationQuota, requested_partitions
+from controller.runtime.request_caps import (
+    INT_BYTES,
+    MAX_ALTER_PARTITION_ITEMS,
+    MAX_CONFIG_ENTRIES,
+    MAX_REASSIGNMENT_ITEMS,
+    MAX_TOPICS_PER_REQUEST,
+    assignment_bytes,
+    check_answer,
+    check_count,
+    clip,
+    result_bytes,
+)
 from controller.runtime.sessions import BrokerSessions
 from controller.runtime.standby import Standby
 from metactl.errors import (
     FatalStorageError,
+    FrameTooLargeError,
     InvalidRequestError,
     LogClosedError,
     MetactlError,
@@ -84,6 +103,7 @@ from protocol.messages import (
     BrokerHeartbeatResponse,
     CreatePartitionsRequest,
     CreatePartitionsResponse,
+    CreateTopic,
     CreateTopicResponse,
     CreateTopicResult,
     CreateTopicsRequest,
@@ -100,6 +120,7 @@ from protocol.messages import (
     ElectLeader,
     ElectPreferredLeaders,
     ElectPreferredLeadersResponse,
+    ErrorResponse,
     FenceBroker,
     FetchedRecord,
     FetchMetadataRequest,
@@ -107,10 +128,12 @@ from protocol.messages import (
     GetReplicaLogInfoRequest,
     GetReplicaLogInfoResponse,
     ListPartitionReassignmentsRequest,
+    ListPartitionReassignmentsResponse,
     Message,
     MetadataSnapshot,
     PartitionState,
     PartitionView,
+    ReassignmentResult,
     RegisterBroker,
     RegisterBrokerResponse,
     ReplicaLogInfo,
@@ -160,15 +183,32 @@ class HaSettings:
     dead_active_detection: bool = True
 
 
-MAX_ALTER_PARTITION_ITEMS: Final = 10_000
-"""Items one AlterPartitions request may carry (brokers send at most 5,000): more is
-INVALID_REQUEST, so that no request commits more than its answer can carry back."""
+# Answers not measured against the frame limit on the way out: those measured as they
+# are built (pages, fetches), and the small fixed ones of the hot path (a heartbeat's
+# answer encoded twice would cost every broker's heartbeat for nothing).
+_UNMEASURED: Final = (
+    DescribeClusterResponse,
+    ListPartitionReassignmentsResponse,
+    FetchMetadataResponse,
+    ErrorResponse,
+    BrokerHeartbeatResponse,
+    RegisterBrokerResponse,
+    PartitionView,
+    Ack,
+)
+# Bytes of a frame besides its body: the length header and the correlation id.
+_FRAME_OVERHEAD: Final = 16
+_encoder: Final = msgspec.msgpack.Encoder()
 
 
 def _item_error(item: AlterPartition, exc: MetactlError) -> AlterPartitionResult:
     return AlterPartitionResult(
-        topic=item.topic, partition=item.partition, error_code=exc.code, message=exc.message
+        topic=item.topic, partition=item.partition, error_code=exc.code, message=clip(exc.message)
     )
+
+
+def _encoded_size(body: Message) -> int:
+    return len(_encoder.encode(body)) + _FRAME_OVERHEAD
 
 
 class ControllerService:
@@ -536,7 +576,7 @@ class ControllerService:
                 raise FatalStorageError("the metadata log stopped taking writes; reopening it")
             raise await self._redirect()
         try:
-            return await self._handle(body, peer)
+            answer = await self._handle(body, peer)
         except (LogClosedError, FatalStorageError) as exc:
             if not self.replicated:
                 raise
@@ -545,6 +585,22 @@ class ControllerService:
             if self.leader_hint == self.advertised:
                 self.leader_hint = None
             raise self._not_controller() from exc
+        if not isinstance(answer, _UNMEASURED):
+            # The up-front caps keep every answer inside the frame limit; should one not
+            # be (a bug), the client gets a named error, not a frame it cannot read.
+            size = _encoded_size(answer)
+            if size > self.max_frame_bytes:
+                log.error(
+                    "answer over the frame limit; refused",
+                    request=type(body).__name__,
+                    bytes=size,
+                    limit=self.max_frame_bytes,
+                )
+                raise FrameTooLargeError(
+                    f"the {type(answer).__name__} ({size:,} bytes) exceeds the "
+                    f"{self.max_frame_bytes:,}-byte frame limit"
+                )
+        return answer
 
     async def _handle(self, body: Message, peer: Peer) -> Message:
         ctl = self.controller
@@ -574,14 +630,14 @@ class ControllerService:
                 return await self._delete_topics(body)
             case CreatePartitionsRequest():
                 return await self._create_partitions(body, peer)
-            case AlterConfigs() | UpdateFeature() | AlterPartitionReassignments():
+            case AlterPartitionReassignments():
+                return await self._reassign(body)
+            case AlterConfigs() | UpdateFeature():
+                if isinstance(body, AlterConfigs):
+                    entries = len(body.set_configs) + len(body.delete_configs)
+                    check_count("config entries", entries, MAX_CONFIG_ENTRIES)
                 r = await ctl.submit(body)
-                assert isinstance(
-                    r,
-                    AlterConfigsResponse
-                    | UpdateFeatureResponse
-                    | AlterPartitionReassignmentsResponse,
-                )
+                assert isinstance(r, AlterConfigsResponse | UpdateFeatureResponse)
                 return r
             case UnregisterBroker():
                 await ctl.submit(body)
@@ -592,7 +648,9 @@ class ControllerService:
             case DescribeFeaturesRequest():
                 return describe_features(ctl.committed_image, self.config)
             case ListPartitionReassignmentsRequest():
-                return list_reassignments(ctl.committed_image, body)
+                if body.topics is not None:
+                    check_count("topics", len(body.topics), MAX_TOPICS_PER_REQUEST)
+                return list_reassignments(ctl.committed_image, body, max_bytes=self.max_frame_bytes)
         raise InvalidRequestError(f"the controller does not handle {type(body).__name__}")
 
     async def _elect_preferred(self, body: ElectPreferredLeaders) -> ElectPreferredLeadersResponse:
@@ -600,8 +658,10 @@ class ControllerService:
         its own event and commit, so heartbeats, AlterPartitions and describes go on in
         between (as KRaft balances leaders), and what was elected before a failover stays
         elected. Not charged to the mutation quota: it creates nothing (here the quota
-        covers CreateTopics, CreatePartitions and single ElectLeaders)."""
+        covers CreateTopics, CreatePartitions and single ElectLeaders). A named list (as
+        long as a frame holds) is read a work budget at a time too, yielding between."""
         image = self.controller.committed_image
+        budget = self.work_budget or WORK_BUDGET
         if body.partitions is None:
             plan = PartitionPlan(
                 tuple(
@@ -610,11 +670,14 @@ class ControllerService:
             )
         else:
             grouped: dict[str, list[int]] = {}
-            for ref in body.partitions:
-                validation.int32(ref.partition, "partition")
-                grouped.setdefault(ref.topic, []).append(ref.partition)
+            refs = body.partitions
+            for start in range(0, len(refs), budget):
+                if start:
+                    await asyncio.sleep(0)  # heartbeats and describes go on
+                for ref in refs[start : start + budget]:
+                    validation.int32(ref.partition, "partition")
+                    grouped.setdefault(ref.topic, []).append(ref.partition)
             plan = PartitionPlan(tuple((t, tuple(n)) for t, n in grouped.items()))
-        budget = self.work_budget or WORK_BUDGET
         total = ElectPreferredLeadersResponse()
         while not plan.done:
             groups, plan = plan.take_groups(budget)
@@ -637,11 +700,14 @@ class ControllerService:
         until its metadata shows what was committed (never a whole-request error for
         items that are in fact committed)."""
         items = body.items
-        if len(items) > MAX_ALTER_PARTITION_ITEMS:
-            raise InvalidRequestError(
-                f"{len(items)} AlterPartition items in one request: at most "
-                f"{MAX_ALTER_PARTITION_ITEMS:,}"
-            )
+        check_count("AlterPartition items", len(items), MAX_ALTER_PARTITION_ITEMS)
+        # Each answer: the item's names, a clipped message, and its view (the names again
+        # and the ISR asked for).
+        check_answer(
+            "AlterPartitions",
+            (2 * result_bytes(i.topic) + INT_BYTES * len(i.isr) for i in items),
+            self.max_frame_bytes,
+        )
         budget = self.work_budget or WORK_BUDGET
         results: list[AlterPartitionResult | None] = [None] * len(items)
         seen: set[tuple[str, int]] = set()
@@ -670,12 +736,18 @@ class ControllerService:
                 break
             assert isinstance(answer, AlterPartitionsResponse)
             for i, result in zip(piece, answer.results, strict=True):
-                results[i] = result
+                results[i] = (
+                    msgspec.structs.replace(result, message=clip(result.message))
+                    if len(result.message) > 64
+                    else result
+                )
         return AlterPartitionsResponse(results=[r for r in results if r is not None])
 
     async def _delete_topics(self, body: DeleteTopicsRequest) -> DeleteTopicsResponse:
         """Each topic alone, in order (Kafka's per-topic errors); the log failing fails
-        the whole request, which the client retries."""
+        the whole request, which the client retries. At most MAX_TOPICS_PER_REQUEST."""
+        check_count("topics", len(body.topics), MAX_TOPICS_PER_REQUEST)
+        check_answer("DeleteTopics", map(result_bytes, body.topics), self.max_frame_bytes)
         results: list[TopicResult] = []
         for name in body.topics:
             try:
@@ -683,7 +755,9 @@ class ControllerService:
             except (LogClosedError, FatalStorageError):
                 raise
             except MetactlError as exc:
-                results.append(TopicResult(name=name, error_code=exc.code, message=exc.message))
+                results.append(
+                    TopicResult(name=name, error_code=exc.code, message=clip(exc.message))
+                )
                 continue
             assert isinstance(r, DeleteTopicResponse)
             results.append(TopicResult(name=name, topic_id=r.topic_id))
@@ -693,8 +767,32 @@ class ControllerService:
         self, body: CreatePartitionsRequest, peer: Peer
     ) -> CreatePartitionsResponse:
         """Each topic alone, in order, under the principal's mutation quota (charged the
-        partitions it adds, given back if the core refuses)."""
+        partitions it adds, given back if the core refuses). At most
+        MAX_TOPICS_PER_REQUEST topics, adding at most the partitions-per-request cap in all
+        (each topic within it alone was all Kafka asks; in all, so that one request's
+        answer and work stay bounded)."""
         image = self.controller.committed_image
+        check_count("topics", len(body.topics), MAX_TOPICS_PER_REQUEST)
+        adds: list[tuple[int, int]] = []  # per topic: partitions added, replication factor
+        for spec in body.topics:
+            t = image.topics.get(spec.topic)
+            adding = max(0, spec.count - t.partitions) if t is not None else 0
+            rf = max(map(len, spec.assignments), default=0) if spec.assignments else 0
+            if not rf and t is not None and t.partitions:
+                p = image.partitions.get((spec.topic, 0))
+                rf = len(p.replicas) if p is not None else 0
+            adds.append((adding, rf))
+        # A topic over the cap on its own is refused alone, below, and adds nothing.
+        cap = self.mutation_limits.max_partitions_per_request
+        self.mutation_limits.check_request(sum(a for a, _ in adds if a <= cap))
+        check_answer(
+            "CreatePartitionsBatch",
+            (
+                result_bytes(spec.topic) + assignment_bytes(adding, rf)
+                for spec, (adding, rf) in zip(body.topics, adds, strict=True)
+            ),
+            self.max_frame_bytes,
+        )
         results: list[CreateTopicResult] = []
         for spec in body.topics:
             t = image.topics.get(spec.topic)
@@ -704,7 +802,9 @@ class ControllerService:
                 self.quota.acquire(peer.name, adding)
             except MetactlError as exc:
                 results.append(
-                    CreateTopicResult(name=spec.topic, error_code=exc.code, message=exc.message)
+                    CreateTopicResult(
+                        name=spec.topic, error_code=exc.code, message=clip(exc.message)
+                    )
                 )
                 continue
             try:
@@ -715,7 +815,9 @@ class ControllerService:
             except MetactlError as exc:
                 self.quota.release(peer.name, adding)
                 results.append(
-                    CreateTopicResult(name=spec.topic, error_code=exc.code, message=exc.message)
+                    CreateTopicResult(
+                        name=spec.topic, error_code=exc.code, message=clip(exc.message)
+                    )
                 )
                 continue
             assert isinstance(r, CreateTopicResponse)
@@ -767,8 +869,17 @@ class ControllerService:
         throttle time); a later one refuses that topic and the rest (Kafka's strict
         mode). A topic the core refuses is not charged."""
         ctl = self.controller
+        check_count("topics", len(body.topics), MAX_TOPICS_PER_REQUEST)
         counts = [requested_partitions(s, self.config.default_partitions) for s in body.topics]
         self.mutation_limits.check_request(sum(counts))
+        check_answer(
+            "CreateTopics",
+            (
+                result_bytes(spec.name) + assignment_bytes(n, self._replication_factor(spec))
+                for spec, n in zip(body.topics, counts, strict=True)
+            ),
+            self.max_frame_bytes,
+        )
         results: list[CreateTopicResult] = []
         for spec, partitions in zip(body.topics, counts, strict=True):
             try:
@@ -777,7 +888,9 @@ class ControllerService:
                 if not results:
                     raise
                 results.append(
-                    CreateTopicResult(name=spec.name, error_code=exc.code, message=exc.message)
+                    CreateTopicResult(
+                        name=spec.name, error_code=exc.code, message=clip(exc.message)
+                    )
                 )
                 continue
             try:
@@ -788,7 +901,9 @@ class ControllerService:
             except MetactlError as exc:
                 self.quota.release(peer.name, partitions)
                 results.append(
-                    CreateTopicResult(name=spec.name, error_code=exc.code, message=exc.message)
+                    CreateTopicResult(
+                        name=spec.name, error_code=exc.code, message=clip(exc.message)
+                    )
                 )
                 continue
             assert isinstance(r, CreateTopicResponse)
@@ -796,6 +911,45 @@ class ControllerService:
                 CreateTopicResult(name=spec.name, topic_id=r.topic_id, assignments=r.assignments)
             )
         return CreateTopicsResponse(results=results)
+
+    def _replication_factor(self, spec: CreateTopic) -> int:
+        """The most replicas a partition of `spec` gets (for its answer's bound)."""
+        if spec.assignments is not None:
+            return max(map(len, spec.assignments), default=0)
+        if spec.replication_factor is not None:
+            return spec.replication_factor
+        return self.config.default_replication_factor
+
+    async def _reassign(
+        self, body: AlterPartitionReassignments
+    ) -> AlterPartitionReassignmentsResponse:
+        """At most MAX_REASSIGNMENT_ITEMS partitions, and an answer that fits the frame
+        limit, checked before anything is submitted; then the core validates the request
+        and reassigns a work budget per slice (`ReassignSlice`), each partition alone."""
+        items = body.reassignments
+        check_count("partitions to reassign", len(items), MAX_REASSIGNMENT_ITEMS)
+        check_answer(
+            "AlterPartitionReassignments",
+            (result_bytes(r.topic) for r in items),
+            self.max_frame_bytes,
+        )
+        r = await self.controller.submit(body)
+        assert isinstance(r, AlterPartitionReassignmentsResponse)
+        if any(len(x.message) > 64 for x in r.results):
+            r = AlterPartitionReassignmentsResponse(
+                results=[
+                    x
+                    if len(x.message) <= 64
+                    else ReassignmentResult(
+                        topic=x.topic,
+                        partition=x.partition,
+                        error_code=x.error_code,
+                        message=clip(x.message),
+                    )
+                    for x in r.results
+                ]
+            )
+        return r
 
     async def _elect(self, body: ElectLeader, peer: Peer) -> PartitionState:
         """One partition changed: one unit of the principal's mutation quota, given back
@@ -901,11 +1055,20 @@ class ControllerService:
             snap = await store.load_snapshot(ImageSnapshot)
             if snap is None:
                 raise OffsetOutOfRangeError(f"offset {req.from_offset} is no longer retained")
-            return FetchMetadataResponse(
+            answer = FetchMetadataResponse(
                 records=[],
                 end_offset=store.end_offset,
                 snapshot=MetadataSnapshot(offset=snap[0], records=snap[1].all_records()),
             )
+            size = _encoded_size(answer)
+            if size > self.max_frame_bytes:
+                # Not paged (yet): a named refusal rather than a frame the broker
+                # cannot read.
+                raise FrameTooLargeError(
+                    f"the snapshot at offset {snap[0]} ({size:,} bytes) exceeds the "
+                    f"{self.max_frame_bytes:,}-byte frame limit"
+                )
+            return answer
         if req.from_offset > store.end_offset:
             raise OffsetOutOfRangeError(
                 f"offset {req.from_offset} is beyond the committed end {store.end_offset}"
@@ -913,10 +1076,19 @@ class ControllerService:
         if req.from_offset == store.end_offset and req.max_wait_ms > 0:
             await store.wait_for(req.from_offset, timeout=min(req.max_wait_ms, 10_000) / 1000)
         entries = await store.read(req.from_offset, max(1, min(req.max_records, 50_000)))
-        return FetchMetadataResponse(
-            records=[FetchedRecord(e.offset, e.timestamp_ms, e.record) for e in entries],
-            end_offset=store.end_offset,
-        )
+        records = [FetchedRecord(e.offset, e.timestamp_ms, e.record) for e in entries]
+        while True:
+            answer = FetchMetadataResponse(records=records, end_offset=store.end_offset)
+            if len(records) <= 1 or _encoded_size(answer) <= self.max_frame_bytes:
+                break
+            # As many records as fit a frame (at least one): the broker fetches on.
+            records = records[: len(records) // 2]
+        if len(records) == 1 and _encoded_size(answer) > self.max_frame_bytes:
+            raise FrameTooLargeError(
+                f"the record at offset {records[0].offset} exceeds the "
+                f"{self.max_frame_bytes:,}-byte frame limit on its own"
+            )
+        return answer
 
     # --- unclean recovery: GetReplicaLogInfo --------------------------------------------
 
