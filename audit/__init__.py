@@ -11,8 +11,9 @@
   audits (partition records in buckets, the rest apart, a manifest), by parallel processes.
 * `audit.buckets`: jobs over an export's buckets, one Spark task each, no shuffle.
 * `audit.jobs`: the audits (elections, unclean recoveries, offline time, brokers,
-  invariants); `audit.rules` holds the invariant checker they share with `audit.plain`,
-  the single-process baseline of every job.
+  invariants); `audit.rules` names the invariants, `audit.partition_checker` checks one
+  partition's history against them and `audit.log_checker` feeds it a log's records:
+  the checker they share with `audit.plain`, the single-process baseline of every job.
 * `audit.tile`: large histories tiled from a simulated one (benchmarks, tests).
 * `audit.standalone`: a Spark standalone cluster (master, workers) on this machine.
 

@@ -1,15 +1,16 @@
 """Jobs over the buckets of a Parquet export: one Spark task per bucket, no shuffle.
 
-A `metactl log export` (`audit.export`) writes the records of partitions in buckets by
-a hash of (cluster, topic, partition): every record of a partition is in the files of
-one bucket, in offset order. A job whose work is sequential per partition (replaying its
-history: ``invariants``, ``offline``) therefore needs no shuffle on such an export: Spark
-runs one task per bucket (`run_buckets`), which reads its bucket's files and the few
-broker-, topic- and cluster-level rows with Arrow (`read_bucket`, `read_events`), leaves
-out what the audits never read (`committed`: aborted transactions, rows after --until),
-and returns only its results. Spark schedules the tasks over its cores or cluster; the
-export's directory must be readable at the same path by every executor (the same
-requirement as for Spark's own reader).
+A `metactl log export` (`audit.export`; its layout: `audit.export_layout`) writes the
+records of partitions in buckets by a hash of (cluster, topic, partition): every record
+of a partition is in the files of one bucket, in offset order. A job whose work is
+sequential per partition (replaying its history: ``invariants``, ``offline``) therefore
+needs no shuffle on such an export: Spark runs one task per bucket (`run_buckets`),
+which reads its bucket's files and the few broker-, topic- and cluster-level rows with
+Arrow (`read_bucket`, `read_events`), leaves out what the audits never read
+(`committed`: aborted transactions, rows after --until), and returns only its results.
+Spark schedules the tasks over its cores or cluster; the export's directory must be
+readable at the same path by every executor (the same requirement as for Spark's own
+reader).
 
 `export_root` says whether an input is such an export (a local directory with the
 manifest); other inputs take each job's row path (a shuffle by partition in Spark).
@@ -26,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from audit.export_layout import CLUSTER_KIND, KIND, MANIFEST, PARTITION_KIND, bucket_file_glob
 from audit.spark import AuditInput
 from metactl.errors import LogDirNotFoundError
 
@@ -42,16 +44,12 @@ def export_root(inp: AuditInput) -> str | None:
 
 
 def _files(root: str, kind: str, pattern: str) -> list[str]:
-    from audit.export import KIND
-
     return sorted(str(p) for p in (Path(root) / f"{KIND}={kind}").glob(pattern))
 
 
 def read_bucket(root: str, bucket: int, columns: Sequence[str]) -> pa.Table | None:
     """The partition records of one bucket (None when it has none)."""
     from pyarrow import dataset as ds
-
-    from audit.export import PARTITION_KIND, bucket_file_glob
 
     files = _files(root, PARTITION_KIND, bucket_file_glob(bucket))
     if not files:
@@ -62,8 +60,6 @@ def read_bucket(root: str, bucket: int, columns: Sequence[str]) -> pa.Table | No
 def read_events(root: str, columns: Sequence[str], types: Sequence[str]) -> pa.Table | None:
     """The rows of the given record types among the non-partition records (few)."""
     from pyarrow import dataset as ds
-
-    from audit.export import CLUSTER_KIND
 
     files = _files(root, CLUSTER_KIND, "*.parquet")
     if not files:
@@ -127,8 +123,6 @@ def run_buckets(spark: Any, inp: AuditInput, fn: BucketFn, ddl: str) -> Any:
     buckets = int(inp.manifest().buckets)
 
     def tasks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from audit.export import MANIFEST
-
         if not (Path(root) / MANIFEST).is_file():
             # An empty bucket is no error, but an export this executor cannot see is one.
             raise LogDirNotFoundError(

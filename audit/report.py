@@ -3,6 +3,9 @@
 The HTML needs no network: charts are inline SVG drawn here (bars, stacked by series),
 tables are plain HTML. CSV cannot hold arrays or structs, so such cells are written as
 JSON text there; Parquet keeps them typed.
+
+It sees a job's result only through `JobOutput` (what `audit.jobs.common.JobResult`
+holds), so that the jobs use it and it uses none of them. It computes nothing.
 """
 
 from __future__ import annotations
@@ -10,17 +13,31 @@ from __future__ import annotations
 import html
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-if TYPE_CHECKING:
-    from audit.jobs.common import JobResult
+
+class JobOutput(Protocol):
+    """What `write_outputs` writes of a job's result (`audit.jobs.common.JobResult`)."""
+
+    @property
+    def job(self) -> str: ...
+
+    @property
+    def tables(self) -> Mapping[str, pd.DataFrame]: ...
+
+    @property
+    def summary(self) -> Sequence[str]: ...
+
+    @property
+    def html(self) -> Sequence[str]: ...
+
 
 PALETTE = (
     "#4e79a7",
@@ -82,7 +99,7 @@ def write_table(df: pd.DataFrame, path_stem: Path, fmt: str) -> Path:
     return path
 
 
-def write_outputs(result: JobResult, out_dir: str | Path, fmt: str = "parquet") -> list[Path]:
+def write_outputs(result: JobOutput, out_dir: str | Path, fmt: str = "parquet") -> list[Path]:
     """Write every table, summary.txt and report.html to `out_dir`; returns the paths."""
     if fmt not in ("parquet", "csv"):
         raise ValueError(f"unknown output format {fmt!r} (parquet or csv)")

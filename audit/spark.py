@@ -305,13 +305,13 @@ class AuditInput:
         return df.select(*cols)
 
     def manifest(self) -> Any:
-        """The Parquet export's manifest (`audit.export.Manifest`), or None: data
+        """The Parquet export's manifest (`audit.export_layout.Manifest`), or None: data
         directories, or an export of another layout (read once per input)."""
         if self.parquet is None:
             return None
         found = self._manifest
         if found is None:
-            from audit.export import read_manifest
+            from audit.export_layout import read_manifest
 
             found = read_manifest(self.parquet) or False
             object.__setattr__(self, "_manifest", found)  # a cache on a frozen dataclass
@@ -322,7 +322,7 @@ class AuditInput:
         job) and the ``kind`` directories that cannot hold a wanted type are pruned."""
         from pyspark.sql import functions as F
 
-        from audit.export import CLUSTER_KIND, KIND, PARTITION_KIND, PARTITION_TYPES
+        from audit.export_layout import CLUSTER_KIND, KIND, PARTITION_KIND, PARTITION_TYPES
 
         if self.manifest() is None:
             return spark.read.parquet(self.parquet)

@@ -53,9 +53,11 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from ops.certs import default_names, init_certs
+from localcluster.certs import default_names, init_certs
 from protocol.codec import decode_frame, encode_frame
-from protocol.messages import DescribeClusterRequest, Message, ReadLogRequest
+from protocol.messages.admin import DescribeClusterRequest
+from protocol.messages.data import ReadLogRequest
+from protocol.messages.unions import Message
 from protocol.tls import ADMIN, TlsIdentity
 from protocol.transport import read_frame
 

@@ -25,9 +25,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from controller.core.broker_handlers import fence_broker
 from controller.core.config import ControllerConfig
-from controller.core.handlers import create_topic, fence_broker
-from controller.runtime.driver import Controller, load_image
+from controller.core.topic_handlers import create_topic
+from controller.runtime.driver import Controller
+from controller.runtime.loading import load_image
 from controller.runtime.process import freeze_heap
 from metadata_image.image import ClusterImage
 from metadata_image.replay import replay
@@ -40,7 +42,8 @@ from metadata_log.records import (
     encode_batch,
 )
 from metadata_log.sqlite_store import SqliteLogStore
-from protocol.messages import CreateTopic, FenceBroker
+from protocol.messages.admin import CreateTopic
+from protocol.messages.internal import FenceBroker
 
 CONFIG = ControllerConfig()
 TAIL_FENCES = 2

@@ -2,7 +2,7 @@
 controllers fail over (issue 21, item 5). Prints figures; asserts nothing.
 
 The cluster is what `metactl cluster up --controllers 3 --etcd 3` runs: a local 3-member
-etcd cluster (`ops.etcd_local.LocalEtcd`, so its timing flags) and three controllers on
+etcd cluster (`localcluster.etcd.LocalEtcd`, so its timing flags) and three controllers on
 one metadata log in it with the default 2 s lease, plus one broker (tests/e2e/ha.py's
 `HaCluster`). A writer keeps creating topics through every controller's address (each
 an acknowledged metadata write). Each trial finds the etcd leader through the members'
@@ -44,11 +44,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tests.e2e.ha as ha_processes
+from chaos.processes import member_status
+from localcluster.etcd import ELECTION_TIMEOUT_MS, HEARTBEAT_MS
 from metactl.errors import MetactlError
-from metadata_log.etcd.client import Etcd, EtcdTarget
+from metadata_log.etcd.client import Etcd
 from metadata_log.etcd.lease import current_leader
-from ops.chaos_procs import member_status
-from ops.etcd_local import ELECTION_TIMEOUT_MS, HEARTBEAT_MS
+from metadata_log.etcd.target import EtcdTarget
 from tests.e2e.ha import HaCluster, Writer
 
 # Broker sessions as Kafka's defaults have them (9 s), not the HA tests' 1.5 s: with that,

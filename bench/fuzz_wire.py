@@ -320,18 +320,19 @@ def _plant(kind: str | None) -> None:
         return
     import msgspec
 
-    from controller.runtime.service import ControllerService
+    from controller.runtime.frame_listener import FrameListener
     from metactl.errors import MetactlError
     from protocol import codec
-    from protocol.messages import DescribeClusterRequest, ElectLeader, RegisterBroker
+    from protocol.messages.admin import DescribeClusterRequest, ElectLeader
+    from protocol.messages.broker_controller import RegisterBroker
 
     if kind == "codec-narrow":  # UnicodeDecodeError and RecursionError escape
         codec._UNDECODABLE = (msgspec.DecodeError,)  # type: ignore[misc,assignment]
         return
-    original = ControllerService._dispatch
+    original = FrameListener.dispatch
     fresh_ids = itertools.count(1000)
 
-    async def planted(self: ControllerService, body: Any, peer: Any) -> Any:
+    async def planted(self: FrameListener, body: Any, peer: Any) -> Any:
         if kind == "dispatch-crash" and isinstance(body, ElectLeader) and body.partition > 2:
             raise KeyError(body.partition)
         if kind == "blocking-hang" and isinstance(body, DescribeClusterRequest):  # noqa: SIM102
@@ -343,10 +344,10 @@ def _plant(kind: str | None) -> None:
         except MetactlError:
             if kind == "state-change" and isinstance(body, ElectLeader):
                 new = RegisterBroker(broker_id=next(fresh_ids), incarnation_id="planted")
-                await self.controller.submit(new)
+                await self.apis.role.controller.submit(new)
             raise
 
-    ControllerService._dispatch = planted  # type: ignore[method-assign]
+    FrameListener.dispatch = planted  # type: ignore[method-assign]
 
 
 def run_child(args: argparse.Namespace) -> None:

@@ -34,11 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from service_load import Tls, apply_latency, pct
 
+from localcluster.etcd import LocalEtcd
 from metadata_log.etcd.store import EtcdLogStore
 from metadata_log.records import ChangeReason, PartitionChangeRecord
 from metadata_log.sqlite_store import SqliteLogStore
 from metadata_log.store import LogStore
-from ops.etcd_local import LocalEtcd
 from tests.e2e.ha import HaCluster, Writer
 
 RECORDS_PER_BATCH = 1000

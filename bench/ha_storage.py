@@ -56,7 +56,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tests.e2e.ha as ha_processes
-from protocol.messages import Message
+from protocol.messages.unions import Message
 from tests.e2e.cluster import Process, free_block
 from tests.e2e.ha import LEASE_TTL_S, HaCluster, Writer
 from tests.processes import alive

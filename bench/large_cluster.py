@@ -81,7 +81,8 @@ from controller_ops import CONFIG, cluster_records, peak_rss_mib
 from brokers_stub.leader import MAX_ALTER_ITEMS
 from controller.core.work import WORK_BUDGET as CREATE_SLICE_PARTITIONS
 from controller.runtime.clock import SystemClock
-from controller.runtime.driver import Controller, load_image
+from controller.runtime.driver import Controller
+from controller.runtime.loading import load_image
 from controller.runtime.process import freeze_heap
 from metadata_image.image import ClusterImage
 from metadata_image.replay import replay
@@ -96,14 +97,9 @@ from metadata_log.records import (
 from metadata_log.sqlite_format import resolve_log_path
 from metadata_log.sqlite_store import SqliteLogStore
 from protocol.client import RpcClient
-from protocol.messages import (
+from protocol.messages.admin import (
     AlterConfigs,
-    AlterPartition,
     AlterPartitionReassignments,
-    AlterPartitions,
-    AlterPartitionsResponse,
-    BrokerHeartbeatRequest,
-    BrokerHeartbeatResponse,
     CreatePartitions,
     CreatePartitionsRequest,
     CreateTopic,
@@ -113,22 +109,28 @@ from protocol.messages import (
     DescribeClusterRequest,
     ElectPreferredLeaders,
     ElectPreferredLeadersResponse,
-    FenceBroker,
+    ListPartitionReassignmentsRequest,
+    Reassignment,
+    UnregisterBroker,
+    UpdateFeature,
+)
+from protocol.messages.broker_controller import (
+    AlterPartition,
+    AlterPartitions,
+    AlterPartitionsResponse,
+    BrokerHeartbeatRequest,
+    BrokerHeartbeatResponse,
     FetchMetadataRequest,
     GetReplicaLogInfoRequest,
     GetReplicaLogInfoResponse,
     IsrMember,
-    ListPartitionReassignmentsRequest,
-    Message,
-    Reassignment,
     RegisterBroker,
     RegisterBrokerResponse,
     ReplicaLogInfoEntry,
     ReplicaRef,
-    UnfenceBroker,
-    UnregisterBroker,
-    UpdateFeature,
 )
+from protocol.messages.internal import FenceBroker, UnfenceBroker
+from protocol.messages.unions import Message
 
 GOAL_MS = 100.0
 DESCRIBE = DescribeClusterRequest(topic="small")  # what `metactl describe --topic small` sends
@@ -940,8 +942,8 @@ def largest_requests(partitions: int, epochs: dict[int, int]) -> list[tuple[str,
 
 
 async def bench_requests(partitions: int, tmp: Path) -> dict[str, Any]:
+    from clients.admin import ongoing
     from metactl.errors import MetactlError, NetworkError, RequestTimedOutError
-    from ops.reassign_cmds import ongoing
 
     records, epochs = requests_records(partitions)
     data = tmp / "requests"

@@ -67,17 +67,16 @@ from metadata_log.records import (
 )
 from metadata_log.sqlite_store import SqliteLogStore
 from protocol.client import RpcClient
-from protocol.messages import (
-    AlterPartition,
+from protocol.messages.admin import (
     AlterPartitionReassignments,
     AlterPartitionReassignmentsResponse,
     CreateTopic,
     DeleteTopic,
     DeleteTopicResponse,
-    FenceBroker,
-    IsrMember,
     Reassignment,
 )
+from protocol.messages.broker_controller import AlterPartition, IsrMember
+from protocol.messages.internal import FenceBroker
 
 DELETE_GOAL_S = 1.0
 

@@ -29,11 +29,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from protocol.client import RpcClient
-from protocol.messages import (
+from protocol.messages.admin import CreateTopic, CreateTopicsRequest, CreateTopicsResponse
+from protocol.messages.broker_controller import (
     BrokerHeartbeatRequest,
-    CreateTopic,
-    CreateTopicsRequest,
-    CreateTopicsResponse,
     RegisterBroker,
     RegisterBrokerResponse,
 )

@@ -33,14 +33,14 @@ from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ops.client import call
-from ops.data_client import leader_request
-from ops.data_cmds import produce
-from ops.procs import await_active_brokers as _await_active
-from ops.procs import await_ready as _await_ready
-from ops.procs import shutdown as _shutdown
-from ops.procs import start_process as _start
-from protocol.messages import (
+from clients.controller import call
+from clients.data import leader_request
+from clients.producer import produce
+from localcluster.procs import await_active_brokers as _await_active
+from localcluster.procs import await_ready as _await_ready
+from localcluster.procs import shutdown as _shutdown
+from localcluster.procs import start_process as _start
+from protocol.messages.admin import (
     CreateTopic,
     CreateTopicsRequest,
     DescribeClusterRequest,
@@ -60,7 +60,7 @@ async def wait_for_leaders(address: str, topic: str, partitions: int) -> None:
 
 @contextlib.contextmanager
 def timed_batches(latencies_ms: list[float]) -> Iterator[None]:
-    """Time every batch `ops.data_cmds.produce` sends (its calls to `leader_request`,
+    """Time every batch `clients.producer.produce` sends (its calls to `leader_request`,
     retries included) into `latencies_ms`."""
 
     async def timed(*args: Any, **kw: Any) -> Any:
@@ -70,7 +70,7 @@ def timed_batches(latencies_ms: list[float]) -> Iterator[None]:
         finally:
             latencies_ms.append((time.perf_counter() - start) * 1000)
 
-    with mock.patch("ops.data_cmds.leader_request", new=timed):  # what produce() calls
+    with mock.patch("clients.producer.leader_request", new=timed):  # what produce() calls
         yield
 
 

@@ -35,13 +35,12 @@ from typing import Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ops.certs import default_names, init_certs
+from localcluster.certs import default_names, init_certs
 from protocol.client import RpcClient
 from protocol.codec import encode_frame
-from protocol.messages import (
+from protocol.messages.admin import CreateTopic, CreateTopicsRequest
+from protocol.messages.broker_controller import (
     BrokerHeartbeatRequest,
-    CreateTopic,
-    CreateTopicsRequest,
     FetchMetadataRequest,
     FetchMetadataResponse,
     RegisterBroker,

@@ -34,7 +34,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from audit.export import export_parquet, read_manifest
+from audit.export import export_parquet
+from audit.export_layout import read_manifest
 from audit.standalone import Standalone
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

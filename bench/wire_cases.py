@@ -28,18 +28,13 @@ from controller.runtime.clock import VirtualClock
 from controller.runtime.quota import MutationLimits
 from controller.runtime.service import ControllerService
 from metactl.errors import InvalidRequestError, MetactlError, UnsupportedVersionError
-from protocol.codec import HEADER_BYTES, Frame, decode_frame, encode_frame, parse_address
-from protocol.messages import (
-    Ack,
+from protocol.address import parse_address
+from protocol.codec import HEADER_BYTES, Frame, decode_frame, encode_frame
+from protocol.messages.admin import (
     AlterConfigs,
     AlterConfigsResponse,
-    AlterPartition,
     AlterPartitionReassignments,
     AlterPartitionReassignmentsResponse,
-    AlterPartitions,
-    AlterPartitionsResponse,
-    BrokerHeartbeatRequest,
-    BrokerHeartbeatResponse,
     CreatePartitions,
     CreatePartitionsRequest,
     CreatePartitionsResponse,
@@ -59,26 +54,33 @@ from protocol.messages import (
     ElectLeader,
     ElectPreferredLeaders,
     ElectPreferredLeadersResponse,
-    ErrorResponse,
-    FetchMetadataRequest,
-    FetchMetadataResponse,
-    GetReplicaLogInfoRequest,
-    IsrMember,
     ListPartitionReassignmentsRequest,
     ListPartitionReassignmentsResponse,
-    Message,
     PartitionState,
-    ProduceRequest,
-    ReadLogRequest,
     Reassignment,
-    RegisterBroker,
-    RegisterBrokerResponse,
-    ReplicaFetchRequest,
-    ReplicaRef,
     UnregisterBroker,
     UpdateFeature,
     UpdateFeatureResponse,
 )
+from protocol.messages.base import ErrorResponse
+from protocol.messages.broker_controller import (
+    AlterPartition,
+    AlterPartitions,
+    AlterPartitionsResponse,
+    BrokerHeartbeatRequest,
+    BrokerHeartbeatResponse,
+    FetchMetadataRequest,
+    FetchMetadataResponse,
+    GetReplicaLogInfoRequest,
+    IsrMember,
+    RegisterBroker,
+    RegisterBrokerResponse,
+    ReplicaRef,
+)
+from protocol.messages.data import ProduceRequest, ReadLogRequest
+from protocol.messages.internal import Ack
+from protocol.messages.replication import ReplicaFetchRequest
+from protocol.messages.unions import Message
 from protocol.transport import read_frame
 
 # The seeded cluster: brokers 1..3 registered (at these epochs) and unfenced, and topic

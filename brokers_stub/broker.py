@@ -29,6 +29,7 @@ from typing import Any, Final, TextIO
 from brokers_stub.config import BrokerConfig
 from brokers_stub.logctx import BrokerLog
 from brokers_stub.metadata import MetadataFollower
+from brokers_stub.metrics import start_metrics
 from brokers_stub.replica_manager import ReplicaManager
 from brokers_stub.storage import take_clean_shutdown_epoch, write_clean_shutdown
 from metactl.errors import (
@@ -43,20 +44,20 @@ from metactl.errors import (
 )
 from metadata_image.delta import MetadataDelta
 from metadata_image.image import ClusterImage
+from protocol.admission import Peer
 from protocol.client import Endpoints, FailoverPolicy, RpcClient
-from protocol.messages import (
+from protocol.messages.broker_controller import (
     BrokerHeartbeatRequest,
     BrokerHeartbeatResponse,
     GetReplicaLogInfoRequest,
     GetReplicaLogInfoResponse,
-    Message,
-    ProduceRequest,
-    ReadLogRequest,
     RegisterBroker,
     RegisterBrokerResponse,
-    ReplicaFetchRequest,
 )
-from protocol.server import FrameServer, Peer
+from protocol.messages.data import ProduceRequest, ReadLogRequest
+from protocol.messages.replication import ReplicaFetchRequest
+from protocol.messages.unions import Message
+from protocol.server import FrameServer
 from protocol.tls import ADMIN, CONTROLLER, VIEWER, broker_id_of
 
 EXIT_OK: Final = 0
@@ -477,8 +478,6 @@ class Broker:
     def _start_metrics(self) -> None:
         if self.config.metrics is None:
             return
-        from brokers_stub.metrics import start_metrics
-
         self._metrics_stop, self.metrics_address = start_metrics(self, self.config.metrics)
         self.log.info("metrics endpoint", address=self.metrics_address)
 

@@ -11,7 +11,7 @@ from functools import cached_property
 from pathlib import Path
 
 from protocol.codec import DEFAULT_MAX_FRAME_BYTES
-from protocol.server import ServerLimits
+from protocol.limits import ServerLimits
 from protocol.tls import TlsIdentity
 
 

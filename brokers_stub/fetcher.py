@@ -18,7 +18,7 @@ A fetch names the partition's leader epoch as this broker's image shows it
 (`current_leader_epoch`), as Kafka's followers do. A leader at a newer epoch refuses it
 with FENCED_LEADER_EPOCH: the partition is then not fetched again until this broker's
 image shows another leader epoch for it (a lane whose partitions are all fenced waits
-for the next image, `ReplicaManager.until_image_moved`; nothing polls). The new image
+for the next image, `FetchHost.until_image_moved`; nothing polls). The new image
 either names the new epoch, and fetching resumes in it, or no longer lists this broker
 among the replicas (a reassignment removed it), and the replica manager deletes the
 replica and closes its lane. A leader at an older epoch (its metadata is behind) refuses
@@ -29,35 +29,64 @@ changes the replica: it is no progress, and nothing is truncated.
 A lane pauses after an answer that changed nothing and came sooner than
 `fetch_interval_ms` (a refusal, or a leader that does not long-poll), and backs off while
 the leader is unreachable. Each answer that still matches the partition's leadership
-goes to `ReplicaManager.apply_fetch_response`.
+goes to `FetchHost.apply_fetch_response` (the replica manager's follower side).
 
-This module owns the fetch loops and their connections only. It must not change a
+This module owns the fetch loops and their connections only, and sees the replica
+manager only through `FetchHost`, the few things a fetch needs. It must not change a
 replica log itself (the replica manager applies answers and writes files), nor decide
-which leaders to fetch from (`ReplicaManager` hands each `Fetcher` its partitions as the
-image moves, and cancels the lanes through it).
+which leaders to fetch from (`follower_side.FollowerSide` hands each `Fetcher` its
+partitions as the image moves, and cancels the lanes through it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any, Protocol
 
+from brokers_stub.config import BrokerConfig
+from brokers_stub.logctx import BrokerLog
+from brokers_stub.replica_log import ReplicaLog
 from metactl.errors import FencedLeaderEpochError, MetactlError, NetworkError
-from metadata_image.image import TopicPartition
+from metadata_image.image import ClusterImage
+from metadata_image.state import TopicPartition
 from protocol.client import RpcClient
-from protocol.messages import ReplicaFetchRequest, ReplicaFetchResponse
+from protocol.messages.replication import ReplicaFetchRequest, ReplicaFetchResponse
 from protocol.tls import broker_principal
 
-if TYPE_CHECKING:
-    from brokers_stub.replica_manager import ReplicaManager
+
+class FetchHost(Protocol):
+    """What the fetch loops need of the replicas they fetch for (`ReplicaManager`)."""
+
+    config: BrokerConfig
+    broker_id: int
+    log: BrokerLog
+    logs: dict[TopicPartition, ReplicaLog]
+    broker_epoch: Callable[[], int | None]
+
+    @property
+    def image(self) -> ClusterImage | None:
+        """The latest caught-up image (None before the first)."""
+        ...
+
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]: ...
+
+    async def until_image_moved(self) -> None: ...
+
+    def apply_fetch_response(
+        self,
+        tp: TopicPartition,
+        sent_offset: int,
+        resp: ReplicaFetchResponse,
+        fetched_for: ReplicaLog | None = None,
+    ) -> bool: ...
 
 
 class Fetcher:
     """The lanes fetching, from one leader, the partitions this broker follows from it."""
 
-    def __init__(self, manager: ReplicaManager, leader_id: int) -> None:
+    def __init__(self, manager: FetchHost, leader_id: int) -> None:
         self.manager = manager
         self.leader_id = leader_id
         self.lanes: dict[TopicPartition, FetchLane] = {}  # long-polling, one partition each

@@ -34,12 +34,13 @@ from metactl.errors import (
     MetactlError,
     error_for_code,
 )
-from metadata_image.image import ClusterImage, TopicPartition
+from metadata_image.image import ClusterImage
+from metadata_image.state import TopicPartition
 from metadata_log.records import LeaderRecoveryState
-from protocol import messages as wire
 from protocol.client import RpcClient
 from protocol.codec import DEFAULT_MAX_FRAME_BYTES
-from protocol.messages import AlterPartition, AlterPartitions, IsrMember
+from protocol.messages import broker_controller as wire
+from protocol.messages.broker_controller import AlterPartition, AlterPartitions, IsrMember
 
 ALTER_RETRY_MS = 1000
 PENDING_MAX_MS = 10_000

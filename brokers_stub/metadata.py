@@ -33,10 +33,10 @@ from metactl.errors import (
 )
 from metadata_image.delta import MetadataDelta
 from metadata_image.image import ClusterImage
-from metadata_image.replay import image_from_records
+from metadata_image.snapshot import image_from_records
 from metadata_image.transactions import LogReplay, apply_log
 from protocol.client import RpcClient
-from protocol.messages import FetchMetadataRequest, FetchMetadataResponse
+from protocol.messages.broker_controller import FetchMetadataRequest, FetchMetadataResponse
 
 # listener(image, delta, caught_up); delta None: the image was replaced (a snapshot, or a
 # reset), so everything may have changed.

@@ -3,27 +3,69 @@
 Served by prometheus_client's own HTTP server (`protocol.metrics_http`): over mutual TLS
 with the broker's identity when it has one (a scraper needs a certificate of the cluster
 CA), plain HTTP with `--insecure`. A collector reads the live state at scrape time (from
-the exporter's threads: it only copies, never mutates). Owns the metric names; decides
-nothing.
+the exporter's threads: it only copies, never mutates) through `BrokerState`, the part
+of the broker process it shows. Owns the metric names; decides nothing, and must not
+reach into the broker beyond `BrokerState`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Mapping
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from brokers_stub.config import BrokerConfig
+from brokers_stub.replica_log import ReplicaLog
+from metadata_image.state import TopicPartition
 from protocol.metrics_http import start_metrics_endpoint
 
-if TYPE_CHECKING:
-    from brokers_stub.broker import Broker
+
+class MetadataProgress(Protocol):
+    """How far the broker has applied the metadata log (`metadata.MetadataFollower`)."""
+
+    @property
+    def applied_offset(self) -> int: ...
+
+    def lag(self) -> tuple[int, float]: ...
+
+
+class HostedReplicas(Protocol):
+    """The replicas the broker hosts and those it leads (`ReplicaManager`)."""
+
+    @property
+    def logs(self) -> Mapping[TopicPartition, ReplicaLog]: ...
+
+    @property
+    def leaders(self) -> Mapping[TopicPartition, object]: ...
+
+
+class BrokerState(Protocol):
+    """What /metrics shows of a broker process (`broker.Broker`)."""
+
+    @property
+    def config(self) -> BrokerConfig: ...
+
+    @property
+    def epoch(self) -> int | None: ...
+
+    @property
+    def is_fenced(self) -> bool: ...
+
+    @property
+    def metadata(self) -> MetadataProgress: ...
+
+    @property
+    def replicas(self) -> HostedReplicas: ...
+
+    @property
+    def authorization_failures(self) -> Mapping[tuple[str, str], int]: ...
 
 
 class BrokerCollector(Collector):
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: BrokerState) -> None:
         self.broker = broker
 
     def collect(self) -> Iterator[Metric]:
@@ -90,7 +132,7 @@ class BrokerCollector(Collector):
         yield from (leo, hw, flushed, le, leader)
 
 
-def start_metrics(broker: Broker, address: str) -> tuple[Callable[[], None], str]:
+def start_metrics(broker: BrokerState, address: str) -> tuple[Callable[[], None], str]:
     """Serve /metrics on `address` (mutual TLS with the broker's identity, if any); return
     the function that stops it, and the real HOST:PORT (port 0 picks one)."""
     registry = CollectorRegistry(auto_describe=False)

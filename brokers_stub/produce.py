@@ -26,7 +26,8 @@ watermark advances and fails them on metadata changes (`DataPlane.partition_chan
 Nothing here polls.
 
 This module owns the validation of data-plane requests, the append of a batch and the
-waiters. It must not make replication decisions (`replication.py`), change the ISR
+waiters, and sees the replica manager only through `LedReplicas`. It must not make
+replication decisions (`replication.py`), change the ISR
 (`leader.py`), or write files itself (the replica manager persists after an append).
 """
 
@@ -36,8 +37,11 @@ import asyncio
 import bisect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from brokers_stub.config import BrokerConfig
+from brokers_stub.leader import LeaderState
+from brokers_stub.replica_log import ReplicaLog
 from metactl.errors import (
     InvalidRequestError,
     MessageTooLargeError,
@@ -48,8 +52,9 @@ from metactl.errors import (
     RequestTimedOutError,
     UnknownTopicOrPartitionError,
 )
-from metadata_image.image import PartitionState, TopicPartition
-from protocol.messages import (
+from metadata_image.image import ClusterImage
+from metadata_image.state import PartitionState, TopicPartition
+from protocol.messages.data import (
     ACKS_ALL,
     ACKS_LEADER,
     ProduceRequest,
@@ -58,10 +63,26 @@ from protocol.messages import (
     ReadLogResponse,
 )
 
-if TYPE_CHECKING:
-    from brokers_stub.leader import LeaderState
-    from brokers_stub.replica_log import ReplicaLog
-    from brokers_stub.replica_manager import ReplicaManager
+
+class LedReplicas(Protocol):
+    """What the data plane needs of the replicas it serves (`ReplicaManager`)."""
+
+    config: BrokerConfig
+    broker_id: int
+    leaders: dict[TopicPartition, LeaderState]
+    logs: dict[TopicPartition, ReplicaLog]
+
+    @property
+    def image(self) -> ClusterImage | None:
+        """The latest caught-up image (None before the first)."""
+        ...
+
+    @property
+    def stopped(self) -> bool: ...
+
+    def appended(self, p: PartitionState, st: LeaderState) -> None:
+        """Persist a batch appended to `p`'s log, and advance the high watermark."""
+        ...
 
 
 # --- pure checks -----------------------------------------------------------------------
@@ -195,7 +216,7 @@ class ProduceWaiters:
 class DataPlane:
     """Produce and ReadLog for one broker, over its replica manager's state."""
 
-    def __init__(self, manager: ReplicaManager) -> None:
+    def __init__(self, manager: LedReplicas) -> None:
         self.m = manager
         self.waiters = ProduceWaiters()
 

@@ -1,6 +1,6 @@
-"""The controller: pure KIP-966 rules over an immutable cluster image, and its driver.
+"""The controller: pure KIP-966 rules over an immutable cluster image, and its runtime.
 
-Pure parts (image, replay, handlers, partition changes, recovery policies) are
-synchronous, typed and free of IO and clock reads. Only `driver` touches asyncio and
-the metadata log.
+`controller.core` is the pure part (the event step, the handlers, partition changes,
+recovery policies): synchronous, typed and free of IO and clock reads. Only
+`controller.runtime` touches asyncio, the network and the metadata log.
 """

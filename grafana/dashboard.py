@@ -7,8 +7,9 @@ test regenerates it and compares bytes, so edit this file, never the JSON:
     .venv/bin/python grafana/dashboard.py --check  # exit 1 if the checked-in JSON is stale
 
 Owns the dashboard's layout and queries only. The metric names it queries are defined by
-controller/runtime/metrics.py (controller) and the broker processes (metadata lag); a test checks
-that every `metactl_*` name here is one of those. Must not need a running Grafana.
+controller/runtime/metrics.py and metrics_server.py (controller) and the broker processes
+(metadata lag); a test checks that every `metactl_*` name here is one of those. Must not
+need a running Grafana.
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ This module must not import anything from the rest of the project.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TypeVar
+
 
 class MetactlError(Exception):
     """Root of every error metactl raises on purpose.
@@ -499,3 +502,20 @@ def error_for_code(code: str, message: str, retriable: bool | None = None) -> Me
     err.code = code
     err.retriable = cls.retriable if cls is not None else bool(retriable)
     return err
+
+
+# --- details: lines an error carries beside its one line ------------------------------
+
+E = TypeVar("E", bound=BaseException)
+
+
+def with_details(exc: E, lines: Iterable[str]) -> E:
+    """`exc`, with lines that the CLI prints after its one error line (indented context,
+    e.g. the end of a child's log: `cluster up`, `broker start`)."""
+    exc.__dict__["details"] = tuple(lines)
+    return exc
+
+
+def details_of(exc: BaseException) -> tuple[str, ...]:
+    details = exc.__dict__.get("details", ())
+    return tuple(details) if isinstance(details, tuple | list) else ()

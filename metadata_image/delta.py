@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import msgspec
 
-from metadata_image.image import TopicPartition
+from metadata_image.state import TopicPartition
 from metadata_log.records import ElectionKind, UncleanRecoveryRecord
 
 

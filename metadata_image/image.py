@@ -17,19 +17,9 @@ from typing import Final
 import immutables
 import msgspec
 
-from metactl.numbers import is_digits
 from metadata_image.partition_map import EMPTY_PARTITIONS, PartitionMap
-from metadata_log.records import (
-    ELR_FEATURE,
-    MIN_ISR_CONFIG,
-    NO_LEADER,
-    LeaderRecoveryState,
-    UncleanRecoveryRecord,
-)
-
-TopicPartition = tuple[str, int]
-
-EMPTY: Final[frozenset[int]] = frozenset()
+from metadata_image.state import EMPTY, BrokerState, PartitionState, TopicPartition, TopicState
+from metadata_log.records import ELR_FEATURE, MIN_ISR_CONFIG, UncleanRecoveryRecord
 
 
 class ReplicaIndex(msgspec.Struct, frozen=True, gc=False, eq=False):
@@ -199,88 +189,6 @@ def common(
     index of a broker's replicas or the offline set may hold a million entries."""
     small, large = (a, b) if len(a) <= len(b) else (b, a)
     return (tp for tp in small if tp in large)
-
-
-def tp_name(tp: TopicPartition) -> str:
-    return f"{tp[0]}-{tp[1]}"
-
-
-def parse_tp(name: str) -> TopicPartition:
-    """Parse "orders-0" into ("orders", 0). Topic names may themselves contain dashes."""
-    topic, sep, part = name.rpartition("-")
-    if not sep or not topic or not is_digits(part):
-        raise ValueError(f"not a partition name (expected TOPIC-N): {name!r}")
-    return topic, int(part)
-
-
-class BrokerState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    broker_id: int
-    epoch: int
-    incarnation_id: str
-    endpoint: str = ""
-    rack: str | None = None
-    fenced: bool = True
-    in_controlled_shutdown: bool = False
-    last_registration_clean: bool = True
-
-    @property
-    def active(self) -> bool:
-        """Registered, unfenced and not in controlled shutdown: eligible for leadership."""
-        return not self.fenced and not self.in_controlled_shutdown
-
-
-class TopicState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    name: str
-    topic_id: str
-    partitions: int
-    min_isr: int | None = None  # the topic's min.insync.replicas; None: the cluster's
-    recovery_strategy: str | None = None
-
-
-class PartitionState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    topic: str
-    partition: int
-    # (topic, partition): made once when the partition is created and shared by every
-    # later state of it, so that deltas, indexes and callers name a partition without
-    # allocating a tuple (10,000 new long-lived tuples per 100,000-partition fence cost
-    # the next garbage collection 3 ms).
-    tp: TopicPartition
-    replicas: tuple[int, ...]
-    isr: frozenset[int]
-    elr: frozenset[int] = EMPTY
-    last_known_elr: frozenset[int] = EMPTY
-    leader: int = NO_LEADER
-    leader_epoch: int = 0
-    partition_epoch: int = 0
-    recovery_state: LeaderRecoveryState = LeaderRecoveryState.RECOVERED
-    min_isr: int = 1  # effective: min(topic min.insync.replicas, replication factor)
-    # A reassignment in progress (KIP-455): `replicas` holds the target first, then the
-    # original replicas not in it; `adding` are the target's new replicas, `removing` the
-    # original ones that leave once every target replica is in the ISR.
-    adding: tuple[int, ...] = ()
-    removing: tuple[int, ...] = ()
-
-    @property
-    def has_leader(self) -> bool:
-        return self.leader != NO_LEADER
-
-    @property
-    def reassigning(self) -> bool:
-        return bool(self.adding or self.removing)
-
-    @property
-    def target(self) -> tuple[int, ...]:
-        """The replicas the partition ends with: its replicas when not reassigning."""
-        if not self.removing:
-            return self.replicas
-        return tuple(r for r in self.replicas if r not in self.removing)
-
-    @property
-    def original(self) -> tuple[int, ...]:
-        """The replicas before the reassignment (what a cancel restores)."""
-        if not self.adding:
-            return self.replicas
-        return tuple(r for r in self.replicas if r not in self.adding)
 
 
 class ClusterImage(msgspec.Struct, frozen=True, kw_only=True):

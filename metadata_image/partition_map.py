@@ -29,8 +29,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import immutables
 
-if TYPE_CHECKING:  # image.py imports this module: no import of it at run time
-    from metadata_image.image import PartitionState, TopicPartition
+from metadata_image.state import PartitionState, TopicPartition
 
 CHUNK_BITS: Final = 8
 CHUNK: Final = 1 << CHUNK_BITS
@@ -76,7 +75,7 @@ class _Reads:
         return self.get(key, _MISSING) is not _MISSING
 
 
-class PartitionMap(_Reads, Mapping["TopicPartition", "PartitionState"]):
+class PartitionMap(_Reads, Mapping[TopicPartition, PartitionState]):
     """An immutable map (topic, partition) -> PartitionState; `mutate()` edits a copy."""
 
     __slots__ = ("_chunks", "_len")
@@ -169,7 +168,7 @@ class PartitionMap(_Reads, Mapping["TopicPartition", "PartitionState"]):
         return m.finish()
 
 
-class _Values(ValuesView["PartitionState"]):
+class _Values(ValuesView[PartitionState]):
     _mapping: PartitionMap
 
     def __iter__(self) -> Iterator[PartitionState]:

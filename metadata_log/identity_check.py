@@ -278,8 +278,9 @@ async def _check_etcd(
     node_id: str | None,
     tls: EtcdTls | ProcessDefault | None = PROCESS_DEFAULT,
 ) -> str:
-    from metadata_log.etcd.client import Etcd, EtcdTarget
+    from metadata_log.etcd.client import Etcd
     from metadata_log.etcd.layout import Keys, open_meta
+    from metadata_log.etcd.target import EtcdTarget
 
     with locked(data_dir):
         identity = read_identity(data_dir)

@@ -25,6 +25,7 @@ from typing import Any, Final
 
 import msgspec
 
+from clients.controller import ask
 from metactl.errors import (
     ElectionNotNeededError,
     InvalidConfigurationError,
@@ -34,16 +35,11 @@ from metactl.errors import (
     error_for_code,
 )
 from metactl.numbers import NumberFormatError, int_arg, kafka_int
-from metadata_image.image import TopicPartition, parse_tp
+from metadata_image.state import TopicPartition, parse_tp
 from ops.cli import EXIT_OK, EXIT_UNAVAILABLE, HELP_FORMAT, error_line, examples, exit_status
-from ops.client import (
-    add_controller_arguments,
-    ask,
-    controller_address,
-    security_from,
-)
+from ops.client import add_controller_arguments, controller_address, security_from
 from ops.reassign_plan import Int32
-from protocol.messages import (
+from protocol.messages.admin import (
     CreateTopic,
     CreateTopicsRequest,
     CreateTopicsResponse,

@@ -202,7 +202,7 @@ def flap_window_ms(text: str) -> int:
     """``--flap-window``: a duration as ``--since`` spells one (30s, 10m, 1h, 1d; the
     same parser); a bare number is seconds and ``min`` minutes, as they always were here.
     Longer than 0; INVALID_CONFIG naming the flag otherwise."""
-    from ops.events import parse_duration_ms
+    from ops.times import parse_duration_ms
 
     bare = _BARE_OR_MIN.match(text)
     spelled = f"{bare[1]}{'m' if bare[2] else 's'}" if bare else text

@@ -6,7 +6,7 @@ with `python -m brokers_stub`. Logs are JSON lines on stderr; the one line on st
 `READY broker=<id> epoch=<epoch> endpoint=<host:port>` (and `metrics=<host:port>` with
 `--metrics`).
 
-`start` asks the `cluster up` running on D (through its control socket, `ops.control`)
+`start` asks the `cluster up` running on D (through its control socket, `localcluster.control`)
 to run broker N again with the command line it recorded in ``D/cluster-up.json``: the
 broker is `cluster up`'s child again (supervised, stopped in order on Ctrl-C, its log in
 ``D/logs``), and the command returns once it is ready (registered with the controller).
@@ -87,7 +87,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def cmd_broker_start(args: argparse.Namespace) -> int:
-    from ops.control import AskInterrupted, ask
+    from localcluster.control import AskInterrupted, ask
 
     data = Path(args.data_dir)
     try:

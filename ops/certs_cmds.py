@@ -1,10 +1,10 @@
 """`metactl certs init --data-dir D [--brokers 1,2,3]`: a cluster's CA and certificates.
 
-Writes D/certs (layout in protocol/tls.py) through `ops.certs.init_certs`: the CA, and a
+Writes D/certs (layout in protocol/tls.py) through `localcluster.certs.init_certs`: the CA, and a
 certificate for `controller`, `admin`, `viewer` and `broker-<id>` for each id; and, in
 D/certs/etcd, the metadata log's etcd CA with the members' `server` and `peer`
 certificates and the `controller` and `admin` client certificates
-(`ops.certs.init_etcd_certs`: a CA of its own, docs/ha.md says why). Existing files
+(`localcluster.certs.init_etcd_certs`: a CA of its own, docs/ha.md says why). Existing files
 are kept, so running it again keeps the CA (and every certificate it signed) and only
 adds what is missing, e.g. a new broker. Prints what it made and what it kept, and
 how the processes and the CLI find the directory.
@@ -12,7 +12,7 @@ how the processes and the CLI find the directory.
 Exit status: 0 done; 2 bad flags, a directory that cannot be written or one that holds
 an unusable CA (INVALID_CONFIG); otherwise docs/cli.md's table. Errors are named (`error:
 CODE: ...`), never a traceback. This module only parses and prints: the certificates
-themselves are `ops.certs`'.
+themselves are `localcluster.certs`'.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from localcluster.certs import ETCD_CLIENTS, default_names, etcd_dir, init_certs, init_etcd_certs
 from metactl.errors import InvalidConfigurationError
 from metactl.numbers import NumberFormatError, kafka_int
-from ops.certs import ETCD_CLIENTS, default_names, etcd_dir, init_certs, init_etcd_certs
 from ops.cli import EXIT_OK, HELP_FORMAT, examples
 from protocol.flags import ENV_TLS_DIR
 from protocol.tls import CA_CERT, MAX_BROKER_ID

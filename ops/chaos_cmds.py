@@ -1,4 +1,4 @@
-"""`metactl chaos run`: the command line of the chaos runner (`ops.chaos`).
+"""`metactl chaos run`: the command line of the chaos runner (`chaos.runner`).
 
 Parses and checks the flags (a bad one is a named error and exit 2, no traceback), runs
 the chaos run under asyncio with SIGINT turned into a cancellation (every process is
@@ -165,11 +165,13 @@ def register(sub: Any) -> None:
 
 
 def cmd_chaos_run(args: argparse.Namespace) -> int:
+    from chaos.config import ChaosConfig
+    from chaos.plan import check_brokers, load_schedule
+    from chaos.processes import Timing
+    from chaos.report import build_report, table
+    from chaos.runner import ChaosRun
     from controller.runtime.serve import rule_mode
-    from ops.chaos import ChaosConfig, ChaosRun
-    from ops.chaos_plan import check_brokers, load_schedule
-    from ops.chaos_procs import Timing
-    from ops.chaos_report import table
+    from ops.run_progress import Progress
 
     for name in ("flush_interval_ms", "session_timeout_ms", "heartbeat_interval_ms"):
         if getattr(args, name) <= 0:
@@ -212,7 +214,7 @@ def cmd_chaos_run(args: argparse.Namespace) -> int:
     try:
         cfg.validate()
     except InvalidRequestError as exc:
-        # ops.chaos names a bad flag INVALID_REQUEST; to this command it is a usage error.
+        # chaos.config names a bad flag INVALID_REQUEST; to this command it is a usage error.
         raise InvalidConfigurationError(exc.message) from None
     if data_dir.exists() and any(data_dir.iterdir()):
         raise InvalidConfigurationError(f"--data-dir {data_dir} is not empty")
@@ -220,7 +222,8 @@ def cmd_chaos_run(args: argparse.Namespace) -> int:
     def started(info: dict[str, Any]) -> None:
         print("STARTED " + json.dumps(info, separators=(",", ":")), flush=True)
 
-    run = ChaosRun(cfg, on_started=started, progress_mode=args.progress)
+    bar = Progress("chaos run", cfg.duration_s, unit="s", mode=args.progress, stream=sys.stderr)
+    run = ChaosRun(cfg, bar, on_started=started)
     error: BaseException | None = None
 
     async def main() -> None:
@@ -238,7 +241,7 @@ def cmd_chaos_run(args: argparse.Namespace) -> int:
         asyncio.run(main())
     except (MetactlError, OSError, RuntimeError, TimeoutError) as exc:
         error = exc
-    report = run.report()
+    report = build_report(run)
     if error is not None:
         report["error"] = str(error)
     if args.report is not None:

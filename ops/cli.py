@@ -34,11 +34,11 @@ import argparse  # noqa: E402
 import errno  # noqa: E402
 import importlib  # noqa: E402
 import logging  # noqa: E402
-from collections.abc import Iterable, Sequence  # noqa: E402
-from typing import Final, TypeVar  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+from typing import Final  # noqa: E402
 
 from metactl import __version__  # noqa: E402
-from metactl.errors import InvalidConfigurationError, MetactlError  # noqa: E402
+from metactl.errors import InvalidConfigurationError, MetactlError, details_of  # noqa: E402
 from metactl.logs import configure as configure_logs  # noqa: E402
 
 # --- exit statuses: one table for every command (docs/cli.md) -----------------------------
@@ -97,21 +97,6 @@ def error_line(exc: BaseException) -> str:
     else:
         name, message = "UNKNOWN_SERVER_ERROR", f"{type(exc).__name__}: {exc}"
     return f"error: {name}: " + " ".join((message or name).split())
-
-
-E = TypeVar("E", bound=BaseException)
-
-
-def with_details(exc: E, lines: Iterable[str]) -> E:
-    """`exc`, with lines that `fail` prints after its one error line (indented context,
-    e.g. the end of a child's log: `cluster up`, `broker start`)."""
-    exc.__dict__["details"] = tuple(lines)
-    return exc
-
-
-def details_of(exc: BaseException) -> tuple[str, ...]:
-    details = exc.__dict__.get("details", ())
-    return tuple(details) if isinstance(details, tuple | list) else ()
 
 
 def fail(exc: BaseException) -> int:

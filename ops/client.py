@@ -1,14 +1,13 @@
-"""How the CLI reaches a data directory or a running cluster.
+"""The CLI's flags for reaching a data directory or a running cluster.
 
-Offline commands read the log directly; online ones talk to a running controller with
-`call`, over the shared reconnecting client (`protocol.client`), retrying retriable
-errors briefly.
+Offline commands read the log directly; online ones talk to a running controller through
+`clients.controller` (`ask`, `call`, `Security`).
 
 Every client command takes `--bootstrap-controller HOST:PORT[,HOST:PORT...]` (Kafka's
 KIP-919 name; `--controller` is an alias) and `--timeout S`, the most any one answer may
 take, retries included. Given several controllers, a command follows NOT_CONTROLLER hints
 and retries every retriable error until `--timeout` (`protocol.client.RideFailover`): a
-failover is ridden, not reported (`add_controller_arguments`, `controller_address`, `within`). A
+failover is ridden, not reported (`add_controller_arguments`, `controller_address`). A
 bad address is INVALID_CONFIG before anything is sent; no answer in time is
 REQUEST_TIMED_OUT.
 
@@ -16,36 +15,30 @@ Connections are mutual TLS unless `--insecure` (`protocol.flags`): `security_fro
 gives the `Security` of a client command, acting as `--principal` (`admin` by default,
 `viewer` read-only) with certificates from `--tls-dir`, `$METACTL_TLS_DIR` or
 `./data/certs`. A server must prove it is `controller` (or `broker-<id>` for the broker
-a data-plane request goes to). Library callers that pass no `Security` speak plaintext,
-as `protocol.client` does; the secure default is the flags'.
+a data-plane request goes to).
+
+This module reads flags only; sending is `clients.controller`'s.
 """
 
 from __future__ import annotations
 
 import argparse
-import ssl
-from dataclasses import dataclass
-from functools import cached_property
 from typing import Any, Final
 
+from clients.controller import Security
 from metactl.errors import (
     InvalidConfigurationError,
     MetactlError,
 )
 from metactl.numbers import decimal_arg
 from metadata_log.etcd.tls import add_etcd_tls_arguments
-from protocol.client import DEFAULT_TIMEOUT_S, Endpoints, RetryPolicy, RideFailover, RpcClient
-from protocol.codec import parse_address
+from protocol.address import parse_address
+from protocol.client import DEFAULT_TIMEOUT_S
 from protocol.flags import CLI_FALLBACK_TLS_DIR, add_tls_arguments, tls_identity
-from protocol.messages import Message
-from protocol.tls import ADMIN, CONTROLLER, TlsIdentity, broker_principal
+from protocol.tls import ADMIN
 
 # Where `cluster up` (and `make run`) listens.
 DEFAULT_CONTROLLER: Final = "127.0.0.1:9093"
-
-# An operator command retries a retriable refusal (e.g. no eligible leader yet) a few
-# times within a couple of seconds, then reports it.
-CLI_RETRY = RetryPolicy(attempts=4, base_s=0.2, cap_s=1.0)
 
 
 def add_controller_arguments(
@@ -111,46 +104,6 @@ def controller_address(args: Any) -> str:
     return ",".join(addresses)
 
 
-async def ask(
-    client: RpcClient, body: Message, timeout_s: float, *, retry: RetryPolicy = CLI_RETRY
-) -> Message:
-    """One request of a client command: retriable errors retried by `retry` while
-    `timeout_s` lasts. An attempt still unanswered at the deadline is REQUEST_TIMED_OUT; a
-    retry that would end past it is not made, and the error it would retry is raised (a
-    closed port stays NETWORK_EXCEPTION, whatever the timeout)."""
-    if retry is CLI_RETRY and isinstance(client.target, Endpoints):
-        # A controller quorum: ride a failover until the deadline (`RideFailover`).
-        retry = RideFailover(endpoints=len(client.target.addresses))
-    # Each attempt's own timeout is later than the deadline: at the deadline the answer is
-    # the request's REQUEST_TIMED_OUT, never a NETWORK_EXCEPTION without a message.
-    return await client.request(body, timeout_s + 1.0, retry=retry, within_s=timeout_s)
-
-
-@dataclass(frozen=True)
-class Security:
-    """A client's TLS identity (None: plaintext), and the principals it expects."""
-
-    identity: TlsIdentity | None = None
-
-    @cached_property
-    def ssl(self) -> ssl.SSLContext | None:
-        return self.identity.client_context() if self.identity is not None else None
-
-    def expect(self, principal: str) -> str | None:
-        """What `RpcClient(expect_principal=...)` should check: nothing without TLS."""
-        return principal if self.identity is not None else None
-
-    def controller_client(self, address: str, **kw: Any) -> RpcClient:
-        return RpcClient(address, ssl=self.ssl, expect_principal=self.expect(CONTROLLER), **kw)
-
-    def broker_client(self, address: str, broker_id: int, **kw: Any) -> RpcClient:
-        expect = self.expect(broker_principal(broker_id))
-        return RpcClient(address, ssl=self.ssl, expect_principal=expect, **kw)
-
-
-INSECURE = Security()
-
-
 def security_from(args: Any) -> Security:
     """A client command's `Security` from its `add_tls_arguments(client=True)` flags;
     InvalidConfigurationError (saying what to do) when TLS is on and no certificate is
@@ -161,17 +114,3 @@ def security_from(args: Any) -> Security:
     security = Security(identity)
     _ = security.ssl  # load the files now: a bad one is a named error before any request
     return security
-
-
-async def call(
-    address: str,
-    body: Message,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    *,
-    retry: RetryPolicy = CLI_RETRY,
-    security: Security = INSECURE,
-) -> Message:
-    """One request to the controller at `address`; raises the coded error it answers, or
-    REQUEST_TIMED_OUT when no answer came within `timeout_s`, retries included (`ask`)."""
-    async with security.controller_client(address, connect_timeout=min(5.0, timeout_s)) as client:
-        return await ask(client, body, timeout_s, retry=retry)

@@ -1,26 +1,34 @@
-"""`metactl cluster up`'s arguments and banner (topics create and elect are in
-ops/admin_cmds.py; describe and brokers in ops/describe_cmds.py; the supervisor that
-starts and watches the processes in ops/cluster_up.py).
+"""`metactl cluster up`: its arguments, its banner and its event feed (topics create and
+elect are in ops/admin_cmds.py; describe and brokers in ops/describe_cmds.py; the
+supervisor that starts and watches the processes in localcluster/supervisor.py).
 
-`cluster up` makes the cluster's certificates in DATA_DIR/certs (`ops.certs.init_certs`,
-kept across runs) and runs every process with mutual TLS; `--insecure` runs everything
-in plaintext. With `--etcd M --controllers N` the controllers share a metadata log on a
-local etcd cluster (one active, the others hot standbys). It prints how to point the CLI
-at the cluster, then the cluster's events, until Ctrl-C.
+`cluster up` makes the cluster's certificates in DATA_DIR/certs
+(`localcluster.certs.init_certs`, kept across runs) and runs every process with mutual
+TLS; `--insecure` runs everything in plaintext. With `--etcd M --controllers N` the
+controllers share a metadata log on a local etcd cluster (one active, the others hot
+standbys). It prints how to point the CLI at the cluster, then the cluster's events
+(`metactl events --follow`'s lines), until Ctrl-C.
+
+This module parses, calls `localcluster.supervisor.run_cluster` and prints.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import shutil
-import sys
+import time
 from pathlib import Path
 from typing import Any
 
+from eventfeed.feed import Event, Feed
+from eventfeed.follow import follow_events
+from localcluster.etcd import LocalEtcd
+from localcluster.supervisor import ClusterUp, UpSettings, metactl_path, run_cluster
+from metactl.errors import MetactlError
 from metactl.numbers import int_arg
-from ops.cli import HELP_FORMAT, examples
+from ops.cli import EXIT_INTERRUPTED, EXIT_OK, HELP_FORMAT, examples
 from ops.client import DEFAULT_CONTROLLER
-from ops.etcd_local import LocalEtcd
 from protocol.flags import ENV_TLS_DIR
 from protocol.tls import ADMIN, CA_CERT, VIEWER, cert_path, key_path
 
@@ -112,16 +120,80 @@ def register(sub: Any) -> None:
 
 
 def _cluster_up(args: argparse.Namespace) -> int:
-    from ops.cluster_up import cmd_cluster_up
+    settings = UpSettings(
+        data_dir=Path(args.data_dir).resolve(),
+        brokers=args.brokers,
+        controllers=args.controllers,
+        etcd=args.etcd,
+        listen=args.listen,
+        metrics=args.metrics,
+        topic=args.topic,
+        partitions=args.partitions,
+        min_isr=args.min_isr,
+        strategy=args.unclean_recovery_strategy,
+        insecure=args.insecure,
+    )
+    up = ClusterUp(settings)
 
-    return cmd_cluster_up(args)
+    def announce(topic: str) -> None:
+        print(banner(up, topic), flush=True)
+
+    async def feed() -> None:
+        await follow_cluster_events(up)
+
+    ran = run_cluster(
+        up,
+        announce=announce,
+        feed=None if args.no_events else feed,
+        exit_after_ready=args.exit_after_ready,
+    )
+    return EXIT_OK if ran else EXIT_INTERRUPTED
 
 
-def metactl_path() -> str:
-    """This environment's `metactl` by its full path (the venv's bin directory need not
-    be on PATH; `source .venv/bin/activate` puts it there)."""
-    script = Path(sys.executable).with_name("metactl")
-    return str(script) if script.exists() else "metactl"
+def banner(up: ClusterUp, topic: str) -> str:
+    """What `cluster up` prints once its cluster is ready (`topic`: what became of the
+    demo topic), ending with the line after which its events follow."""
+    settings = up.settings
+    pids = ", ".join(f"{c.name}={c.proc.pid}" for c in up.children)
+    where = (
+        f"controller {up.bootstrap}"
+        if settings.controllers == 1
+        else f"{settings.controllers} controllers {up.bootstrap} on a {settings.etcd}-member etcd"
+    )
+    formatted = f"; formatted {', '.join(up.formatted)}" if up.formatted else ""
+    return (
+        f"metactl cluster up: {where}, {settings.brokers} brokers, "
+        f"topic {settings.topic} {topic}\n"
+        f"  storage:  cluster.id {up.cluster_id}{formatted}  (metactl storage info "
+        f"--data-dir {up.controller_dir(0)}{up.etcd_flags_text})\n"
+        + how_to(
+            settings.data_dir,
+            up.bootstrap,
+            up.metrics[0],
+            up.certs,
+            up.etcd,
+            broker_metrics=up.broker_metrics,
+            prometheus=up.prometheus_config(),
+        )
+        + f"  pids:     {pids}\nCtrl-C stops everything cleanly. Events follow:"
+    )
+
+
+async def follow_cluster_events(up: ClusterUp) -> None:
+    """`metactl events --follow` in the foreground: from now on, one line per event;
+    controllers that restart or fail over are followed (any of them serves it)."""
+    feed = Feed(since_ms=int(time.time() * 1000))
+
+    def emit(events: list[Event]) -> None:
+        for e in events:
+            print(f"   {e.line()}", flush=True)
+
+    while True:
+        try:
+            async with up.security.controller_client(up.bootstrap) as client:
+                await follow_events(client, feed, emit, follow=True, timeout_s=10)
+        except MetactlError:
+            await asyncio.sleep(1.0)  # a controller is restarting: follow it again
 
 
 def how_to(

@@ -20,13 +20,15 @@ import asyncio
 import json
 from typing import Any, Final
 
+from clients.admin import pages
+from clients.controller import ask
 from metactl.errors import InvalidConfigurationError, MetactlError
 from metadata_log.records import BROKER_RESOURCE, TOPIC_RESOURCE
 from ops.cli import EXIT_OK, HELP_FORMAT, examples
-from ops.client import add_controller_arguments, ask, controller_address, security_from
+from ops.client import add_controller_arguments, controller_address, security_from
 from ops.lifecycle_cmds import plain
 from protocol.client import RpcClient
-from protocol.messages import (
+from protocol.messages.admin import (
     AlterConfigs,
     AlterConfigsResponse,
     DescribeClusterRequest,
@@ -235,8 +237,6 @@ async def _describe_one(
 
 
 async def _topic_names(client: RpcClient, timeout_s: float) -> list[str]:
-    from ops.describe_cmds import pages
-
     """Every topic's name, in name order (a topic that spans pages is listed once)."""
     names: list[str] = []
     async for page in pages(client, DescribeClusterRequest(broker_limit=0), timeout_s=timeout_s):

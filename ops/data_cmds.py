@@ -21,8 +21,8 @@ Both use mutual TLS unless `--insecure` (`ops.client.security_from`): the contro
 must prove it is `controller`, and each leader `broker-<id>`, the id DescribeCluster
 names.
 
-This module owns the client side only: what to send, retry and record. What a broker
-answers is `brokers_stub.produce`'s business.
+This module parses, calls and prints: producing and reading are `clients.producer` and
+`clients.consumer`'s, and what a broker answers is `brokers_stub.produce`'s business.
 """
 
 from __future__ import annotations
@@ -30,47 +30,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import hashlib
 import json
-import os
-import time
-from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import Any, Final
 
-from metactl.errors import (
-    InvalidConfigurationError,
-    InvalidRequestError,
-    MetactlError,
-    UnknownTopicOrPartitionError,
-)
+from clients.consumer import consume, digest, missing_records, ranges, read_acked_log
+from clients.data import DATA_RETRY
+from clients.producer import produce
+from metactl.errors import InvalidConfigurationError, MetactlError
 from metactl.numbers import decimal_arg, int_arg, long_arg
 from ops.cli import EXIT_OK, HELP_FORMAT, examples
-from ops.client import (
-    INSECURE,
-    Security,
-    add_controller_arguments,
-    controller_address,
-    security_from,
-)
-from ops.data_client import Connections, Leaders, leader_request
-from protocol.client import RetryPolicy
-from protocol.messages import (
-    ACKS_ALL,
-    ACKS_LEADER,
-    PartitionState,
-    ProduceRequest,
-    ProduceResponse,
-    ReadLogRequest,
-    ReadLogResponse,
-)
+from ops.client import add_controller_arguments, controller_address, security_from
+from protocol.messages.data import ACKS_ALL, ACKS_LEADER, ReadLogResponse
 
 EXIT_INCOMPLETE: Final = 3  # the commands' own verdict (docs/cli.md)
-# A leader moves within a session timeout (9 s by default): retry for about that long.
-DATA_RETRY = RetryPolicy(attempts=12, base_s=0.05, cap_s=1.0)
-Range = tuple[int, int, int]  # [start, end) offsets, all in one leader epoch
 
 
 def register(sub: Any) -> None:
@@ -155,132 +128,6 @@ def register(sub: Any) -> None:
     c.set_defaults(func=cmd_consume)
 
 
-# --- produce ----------------------------------------------------------------------------
-
-
-class AckedLog:
-    """The acknowledged batches, one JSON line each, durable before they count."""
-
-    def __init__(self, path: Path) -> None:
-        created = not path.exists()
-        self._file: IO[str] = path.open("a", encoding="utf-8")
-        if created:
-            fd = os.open(path.parent if str(path.parent) else ".", os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-    def append(self, resp: ProduceResponse, acks: int) -> None:
-        line = json.dumps(
-            {
-                "topic": resp.topic,
-                "partition": resp.partition,
-                "base_offset": resp.base_offset,
-                "count": resp.count,
-                "leader_epoch": resp.leader_epoch,
-                "acks": "all" if acks == ACKS_ALL else acks,
-            },
-            separators=(",", ":"),
-        )
-        self._file.write(line + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
-
-    def close(self) -> None:
-        self._file.close()
-
-
-@dataclass
-class ProduceSummary:
-    acked_records: int = 0
-    acked_batches: int = 0
-    refused_records: int = 0
-    refused: Counter[str] = field(default_factory=Counter)  # batches, by error code
-
-    def line(self) -> str:
-        refused = " ".join(f"{code}={n}" for code, n in sorted(self.refused.items())) or "none"
-        return (
-            f"acked {self.acked_records} records in {self.acked_batches} batches; "
-            f"refused {self.refused_records} records: {refused}"
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "acked_records": self.acked_records,
-            "acked_batches": self.acked_batches,
-            "refused_records": self.refused_records,
-            "refused_batches": dict(sorted(self.refused.items())),
-        }
-
-
-async def produce(
-    *,
-    controller: str,
-    topic: str,
-    partition: int | None,
-    acks: int,
-    count: int,
-    batch: int,
-    acked_log: Path,
-    rate: float | None = None,
-    in_flight: int = 1,
-    timeout_ms: int | None = None,
-    retry: RetryPolicy = DATA_RETRY,
-    security: Security = INSECURE,
-    timeout_s: float = 10.0,
-) -> ProduceSummary:
-    """Produce `count` records; `timeout_s` bounds each answer of the controller."""
-    leaders = Leaders(controller, topic, retry, security, timeout_s=timeout_s)
-    await leaders.refresh()
-    targets = [partition] if partition is not None else sorted(leaders.partitions)
-    for t in targets:
-        if t not in leaders.partitions:
-            raise UnknownTopicOrPartitionError(f"no partition {topic}-{t}")
-    log = AckedLog(acked_log)
-    summary = ProduceSummary()
-    sizes = [min(batch, count - start) for start in range(0, count, batch)]
-    next_batch = 0
-    start = time.monotonic()
-    client_timeout_s = (timeout_ms if timeout_ms is not None else 30_000) / 1000 + 5.0
-
-    async def worker() -> None:
-        nonlocal next_batch
-        conns = Connections(security)
-        try:
-            while next_batch < len(sizes):
-                i, next_batch = next_batch, next_batch + 1
-                size = sizes[i]
-                if rate is not None:  # pace: batch i may leave once its records are due
-                    due = start + i * batch / rate  # every batch but the last is full
-                    await asyncio.sleep(max(0.0, due - time.monotonic()))
-                target = targets[i % len(targets)]
-                req = ProduceRequest(
-                    topic=topic, partition=target, acks=acks, count=size, timeout_ms=timeout_ms
-                )
-                try:
-                    resp = await leader_request(
-                        leaders, conns, target, req, timeout_s=client_timeout_s, retry=retry
-                    )
-                    if not isinstance(resp, ProduceResponse):
-                        raise InvalidRequestError(f"unexpected {type(resp).__name__}")
-                except MetactlError as exc:
-                    summary.refused[exc.code] += 1
-                    summary.refused_records += size
-                    continue
-                log.append(resp, acks)  # durable first ...
-                summary.acked_records += resp.count  # ... then acknowledged
-                summary.acked_batches += 1
-        finally:
-            await conns.close()
-
-    try:
-        await asyncio.gather(*(worker() for _ in range(max(1, in_flight))))
-    finally:
-        log.close()
-    return summary
-
-
 def cmd_produce(args: argparse.Namespace) -> int:
     for name in ("count", "batch", "in_flight"):
         if getattr(args, name) < 1:
@@ -316,95 +163,6 @@ def cmd_produce(args: argparse.Namespace) -> int:
     else:
         print(summary.line())
     return EXIT_INCOMPLETE if summary.refused else EXIT_OK
-
-
-# --- consume ----------------------------------------------------------------------------
-
-
-def ranges(leader_epochs: Sequence[tuple[int, int]], high_watermark: int) -> list[Range]:
-    """The committed records as [start, end) offset ranges, each in one leader epoch."""
-    out: list[Range] = []
-    entries = [(int(e), int(s)) for e, s in leader_epochs if s < high_watermark]
-    for i, (epoch, begin) in enumerate(entries):
-        end = entries[i + 1][1] if i + 1 < len(entries) else high_watermark
-        if end > begin:
-            out.append((begin, end, epoch))
-    return out
-
-
-def digest(rs: Iterable[Range]) -> str:
-    """A short fingerprint of a partition's committed records."""
-    data = json.dumps([list(r) for r in rs], separators=(",", ":")).encode()
-    return hashlib.sha256(data).hexdigest()[:16]
-
-
-def missing_records(
-    acked: Iterable[dict[str, Any]], committed: dict[int, list[Range]]
-) -> dict[int, int]:
-    """Per partition, how many acknowledged records the committed ranges lack. A record
-    acknowledged at (offset o, epoch e) survives iff a range holds o in epoch e."""
-    missing: Counter[int] = Counter()
-    for a in acked:
-        part, base, n, epoch = a["partition"], a["base_offset"], a["count"], a["leader_epoch"]
-        if part not in committed:
-            continue
-        held = 0
-        for start, end, e in committed[part]:
-            if e == epoch:
-                held += max(0, min(end, base + n) - max(start, base))
-        if held < n:
-            missing[part] += n - held
-    return dict(missing)
-
-
-def read_acked_log(path: Path, topic: str) -> list[dict[str, Any]]:
-    out = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                doc = json.loads(line)
-                if doc["topic"] == topic:
-                    out.append(doc)
-            except (ValueError, KeyError, TypeError) as exc:
-                problem = f"{path}:{number}: not an acked-log line: {exc}"
-                raise InvalidRequestError(problem) from None
-    return out
-
-
-async def consume(
-    *,
-    controller: str,
-    topic: str,
-    partition: int | None,
-    retry: RetryPolicy = DATA_RETRY,
-    security: Security = INSECURE,
-    timeout_s: float = 10.0,
-) -> list[tuple[PartitionState, ReadLogResponse | MetactlError]]:
-    """Each partition's committed ranges, or the error reading it; `timeout_s` bounds
-    each answer of the controller and of a leader."""
-    leaders = Leaders(controller, topic, retry, security, timeout_s=timeout_s)
-    await leaders.refresh()
-    targets = [partition] if partition is not None else sorted(leaders.partitions)
-    conns = Connections(security)
-    out: list[tuple[PartitionState, ReadLogResponse | MetactlError]] = []
-    try:
-        for t in targets:
-            if t not in leaders.partitions:
-                raise UnknownTopicOrPartitionError(f"no partition {topic}-{t}")
-            req = ReadLogRequest(topic=topic, partition=t)
-            try:
-                r = await leader_request(leaders, conns, t, req, timeout_s=timeout_s, retry=retry)
-                if not isinstance(r, ReadLogResponse):
-                    raise InvalidRequestError(f"unexpected {type(r).__name__}")
-            except MetactlError as exc:
-                out.append((leaders.partitions[t], exc))
-            else:
-                out.append((leaders.partitions[t], r))
-    finally:
-        await conns.close()
-    return out
 
 
 def cmd_consume(args: argparse.Namespace) -> int:

@@ -28,12 +28,13 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Final
 
 import msgspec
 
+from clients.admin import pages
 from controller.runtime.describe import (
     PAGE_ITEMS,
     RECOVERIES_WITHIN_MS,
@@ -44,11 +45,10 @@ from controller.runtime.describe import (
     partition_state,
     topic_description,
 )
+from eventfeed.lines import fence_reason_text
 from metactl.errors import (
     InvalidConfigurationError,
-    InvalidRequestError,
     UnknownTopicOrPartitionError,
-    UnsupportedVersionError,
 )
 from metactl.numbers import int_arg
 from metadata_image.image import ClusterImage
@@ -56,19 +56,12 @@ from metadata_image.transactions import EffectiveEntries, LogReplay, replay_log
 from metadata_log.batch_format import LogEntry
 from metadata_log.records import NO_LEADER
 from ops.cli import HELP_FORMAT, examples
-from ops.client import (
-    add_source_arguments,
-    ask,
-    controller_address,
-    security_from,
-)
-from ops.events import fence_reason_text, parse_duration_ms
+from ops.client import add_source_arguments, controller_address, security_from
 from ops.paths import open_log
-from protocol.client import DEFAULT_TIMEOUT_S, RpcClient
-from protocol.messages import (
+from ops.times import parse_duration_ms
+from protocol.messages.admin import (
     BrokerDescription,
     DescribeClusterRequest,
-    DescribeClusterResponse,
     PartitionState,
     RecoverySummary,
     TopicDescription,
@@ -184,59 +177,6 @@ def _page_size_arg(p: argparse.ArgumentParser) -> None:
         default=PAGE_ITEMS,
         metavar="N",
         help=f"items asked per request (default and controller maximum {PAGE_ITEMS})",
-    )
-
-
-# --- fetching -----------------------------------------------------------------------------
-
-
-async def pages(
-    client: RpcClient, request: DescribeClusterRequest, *, timeout_s: float = DEFAULT_TIMEOUT_S
-) -> AsyncIterator[DescribeClusterResponse]:
-    """Every page of `request` (v2), in order, each sized to the client's frame limit.
-    Raises the controller's coded error, or InvalidRequestError if a page makes no
-    progress or goes back (a server bug), so a walk always ends."""
-    request = msgspec.structs.replace(request, v=2, max_bytes=client.max_frame_bytes)
-    last_tp: tuple[str, int] | None = None
-    last_broker: int | None = None
-    while True:
-        try:
-            r = await ask(client, request, timeout_s)
-        except UnsupportedVersionError:
-            if request.cursor is not None or request.broker_cursor is not None:
-                raise
-            # A controller older than paging: one v1 answer (it may not fit a frame).
-            v1 = DescribeClusterRequest(topic=request.topic)
-            r = await ask(client, v1, timeout_s)
-        if not isinstance(r, DescribeClusterResponse):
-            raise InvalidRequestError(f"unexpected answer {type(r).__name__}")
-        for p in r.partitions:
-            if last_tp is not None and (p.topic, p.partition) <= last_tp:
-                raise InvalidRequestError(f"the controller went back to {p.topic}-{p.partition}")
-            last_tp = (p.topic, p.partition)
-        for b in r.brokers:
-            if last_broker is not None and b.broker_id <= last_broker:
-                raise InvalidRequestError(f"the controller went back to broker {b.broker_id}")
-            last_broker = b.broker_id
-        yield r
-        if r.next_cursor is None and r.next_broker_cursor is None:
-            return
-        if not r.partitions and not r.brokers:
-            raise InvalidRequestError("the controller answered an empty page with a cursor")
-        request = next_request(request, r)
-
-
-def next_request(
-    request: DescribeClusterRequest, r: DescribeClusterResponse
-) -> DescribeClusterRequest:
-    """The request for the page after `r`: each list from its cursor, and a list whose
-    cursor is None is complete, so it is not asked for again (limit 0)."""
-    return msgspec.structs.replace(
-        request,
-        cursor=r.next_cursor,
-        broker_cursor=r.next_broker_cursor,
-        partition_limit=0 if r.next_cursor is None else request.partition_limit,
-        broker_limit=0 if r.next_broker_cursor is None else request.broker_limit,
     )
 
 
@@ -436,7 +376,7 @@ async def offline_view(data_dir: str | Path) -> tuple[ClusterImage, int, Describ
     controller's own), its end offset, and the notes its records after the newest
     snapshot give (recoveries with their commit times, fence reasons). A transaction
     counts once its end marker is read, an aborted one never."""
-    from controller.runtime.driver import snapshot_image  # offline only: not at start-up
+    from controller.runtime.loading import snapshot_image  # offline only: not at start-up
 
     notes = DescribeNotes()
     async with await open_log(data_dir) as store:

@@ -3,13 +3,14 @@
 Online, the command tails the controller's committed log as a broker does: FetchMetadata
 from offset 0 (or the controller's snapshot), then long polls for what commits next.
 Offline (`--data-dir`) it reads the log file, and with `--follow` waits for the running
-controller's next commits. Either way `ops.events.Feed` turns records into lines,
+controller's next commits. Either way `eventfeed.feed.Feed` turns records into lines,
 applying a metadata transaction whole.
 
 Without `--since`, every event of the log is shown, except with `--follow`, which starts
 from now. Ctrl-C ends a `--follow` (status 130, as any interrupted command).
 
-This module owns the command's flags, reading and printing; the lines are ops/events.py's.
+This module owns the command's flags, the offline reading and printing; the lines are
+`eventfeed`'s, and the online reading `eventfeed.follow`'s.
 """
 
 from __future__ import annotations
@@ -19,26 +20,15 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Callable
-from typing import Any, Final
+from typing import Any
 
-from metactl.errors import MetactlError
+from eventfeed.feed import Event, Feed, iso_ms
+from eventfeed.follow import follow_events
 from metadata_log.records import to_builtins
 from ops.cli import EXIT_OK, HELP_FORMAT, examples
-from ops.client import (
-    add_source_arguments,
-    ask,
-    controller_address,
-    security_from,
-)
-from ops.events import Event, Feed, iso_ms, parse_since
+from ops.client import add_source_arguments, controller_address, security_from
 from ops.paths import open_log
-from protocol.client import RpcClient
-from protocol.messages import FetchMetadataRequest, FetchMetadataResponse
-
-# The long poll of a --follow (the controller caps it at 10 s; brokers use 500 ms).
-FOLLOW_WAIT_MS: Final = 500
-READ_RECORDS: Final = 10_000
+from ops.times import parse_since
 
 
 def register(sub: Any) -> None:
@@ -109,36 +99,8 @@ async def _online(args: argparse.Namespace, feed: Feed) -> None:
         )  # fmt: skip
 
 
-async def follow_events(
-    client: RpcClient,
-    feed: Feed,
-    emit: Callable[[list[Event]], None],
-    *,
-    follow: bool,
-    timeout_s: float,
-) -> None:
-    """Read the committed log from the controller (any of a quorum: standbys serve the
-    fetch too) through `feed`, from `feed.next_offset` (0 for a new feed: a feed followed
-    again after an error continues where it stopped), handing each answer's events to
-    `emit`; with `follow`, long-poll for new commits until cancelled."""
-    while True:
-        wait = FOLLOW_WAIT_MS if follow else 0
-        request = FetchMetadataRequest(
-            from_offset=feed.next_offset, max_records=READ_RECORDS, max_wait_ms=wait
-        )
-        r = await ask(client, request, timeout_s + wait / 1000)
-        if not isinstance(r, FetchMetadataResponse):
-            raise MetactlError(f"unexpected answer {type(r).__name__} from {client.address}")
-        if r.snapshot is not None:
-            feed.reset(r.snapshot.records, r.snapshot.offset)
-            continue
-        emit(feed.add(r.records))
-        if not follow and feed.next_offset >= r.end_offset:
-            return
-
-
 async def _offline(args: argparse.Namespace, feed: Feed) -> None:
-    from controller.runtime.driver import snapshot_image  # offline only: not at start-up
+    from controller.runtime.loading import snapshot_image  # offline only: not at start-up
 
     async with await open_log(args.data_dir) as store:
         if store.start_offset > 0:  # records were deleted before a snapshot: start from it

@@ -190,7 +190,7 @@ def window_time(text: str, flag: str = "--since", now_ms: int | None = None) -> 
     """A --since/--until bound in epoch ms: a duration back from now (``10m``, ``2h``,
     ``7d``: as `metactl events --since`), an ISO 8601 time (UTC unless it says
     otherwise), or epoch milliseconds. INVALID_CONFIG naming `flag` otherwise."""
-    from ops.events import parse_since
+    from ops.times import parse_since
 
     now = int(time.time() * 1000) if now_ms is None else now_ms
     return parse_since(text, now, flag, epoch_ms=True)

@@ -19,19 +19,20 @@ import asyncio
 import json
 from typing import Any
 
+from clients.controller import ask
 from metactl.errors import InvalidConfigurationError, MetactlError
 from metactl.numbers import NumberFormatError, kafka_int
 from metadata_log.records import ELR_FEATURE
 from ops.cli import EXIT_OK, HELP_FORMAT, examples
-from ops.client import add_controller_arguments, ask, controller_address, security_from
+from ops.client import add_controller_arguments, controller_address, security_from
 from ops.lifecycle_cmds import plain
-from protocol.messages import (
+from protocol.messages.admin import (
     DescribeFeaturesRequest,
     DescribeFeaturesResponse,
-    Message,
     UpdateFeature,
     UpdateFeatureResponse,
 )
+from protocol.messages.unions import Message
 
 
 def register(sub: Any) -> None:

@@ -27,20 +27,21 @@ from typing import Any
 
 import msgspec
 
+from clients.controller import ask
 from metactl.errors import InvalidConfigurationError, MetactlError, error_for_code
 from metactl.numbers import int_arg
 from ops.cli import EXIT_OK, HELP_FORMAT, error_line, examples, exit_status
-from ops.client import add_controller_arguments, ask, controller_address, security_from
-from protocol.messages import (
-    Ack,
+from ops.client import add_controller_arguments, controller_address, security_from
+from protocol.messages.admin import (
     CreatePartitions,
     CreatePartitionsRequest,
     CreatePartitionsResponse,
     DeleteTopicsRequest,
     DeleteTopicsResponse,
-    Message,
     UnregisterBroker,
 )
+from protocol.messages.internal import Ack
+from protocol.messages.unions import Message
 
 UNKNOWN_TOPIC = "UNKNOWN_TOPIC_OR_PARTITION"
 

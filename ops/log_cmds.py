@@ -20,6 +20,7 @@ from typing import Any, TextIO
 
 import msgspec
 
+from eventfeed.feed import iso_ms
 from metactl.errors import (
     CorruptLogError,
     InvalidRequestError,
@@ -31,7 +32,6 @@ from metadata_log.batch_format import LogEntry
 from metadata_log.etcd.tls import add_etcd_tls_arguments
 from metadata_log.records import RECORD_TYPES, record_type, to_builtins
 from ops.cli import EXIT_OK, EXIT_REFUSED, HELP_FORMAT, examples
-from ops.events import iso_ms
 from ops.paths import open_log
 
 EXIT_ERROR = EXIT_REFUSED  # a damaged log (`verify`)

@@ -8,8 +8,8 @@ one log directory). The file's format and `--verify`'s verdicts are `ops.reassig
 
 - `--execute` first prints the current assignment of the named partitions, in the same
   format, to roll back with, then asks the controller to start the reassignments (in
-  requests of `CHUNK` partitions). As in Kafka, it refuses while any reassignment is in
-  progress unless `--additional`.
+  requests of `clients.admin.CHUNK` partitions). As in Kafka, it refuses while any
+  reassignment is in progress unless `--additional`.
 - `--verify` says, per partition, whether its reassignment is completed (the replicas
   are the file's, in order), still in progress, or not running with other replicas. Its
   status is 0 when all are completed and 3 (the command's own verdict, docs/cli.md)
@@ -21,9 +21,10 @@ one log directory). The file's format and `--verify`'s verdicts are `ops.reassig
   back to one v1 answer from a controller older than paging.
 
 Each partition succeeds or fails alone: a failure is its own `error:` line and the
-status is the first failure's. This module owns the arguments, the requests and the
-output; the controller decides every reassignment (KIP-455's adding/removing replicas,
-when it completes, where leadership goes) and writes its records.
+status is the first failure's. This module owns the arguments and the output; the paged
+and chunked requests are `clients.admin`'s, and the controller decides every
+reassignment (KIP-455's adding/removing replicas, when it completes, where leadership
+goes) and writes its records.
 """
 
 from __future__ import annotations
@@ -34,18 +35,15 @@ import json
 from pathlib import Path
 from typing import Any, Final
 
-import msgspec
-
+from clients.admin import alter, current_replicas, ongoing
 from metactl.errors import (
     InvalidConfigurationError,
     InvalidRequestError,
-    MetactlError,
     UnknownTopicOrPartitionError,
-    UnsupportedVersionError,
 )
-from metadata_image.image import TopicPartition
+from metadata_image.state import TopicPartition
 from ops.cli import EXIT_OK, HELP_FORMAT, examples
-from ops.client import add_controller_arguments, ask, controller_address, security_from
+from ops.client import add_controller_arguments, controller_address, security_from
 from ops.lifecycle_cmds import Failures, plain
 from ops.reassign_plan import (
     JsonPartition,
@@ -58,20 +56,13 @@ from ops.reassign_plan import (
     verify,
 )
 from protocol.client import RpcClient
-from protocol.messages import (
-    AlterPartitionReassignments,
-    AlterPartitionReassignmentsResponse,
-    DescribeClusterRequest,
-    ListPartitionReassignmentsRequest,
-    ListPartitionReassignmentsResponse,
+from protocol.messages.admin import (
     OngoingReassignment,
-    Reassignment,
     ReassignmentResult,
 )
 
 # Partitions per AlterPartitionReassignments request: well inside any frame limit the
 # controller may be given (about 40 bytes each), and each request answers promptly.
-CHUNK: Final = 1000
 # `--verify`'s verdict when some partition is not (yet) where the file says.
 EXIT_NOT_COMPLETE: Final = 3
 
@@ -128,73 +119,6 @@ def register(sub: Any) -> None:
 
 
 # --- reading the cluster ----------------------------------------------------------------
-
-
-async def current_replicas(
-    client: RpcClient, topics: set[str], timeout_s: float
-) -> dict[TopicPartition, list[int]]:
-    """The committed replicas of every partition of `topics` (a topic that does not
-    exist has none)."""
-    from ops.describe_cmds import pages
-
-    out: dict[TopicPartition, list[int]] = {}
-    for topic in sorted(topics):
-        request = DescribeClusterRequest(topic=topic, broker_limit=0)
-        try:
-            async for page in pages(client, request, timeout_s=timeout_s):
-                for p in page.partitions:
-                    out[(p.topic, p.partition)] = list(p.replicas)
-        except UnknownTopicOrPartitionError:
-            continue
-    return out
-
-
-async def ongoing(
-    client: RpcClient, topics: set[str] | None, timeout_s: float
-) -> dict[TopicPartition, OngoingReassignment]:
-    """Every partition being reassigned (of `topics`), page by page. Raises the
-    controller's coded error, or InvalidRequestError if a page's cursor does not move on
-    (a server bug), so the walk always ends."""
-    request = ListPartitionReassignmentsRequest(
-        v=2,
-        topics=None if topics is None else sorted(topics),
-        max_bytes=client.max_frame_bytes,
-    )
-    out: dict[TopicPartition, OngoingReassignment] = {}
-    last: TopicPartition | None = None
-    while True:
-        try:
-            r = await ask(client, request, timeout_s)
-        except UnsupportedVersionError:
-            if request.cursor is not None:
-                raise
-            # A controller older than paging: one v1 answer (it may not fit a frame).
-            request = msgspec.structs.replace(request, v=1, max_bytes=None)
-            r = await ask(client, request, timeout_s)
-        if not isinstance(r, ListPartitionReassignmentsResponse):
-            raise MetactlError(f"unexpected answer {type(r).__name__} from {client.address}")
-        for o in r.reassignments:
-            out[(o.topic, o.partition)] = o
-        if r.next_cursor is None or request.v < 2:
-            return out
-        cursor = (r.next_cursor.topic, r.next_cursor.partition)
-        if last is not None and cursor <= last:
-            raise InvalidRequestError(f"the controller's list went back to {tp_name(cursor)}")
-        last = cursor
-        request = msgspec.structs.replace(request, cursor=r.next_cursor)
-
-
-async def alter(
-    client: RpcClient, reassignments: list[Reassignment], timeout_s: float
-) -> list[ReassignmentResult]:
-    results: list[ReassignmentResult] = []
-    for start in range(0, len(reassignments), CHUNK):
-        body = AlterPartitionReassignments(reassignments=reassignments[start : start + CHUNK])
-        r = await ask(client, body, timeout_s)
-        if not isinstance(r, AlterPartitionReassignmentsResponse):
-            raise MetactlError(f"unexpected answer {type(r).__name__} from {client.address}")
-        results.extend(r.results)
-    return results
 
 
 def report(results: list[ReassignmentResult], done: str) -> int:

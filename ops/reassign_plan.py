@@ -25,8 +25,8 @@ import msgspec
 
 from metactl.errors import InvalidConfigurationError
 from metactl.numbers import INT32_MAX, INT32_MIN
-from metadata_image.image import TopicPartition
-from protocol.messages import OngoingReassignment, Reassignment
+from metadata_image.state import TopicPartition
+from protocol.messages.admin import OngoingReassignment, Reassignment
 
 ANY_LOG_DIR: Final = "any"
 EXPECTED: Final = (

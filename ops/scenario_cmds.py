@@ -15,11 +15,11 @@ from typing import Any
 
 import msgspec
 
-from metadata_image.image import parse_tp
+from metadata_image.state import parse_tp
 from metadata_log.records import NO_LEADER
 from ops.cli import EXIT_OK, EXIT_REFUSED, HELP_FORMAT, examples
 from ops.describe_cmds import partition_line
-from protocol.messages import PartitionState
+from protocol.messages.admin import PartitionState
 from simulation.scenario import run_scenario
 from simulation.scenario_format import load_scenario
 from simulation.scenario_report import PartitionReport, StepReport, Summary

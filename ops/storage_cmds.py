@@ -13,51 +13,30 @@
   would, else the refusal it would meet as ``error: CODE: ...`` and exit 1.
 * ``random-uuid`` prints a new id in Kafka's form (for ``--cluster-id``).
 
-`format_directories` is also what `metactl cluster up` formats with on a first start.
-This module parses, decides what to write and prints; the file and the checks are
-`metadata_log.identity`, `metadata_log.identity_check` and `brokers_stub.identity_check`.
+Formatting and inspecting are `localcluster.storage`'s (`format_directories` is what
+`metactl cluster up` formats with on a first start too). This module parses, calls and
+prints; the file and the checks are `metadata_log.identity`,
+`metadata_log.identity_check` and `brokers_stub.identity_check`.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from metactl.errors import (
-    InconsistentClusterIdError,
-    LogDirNotFoundError,
-    MetactlError,
-    MetadataLogMissingError,
-    StorageAlreadyFormattedError,
-)
+from localcluster.storage import format_directories, inspect
 from metadata_log.etcd.tls import (
-    PROCESS_DEFAULT,
-    EtcdTls,
-    ProcessDefault,
     add_etcd_tls_arguments,
 )
 from metadata_log.identity import (
     IDENTITY_FILE,
-    Identity,
-    locked,
     new_id,
-    read_identity,
-    valid_id,
-    write_identity,
-)
-from metadata_log.identity_check import (
-    SqliteLogState,
-    inspect_sqlite_log,
-    sqlite_location,
-    sqlite_verdict,
 )
 from ops.cli import EXIT_OK, HELP_FORMAT, examples
 
-__all__ = ["Formatted", "etcd_log_info", "format_directories", "inspect", "register"]
+__all__ = ["register"]
 
 
 def register(sub: Any) -> None:
@@ -159,84 +138,6 @@ def register(sub: Any) -> None:
 # --- format ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Formatted:
-    data_dir: Path
-    identity: Identity
-    written: bool  # False: it was formatted already and left as it is
-    holds: str  # what it holds: "nothing yet", "a metadata log (N bytes)", "replicas"
-
-
-def _holds(data_dir: Path, log: SqliteLogState) -> str | None:
-    from brokers_stub.storage import REPLICAS_DIR
-
-    if log.kind == "present":
-        return f"a metadata log ({log.size:,} bytes)"
-    if (data_dir / REPLICAS_DIR).is_dir():
-        return "replicas"
-    return None
-
-
-def format_directories(
-    dirs: list[Path],
-    *,
-    cluster_id: str | None = None,
-    node_id: str | None = None,
-    ignore_formatted: bool = False,
-) -> list[Formatted]:
-    """Format every directory of `dirs` with one cluster id, or none of them: a
-    formatted one is StorageAlreadyFormattedError (skipped with `ignore_formatted`), a
-    log of another cluster InconsistentClusterIdError."""
-    if cluster_id is not None:
-        valid_id(cluster_id, "--cluster-id")
-    if node_id is not None:
-        valid_id(node_id, "--node-id")
-    plans: list[tuple[Path, Identity | None, SqliteLogState]] = []
-    for d in dirs:
-        if d.exists() and not d.is_dir():
-            raise NotADirectoryError(20, "Not a directory", str(d))
-        existing = read_identity(d)
-        if existing is not None and not ignore_formatted:
-            raise StorageAlreadyFormattedError(
-                f"{d} is already formatted (cluster.id {existing.cluster_id}, "
-                f"{d / IDENTITY_FILE}); --ignore-formatted leaves formatted directories as "
-                "they are"
-            )
-        plans.append((d, existing, inspect_sqlite_log(d / "metadata.log.sqlite")))
-    recorded = {s.cluster_id for d, e, s in plans if e is None and s.cluster_id is not None}
-    if cluster_id is None and len(recorded) > 1:
-        raise InconsistentClusterIdError(
-            f"the directories' metadata logs belong to several clusters: {sorted(recorded)}"
-        )
-    chosen = cluster_id or (recorded.pop() if recorded else new_id())
-    out: list[Formatted] = []
-    for d, existing, log in plans:
-        if existing is not None:
-            out.append(Formatted(d, existing, False, "as it is"))
-            continue
-        if log.cluster_id not in (None, chosen):
-            raise InconsistentClusterIdError(
-                f"{log.path} is the metadata log of cluster {log.cluster_id!r}, not of "
-                f"{chosen!r}: refusing to format its directory for another cluster"
-            )
-        holds = _holds(d, log)
-        identity = Identity(
-            cluster_id=chosen,
-            directory_id=new_id(),
-            node_id=node_id,
-            log_created=holds is not None,
-        )
-        out.append(Formatted(d, identity, True, holds or "nothing yet"))
-    for f in out:
-        if not f.written:
-            continue
-        with locked(f.data_dir):
-            if read_identity(f.data_dir) is not None and not ignore_formatted:
-                raise StorageAlreadyFormattedError(f"{f.data_dir} was formatted meanwhile")
-            write_identity(f.data_dir, f.identity)
-    return out
-
-
 def cmd_format(args: argparse.Namespace) -> int:
     done = format_directories(
         args.data_dir,
@@ -263,120 +164,6 @@ def cmd_format(args: argparse.Namespace) -> int:
 def cmd_random_uuid(args: argparse.Namespace) -> int:
     print(new_id())
     return EXIT_OK
-
-
-# --- info ------------------------------------------------------------------------------
-
-
-def _log_report(state: SqliteLogState) -> dict[str, Any]:
-    out: dict[str, Any] = {"location": str(state.path), "state": state.kind}
-    if state.kind != "absent":
-        out["bytes"] = state.size
-    if state.why:
-        out["why"] = state.why
-    if state.cluster_id is not None:
-        out["cluster_id"] = state.cluster_id
-    return out
-
-
-async def etcd_log_info(
-    url: str, *, tls: EtcdTls | ProcessDefault | None = PROCESS_DEFAULT
-) -> dict[str, Any]:
-    """An etcd log's location, state (absent, present) and cluster id; read only. `tls`:
-    TLS to etcd (default: the process's, from the command's --etcd-* flags)."""
-    from metadata_log.etcd.client import Etcd, EtcdTarget
-    from metadata_log.etcd.layout import Keys, open_meta
-
-    target = EtcdTarget.parse(url, tls=tls)
-    etcd = await Etcd.connect(target)
-    try:
-        found, _ = await etcd.get(Keys(target).meta)
-        if found is None:
-            return {"location": target.url, "state": "absent"}
-        meta = await open_meta(etcd, create=False, cluster_id=None)
-    finally:
-        await etcd.close()
-    return {"location": target.url, "state": "present", "cluster_id": meta.cluster_id}
-
-
-def inspect(
-    data_dir: Path, metadata_log: str | None = None
-) -> tuple[dict[str, Any], MetactlError | None]:
-    """What `storage info` reports (the identity, the log, the replicas, the status),
-    and the refusal a start would meet (None if it would start)."""
-    from brokers_stub.identity_check import broker_verdict
-    from brokers_stub.replica_log import replica_files
-    from brokers_stub.storage import CLEAN_SHUTDOWN_FILE, REPLICAS_DIR
-
-    if not data_dir.is_dir():
-        raise LogDirNotFoundError(f"no directory {data_dir}")
-    report: dict[str, Any] = {"data_dir": str(data_dir)}
-    problem: MetactlError | None = None
-    identity: Identity | None = None
-    try:
-        identity = read_identity(data_dir)
-    except MetactlError as exc:
-        problem = exc
-    report["identity"] = identity.fields() if identity is not None else None
-    was = identity.log_location if identity is not None else None
-    if metadata_log is None and was is not None and was.startswith("etcd://"):
-        metadata_log = was  # the controller's log at its last start
-    path = sqlite_location(data_dir, metadata_log)
-    state = inspect_sqlite_log(path) if path is not None else None
-    replicas = data_dir / REPLICAS_DIR
-    if replicas.is_dir():
-        report["replicas"] = {
-            "location": str(replicas),
-            "files": len(replica_files(replicas)),
-            "clean_shutdown": (data_dir / CLEAN_SHUTDOWN_FILE).is_file(),
-        }
-    role = identity.role if identity is not None else None
-    if role is None:
-        log_here = state is not None and state.kind != "absent"
-        role = "controller" if log_here or not replicas.is_dir() else "broker"
-    report["role"] = role
-    if role == "controller" and state is not None:
-        report["metadata_log"] = _log_report(state)
-    elif role == "controller" and metadata_log is not None and metadata_log.startswith("etcd://"):
-        report["metadata_log"] = asyncio.run(etcd_log_info(metadata_log))
-    try:
-        if problem is not None:
-            raise problem
-        if role == "broker":
-            broker_verdict(identity, data_dir)
-        elif state is not None:
-            sqlite_verdict(identity, state, data_dir)
-        else:
-            _etcd_verdict(identity, report.get("metadata_log"), data_dir)
-    except MetactlError as exc:
-        problem = exc
-    if problem is not None:
-        report["problem"] = {"code": problem.code, "message": problem.message}
-        report["status"] = f"a {role} would refuse to start: {problem.code}"
-    elif identity is None:
-        report["status"] = (
-            "not formatted: a first start adopts what it holds"
-            if (state is not None and state.kind == "present") or replicas.is_dir()
-            else "not formatted: a first start formats it"
-        )
-    else:
-        report["status"] = "ok"
-    return report, problem
-
-
-def _etcd_verdict(identity: Identity | None, log: dict[str, Any] | None, data_dir: Path) -> None:
-    if identity is None or log is None:
-        return
-    if identity.log_created and log["state"] == "absent":
-        raise MetadataLogMissingError(
-            f"no metadata log at {log['location']}, but {data_dir / IDENTITY_FILE} says it "
-            "was created"
-        )
-    if log.get("cluster_id") not in (None, identity.cluster_id):
-        raise InconsistentClusterIdError(
-            f"{log['location']} holds the metadata log of cluster {log['cluster_id']!r}, but "
-            f"{data_dir} belongs to cluster {identity.cluster_id!r}"
-        )
 
 
 def cmd_info(args: argparse.Namespace) -> int:

@@ -1,2 +1,3 @@
 """The protocol layer: a sans-IO codec (frames, one message set, version check), one
-server loop and one reconnecting client, shared by the controller, brokers and CLI."""
+frame server over a reusable admission (TLS, pending pool, limits: `admission`, for any
+listener), and one reconnecting client, shared by the controller, brokers and CLI."""

@@ -45,8 +45,10 @@ from metactl.errors import (
     ThrottlingQuotaExceededError,
     error_for_code,
 )
-from protocol.codec import DEFAULT_MAX_FRAME_BYTES, decode_frame, encode_frame, parse_address
-from protocol.messages import ErrorResponse, Message
+from protocol.address import parse_address
+from protocol.codec import DEFAULT_MAX_FRAME_BYTES, decode_frame, encode_frame
+from protocol.messages.base import ErrorResponse
+from protocol.messages.unions import Message
 from protocol.tls import principal_of
 from protocol.transport import read_frame
 

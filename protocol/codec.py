@@ -1,7 +1,7 @@
 """The sans-IO wire codec: length-prefixed frames of versioned msgspec messages.
 
 A frame is a 4-byte big-endian length followed by that many bytes of MessagePack: a
-`Frame` with a correlation id and one tagged message of `protocol.messages.Message`.
+`Frame` with a correlation id and one tagged message of `protocol.messages.unions.Message`.
 Every error travels as an `ErrorResponse` with a stable code. See docs/protocol.md.
 
 This module turns bytes into frames and back, and nothing else: no sockets, no asyncio,
@@ -19,8 +19,7 @@ from typing import Final
 import msgspec
 
 from metactl.errors import FrameTooLargeError, InvalidRequestError, UnsupportedVersionError
-from metactl.numbers import is_digits
-from protocol.messages import Message
+from protocol.messages.unions import Message
 
 DEFAULT_MAX_FRAME_BYTES: Final = 8 * 1024 * 1024
 HEADER_BYTES: Final = 4
@@ -76,12 +75,3 @@ def check_version(frame: Frame) -> None:
             f"(supported: {', '.join(map(str, sorted(body.VERSIONS)))})",
             correlation_id=frame.correlation_id,
         )
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """(host, port) of HOST:PORT (an empty host is 127.0.0.1); InvalidRequestError for
-    anything else, a port over 65535 included (0 asks a listener for any free port)."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not is_digits(port) or int(port) > 65535:
-        raise InvalidRequestError(f"not a HOST:PORT address (port 0-65535): {address!r}")
-    return host or "127.0.0.1", int(port)

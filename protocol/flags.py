@@ -33,7 +33,7 @@ from typing import Any, Final
 
 from metactl.errors import InvalidConfigurationError
 from metactl.numbers import int_arg, long_arg
-from protocol.server import (
+from protocol.limits import (
     DEFAULT_FRAME_DEADLINE_S,
     DEFAULT_HANDSHAKE_TIMEOUT_S,
     DEFAULT_IDLE_TIMEOUT_S,

@@ -40,7 +40,7 @@ import structlog
 from prometheus_client import CollectorRegistry, start_wsgi_server
 
 from metactl.errors import InvalidConfigurationError, ListenError
-from protocol.codec import parse_address
+from protocol.address import parse_address
 from protocol.tls import TlsIdentity
 
 log = structlog.get_logger("metactl.metrics_http")

@@ -14,7 +14,7 @@ it expects (the controller against the broker id a request names, a broker again
 
 This module builds `ssl.SSLContext`s with Python's `ssl` module and reads principals. It
 does no IO beyond loading the certificate files, and it never makes certificates
-(`ops/certs.py` does, with the `cryptography` package).
+(`localcluster/certs.py` does, with the `cryptography` package).
 """
 
 from __future__ import annotations

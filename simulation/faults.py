@@ -39,7 +39,8 @@ from simulation.faults_schedule import (
     generate,
     schedule_seed,
 )
-from simulation.faults_sim import FaultSim, Outcome
+from simulation.faults_sim import FaultSim
+from simulation.faults_verdict import Outcome
 
 __all__ = [
     "Failure",

@@ -33,7 +33,8 @@ ISR changes) on `brokers_stub.replica_log.ReplicaLog`s:
   leader, and at least every `METADATA_REFRESH_MS` (a batch to a leader that is cut off
   or dead is lost without an answer; the request timeout makes a producer refresh).
 
-The controller side, the faults and the verdict are `simulation.faults_sim.FaultSim`'s.
+The controller side is `simulation.faults_controller.ControllerSide`'s, the faults
+`simulation.faults_sim.FaultSim`'s and the verdict `simulation.faults_verdict`'s.
 This module must not call the controller step itself, change `brokers_stub` (it imports
 only its pure modules), read the clock, or iterate a set or dict in hash order where
 the order matters.
@@ -59,16 +60,13 @@ from brokers_stub.replication import (
 )
 from controller.core.step import ControllerState, Event
 from metactl.errors import MetactlError
-from metadata_image.image import ClusterImage, TopicPartition
+from metadata_image.image import ClusterImage
+from metadata_image.state import TopicPartition
 from metadata_log.records import (
     NO_LEADER,
     LeaderRecoveryState,
 )
-from protocol.messages import (
-    AlterPartition,
-    IsrMember,
-    PartitionView,
-)
+from protocol.messages.broker_controller import AlterPartition, IsrMember, PartitionView
 from simulation.faults_schedule import Mode, Schedule
 
 CONTROLLER: Final = 0

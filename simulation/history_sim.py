@@ -25,23 +25,21 @@ from controller.core.recovery.tracker import Inspection, RecoveryTracker
 from controller.core.step import ControllerState, Event, Rules, Tick, settle
 from metactl.errors import MetactlError
 from metadata_image.delta import MetadataDelta
-from metadata_image.image import ClusterImage, PartitionState, TopicPartition
+from metadata_image.image import ClusterImage
+from metadata_image.state import PartitionState, TopicPartition
 from metadata_log.records import (
     NO_LEADER,
     MetadataRecord,
 )
-from protocol.messages import (
-    AlterPartition,
+from protocol.messages.admin import CreateTopic, ElectLeader
+from protocol.messages.broker_controller import AlterPartition, IsrMember, RegisterBroker
+from protocol.messages.internal import (
     ControlledShutdown,
-    ControllerRequest,
-    CreateTopic,
-    ElectLeader,
     FenceBroker,
-    IsrMember,
-    RegisterBroker,
     ReplicaLogInfo,
     UnfenceBroker,
 )
+from protocol.messages.unions import ControllerRequest
 from simulation.history_config import DAY_MS, MINUTE_MS, HistoryConfig
 
 

@@ -24,29 +24,30 @@ from controller.runtime.clock import VirtualClock
 from controller.runtime.driver import Controller
 from metactl.errors import MetactlError, ScenarioError, error_for_code
 from metadata_image.delta import MetadataDelta
-from metadata_image.image import ClusterImage, parse_tp
+from metadata_image.image import ClusterImage
+from metadata_image.state import parse_tp
 from metadata_log.backends import open_store
 from metadata_log.records import BROKER_RESOURCE, NO_LEADER, TOPIC_RESOURCE, MetadataRecord
 from metadata_log.store import LogStore
-from protocol.messages import (
+from protocol.messages.admin import (
     AlterConfigs,
-    AlterPartition,
     AlterPartitionReassignments,
-    ControlledShutdown,
-    ControllerRequest,
     CreatePartitions,
     CreateTopic,
     DeleteTopic,
     ElectLeader,
-    FenceBroker,
-    IsrMember,
     Reassignment,
-    RegisterBroker,
-    ReplicaLogInfo,
-    UnfenceBroker,
     UnregisterBroker,
     UpdateFeature,
 )
+from protocol.messages.broker_controller import AlterPartition, IsrMember, RegisterBroker
+from protocol.messages.internal import (
+    ControlledShutdown,
+    FenceBroker,
+    ReplicaLogInfo,
+    UnfenceBroker,
+)
+from protocol.messages.unions import ControllerRequest
 from simulation.scenario_format import (
     AlterConfigStep,
     AlterPartitionStep,

@@ -20,7 +20,7 @@ import yaml
 
 from controller.core.config import ControllerConfig
 from metactl.errors import MetactlError, ScenarioError
-from metadata_image.image import parse_tp
+from metadata_image.state import parse_tp
 from metadata_log.records import ELR_FEATURE, MIN_ISR_CONFIG
 
 

@@ -19,7 +19,7 @@ import msgspec
 
 from controller.runtime.driver import Controller
 from metadata_image.delta import MetadataDelta
-from metadata_image.image import PartitionState, tp_name
+from metadata_image.state import PartitionState, tp_name
 from metadata_log.records import ELR_FEATURE, NO_LEADER, ElectionKind, LeaderRecoveryState
 from simulation.scenario_format import ExpectStep
 

@@ -8,7 +8,7 @@ import pytest
 import structlog
 
 from controller.runtime.process import configure_process
-from ops.etcd_local import LocalEtcd
+from localcluster.etcd import LocalEtcd
 
 # What the controller's entry point sets for its process, set once for the test process.
 configure_process()

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import IO, TypeVar
 
-from ops.procs import ready_line
+from localcluster.procs import ready_line
 
 T = TypeVar("T")
 

@@ -1,16 +1,17 @@
 """``invariants``: replay every partition's history and flag every violation of the rules.
 
-The rules and the checker are in `audit.rules`; every method feeds the same checker, and
+The rules are `audit.rules`, the checker `audit.partition_checker` (fed from decoded
+records by `audit.log_checker`); every method feeds the same checker, and
 the plain pass (`audit.plain`) too. Three ways to get each partition's events to it in
 offset order (`pick_method`):
 
 * ``buckets`` (a `metactl log export` with its manifest): one Spark task per bucket of
   partition records (`audit.buckets`) reads its files and every broker-, topic- and
   cluster-level event with Arrow, and feeds them in offset order to a `LogChecker`,
-  exactly as the plain pass feeds it a log (`feed_rows`). The export grouped each
+  exactly as the plain pass feeds it a log (`invariant_rows.feed_rows`). The export grouped each
   partition's history: no shuffle, no sort, only violations reach the JVM.
 * ``logs`` (data directories): one task per core reads every log and checks the
-  partitions of its hash bucket (`audit.rules.bucket_of`).
+  partitions of its hash bucket (`audit.log_checker.bucket_of`).
 * ``rows`` (any input, e.g. Parquet of another layout): the partition records of one
   scan, plus the broker-, topic- and cluster-level events each partition must see,
   joined in from a cheap second scan: every unclean RegisterBroker and every
@@ -19,35 +20,43 @@ offset order (`pick_method`):
   the partitions of its topic, every eligible.leader.replicas.version FeatureLevel to
   every partition of the cluster. The union is shuffled by partition, sorted by offset
   within each Spark partition, and a ``mapInArrow`` function runs one `PartitionChecker`
-  per metadata partition over the sorted stream (`feed_sorted`).
+  per metadata partition over the sorted stream (`invariant_rows.feed_sorted`).
 
-The Python loops read Arrow columns in bulk (`_values`: numpy for plain ints, absent and
-all-null columns never converted), and run with the garbage collector paused. Each
-checker also emits one statistics row (``_checked``). Violations are reported in [since,
-until); the replay always starts at the beginning.
+The Python loops that feed the checkers from rows are `audit.invariant_rows`'s: they read
+Arrow columns in bulk, and run with the garbage collector paused. Each checker also
+emits one statistics row (``_checked``). Violations are reported in [since, until); the
+replay always starts at the beginning.
+
+This module owns the job's methods (what each reads, how Spark runs it) and its report.
+It must not judge a record itself: the rules are the checker's.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
-from typing import Any, Final
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from audit.buckets import by_cluster, committed, export_root, read_bucket, read_events, run_buckets
+from audit.invariant_rows import (
+    OUTPUT_DDL,
+    STATS_RULE,
+    check_sorted,
+    checker_rows,
+    feed_rows,
+    to_batch,
+)
 from audit.jobs.common import JobResult, counts_text, fmt_time, source_text, window_text
+from audit.log_checker import LogChecker
 from audit.logread import log_info
 from audit.report import bar_chart, section, table_html
 from audit.rows import paused_gc
-from audit.rules import RULES, LogChecker, PartitionChecker, Violation
+from audit.rules import RULES, Violation
 from audit.spark import AuditInput
 from audit.transactions import committed_batches
 from metadata_log.records import ELR_FEATURE
-
-STATS_RULE = "_checked"
 
 MAIN_COLUMNS = (
     "cluster",
@@ -117,340 +126,6 @@ EVENT_COLUMNS = (
 SIDE_ANY_OF = ",".join(
     [f"record_type={t}" for t in SIDE_TYPES if t != "PartitionChange"] + ["replicas"]
 )
-OUTPUT_ARROW = pa.schema(
-    [
-        pa.field("cluster", pa.string()),
-        pa.field("topic", pa.string()),
-        pa.field("partition", pa.int32()),
-        pa.field("offset", pa.int64()),
-        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
-        pa.field("rule", pa.string()),
-        pa.field("broker", pa.int32()),
-        pa.field("detail", pa.string()),
-        pa.field("records", pa.int64()),
-        pa.field("skipped", pa.int64()),
-    ]
-)
-OUTPUT_DDL = (
-    "cluster string, topic string, partition int, offset long, timestamp timestamp, "
-    "rule string, broker int, detail string, records long, skipped long"
-)
-
-# --- rows to checkers ----------------------------------------------------------------------
-
-# Record types as the small ints the row loops dispatch on.
-_TYPE_CODES = (
-    "PartitionChange",
-    "Partition",
-    "UncleanRecovery",
-    "RegisterBroker",
-    "ClearElr",
-    "UnregisterBroker",
-    "RemoveTopic",
-    "FeatureLevel",
-)
-(_CHANGE, _PARTITION, _RECOVERY, _REGISTER, _CLEAR, _UNREGISTER, _REMOVE, _FEATURE) = range(8)
-_PARTITION_COLUMNS = (
-    "offset",
-    "timestamp",
-    "topic",
-    "partition",
-    "leader",
-    "leader_epoch",
-    "partition_epoch",
-    "isr",
-    "elr",
-    "last_known_elr",
-    "reason",
-    "chosen",
-    "min_isr",
-    "election_kind",
-    "replicas",
-    "adding_replicas",
-    "removing_replicas",
-)
-_ROW_COLUMNS = (
-    *_PARTITION_COLUMNS,
-    "broker",
-    "clean",
-    "first_partition",
-    "end_partition",
-    "feature",
-    "level",
-)
-_SLICE_ROWS = 65_536
-
-
-def _values(batch: pa.RecordBatch, name: str) -> Any:
-    """A column as Python values, cheaply: absent or all-null columns are a repeat of
-    None; int columns without nulls go through numpy; timestamps become epoch ms."""
-    n = batch.num_rows
-    i = batch.schema.get_field_index(name)
-    if i < 0:
-        return itertools.repeat(None, n)
-    col = batch.column(i)
-    if col.null_count == n:
-        return itertools.repeat(None, n)
-    if pa.types.is_timestamp(col.type):
-        return (col.cast(pa.int64()).to_numpy() // 1000).tolist()
-    if col.null_count == 0 and pa.types.is_integer(col.type):
-        return col.to_numpy().tolist()
-    return col.to_pylist()
-
-
-def _codes(batch: pa.RecordBatch) -> list[int]:
-    found = pc.index_in(batch.column("record_type"), value_set=pa.array(_TYPE_CODES))
-    codes: list[int] = found.fill_null(-1).to_numpy().tolist()
-    return codes
-
-
-_NO_MORE: Final = 1 << 63
-
-
-def feed_event(lc: LogChecker, row: dict[str, Any]) -> None:
-    """A broker-, topic- or cluster-level event (a row of the audit schema as a dict)."""
-    rt, offset = row["record_type"], row["offset"]
-    ts = int(row["timestamp"].timestamp() * 1000)
-    if rt == "RegisterBroker":
-        lc.registration(offset, ts, row["broker"], bool(row["clean"]))
-    elif rt == "ClearElr":
-        lc.clear_elr(
-            offset,
-            ts,
-            row["topic"],
-            min_isr=row["min_isr"],
-            first=row["first_partition"],
-            end=row["end_partition"],
-        )
-    elif rt == "UnregisterBroker":
-        lc.unregistration(offset, ts, row["broker"])
-    elif rt == "RemoveTopic":
-        lc.removal(offset, ts, row["topic"])
-    elif rt == "FeatureLevel":
-        lc.feature(offset, ts, row["feature"], row["level"])
-
-
-def feed_rows(lc: LogChecker, parts: pa.Table, events: list[dict[str, Any]]) -> None:
-    """Hand one cluster's history to `lc` in offset order, as `LogChecker.feed` hands it
-    the records of a log (the same calls): `parts`, the partition records (Partition,
-    PartitionChange, UncleanRecovery) in offset order, and `events`, the broker-, topic-
-    and cluster-level rows (few) in offset order, each fed where its offset falls."""
-    checkers = lc.checkers
-    pending = iter(events)
-    event = next(pending, None)
-    at = _NO_MORE if event is None else event["offset"]
-    for batch in parts.to_batches(max_chunksize=_SLICE_ROWS):
-        rows = zip(_codes(batch), *(_values(batch, c) for c in _PARTITION_COLUMNS), strict=True)
-        for (
-            code,
-            offset,
-            ts,
-            topic,
-            part,
-            leader,
-            le,
-            pe,
-            isr,
-            elr,
-            lkelr,
-            reason,
-            chosen,
-            min_isr,
-            election,
-            replicas,
-            adding,
-            removing,
-        ) in rows:
-            while at < offset:
-                assert event is not None
-                feed_event(lc, event)
-                event = next(pending, None)
-                at = _NO_MORE if event is None else event["offset"]
-            if code == _CHANGE:
-                c = checkers.get((topic, part)) or lc.checker(topic, part)
-                if c is None:
-                    continue
-                if replicas is not None:
-                    lc.route(c, replicas)
-                c.on_change(
-                    offset,
-                    ts,
-                    reason=reason,
-                    leader=leader,
-                    isr=isr,
-                    elr=elr,
-                    last_known_elr=lkelr,
-                    leader_epoch=le,
-                    partition_epoch=pe,
-                    election=election,
-                    replicas=replicas,
-                    adding=adding,
-                    removing=removing,
-                    min_isr=min_isr,
-                )
-            elif code == _PARTITION:
-                c = lc.checker(topic, part)
-                if c is None:
-                    continue
-                lc.route(c, replicas)
-                lc.join_topic(c)
-                c.on_partition(
-                    offset,
-                    ts,
-                    isr=isr,
-                    elr=elr,
-                    last_known_elr=lkelr,
-                    leader=leader,
-                    leader_epoch=le,
-                    partition_epoch=pe,
-                    min_isr=min_isr,
-                    replicas=replicas,
-                    adding=adding,
-                    removing=removing,
-                )
-            elif code == _RECOVERY:
-                lc.recovery(offset, ts, topic, part, chosen)
-    while event is not None:
-        feed_event(lc, event)
-        event = next(pending, None)
-
-
-def feed_sorted(batches: Iterator[pa.RecordBatch]) -> Iterator[PartitionChecker]:
-    """Rows sorted by (cluster, topic, partition, offset), the broker-, topic- and
-    cluster-level events already fanned out to each partition (the rows method): one
-    finished `PartitionChecker` per metadata partition."""
-    checker: PartitionChecker | None = None
-    for batch in batches:
-        keys = zip(
-            _values(batch, "cluster"),
-            _values(batch, "topic"),
-            _values(batch, "partition"),
-            strict=True,
-        )
-        rows = zip(keys, _codes(batch), *(_values(batch, c) for c in _ROW_COLUMNS), strict=True)
-        for (
-            key,
-            code,
-            offset,
-            ts,
-            _topic,
-            _part,
-            leader,
-            le,
-            pe,
-            isr,
-            elr,
-            lkelr,
-            reason,
-            chosen,
-            min_isr,
-            election,
-            replicas,
-            adding,
-            removing,
-            broker,
-            _clean,
-            first,
-            end,
-            _feature,
-            level,
-        ) in rows:
-            if checker is None or key != (checker.cluster, checker.topic, checker.partition):
-                if checker is not None:
-                    checker.finish()
-                    yield checker
-                checker = PartitionChecker(*key)
-            if code == _CHANGE:
-                checker.on_change(
-                    offset,
-                    ts,
-                    reason=reason,
-                    leader=leader,
-                    isr=isr,
-                    elr=elr,
-                    last_known_elr=lkelr,
-                    leader_epoch=le,
-                    partition_epoch=pe,
-                    election=election,
-                    replicas=replicas,
-                    adding=adding,
-                    removing=removing,
-                    min_isr=min_isr,
-                )
-            elif code == _PARTITION:
-                checker.on_partition(
-                    offset,
-                    ts,
-                    isr=isr or (),
-                    elr=elr,
-                    last_known_elr=lkelr,
-                    leader=leader,
-                    leader_epoch=le,
-                    partition_epoch=pe,
-                    min_isr=min_isr,
-                    replicas=replicas,
-                    adding=adding,
-                    removing=removing,
-                )
-            elif code == _RECOVERY:
-                checker.on_recovery(offset, ts, chosen=chosen)
-            elif code == _REGISTER:
-                checker.on_unclean_registration(offset, ts, broker=broker)
-            elif code == _CLEAR:
-                checker.on_clear_elr(offset, ts, min_isr=min_isr, first=first, end=end)
-            elif code == _UNREGISTER:
-                checker.on_unregister(offset, ts, broker=broker)
-            elif code == _REMOVE:
-                checker.on_remove(offset, ts)
-            elif code == _FEATURE:
-                checker.on_feature(offset, ts, level=level)
-    if checker is not None:
-        checker.finish()
-        yield checker
-
-
-def check_sorted(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The rows method's ``mapInArrow`` function (see `feed_sorted`)."""
-    out: list[tuple[Any, ...]] = []
-    with paused_gc():
-        for checker in feed_sorted(batches):
-            _finish(checker, out)
-            if len(out) >= 10_000:
-                yield _to_batch(out)
-                out = []
-    if out:
-        yield _to_batch(out)
-
-
-def _finish(checker: PartitionChecker, out: list[tuple[Any, ...]]) -> None:
-    """The checker's violations (it is finished) and its statistics row, as output rows."""
-    for v in checker.out:
-        out.append((*v[:4], v.timestamp_ms * 1000, v.rule, v.broker, v.detail, None, None))
-    out.append(
-        (
-            checker.cluster,
-            checker.topic,
-            checker.partition,
-            None,
-            None,
-            STATS_RULE,
-            None,
-            None,
-            checker.records,
-            checker.skipped,
-        )
-    )
-
-
-def _to_batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
-    columns: list[Any] = list(zip(*rows, strict=True)) if rows else [[] for _ in OUTPUT_ARROW]
-    arrays = []
-    for field, values in zip(OUTPUT_ARROW, columns, strict=True):
-        if pa.types.is_timestamp(field.type):
-            arrays.append(pa.array(values, pa.int64()).cast(field.type))
-        else:
-            arrays.append(pa.array(values, field.type))
-    return pa.RecordBatch.from_arrays(arrays, schema=OUTPUT_ARROW)
 
 
 # --- the rows method: any input, through Spark's shuffle --------------------------------------
@@ -533,7 +208,7 @@ def check_bucket(
             lc = LogChecker(name)
             feed_rows(lc, mine, side[name].to_pylist() if name in side else [])
             for c in lc.finish():
-                _finish(c, out)
+                checker_rows(c, out)
         return out
 
 
@@ -546,7 +221,7 @@ def violations_from_buckets(spark: Any, inp: AuditInput) -> Any:
 
     def check(root: str, bucket: int) -> pa.RecordBatch | None:
         rows = check_bucket(root, bucket, aborted=aborted, until_ms=until)
-        return _to_batch(rows) if rows else None
+        return to_batch(rows) if rows else None
 
     return run_buckets(spark, inp, check, OUTPUT_DDL)
 
@@ -560,7 +235,7 @@ def violations_from_logs(spark: Any, inp: AuditInput, buckets: int | None = None
     A DataFrame of `buckets` work items (default: one per core), one per Spark partition;
     each task reads every log with the data source's reader (`audit.logread`), decodes
     every batch with `records.decode_batch` and checks the partitions of its bucket
-    (`audit.rules.bucket_of`). Only violations and statistics reach the JVM. Shipping
+    (`audit.log_checker.bucket_of`). Only violations and statistics reach the JVM. Shipping
     every record through the JVM to group it costs more than checking it (see the module
     documentation of `bench/spark_audit.py`).
     """
@@ -585,9 +260,9 @@ def violations_from_logs(spark: Any, inp: AuditInput, buckets: int | None = None
                         for base, ts, records in stored:
                             lc.feed(base, ts, records)
                     for c in lc.finish():
-                        _finish(c, out)
+                        checker_rows(c, out)
         if out:
-            yield _to_batch(out)
+            yield to_batch(out)
 
     return spark.range(0, k, 1, k).mapInArrow(check, OUTPUT_DDL)
 

@@ -18,7 +18,7 @@ How it runs (`_per_partition`): on an export with buckets, one task per bucket c
 the measures of its partitions with numpy (`timelines`: sort by partition and offset,
 forward fills, next-leader lookups, sums per group; no Python per row); on data
 directories one task per core reads the logs and keeps its bucket's partitions (the
-plain pass's accumulator, `audit.plain.offline_bucket`); any other input has its rows
+plain pass's accumulator, `audit.plain_offline.offline_bucket`); any other input has its rows
 shuffled by partition and sorted, then `timelines` per Spark partition. All give the
 answers of the plain pass (tests hold them equal).
 """
@@ -44,6 +44,7 @@ from audit.jobs.common import (
     window_text,
 )
 from audit.logread import log_info
+from audit.plain_offline import offline_bucket
 from audit.report import bar_chart, log_histogram, section, table_html
 from audit.spark import AuditInput
 
@@ -357,9 +358,9 @@ def _per_partition(spark: Any, inp: AuditInput, ends: dict[str, int]) -> Any:
 
 def _from_logs(spark: Any, inp: AuditInput, ends: dict[str, int]) -> Any:
     """Data directories: one task per core, each reads every log (`audit.logread`),
-    decodes every batch and keeps the partitions of its bucket (`audit.rules.bucket_of`),
-    as the invariants job's logs method does: no rows through the JVM, no shuffle."""
-    from audit.plain import offline_bucket
+    decodes every batch and keeps the partitions of its bucket
+    (`audit.plain_offline.offline_bucket`), as the invariants job's logs method does: no
+    rows through the JVM, no shuffle."""
     from audit.source import resolve_sources
 
     k = max(1, int(spark.sparkContext.defaultParallelism))

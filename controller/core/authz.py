@@ -36,7 +36,7 @@ is unknown: the runtime calls `authorize` only when TLS is on; without TLS (`--i
 authorization is off altogether.
 
 This module decides and raises; it must not log, count, read the image or the clock, or
-do any IO (the runtime does those: controller/runtime/service.py `_dispatch`). The
+do any IO (the runtime does those: controller/runtime/admission.py). The
 brokers' own rules (GetReplicaLogInfo, ReplicaFetch, Produce, ReadLog) live in
 brokers_stub/broker.py, which may not import the controller.
 """
@@ -46,12 +46,9 @@ from __future__ import annotations
 from typing import Final
 
 from metactl.errors import ClusterAuthorizationFailedError, TopicAuthorizationFailedError
-from protocol.messages import (
+from protocol.messages.admin import (
     AlterConfigs,
-    AlterPartition,
     AlterPartitionReassignments,
-    AlterPartitions,
-    BrokerHeartbeatRequest,
     CreatePartitionsRequest,
     CreateTopicsRequest,
     DeleteTopicsRequest,
@@ -61,13 +58,18 @@ from protocol.messages import (
     DescribeQuorumRequest,
     ElectLeader,
     ElectPreferredLeaders,
-    FetchMetadataRequest,
     ListPartitionReassignmentsRequest,
-    Message,
-    RegisterBroker,
     UnregisterBroker,
     UpdateFeature,
 )
+from protocol.messages.broker_controller import (
+    AlterPartition,
+    AlterPartitions,
+    BrokerHeartbeatRequest,
+    FetchMetadataRequest,
+    RegisterBroker,
+)
+from protocol.messages.unions import Message
 from protocol.tls import ADMIN, CONTROLLER, VIEWER, broker_id_of
 
 # Every operation name `operation_of` can return: the `operation` label of

@@ -1,13 +1,14 @@
 """Pure handlers of the metadata lifecycle: configs, features, delete, add partitions,
 reassignment and unregister, each with KIP-966's rules (`docs/lifecycle.md`).
 
-Like `controller.core.handlers`, every handler is `(image, request, ...) ->
+Like the broker, partition and topic handlers (`controller.core.broker_handlers`,
+`partition_handlers`, `topic_handlers`), every handler is `(image, request, ...) ->
 HandlerResult`: it validates (a refusal raises a coded `MetactlError` before any record
 exists) and returns records and the response; `replay` applies them. Work larger than
 the budget (`controller.core.work`) comes back as a continuation the step runs inside one
 transaction: clearing ELRs over many partitions (`ClearElrSlice`) and reassigning many
 partitions (`ReassignSlice`); unregistering a broker reuses the broker slicing of
-`handlers.Continue`.
+`broker_handlers` (`Continue`).
 
 Must not: read a clock, draw randomness (a topic id comes in on the event), do IO, or
 change an image.
@@ -20,21 +21,18 @@ from typing import Final
 import msgspec
 
 from controller.core import validation
+from controller.core.broker_handlers import Txn, broker_op
 from controller.core.config import ControllerConfig
-from controller.core.handlers import (
+from controller.core.handler_result import (
     BrokerOp,
     ClearElrSlice,
     CreateTopicSlice,
     HandlerResult,
     ReassignSlice,
-    _broker_op,
-    _broker_order,
-    _Txn,
-    check_explicit,
-    create_topic_slice,
-    preferred_change,
 )
 from controller.core.partition_change import move_replicas
+from controller.core.partition_handlers import preferred_change
+from controller.core.topic_handlers import broker_order, check_explicit, create_topic_slice
 from metactl.errors import (
     BrokerIdNotRegisteredError,
     ElectionNotNeededError,
@@ -64,13 +62,11 @@ from metadata_log.records import (
     TopicRecord,
     UnregisterBrokerRecord,
 )
-from protocol.messages import (
-    Ack,
+from protocol.messages.admin import (
     AlterConfigs,
     AlterConfigsResponse,
     AlterPartitionReassignments,
     AlterPartitionReassignmentsResponse,
-    ControllerResponse,
     CreatePartitions,
     DeleteTopic,
     DeleteTopicResponse,
@@ -82,6 +78,8 @@ from protocol.messages import (
     UpdateFeature,
     UpdateFeatureResponse,
 )
+from protocol.messages.internal import Ack
+from protocol.messages.unions import ControllerResponse
 
 SUPPORTED_FEATURES: Final = {ELR_FEATURE: (0, 1)}
 """Feature -> (lowest, highest) level this controller supports (kafka-features)."""
@@ -335,7 +333,7 @@ def create_partitions(
         assignments: list[list[int]] | None = explicit
     else:
         validation.check_replication_factor(rf, len(image.active))
-        order = _broker_order(image)
+        order = broker_order(image)
         assignments = None
     plan = CreateTopicSlice(
         name=t.name,
@@ -546,6 +544,6 @@ def unregister_broker(
             f"broker {req.broker_id} is active (unfenced, epoch {b.epoch}): stop it and wait "
             "for it to be fenced before unregistering it"
         )
-    txn = _Txn(image)
+    txn = Txn(image)
     txn.broker_record(UnregisterBrokerRecord(broker_id=b.broker_id, broker_epoch=b.epoch))
-    return _broker_op(txn, BrokerOp.UNREGISTER, b.broker_id, Ack(), config=config, budget=budget)
+    return broker_op(txn, BrokerOp.UNREGISTER, b.broker_id, Ack(), config=config, budget=budget)

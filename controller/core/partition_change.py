@@ -21,8 +21,9 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
-from metadata_image.image import EMPTY, EMPTY_INDEX, ClusterImage, PartitionState
+from metadata_image.image import EMPTY_INDEX, ClusterImage
 from metadata_image.partition_map import CHUNK_BITS, CHUNK_MASK
+from metadata_image.state import EMPTY, PartitionState
 from metadata_log.records import (
     NO_LEADER,
     ChangeReason,

@@ -26,28 +26,30 @@ from typing import Final
 import msgspec
 
 from controller.core import lifecycle, validation
+from controller.core.broker_handlers import (
+    continue_op,
+    controlled_shutdown,
+    fence_broker,
+    heartbeat,
+    register_broker,
+    unfence_broker,
+)
 from controller.core.config import ControllerConfig
-from controller.core.handlers import (
+from controller.core.handler_result import (
     ClearElrSlice,
     Continue,
     CreateTopicSlice,
     FollowUp,
     HandlerResult,
     ReassignSlice,
-    alter_partition,
-    alter_partitions,
-    continue_op,
-    controlled_shutdown,
-    create_topic,
-    create_topic_slice,
-    elect_preferred,
-    fence_broker,
-    heartbeat,
-    partition_view,
-    register_broker,
-    unfence_broker,
 )
 from controller.core.lifecycle import Bootstrap, ElectPreferredGroup
+from controller.core.partition_handlers import (
+    alter_partition,
+    alter_partitions,
+    elect_preferred,
+    partition_view,
+)
 from controller.core.recovery.policy import RecoveryPolicy
 from controller.core.recovery.registry import require
 from controller.core.recovery.tracker import (
@@ -59,11 +61,13 @@ from controller.core.recovery.tracker import (
     record_answer,
     take_due,
 )
+from controller.core.topic_handlers import create_topic, create_topic_slice
 from controller.core.work import EMPTY_BACKLOG, EVERYTHING, WORK_BUDGET, Backlog, PartitionPlan
 from metactl.errors import InvalidRequestError
 from metadata_image.delta import MetadataDelta
-from metadata_image.image import EMPTY_INDEX, ClusterImage, TopicPartition, common
+from metadata_image.image import EMPTY_INDEX, ClusterImage, common
 from metadata_image.replay import apply
+from metadata_image.state import TopicPartition
 from metadata_log.records import (
     MAX_BATCH_BYTES,
     BeginTransactionRecord,
@@ -72,27 +76,30 @@ from metadata_log.records import (
     PartitionChangeRecord,
     encode_batch,
 )
-from protocol.messages import (
-    Ack,
+from protocol.messages.admin import (
     AlterConfigs,
-    AlterPartition,
     AlterPartitionReassignments,
-    AlterPartitions,
-    BrokerHeartbeatRequest,
-    ControlledShutdown,
-    ControllerRequest,
-    ControllerResponse,
     CreatePartitions,
     CreateTopic,
     DeleteTopic,
     ElectLeader,
-    FenceBroker,
-    RegisterBroker,
-    ReplicaLogInfo,
-    UnfenceBroker,
     UnregisterBroker,
     UpdateFeature,
 )
+from protocol.messages.broker_controller import (
+    AlterPartition,
+    AlterPartitions,
+    BrokerHeartbeatRequest,
+    RegisterBroker,
+)
+from protocol.messages.internal import (
+    Ack,
+    ControlledShutdown,
+    FenceBroker,
+    ReplicaLogInfo,
+    UnfenceBroker,
+)
+from protocol.messages.unions import ControllerRequest, ControllerResponse
 
 
 class Tick(msgspec.Struct, frozen=True):

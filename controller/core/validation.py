@@ -3,10 +3,10 @@
 Owns the bounds (broker ids 0 .. 2^31-1; int32 partitions, leader and partition epochs;
 int64 broker epochs and offsets; topic names, endpoints, racks) and one `check_*`
 function per request, raising a coded `MetactlError` that names the field. The handlers
-(`controller.core.handlers`) call these before they read the image, so a request that
-fails here produces no record, and nothing stored can hold a value `metactl log export`
-(int32 and int64 Arrow columns) cannot represent, nor a broker id that collides with the
-no-leader sentinel -1.
+(`controller.core.*_handlers`, `lifecycle`) call these before they read the image, so a
+request that fails here produces no record, and nothing stored can hold a value `metactl
+log export` (int32 and int64 Arrow columns) cannot represent, nor a broker id that
+collides with the no-leader sentinel -1.
 
 Only requests are checked: responses legitimately carry -1 (no leader, no epoch).
 The checks live here rather than as msgspec `Meta` constraints on `protocol.messages`
@@ -36,18 +36,22 @@ from metactl.errors import (
     InvalidRequestError,
     InvalidTopicError,
 )
-from protocol.messages import (
+from protocol.messages.admin import (
     AlterConfigs,
-    AlterPartition,
     AlterPartitionReassignments,
-    BrokerHeartbeatRequest,
-    ControlledShutdown,
     ElectLeader,
-    FenceBroker,
+    UpdateFeature,
+)
+from protocol.messages.broker_controller import (
+    AlterPartition,
+    BrokerHeartbeatRequest,
     RegisterBroker,
+)
+from protocol.messages.internal import (
+    ControlledShutdown,
+    FenceBroker,
     ReplicaLogInfo,
     UnfenceBroker,
-    UpdateFeature,
 )
 
 INT16_MAX: Final = 2**15 - 1

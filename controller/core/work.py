@@ -8,8 +8,8 @@ budget"):
 
 * An operation on one broker's partitions (fence, controlled shutdown, unfence, unclean
   registration) or a large topic creation writes its first slice in its own event and
-  returns the rest as a continuation (`controller.core.handlers.Continue` or
-  `CreateTopicSlice`), stepped next inside one metadata transaction (KIP-868), so that
+  returns the rest as a continuation (`controller.core.handler_result.Continue`
+  or `CreateTopicSlice`), stepped next inside one metadata transaction (KIP-868), so that
   no reader ever sees half of it.
 * Recovery evaluation is incremental: a step queues the partitions whose recovery status
   it may have changed in a `Backlog` and evaluates at most `WORK_BUDGET` of them; the
@@ -35,7 +35,8 @@ from typing import Final
 
 import msgspec
 
-from metadata_image.image import EMPTY_INDEX, ClusterImage, ReplicaIndex, TopicPartition
+from metadata_image.image import EMPTY_INDEX, ClusterImage, ReplicaIndex
+from metadata_image.state import TopicPartition
 
 WORK_BUDGET: Final = 1_000
 """Partitions per controller event: changed, created or evaluated. One slice of a

@@ -24,10 +24,11 @@ import msgspec
 from controller.core.config import ControllerConfig
 from controller.core.lifecycle import SUPPORTED_FEATURES
 from metactl.errors import FrameTooLargeError, InvalidRequestError, UnknownTopicOrPartitionError
-from metadata_image.image import ClusterImage, TopicPartition
+from metadata_image.image import ClusterImage
+from metadata_image.state import TopicPartition
 from metadata_log.records import BROKER_RESOURCE, ELR_FEATURE, MIN_ISR_CONFIG, TOPIC_RESOURCE
 from protocol.codec import Frame
-from protocol.messages import (
+from protocol.messages.admin import (
     ConfigEntry,
     DescribeConfigsRequest,
     DescribeConfigsResponse,

@@ -48,7 +48,8 @@ from metadata_log.records import (
     record_type,
 )
 from metadata_log.store import LogStore
-from protocol.messages import Ack, ControllerResponse
+from protocol.messages.internal import Ack
+from protocol.messages.unions import ControllerResponse
 
 _RESERVED_LOG_KEYS: Final = frozenset({"level", "event", "timestamp", "logger"})
 

@@ -50,7 +50,7 @@ import structlog
 from metactl.errors import InvalidRequestError, MetactlError
 from metadata_log.etcd.client import Etcd
 from metadata_log.etcd.lease import LEADER_KEY, Holder, end_term
-from protocol.codec import parse_address
+from protocol.address import parse_address
 
 __all__ = ["CONFIRMATIONS", "CONFIRM_INTERVAL_S", "DeadActive"]
 

@@ -34,8 +34,9 @@ from metactl.errors import (
     UnknownTopicOrPartitionError,
 )
 from metadata_image.delta import MetadataDelta
-from metadata_image.image import BrokerState, ClusterImage, TopicPartition
-from metadata_image.image import PartitionState as ImagePartition
+from metadata_image.image import ClusterImage
+from metadata_image.state import BrokerState, TopicPartition
+from metadata_image.state import PartitionState as ImagePartition
 from metadata_log.records import (
     BrokerRegistrationChangeRecord,
     FenceBrokerRecord,
@@ -46,7 +47,7 @@ from metadata_log.records import (
     UnfenceBrokerRecord,
 )
 from protocol.codec import Frame
-from protocol.messages import (
+from protocol.messages.admin import (
     BrokerDescription,
     DescribeClusterRequest,
     DescribeClusterResponse,

@@ -26,12 +26,15 @@ Transactions (KIP-868; the core places the markers, see `controller.core.step`):
 * `committed_image` advances only at transaction boundaries, and commit listeners hear
   about a transaction once, at its end marker, with all of its records.
 * At start-up a log that ends inside a transaction (a crash between its batches) is
-  loaded without it (`metadata_image.transactions`), and the controller appends an
-  AbortTransactionRecord before anything else, as Kafka's new leader does.
+  loaded without it (`controller.runtime.loading`, `metadata_image.transactions`), and
+  the controller appends an AbortTransactionRecord before anything else, as Kafka's new
+  leader does (`unfinished_transaction_abort`).
 
 Recovery evaluation has a backlog when an event changed more than a budget of
 partitions: while nothing else is queued, the event task steps Ticks to drain it, a
 budget each, never more than `MAX_SLICES_AHEAD` commits ahead of the committer.
+The event task's queued events, waits, open transaction and pacing are in
+`controller.runtime.events`; loading the log is `controller.runtime.loading`.
 
 If an append fails, every event whose records were not committed fails with the store's
 error and the image reverts to the last committed one (the committer says what the log
@@ -44,12 +47,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from typing import Final
 
 import msgspec
 import structlog
@@ -75,108 +76,35 @@ from controller.runtime.committer import (
     Failure,
     abort_commit,
 )
-from controller.runtime.events import CLOSE, GcPause, Queued, Slicing
-from metactl.errors import LogClosedError, LogError, MetactlError
+from controller.runtime.events import (
+    CLOSE,
+    GcPause,
+    Queued,
+    Slicing,
+    committer_behind,
+    event_or_progress,
+    next_event,
+    settle_heap,
+)
+from controller.runtime.loading import load_log
+from metactl.errors import LogClosedError, MetactlError
 from metadata_image.image import ClusterImage
-from metadata_image.snapshot import ImageSnapshot, from_snapshot, to_snapshot
+from metadata_image.snapshot import to_snapshot
 from metadata_image.transactions import LogReplay, replay_log
 from metadata_log.records import (
     MAX_BATCH_BYTES,
     AbortTransactionRecord,
-    MetadataRecord,
 )
 from metadata_log.store import LogStore
-from protocol.messages import ControllerResponse, CreateTopic
+from protocol.messages.admin import CreateTopic
+from protocol.messages.unions import ControllerResponse
 
 log = structlog.get_logger("metactl.controller")
 
-REPLAY_CHUNK: Final = 10_000
-MAX_SLICES_AHEAD: Final = 4
-"""Commits of bulk work (slices, backlog Ticks) stepped but not yet told before the event
-task waits (it also waits while an answer waits on a commit, `_committer_behind`).
-Measured (bench/controller_ops.py, bench/large_cluster.py (c), 100,000 partitions in
-slices of 1,000): 1 ahead gives each slice its own fsync, 0.68-0.70 s for the create and
-heartbeats at p99 7 ms meanwhile; 16 ahead lets group commit take several slices at
-once, 0.49-0.56 s and p99 23 ms (the unsliced create: 0.42-0.48 s, heartbeats p99 420 ms).
-A transaction's slices are paced by `SLICES_PER_APPEND` instead."""
-
-SLICES_PER_APPEND: Final = 16
-"""A transaction's slices are held until this many are stepped but not yet told, then
-appended together (and the last ones with the transaction's end): a transaction of at most
-this many slices is one append and one fsync, after its last step.
-
-Appending each slice while the next ones were stepped did not overlap the disk with the
-steps: the store's hops and its writer thread wait for the event loop, which is busy with
-a slice (the thread takes the GIL back after its insert and after its fsync), so each
-append took 6-10 ms, the event task stalled on the committer, and the last slices were
-appended after the last step anyway. Traced with bench/controller_ops.py (a fence of a
-broker with 10,000 partitions, 10 slices): four appends, the first 7-10 ms long, a 2 ms
-stall after the fifth slice and a 2-3.5 ms append after the last; held, the ten slices
-run back to back and one append of 3.5-4.5 ms follows. Nothing waits on a held slice: an
-event that writes nothing during the transaction is answered once the log before it is
-durable, and one that writes records waits for the end marker in any case."""
-
-
-__all__ = [
-    "Controller",
-    "Event",
-    "Tick",
-    "load_image",
-    "load_log",
-    "snapshot_image",
-    "unfinished_transaction_abort",
-]
+__all__ = ["Controller", "Event", "Tick", "unfinished_transaction_abort"]
 
 
 InspectionSink = Callable[[Inspection], None]
-
-
-async def load_log(store: LogStore, *, start: LogReplay | None = None) -> LogReplay:
-    """The committed log, replayed: the newest snapshot plus every record after it, with
-    an unfinished transaction at the end held back (`LogReplay.transaction`).
-
-    `start` is what a reader already replayed (a standby's image): only the records after
-    it are read, unless the log no longer holds them (deleted before a snapshot)."""
-    # Decoding and replaying millions of records allocates objects that form no cycles;
-    # the cyclic GC's repeated full passes over the growing heap would dominate.
-    paused = gc.isenabled()
-    gc.disable()
-    try:
-        if start is not None and store.start_offset <= start.next_offset <= store.end_offset:
-            return await _replay_from(store, start)
-        return await _replay_from(store, LogReplay(await snapshot_image(store)))
-    finally:
-        if paused:
-            gc.enable()
-
-
-async def snapshot_image(store: LogStore) -> ClusterImage:
-    """Where replay starts: the newest snapshot's image, or an empty one for a log that
-    still starts at offset 0; LogError for a log truncated with no snapshot to start from."""
-    snap = await store.load_snapshot(ImageSnapshot)
-    if snap is not None:
-        return from_snapshot(snap[1])
-    if store.start_offset > 0:
-        raise LogError(
-            f"the log starts at offset {store.start_offset} and there is no snapshot to start from"
-        )
-    return ClusterImage()
-
-
-async def _replay_from(store: LogStore, state: LogReplay) -> LogReplay:
-    chunk: list[MetadataRecord] = []
-    async for entry in store.iter_entries(state.next_offset):
-        chunk.append(entry.record)
-        if len(chunk) >= REPLAY_CHUNK:
-            state = replay_log(state, chunk)
-            chunk = []
-    return replay_log(state, chunk)
-
-
-async def load_image(store: LogStore) -> ClusterImage:
-    """The committed image: the newest snapshot plus every record after it, without a
-    transaction the log ends inside or any aborted one."""
-    return (await load_log(store)).image
 
 
 def unfinished_transaction_abort(state: LogReplay) -> AbortTransactionRecord | None:
@@ -184,7 +112,7 @@ def unfinished_transaction_abort(state: LogReplay) -> AbortTransactionRecord | N
     anything else: the abort of the transaction the log ends inside (the previous
     controller crashed between its batches), so that later records are not taken as part
     of it; None when the log ends at a transaction boundary. The fault simulator's
-    failover calls this too (simulation/faults_sim.py)."""
+    failover calls this too (simulation/faults_controller.py)."""
     txn = state.transaction
     if txn is None:
         return None
@@ -192,18 +120,6 @@ def unfinished_transaction_abort(state: LogReplay) -> AbortTransactionRecord | N
         reason=f"controller start: transaction {txn.name!r} begun at offset "
         f"{txn.begin_offset} has no end marker"
     )
-
-
-def _settle_heap() -> None:
-    """Freeze what an event built (`gc.freeze`, O(1)): the image and the recovery tracker
-    are persistent maps whose roots the cyclic GC traverses whole (immutables.Map walks
-    its tree), so a full collection with a new root of a 1,000,000-entry map in a young
-    generation took ~700 ms (135 of them while 1,000,000 recoveries were decided). Frozen
-    objects are still freed by reference counting when replaced; the state is acyclic
-    by construction, so only reference cycles an event leaves behind are kept (as after
-    `serve`'s freeze of the loaded image)."""
-    if gc.isenabled():
-        gc.freeze()
 
 
 class Controller:
@@ -423,7 +339,7 @@ class Controller:
                     item = Queued(Tick(), None, time.perf_counter())
                 self._handle(item)
             else:
-                item = await self._next_event()
+                item = await next_event(self._queue, self.next_deadline_ms, self.clock)
                 if item is CLOSE:
                     return
                 self._handle(item)
@@ -436,33 +352,13 @@ class Controller:
         if not self._queue.empty():
             return self._queue.get_nowait()
         while self._committer_behind():
-            item = await self._event_or_progress()
+            item = await event_or_progress(self._queue, self.committer.progress)
             if item is not None:
                 return item
         return None
 
-    async def _event_or_progress(self) -> Queued | None:
-        """The next queued event, or None once the committer makes progress first. A
-        cancelled Queue.get never consumes an item."""
-        getter = asyncio.ensure_future(self._queue.get())
-        progress = asyncio.ensure_future(self.committer.progress.wait())
-        try:
-            done, _ = await asyncio.wait((getter, progress), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            getter.cancel()
-            progress.cancel()
-        return getter.result() if getter in done else None
-
     def _committer_behind(self) -> bool:
-        """Bulk work (slices, backlog Ticks) waits for the committer: while it is more
-        than `MAX_SLICES_AHEAD` commits behind (`SLICES_PER_APPEND` during a transaction),
-        or while an answer waits on the commit in flight. Answers first: an append is
-        several hops between the committer and the store's thread, each a turn of the
-        event loop, and with a 30 ms slice stepped in every turn a one-record commit took
-        0.4-0.6 s (measured, 300,000 partitions)."""
-        c = self.committer
-        limit = MAX_SLICES_AHEAD if self._slicing is None else SLICES_PER_APPEND
-        return c.unpublished > limit or c.answers_waiting()
+        return committer_behind(self.committer, transaction=self._slicing is not None)
 
     async def _between_slices(self) -> bool:
         """Yield, answer what was queued meanwhile, then step the next slice, once the
@@ -473,7 +369,7 @@ class Controller:
             if not self._answer(self._queue.get_nowait()):
                 return False
         while self._slicing is not None and self._committer_behind():
-            item = await self._event_or_progress()
+            item = await event_or_progress(self._queue, self.committer.progress)
             if item is not None and not self._answer(item):
                 return False
         if self._slicing is not None:  # a failed commit may have ended it meanwhile
@@ -495,32 +391,11 @@ class Controller:
         self._deferred.clear()
         return False
 
-    async def _next_event(self) -> Queued:
-        """The next queued event, or a Tick once the clock reaches the next deadline.
-
-        The timer waits on the injected clock, so virtual time fires timers as real time
-        does. A cancelled Queue.get never consumes an item, so losing the race to the
-        timer loses no event.
-        """
-        deadline = self.next_deadline_ms
-        if deadline is None or not self._queue.empty():
-            return await self._queue.get()
-        getter = asyncio.ensure_future(self._queue.get())
-        timer = asyncio.ensure_future(self.clock.sleep_until(deadline))
-        try:
-            done, _ = await asyncio.wait((getter, timer), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            timer.cancel()
-            getter.cancel()
-        if getter in done:
-            return getter.result()
-        return Queued(Tick(), None, time.perf_counter())
-
     @contextlib.contextmanager
     def _busy(self) -> Iterator[float]:
         """Mark an event (or slice) as being handled: `busy_since` is its start time, read
         by the metrics' scrape thread; yields that time. Once it has changed the state,
-        what it built is frozen (`_settle_heap`)."""
+        what it built is frozen (`settle_heap`)."""
         before = self.state
         started = self.busy_since = time.perf_counter()
         try:
@@ -528,7 +403,7 @@ class Controller:
         finally:
             self.busy_since = None
         if self.state is not before:
-            _settle_heap()
+            settle_heap()
 
     def _handle(self, item: Queued) -> None:
         with self._busy() as started:

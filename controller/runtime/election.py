@@ -28,6 +28,10 @@ a gone one with when it was last seen; a failed write is only logged.
 An etcd that cannot be reached is waited out (retried, logged at most once a second); at
 start-up it is an error instead (`Election.start`), so a misconfigured controller exits.
 
+It talks to its service through `RoleChanges` (the service's role: become a standby,
+activate on a won log, step down), never through the service's internals, and its
+service creates it (`Election.start`): this module imports no service.
+
 This module decides nothing about metadata: it only moves the service between roles.
 """
 
@@ -35,65 +39,118 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 import structlog
 
 from controller.runtime.dead_active import DeadActive
+from controller.runtime.ha_settings import HaSettings
+from controller.runtime.metrics_server import RoleMetrics
+from controller.runtime.service_role import ServiceRole
 from controller.runtime.standby import Standby
 from metactl.errors import MetactlError, StoreUnavailableError
 from metadata_image.transactions import LogReplay
-from metadata_log.etcd.client import Etcd, EtcdTarget
+from metadata_log.etcd.client import Etcd
 from metadata_log.etcd.layout import open_meta
 from metadata_log.etcd.lease import Holder, LeaderInfo, Leadership, current_leader
 from metadata_log.etcd.registry import ControllerEntry, Registration, registered
 from metadata_log.etcd.store import EtcdLogStore
+from metadata_log.etcd.target import EtcdTarget
+from metadata_log.store import LogStore
 
-if TYPE_CHECKING:
-    from controller.runtime.service import ControllerService
-
-__all__ = ["Election"]
+__all__ = ["Election", "RoleChanges"]
 
 log = structlog.get_logger("metactl.controller.election")
 
 RETRY_S: Final = 0.5
 
 
+class RoleChanges(ServiceRole, Protocol):
+    """The role of the controller service this election campaigns for: what the campaign
+    reads of it (its address, its standby, the last term's image a new standby starts
+    from) and the changes it makes (`controller.runtime.service.ControllerService` is
+    one)."""
+
+    def stand_by(self, standby: Standby) -> None:
+        """Serve reads from `standby` (the last term's image is no longer needed)."""
+        ...
+
+    def release_standby(self) -> Standby | None:
+        """Take the standby away (to close it: a takeover, or the end)."""
+        ...
+
+    def leader_seen(self, address: str | None) -> None:
+        """The active controller's address (None: nobody), for NOT_CONTROLLER answers."""
+        ...
+
+    async def activate(
+        self, store: LogStore, replayed: LogReplay | None, leadership: Leadership
+    ) -> None:
+        """Become the active controller on `store`, open for writing under `leadership`."""
+        ...
+
+    async def deactivate(self, reason: str) -> None:
+        """Step down: refuse writes at once, then close the driver and the store."""
+        ...
+
+
 class Election:
     """One controller's campaign loop. Create with `Election.start`."""
 
-    def __init__(self, service: ControllerService, url: str, etcd: Etcd) -> None:
-        self.service = service
+    def __init__(
+        self,
+        roles: RoleChanges,
+        url: str,
+        etcd: Etcd,
+        settings: HaSettings,
+        *,
+        client_ssl: ssl.SSLContext | None,
+        metrics: RoleMetrics,
+    ) -> None:
+        self.roles = roles
         self.url = url
         self.etcd = etcd
-        self.settings = service.ha
+        self.settings = settings
+        self.metrics = metrics
         self._last_warning = 0.0
+        # The leadership this controller holds while active (resigned on close).
+        self.held: Leadership | None = None
         self.dead_active = (
             DeadActive(
                 etcd,
                 node=self.node,
-                own_address=lambda: service.advertised,
-                ssl=service.client_ssl,
-                revoked=service.role_metrics.dead_active_revocations.inc,
+                own_address=lambda: roles.advertised,
+                ssl=client_ssl,
+                revoked=metrics.dead_active_revocations.inc,
             )
             if self.settings.dead_active_detection
             else None
         )
-        self.registration = Registration(etcd, self.node, service.advertised)
+        self.registration = Registration(etcd, self.node, roles.advertised)
         self._registration_task: asyncio.Task[None] | None = None
 
     @classmethod
-    async def start(cls, service: ControllerService, url: str, *, verify_all: bool) -> Election:
+    async def start(
+        cls,
+        roles: RoleChanges,
+        url: str,
+        settings: HaSettings,
+        *,
+        client_ssl: ssl.SSLContext | None,
+        metrics: RoleMetrics,
+        verify_all: bool,
+    ) -> Election:
         """Connect, create the log if its prefix is empty (or check that it is this
         cluster's), and become a standby. With `verify_all` (`--verify-log full`) the
         standby's store checks every batch and snapshot first, once: a later standby or
         takeover checks the tail only. An unreachable etcd, another cluster's log or a
         damaged one is raised here, before the controller says it is ready."""
-        etcd = await Etcd.connect(EtcdTarget.parse(url, tls=service.ha.etcd_tls))
+        etcd = await Etcd.connect(EtcdTarget.parse(url, tls=settings.etcd_tls))
         try:
-            await open_meta(etcd, create=True, cluster_id=service.ha.cluster_id)
-            election = cls(service, url, etcd)
+            await open_meta(etcd, create=True, cluster_id=settings.cluster_id)
+            election = cls(roles, url, etcd, settings, client_ssl=client_ssl, metrics=metrics)
             await election._start_standby(verify_all=verify_all)
             # Recorded before serving (a failure is only logged), refreshed from then on.
             await election.registration.write()
@@ -107,16 +164,16 @@ class Election:
 
     @property
     def node(self) -> str:
-        return self.settings.node_id or self.service.advertised
+        return self.settings.node_id or self.roles.advertised
 
     async def run(self) -> None:
         while True:
             try:
-                if self.service.standby is None:
+                if self.roles.standby is None:
                     await self._start_standby()
                 leadership = await Leadership.acquire(
                     self.etcd,
-                    LeaderInfo(node=self.node, address=self.service.advertised),
+                    LeaderInfo(node=self.node, address=self.roles.advertised),
                     ttl_s=self.settings.lease_ttl_s,
                     on_leader=self._seen,
                 )
@@ -127,15 +184,17 @@ class Election:
             if self.dead_active is not None:
                 self.dead_active.follow(None)
             try:
-                await self._take_over(leadership)
+                writer = await self._take_over(leadership)
             except MetactlError as exc:
                 self._warn("taking over failed; resigning", exc)
                 await leadership.resign()
                 await asyncio.sleep(RETRY_S)
                 continue
-            reason = await self._until_lost(leadership)
+            self.held = leadership
+            reason = await self._until_lost(leadership, writer)
             await leadership.resign()
-            await self.service._deactivate(reason)
+            await self.roles.deactivate(reason)
+            self.held = None
 
     async def _start_standby(self, *, verify_all: bool = False) -> None:
         store = await EtcdLogStore.open(
@@ -146,17 +205,13 @@ class Election:
             client=self.etcd,
         )
         # After stepping down, replay from the last term's committed image, not the log's.
-        last = self.service.last_image
+        last = self.roles.last_image
         try:
-            self.service.standby = await Standby.open(
-                store, start=LogReplay(last) if last is not None else None
-            )
+            standby = await Standby.open(store, start=LogReplay(last) if last is not None else None)
         except BaseException:
             await store.close()
             raise
-        self.service.last_image = None  # the standby's image answers reads now
-        if self.service.role == "starting":
-            self.service.role = "standby"
+        self.roles.stand_by(standby)
 
     async def leader_address(self) -> str | None:
         """The active controller's address from the leadership key (None: no holder, or
@@ -206,11 +261,12 @@ class Election:
             return [], exc.message
 
     def _seen(self, holder: Holder) -> None:
-        self.service.leader_hint = _address(holder.info)
+        self.roles.leader_seen(_address(holder.info))
         if self.dead_active is not None:
             self.dead_active.follow(holder)
 
-    async def _take_over(self, leadership: Leadership) -> None:
+    async def _take_over(self, leadership: Leadership) -> EtcdLogStore:
+        """Activate on the log opened for writing under `leadership`: the writer."""
         started = time.monotonic()
         writer = await EtcdLogStore.open(
             self.url,
@@ -218,16 +274,16 @@ class Election:
             cluster_id=self.settings.cluster_id,
             client=self.etcd,
         )
-        standby, self.service.standby = self.service.standby, None
+        standby = self.roles.release_standby()
         try:
             replayed = standby.state if standby is not None else None
             if standby is not None:
                 await standby.close()
-            await self.service._activate(writer, replayed=replayed, leadership=leadership)
+            await self.roles.activate(writer, replayed, leadership)
         except BaseException:
             await writer.close()
             raise
-        self.service.role_metrics.failovers.inc()
+        self.metrics.failovers.inc()
         log.warning(
             "active controller: took over the metadata log",
             node=self.node,
@@ -235,10 +291,9 @@ class Election:
             end_offset=writer.end_offset,
             seconds=round(time.monotonic() - started, 3),
         )
+        return writer
 
-    async def _until_lost(self, leadership: Leadership) -> str:
-        store = self.service.store
-        assert store is not None
+    async def _until_lost(self, leadership: Leadership, store: LogStore) -> str:
         lost = asyncio.ensure_future(leadership.lost.wait())
         failed = asyncio.ensure_future(store.write_failed.wait())
         try:
@@ -265,10 +320,9 @@ class Election:
                 await self._registration_task
         if self.dead_active is not None:
             await self.dead_active.close()
-        leadership = self.service.leadership
-        if leadership is not None:
-            await leadership.resign()
-        standby, self.service.standby = self.service.standby, None
+        if self.held is not None:
+            await self.held.resign()
+        standby = self.roles.release_standby()
         if standby is not None:
             with contextlib.suppress(MetactlError):
                 await standby.close()

@@ -1,10 +1,9 @@
-"""Prometheus metrics of the controller and the server that exposes them.
+"""Prometheus metrics of the active controller: `ControllerMetrics`, one term's.
 
-Owns the metric names, types and meanings (the contract with `grafana/`: the dashboard,
-the alert rules and their tests), the per-service `CollectorRegistry` and the `/metrics`
-HTTP endpoint (prometheus_client's own server, mutual TLS when the controller has an
-identity: `protocol.metrics_http`). Scrapes run in that server's threads, so collectors
-only read.
+Owns the metric names, types and meanings of the controller's term (the contract with
+`grafana/`: the dashboard, the alert rules and their tests; the role's own metrics and
+the `/metrics` endpoint are `controller.runtime.metrics_server`). Scrapes run in the HTTP
+server's threads, so collectors only read.
 
 * Counters come from *committed* records only (`Controller.commit_listeners`), so nothing
   un-durable is ever counted: every UncleanRecoveryRecord is a potential data-loss event,
@@ -14,8 +13,8 @@ only read.
   read at scrape time (a full disk: fences and everything else cannot commit).
 * Gauges are read from the committed image at scrape time by a custom collector. The
   per-partition health counts (under MinISR, ELR, LastKnownELR, recovering) are kept in
-  sets updated from committed partition records, so a scrape costs O(brokers), never
-  O(partitions).
+  sets updated from committed partition records (`controller.runtime.partition_gauges`),
+  so a scrape costs O(brokers), never O(partitions).
 * The metadata lifecycle (issue 19): partitions being reassigned (the image's own index)
   and how long the oldest of them has been (`Reassignments`, kept from the committed
   deltas, so a scrape reads one number), reassignments started, completed and cancelled,
@@ -39,15 +38,12 @@ and each test, gets its own), or put a per-partition label on any metric.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
-from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Final, get_args
 
-import structlog
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -55,23 +51,18 @@ from controller.core.lifecycle import SUPPORTED_FEATURES
 from controller.core.recovery.tracker import strategy_for
 from controller.core.step import Event
 from controller.runtime.driver import Controller
+from controller.runtime.partition_gauges import PartitionHealth, Reassignments
 from metactl import __version__
 from metadata_image.delta import MetadataDelta
-from metadata_image.image import ClusterImage, PartitionState, TopicPartition
+from metadata_image.image import ClusterImage
 from metadata_log.records import (
     BROKER_RESOURCE,
     ELR_FEATURE,
     RECORD_TYPES,
     TOPIC_RESOURCE,
     ElectionKind,
-    LeaderRecoveryState,
     MetadataRecord,
 )
-from protocol.metrics_http import MetricsEndpoint, start_metrics_endpoint
-from protocol.tls import TlsIdentity
-
-log = structlog.get_logger("metactl.controller.metrics")
-
 
 PREFIX: Final = "metactl_"
 ELECTION_KINDS: Final[tuple[str, ...]] = tuple(k.value for k in ElectionKind)
@@ -118,173 +109,6 @@ def broker_state(fenced: bool, in_controlled_shutdown: bool) -> str:
     if in_controlled_shutdown:
         return "controlled_shutdown"
     return "active"
-
-
-class PartitionHealth:
-    """The partitions in each state worth a gauge, updated per changed partition.
-
-    A scrape then reads four set sizes instead of walking every partition. `rebuild`
-    walks the whole image once (at attach); `update` re-reads one partition.
-    """
-
-    __slots__ = ("last_known_elr", "recovering", "under_min_isr", "with_elr")
-
-    def __init__(self) -> None:
-        self.under_min_isr: set[TopicPartition] = set()
-        self.with_elr: set[TopicPartition] = set()
-        self.last_known_elr: set[TopicPartition] = set()
-        self.recovering: set[TopicPartition] = set()
-
-    def rebuild(self, image: ClusterImage) -> None:
-        for s in (self.under_min_isr, self.with_elr, self.last_known_elr, self.recovering):
-            s.clear()
-        for p in image.partitions.values():
-            self.update(p.tp, p)
-
-    def update(self, tp: TopicPartition, p: PartitionState | None) -> None:
-        """Re-read one partition's state (None: it does not exist)."""
-        if p is None:
-            self.set(tp, under_min_isr=False, elr=False, last_known_elr=False, recovering=False)
-        else:
-            self.set(
-                tp,
-                under_min_isr=len(p.isr) < p.min_isr,
-                elr=bool(p.elr),
-                last_known_elr=bool(p.last_known_elr),
-                recovering=p.recovery_state is LeaderRecoveryState.RECOVERING,
-            )
-
-    def set(
-        self,
-        tp: TopicPartition,
-        *,
-        under_min_isr: bool,
-        elr: bool,
-        last_known_elr: bool,
-        recovering: bool,
-    ) -> None:
-        # Unrolled: this runs once per partition record of a bulk change.
-        if under_min_isr:
-            self.under_min_isr.add(tp)
-        else:
-            self.under_min_isr.discard(tp)
-        if elr:
-            self.with_elr.add(tp)
-        else:
-            self.with_elr.discard(tp)
-        if last_known_elr:
-            self.last_known_elr.add(tp)
-        else:
-            self.last_known_elr.discard(tp)
-        if recovering:
-            self.recovering.add(tp)
-        else:
-            self.recovering.discard(tp)
-
-    def drop_topic(self, topic: str, partitions: int) -> None:
-        """Forget a deleted topic's partitions (the delta of a RemoveTopicRecord no longer
-        names them): O(min(partitions, set size)) per set."""
-        for s in (self.under_min_isr, self.with_elr, self.last_known_elr, self.recovering):
-            _drop_topic(s, topic, partitions)
-
-    @staticmethod
-    def scan(image: ClusterImage) -> dict[str, int]:
-        """The same counts by a full walk (for tests that check the incremental sets)."""
-        h = PartitionHealth()
-        h.rebuild(image)
-        return h.counts()
-
-    def counts(self) -> dict[str, int]:
-        return {
-            "under_min_isr": len(self.under_min_isr),
-            "with_elr": len(self.with_elr),
-            "last_known_elr": len(self.last_known_elr),
-            "recovering": len(self.recovering),
-        }
-
-
-def _drop_topic(s: set[TopicPartition], topic: str, partitions: int) -> None:
-    if len(s) <= partitions:
-        gone = [tp for tp in s if tp[0] == topic]
-        s.difference_update(gone)
-    else:
-        for i in range(partitions):
-            s.discard((topic, i))
-
-
-class Reassignments:
-    """The partitions being reassigned, each with when its reassignment was first seen
-    committed and its replicas before it (what a cancel restores), in the order they
-    started: the oldest is the first entry, so its age is one read at scrape time.
-
-    `update` re-reads one changed partition and says what happened to it (started,
-    completed, cancelled, or None). Partitions already reassigning when the metrics attach
-    (a restart, a failover) count from then: their age is at least that old.
-    """
-
-    __slots__ = ("_order", "moving", "oldest_since_ms")
-
-    def __init__(self) -> None:
-        self.moving: dict[TopicPartition, tuple[int, tuple[int, ...]]] = {}
-        # (start, tp) in start order; entries whose partition is no longer moving (or
-        # moves again since a later start) are dropped lazily from the left, so finding
-        # the oldest costs O(1) amortized however the moves end.
-        self._order: deque[tuple[int, TopicPartition]] = deque()
-        self.oldest_since_ms: int | None = None
-
-    def rebuild(self, image: ClusterImage, now_ms: int) -> None:
-        self.moving.clear()
-        self._order.clear()
-        partitions = image.partitions
-        for tp in image.reassigning:
-            p = partitions.get(tp)
-            if p is not None:
-                self.moving[tp] = (now_ms, p.original)
-                self._order.append((now_ms, tp))
-        self._oldest()
-
-    def update(self, tp: TopicPartition, p: PartitionState | None, now_ms: int) -> str | None:
-        """Re-read one partition (None: it does not exist). Cheap when nothing moves."""
-        moving = self.moving
-        if p is not None and (p.adding or p.removing):
-            if tp in moving:
-                return None
-            moving[tp] = (now_ms, p.original)
-            self._order.append((now_ms, tp))
-            if self.oldest_since_ms is None:
-                self.oldest_since_ms = now_ms
-            return "started"
-        if not moving:
-            return None
-        was = moving.pop(tp, None)
-        if was is None:
-            return None
-        self._oldest()
-        if p is None:
-            return None  # deleted: neither completed nor cancelled
-        return "cancelled" if set(p.replicas) == set(was[1]) else "completed"
-
-    def drop_topic(self, topic: str) -> None:
-        gone = [tp for tp in self.moving if tp[0] == topic]
-        for tp in gone:
-            del self.moving[tp]
-        if gone:
-            self._oldest()
-
-    def _oldest(self) -> None:
-        order, moving = self._order, self.moving
-        while order:
-            since, tp = order[0]
-            now = moving.get(tp)
-            if now is not None and now[0] == since:
-                self.oldest_since_ms = since
-                return
-            order.popleft()
-        self.oldest_since_ms = None
-
-    def age_seconds(self, now_ms: int) -> float:
-        since = self.oldest_since_ms  # one read: the scrape thread's view of it
-        return 0.0 if since is None else max(0.0, (now_ms - since) / 1000)
 
 
 class ControllerMetrics:
@@ -662,87 +486,3 @@ def event_processing_age(ctl: Controller) -> float:
     if since is None:
         return 0.0
     return max(0.0, time.perf_counter() - since)
-
-
-# --- the service's registry: the role, and the active controller's metrics ---------------
-
-
-class RoleMetrics:
-    """What a controller service serves on `/metrics`: whether it is the active controller
-    (`metactl_controller_active`), how often it took over (`..._failovers_total`), how
-    often it ended a dead active controller's term (`..._dead_active_revocations_total`)
-    and, while active, every metric of `ControllerMetrics` (a fresh set per term: counters
-    count what this term committed, and a scrape of a standby shows no cluster gauges, so
-    sums over controllers count each partition once, as Kafka's controller gauges do)."""
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.active_gauge = Gauge(
-            "metactl_controller_active",
-            "1 while this controller is the active one (it writes the metadata log), else 0.",
-            registry=self.registry,
-        )
-        self.failovers = Counter(
-            "metactl_controller_failovers",
-            "Times this controller took over as the active controller after winning the "
-            "metadata log's leadership (etcd logs only; a SQLite log has one controller).",
-            registry=self.registry,
-        )
-        self.dead_active_revocations = Counter(
-            "metactl_controller_dead_active_revocations",
-            "Terms of a dead active controller (its listener refused connections) that "
-            "this controller ended as a standby (deleting the leadership key), so as to "
-            "take over without waiting out the TTL (etcd logs, --dead-active-detection).",
-            registry=self.registry,
-        )
-        self.current: ControllerMetrics | None = None
-        self.registry.register(_ActiveDelegate(self))
-
-    def active(self, metrics: ControllerMetrics) -> None:
-        self.current = metrics
-        self.active_gauge.set(1)
-
-    def inactive(self) -> None:
-        self.current = None
-        self.active_gauge.set(0)
-
-
-class _ActiveDelegate(Collector):
-    def __init__(self, role: RoleMetrics) -> None:
-        self.role = role
-
-    def describe(self) -> Iterable[Metric]:
-        return []  # what it yields changes with the role
-
-    def collect(self) -> Iterable[Metric]:
-        current = self.role.current
-        if current is not None:
-            return list(current.registry.collect())
-        return [build_info(with_samples=True)]
-
-
-# --- the /metrics endpoint ------------------------------------------------------------------
-
-
-class MetricsServer:
-    """`/metrics` on HOST:PORT through prometheus_client's own HTTP server
-    (`protocol.metrics_http`), in threads of its own; mutual TLS with the controller's
-    identity when it has one (a scraper needs a certificate of the cluster CA), plain HTTP
-    without. Scrapes run in those threads: the collectors above only read (the committed
-    image is immutable; set sizes and counters are read whole)."""
-
-    def __init__(self, endpoint: MetricsEndpoint) -> None:
-        self.endpoint = endpoint
-        self.address = endpoint.address
-
-    @classmethod
-    async def start(
-        cls, registry: CollectorRegistry, listen: str, tls: TlsIdentity | None = None
-    ) -> MetricsServer:
-        """Listen on HOST:PORT (port 0: any free port; `address` tells which)."""
-        endpoint = start_metrics_endpoint(registry, listen, tls)
-        log.info("metrics serving", listen=endpoint.address, tls=endpoint.tls)
-        return cls(endpoint)
-
-    async def close(self) -> None:
-        await asyncio.to_thread(self.endpoint.stop)

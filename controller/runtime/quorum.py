@@ -6,35 +6,39 @@ controller it knows and puts the answers side by side. Each says who it is, its 
 how far it has applied the log and the log end it knows; who the active controller is
 and its term (on etcd: the leadership key's holder and create revision, the fencing
 token; read by a standby within a second, and when etcd does not answer, why); and, if
-asked, each etcd member's own status (`metadata_log.etcd.client.member_health`, read at
+asked, each etcd member's own status (`metadata_log.etcd.health.member_health`, read at
 most twice a second); and, on etcd, every controller recorded there
 (`metadata_log.etcd.registry`), so that the tool can ask those it was not given. A
 single controller on a SQLite log has no election and no term: it says so by leaving
 them out, and is its own leader.
 
-This module only reads the service's state and asks etcd; it decides nothing and
-changes nothing.
+This module only reads the service's state (`QuorumView`: it imports no service) and
+asks etcd; it decides nothing and changes nothing.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Final
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from controller.runtime.ha_settings import HaSettings
+from controller.runtime.service_role import ServiceRole
 from metactl.errors import MetactlError
 from metadata_log.backends import is_etcd_url
-from protocol.messages import (
+from protocol.messages.admin import (
     DescribeQuorumRequest,
     DescribeQuorumResponse,
     EtcdMemberState,
     RegisteredController,
 )
 
-if TYPE_CHECKING:
-    from controller.runtime.service import ControllerService
+if TYPE_CHECKING:  # the etcd client library (and gRPC) loads only for an etcd log
+    from controller.runtime.election import Election
+    from metadata_log.etcd.lease import Leadership
 
-__all__ = ["describe_quorum"]
+__all__ = ["QuorumView", "describe_quorum"]
 
 READ_CACHE_S: Final = 0.5
 """How long one reading from etcd (the members' health, the recorded controllers)
@@ -66,8 +70,26 @@ def _backend(metadata_log: str | None) -> str:
     return "sqlite"
 
 
+class QuorumView(ServiceRole, Protocol):
+    """What DescribeQuorum reads of one controller service (its role, its log, its
+    election); `controller.runtime.service.ControllerService` is one."""
+
+    @property
+    def ha(self) -> HaSettings: ...
+    @property
+    def leadership(self) -> Leadership | None: ...
+    @property
+    def active_since_ms(self) -> int | None: ...
+    @property
+    def election(self) -> Election | None: ...
+    @property
+    def metadata_log(self) -> str | None: ...
+    @property
+    def data_dir(self) -> Path: ...
+
+
 async def describe_quorum(
-    service: ControllerService, request: DescribeQuorumRequest
+    service: QuorumView, request: DescribeQuorumRequest
 ) -> DescribeQuorumResponse:
     node_id = service.ha.node_id or service.advertised
     active = service.acting
@@ -129,7 +151,7 @@ async def describe_quorum(
     members: list[EtcdMemberState] = []
     etcd_error: str | None = None
     if request.etcd_members and service.election is not None:
-        from metadata_log.etcd.client import member_health  # the etcd client is loaded
+        from metadata_log.etcd.health import member_health  # the etcd client is loaded
 
         try:
             etcd = service.election.etcd

@@ -29,7 +29,7 @@ from metactl.errors import (
     PolicyViolationError,
     ThrottlingQuotaExceededError,
 )
-from protocol.messages import CreateTopic
+from protocol.messages.admin import CreateTopic
 
 log = structlog.get_logger("metactl.controller.quota")
 

@@ -18,7 +18,10 @@ clipped, `clip`) and, for a create, its assignment. At the default frame limit
 given a smaller `--max-frame-bytes` refuses a large request up front rather than
 answer it with a frame the client cannot read.
 
-Pure: no IO, no clock. The service owns the checks' order (authorization first).
+`encoded_size` measures an answer's frame, for the answers not bounded up front.
+
+Pure: no IO, no clock. The API handlers own the checks' order (after admission:
+authorization first).
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
+import msgspec
+
 from metactl.errors import FrameTooLargeError, InvalidRequestError
+from protocol.messages.unions import Message
 
 MAX_ALTER_PARTITION_ITEMS: Final = 10_000
 """Items one AlterPartitions request may carry (brokers send at most 5,000): more is
@@ -97,3 +103,13 @@ def clip(message: str) -> str:
     if len(raw) <= MAX_RESULT_MESSAGE:
         return message
     return raw[: MAX_RESULT_MESSAGE - 3].decode(errors="ignore") + "..."
+
+
+# Bytes of a frame besides its body: the length header and the correlation id.
+FRAME_OVERHEAD: Final = 16
+_encoder: Final = msgspec.msgpack.Encoder()
+
+
+def encoded_size(body: Message) -> int:
+    """The bytes of `body`'s frame on the wire (what the frame limit bounds)."""
+    return len(_encoder.encode(body)) + FRAME_OVERHEAD

@@ -25,6 +25,7 @@ from typing import Any
 
 from controller.core.config import ControllerConfig
 from controller.core.work import WORK_BUDGET
+from controller.runtime.ha_settings import HaSettings
 from controller.runtime.process import configure_process, freeze_heap
 from controller.runtime.quota import (
     DEFAULT_BURST_WINDOW_S,
@@ -32,7 +33,7 @@ from controller.runtime.quota import (
     DEFAULT_MUTATION_RATE,
     MutationLimits,
 )
-from controller.runtime.service import ControllerService, HaSettings
+from controller.runtime.service import ControllerService
 from metactl.errors import InvalidConfigurationError, MetactlError
 from metactl.logs import configure
 from metactl.numbers import int_arg, int_flag, long_arg

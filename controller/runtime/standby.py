@@ -3,7 +3,7 @@ writes, kept current by tailing it.
 
 A standby controller answers reads from it (describe; metadata fetches are served from
 its read-only store) and, once elected, starts the driver from it, reading only the
-records it has not replayed yet (`driver.load_log(start=...)`), so a failover does not
+records it has not replayed yet (`loading.load_log(start=...)`), so a failover does not
 replay the whole log; a controller that steps down opens its standby from its last
 term's image the same way. The image is always at a transaction boundary, like every reader's
 (`metadata_image.transactions`).
@@ -20,7 +20,7 @@ from typing import Final
 
 import structlog
 
-from controller.runtime.driver import load_log
+from controller.runtime.loading import load_log
 from metactl.errors import LogClosedError, LogError, OffsetOutOfRangeError, StoreUnavailableError
 from metadata_image.image import ClusterImage
 from metadata_image.transactions import LogReplay

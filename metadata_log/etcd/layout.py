@@ -19,17 +19,11 @@ import msgspec
 import structlog
 
 from metactl.errors import CorruptLogError, InconsistentClusterIdError, LogError, LogSchemaError
-from metadata_log.etcd.client import (
-    Etcd,
-    EtcdTarget,
-    Kv,
-    compare_version,
-    op_get,
-    op_put,
-    prefix_end,
-)
+from metadata_log.etcd.client import Etcd, Kv
 from metadata_log.etcd.lease import LEADER_KEY, decode_leader
 from metadata_log.etcd.registry import CONTROLLERS_PREFIX
+from metadata_log.etcd.target import EtcdTarget, prefix_end
+from metadata_log.etcd.txn import compare_version, op_get, op_put
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "Keys", "LogMeta", "holder", "open_meta", "read_state"]
 

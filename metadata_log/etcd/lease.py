@@ -39,7 +39,7 @@ etcd 3.4's lessor can revoke a live holder's lease (below).
   that a standby takes over at once.
 * **Riding out an etcd leader change.** Only etcd's leader commits writes, so no
   heartbeat lands between the loss of one leader and the election of the next (one to
-  two election timeouts: 0.5-1 s on the local cluster, `ops.etcd_local`). A heartbeat is
+  two election timeouts: 0.5-1 s on the local cluster, `localcluster.etcd`). A heartbeat is
   sent anew every `RENEW_ATTEMPT_S` until one answers, so the first one after the
   election lands; beating six times per TTL leaves the TTL less the safety margin less a
   sixth (1.42 s with TTL 2 s) for that. An election slower than that (a split vote: 1.7
@@ -78,9 +78,8 @@ import structlog
 
 from metactl.errors import LogError, MetactlError, StoreUnavailableError
 from metadata_log.etcd import DEFAULT_LEASE_TTL_S
-from metadata_log.etcd.client import (
-    Etcd,
-    Kv,
+from metadata_log.etcd.client import Etcd, Kv
+from metadata_log.etcd.txn import (
     compare_create_revision,
     compare_mod_revision,
     op_delete,

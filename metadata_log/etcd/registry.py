@@ -27,14 +27,9 @@ import msgspec
 import structlog
 from etcd3aio._protobuf import Compare
 
-from metadata_log.etcd.client import (
-    Etcd,
-    compare_mod_revision,
-    op_delete,
-    op_get,
-    op_put,
-    prefix_end,
-)
+from metadata_log.etcd.client import Etcd
+from metadata_log.etcd.target import prefix_end
+from metadata_log.etcd.txn import compare_mod_revision, op_delete, op_get, op_put
 
 __all__ = [
     "CONTROLLERS_PREFIX",

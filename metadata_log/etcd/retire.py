@@ -35,7 +35,7 @@ from metactl.errors import (
     StoreUnavailableError,
     VoterNotFoundError,
 )
-from metadata_log.etcd.client import Etcd, compare_create_revision
+from metadata_log.etcd.client import Etcd
 from metadata_log.etcd.lease import LEADER_KEY, current_leader
 from metadata_log.etcd.registry import (
     REFRESH_S,
@@ -45,6 +45,7 @@ from metadata_log.etcd.registry import (
     registered,
     unregister,
 )
+from metadata_log.etcd.txn import compare_create_revision
 
 __all__ = ["ATTEMPTS", "RECENT_S", "Removed", "remove_controller"]
 

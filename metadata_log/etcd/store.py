@@ -88,19 +88,11 @@ from metadata_log.batch_format import (
     StoredSnapshot,
     check_tail,
 )
-from metadata_log.etcd.client import (
-    Etcd,
-    EtcdTarget,
-    Kv,
-    compare_create_revision,
-    compare_value,
-    op_delete,
-    op_get,
-    op_put,
-    prefix_end,
-)
+from metadata_log.etcd.client import Etcd, Kv
 from metadata_log.etcd.layout import Keys, LogMeta, holder, open_meta, read_state
 from metadata_log.etcd.lease import LeaderInfo, Leadership
+from metadata_log.etcd.target import EtcdTarget, prefix_end
+from metadata_log.etcd.txn import compare_create_revision, compare_value, op_delete, op_get, op_put
 from metadata_log.store import LogStore
 
 __all__ = ["DEFAULT_MAX_REQUEST_BYTES", "EtcdLogStore"]

@@ -13,7 +13,7 @@
   it, the default is the environment variables'. An explicit `EtcdTls` given to
   `EtcdTarget.parse` (the controller's, a test's) wins.
 
-`metactl certs init` writes a local cluster's files (``<certs>/etcd``, `ops.certs`), and
+`metactl certs init` writes a local cluster's files (``<certs>/etcd``, `localcluster.certs`), and
 `cluster up --etcd N` passes them to its controllers. This module reads paths and files
 only: it imports neither gRPC nor the etcd client library (the command line needs it
 without them).

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from audit import plain
-from audit.export import MANIFEST, export_parquet
+from audit.export import export_parquet
+from audit.export_layout import MANIFEST
 from audit.jobs import brokers, elections, invariants, offline, unclean
 from audit.spark import AuditInput
 

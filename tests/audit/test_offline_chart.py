@@ -17,8 +17,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from audit import plain
-from audit.export import export_parquet, read_manifest
+from audit import plain, plain_offline
+from audit.export import export_parquet
+from audit.export_layout import read_manifest
 from audit.jobs import offline
 from audit.logread import log_info, log_time_bounds
 from audit.spark import AuditInput
@@ -91,7 +92,7 @@ def test_the_plain_pass_charts_each_minute_once(
     per = plain.run_jobs([history], ["offline"]).results["offline"].tables["offline_partitions"]
     assert (per.iloc[0].offline_ms, per.iloc[0].under_min_isr_ms) == (OFFLINE_MS, UNDER_MS)
     end = log_time_bounds(log_info(history).path)[1]
-    table = plain.offline_bucket(
+    table = plain_offline.offline_bucket(
         [(log_info(history).path, history.name)],
         bucket=0,
         buckets=1,

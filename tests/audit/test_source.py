@@ -12,7 +12,8 @@ import msgspec
 import pyarrow.parquet as pq
 import pytest
 
-from audit.export import MANIFEST, bucket_file_glob, export_parquet, read_manifest
+from audit.export import export_parquet
+from audit.export_layout import MANIFEST, bucket_file_glob, read_manifest
 from audit.logread import iter_batches, log_info, log_time_bounds
 from audit.rows import RowBuilder, read_arrow
 from audit.schema import COLUMN_NAMES, FIELD_SOURCES, POSITIONAL

@@ -18,7 +18,8 @@ import pytest
 import audit.spark
 import audit.transactions
 from audit import plain
-from audit.export import Manifest, export_parquet
+from audit.export import export_parquet
+from audit.export_layout import Manifest
 from audit.jobs import invariants
 from audit.spark import AuditInput
 from audit.transactions import OPEN_END, aborted_ranges, committed
@@ -31,7 +32,9 @@ from metadata_log.records import (
     EndTransactionRecord,
     NoOpRecord,
 )
-from protocol.messages import CreateTopic, FenceBroker, RegisterBroker, UnfenceBroker
+from protocol.messages.admin import CreateTopic
+from protocol.messages.broker_controller import RegisterBroker
+from protocol.messages.internal import FenceBroker, UnfenceBroker
 from tests.metadata_log.log_fixtures import FailingStore
 
 

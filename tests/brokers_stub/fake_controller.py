@@ -13,13 +13,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from controller.core.handlers import partition_view
+from controller.core.partition_handlers import partition_view
 from metactl.errors import InvalidRequestError, MetactlError
 from metadata_image.image import ClusterImage
 from metadata_image.replay import replay
 from metadata_log.records import MetadataRecord, RegisterBrokerRecord, UnfenceBrokerRecord
 from protocol.codec import decode_frame, encode_frame
-from protocol.messages import (
+from protocol.messages.admin import PartitionState
+from protocol.messages.base import error_response
+from protocol.messages.broker_controller import (
     AlterPartition,
     AlterPartitionResult,
     AlterPartitions,
@@ -29,13 +31,11 @@ from protocol.messages import (
     FetchedRecord,
     FetchMetadataRequest,
     FetchMetadataResponse,
-    Message,
-    PartitionState,
     PartitionView,
     RegisterBroker,
     RegisterBrokerResponse,
-    error_response,
 )
+from protocol.messages.unions import Message
 from protocol.transport import read_frame
 
 

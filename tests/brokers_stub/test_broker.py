@@ -24,14 +24,13 @@ from metactl.errors import (
 )
 from metadata_log.records import PartitionRecord, TopicRecord
 from protocol.client import RpcClient
-from protocol.messages import (
+from protocol.messages.broker_controller import (
     AlterPartitions,
     BrokerHeartbeatRequest,
     FetchMetadataRequest,
-    ProduceRequest,
-    ProduceResponse,
     RegisterBroker,
 )
+from protocol.messages.data import ProduceRequest, ProduceResponse
 from tests.brokers_stub.fake_controller import FakeController
 from tests.brokers_stub.helpers import TOPIC, Running, broker_config, eventually
 

@@ -21,12 +21,13 @@ from metactl.errors import (
     UnknownTopicOrPartitionError,
 )
 from metadata_log.records import PartitionRecord, RegisterBrokerRecord, TopicRecord
+from protocol.address import parse_address
 from protocol.client import RpcClient
-from protocol.codec import decode_frame, parse_address
-from protocol.messages import (
+from protocol.codec import decode_frame
+from protocol.messages.base import ErrorResponse
+from protocol.messages.data import (
     ACKS_ALL,
     ACKS_LEADER,
-    ErrorResponse,
     ProduceRequest,
     ProduceResponse,
     ReadLogRequest,

@@ -31,17 +31,13 @@ from metactl.errors import (
     UnknownLeaderEpochError,
 )
 from metadata_image.delta import MetadataDelta
-from metadata_image.image import ClusterImage, TopicPartition
+from metadata_image.image import ClusterImage
 from metadata_image.replay import apply
+from metadata_image.state import TopicPartition
 from metadata_log.records import ChangeReason, MetadataRecord, PartitionChangeRecord
-from protocol.messages import (
-    ACKS_ALL,
-    ACKS_LEADER,
-    Message,
-    ProduceRequest,
-    ReplicaFetchRequest,
-    ReplicaFetchResponse,
-)
+from protocol.messages.data import ACKS_ALL, ACKS_LEADER, ProduceRequest
+from protocol.messages.replication import ReplicaFetchRequest, ReplicaFetchResponse
+from protocol.messages.unions import Message
 from tests.brokers_stub.helpers import TOPIC, eventually
 from tests.brokers_stub.test_lifecycle import OLD_ID, files, registrations, topic
 from tests.brokers_stub.test_replica_manager import EPOCHS, TP, Clock, manager

@@ -33,8 +33,9 @@ from metactl.errors import (
     UnknownTopicOrPartitionError,
 )
 from metadata_image.delta import MetadataDelta
-from metadata_image.image import ClusterImage, TopicPartition
+from metadata_image.image import ClusterImage
 from metadata_image.replay import apply
+from metadata_image.state import TopicPartition
 from metadata_log.records import (
     ChangeReason,
     ClearElrRecord,
@@ -46,16 +47,16 @@ from metadata_log.records import (
     TopicRecord,
 )
 from protocol.client import RpcClient
-from protocol.messages import (
+from protocol.messages.broker_controller import ReplicaRef
+from protocol.messages.data import (
     ACKS_ALL,
     ACKS_LEADER,
     ProduceRequest,
     ProduceResponse,
     ReadLogRequest,
     ReadLogResponse,
-    ReplicaFetchRequest,
-    ReplicaRef,
 )
+from protocol.messages.replication import ReplicaFetchRequest
 from tests.brokers_stub.fake_controller import FakeController
 from tests.brokers_stub.helpers import TOPIC, Running, broker_config, config, eventually
 from tests.brokers_stub.test_replica_manager import Clock

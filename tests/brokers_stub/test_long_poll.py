@@ -25,13 +25,8 @@ from metadata_image.image import ClusterImage
 from metadata_log.records import PartitionRecord, RegisterBrokerRecord, TopicRecord
 from protocol.client import RpcClient
 from protocol.codec import decode_frame
-from protocol.messages import (
-    ACKS_ALL,
-    ProduceRequest,
-    ProduceResponse,
-    ReplicaFetchRequest,
-    ReplicaFetchResponse,
-)
+from protocol.messages.data import ACKS_ALL, ProduceRequest, ProduceResponse
+from protocol.messages.replication import ReplicaFetchRequest, ReplicaFetchResponse
 from tests.brokers_stub.fake_controller import FakeController
 from tests.brokers_stub.helpers import TOPIC, Running, broker_config, change, cluster, eventually
 from tests.brokers_stub.test_produce import three, waiting

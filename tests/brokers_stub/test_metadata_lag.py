@@ -8,7 +8,7 @@ from brokers_stub.logctx import BrokerLog
 from brokers_stub.metadata import MetadataFollower
 from metadata_log.records import RegisterBrokerRecord
 from protocol.client import RpcClient
-from protocol.messages import FetchedRecord, FetchMetadataResponse
+from protocol.messages.broker_controller import FetchedRecord, FetchMetadataResponse
 
 
 def _follower(tmp_path: Path) -> MetadataFollower:

@@ -23,7 +23,11 @@ from metadata_log.records import (
     TopicRecord,
 )
 from protocol.client import RpcClient
-from protocol.messages import FetchedRecord, FetchMetadataRequest, FetchMetadataResponse
+from protocol.messages.broker_controller import (
+    FetchedRecord,
+    FetchMetadataRequest,
+    FetchMetadataResponse,
+)
 from tests.brokers_stub.fake_controller import FakeController
 
 Seen = list[tuple[ClusterImage, MetadataDelta | None, bool]]

@@ -23,7 +23,7 @@ from metactl.errors import (
     RequestTimedOutError,
     UnknownTopicOrPartitionError,
 )
-from protocol.messages import (
+from protocol.messages.data import (
     ACKS_ALL,
     ACKS_LEADER,
     ProduceRequest,

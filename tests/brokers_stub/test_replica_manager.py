@@ -28,20 +28,18 @@ from metactl.errors import (
 )
 from metadata_image.image import ClusterImage
 from protocol.codec import DEFAULT_MAX_FRAME_BYTES, encode_frame
-from protocol.messages import (
-    ACKS_LEADER,
+from protocol.messages.broker_controller import (
     AlterPartition,
     AlterPartitionResult,
     AlterPartitions,
     AlterPartitionsResponse,
     IsrMember,
-    Message,
     PartitionView,
-    ProduceRequest,
-    ProduceResponse,
-    ReplicaFetchRequest,
     ReplicaRef,
 )
+from protocol.messages.data import ACKS_LEADER, ProduceRequest, ProduceResponse
+from protocol.messages.replication import ReplicaFetchRequest
+from protocol.messages.unions import Message
 from tests.brokers_stub.helpers import TOPIC, change, cluster, config, eventually
 
 TP = (TOPIC, 0)

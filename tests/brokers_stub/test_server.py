@@ -16,16 +16,17 @@ import pytest
 from brokers_stub.broker import Broker
 from brokers_stub.replica_log import ReplicaLog
 from metactl.errors import InvalidRequestError, StaleBrokerEpochError
+from protocol.address import parse_address
 from protocol.client import RpcClient
-from protocol.codec import decode_frame, encode_frame, parse_address
-from protocol.messages import (
+from protocol.codec import decode_frame, encode_frame
+from protocol.messages.base import ErrorResponse
+from protocol.messages.broker_controller import (
     BrokerHeartbeatRequest,
-    ErrorResponse,
     GetReplicaLogInfoRequest,
     GetReplicaLogInfoResponse,
-    Message,
     ReplicaRef,
 )
+from protocol.messages.unions import Message
 from protocol.transport import read_frame
 from tests.brokers_stub.helpers import TOPIC, config
 

@@ -7,11 +7,11 @@ import msgspec
 import pytest
 
 from controller.core.config import ControllerConfig
-from controller.core.handlers import alter_partitions
+from controller.core.partition_handlers import alter_partitions
 from controller.core.step import Rules
 from metactl.errors import InvalidRequestError
 from metadata_log.records import PartitionChangeRecord
-from protocol.messages import AlterPartitions, AlterPartitionsResponse
+from protocol.messages.broker_controller import AlterPartitions, AlterPartitionsResponse
 from tests.controller.testkit import POLICIES, Cluster
 
 CFG = ControllerConfig()

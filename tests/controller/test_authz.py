@@ -17,12 +17,9 @@ from controller.core.authz import (
     operation_of,
 )
 from metactl.errors import ClusterAuthorizationFailedError, TopicAuthorizationFailedError
-from protocol.messages import (
+from protocol.messages.admin import (
     AlterConfigs,
-    AlterPartition,
     AlterPartitionReassignments,
-    AlterPartitions,
-    BrokerHeartbeatRequest,
     CreatePartitions,
     CreatePartitionsRequest,
     CreateTopic,
@@ -34,21 +31,25 @@ from protocol.messages import (
     DescribeQuorumRequest,
     ElectLeader,
     ElectPreferredLeaders,
-    ErrorResponse,
-    FetchMetadataRequest,
-    GetReplicaLogInfoRequest,
-    IsrMember,
     ListPartitionReassignmentsRequest,
-    Message,
-    ProduceRequest,
-    ReadLogRequest,
     Reassignment,
-    RegisterBroker,
-    ReplicaFetchRequest,
-    ReplicaRef,
     UnregisterBroker,
     UpdateFeature,
 )
+from protocol.messages.base import ErrorResponse
+from protocol.messages.broker_controller import (
+    AlterPartition,
+    AlterPartitions,
+    BrokerHeartbeatRequest,
+    FetchMetadataRequest,
+    GetReplicaLogInfoRequest,
+    IsrMember,
+    RegisterBroker,
+    ReplicaRef,
+)
+from protocol.messages.data import ProduceRequest, ReadLogRequest
+from protocol.messages.replication import ReplicaFetchRequest
+from protocol.messages.unions import Message
 from protocol.tls import MAX_BROKER_ID
 
 CONTROLLER_P, ADMIN_P, VIEWER_P = "controller", "admin", "viewer"

@@ -10,7 +10,7 @@ import pytest
 
 from metactl.errors import MetactlError
 from metadata_log.records import MIN_ISR_CONFIG, ConfigRecord
-from protocol.messages import AlterConfigs
+from protocol.messages.admin import AlterConfigs
 from tests.controller.testkit import Cluster
 
 

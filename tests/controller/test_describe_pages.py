@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from clients.admin import next_request
 from controller.runtime.describe import PAGE_ITEMS, describe_page, iter_partitions
 from metactl.errors import FrameTooLargeError, InvalidRequestError, UnknownTopicOrPartitionError
 from metadata_image.image import ClusterImage
@@ -25,9 +26,8 @@ from metadata_log.records import (
     TopicRecord,
     UnfenceBrokerRecord,
 )
-from ops.describe_cmds import next_request
 from protocol.codec import encode_frame
-from protocol.messages import DescribeClusterRequest, DescribeClusterResponse, DescribeCursor
+from protocol.messages.admin import DescribeClusterRequest, DescribeClusterResponse, DescribeCursor
 
 BIG_CID = 2**63  # a correlation id that takes msgpack's widest integer
 

@@ -10,16 +10,15 @@ from typing import Any
 import msgspec
 import pytest
 
-from controller.core.config import ControllerConfig
-from controller.core.handlers import (
-    alter_partition,
+from controller.core.broker_handlers import (
     controlled_shutdown,
-    create_topic,
-    elect_preferred,
     fence_broker,
     register_broker,
     unfence_broker,
 )
+from controller.core.config import ControllerConfig
+from controller.core.partition_handlers import alter_partition, elect_preferred
+from controller.core.topic_handlers import create_topic
 from metactl.errors import (
     BrokerIdNotRegisteredError,
     DuplicateBrokerRegistrationError,
@@ -55,18 +54,19 @@ from metadata_log.records import (
     TopicRecord,
     UnfenceBrokerRecord,
 )
-from protocol.messages import (
-    Ack,
+from protocol.messages.admin import CreateTopic, ElectLeader
+from protocol.messages.broker_controller import (
     AlterPartition,
-    ControlledShutdown,
-    ControlledShutdownResponse,
-    CreateTopic,
-    ElectLeader,
-    FenceBroker,
     IsrMember,
     PartitionView,
     RegisterBroker,
     RegisterBrokerResponse,
+)
+from protocol.messages.internal import (
+    Ack,
+    ControlledShutdown,
+    ControlledShutdownResponse,
+    FenceBroker,
     UnfenceBroker,
 )
 

@@ -30,14 +30,9 @@ from controller.core.step import ControllerState, Event, Rules, StepResult, Tick
 from controller.core.work import EVERYTHING
 from metactl.errors import MetactlError
 from metadata_image.image import ClusterImage
-from protocol.messages import (
-    CreateTopic,
-    FenceBroker,
-    RegisterBroker,
-    RegisterBrokerResponse,
-    ReplicaLogInfo,
-    UnfenceBroker,
-)
+from protocol.messages.admin import CreateTopic
+from protocol.messages.broker_controller import RegisterBroker, RegisterBrokerResponse
+from protocol.messages.internal import FenceBroker, ReplicaLogInfo, UnfenceBroker
 from tests.controller.testkit import POLICIES
 
 CONFIG = ControllerConfig(unclean_recovery_window_ms=100, default_replication_factor=3)

@@ -10,13 +10,14 @@ import uuid
 import pytest
 
 from controller.core.config import ControllerConfig
-from controller.core.handlers import ClearElrSlice, Continue, ReassignSlice
+from controller.core.handler_result import ClearElrSlice, Continue, ReassignSlice
 from controller.core.lifecycle import Bootstrap, needs_bootstrap
 from controller.core.step import Rules, Tick
 from metactl.errors import MetactlError, ReplayError
 from metadata_image.delta import MetadataDelta
 from metadata_image.image import ClusterImage
-from metadata_image.replay import image_from_records, image_to_records, replay
+from metadata_image.replay import replay
+from metadata_image.snapshot import image_from_records, image_to_records
 from metadata_log.records import (
     ELR_FEATURE,
     MIN_ISR_CONFIG,
@@ -32,15 +33,13 @@ from metadata_log.records import (
     UncleanRecoveryRecord,
     UnregisterBrokerRecord,
 )
-from protocol.messages import (
-    Ack,
+from protocol.messages.admin import (
     AlterConfigs,
     AlterConfigsResponse,
     AlterPartitionReassignments,
     AlterPartitionReassignmentsResponse,
     CreatePartitions,
     CreateTopic,
-    CreateTopicResponse,
     DeleteTopic,
     DeleteTopicResponse,
     Reassignment,
@@ -48,6 +47,7 @@ from protocol.messages import (
     UpdateFeature,
     UpdateFeatureResponse,
 )
+from protocol.messages.internal import Ack, CreateTopicResponse
 from tests.controller.testkit import POLICIES, Cluster
 
 
@@ -796,7 +796,7 @@ def test_a_removal_only_reassignment_completes_once_the_target_is_back_in_sync()
 
 def test_a_bulk_preferred_election_piece() -> None:
     from controller.core.lifecycle import ElectPreferredGroup, add_up
-    from protocol.messages import ElectPreferredLeadersResponse
+    from protocol.messages.admin import ElectPreferredLeadersResponse
 
     c = Cluster()
     c.start(1, 2, 3)

@@ -34,12 +34,13 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import RULE_MARKER, initialize, run_state_machine_as_test
 
-from controller.core import handlers, lifecycle, partition_change, step
-from controller.core.handlers import HandlerResult
+from controller.core import broker_handlers, lifecycle, partition_change, step, topic_handlers
+from controller.core.handler_result import HandlerResult
 from controller.core.recovery import builtin
 from controller.core.recovery.policy import Choose, RestartWindow, Wait, best_candidate
 from controller.core.step import StepResult
-from metadata_image.image import ClusterImage, PartitionState
+from metadata_image.image import ClusterImage
+from metadata_image.state import PartitionState
 from metadata_log.records import (
     MIN_ISR_CONFIG,
     NO_LEADER,
@@ -47,7 +48,7 @@ from metadata_log.records import (
     PartitionChangeRecord,
     UncleanRecoveryRecord,
 )
-from protocol.messages import CreateTopicResponse
+from protocol.messages.internal import CreateTopicResponse
 
 from .test_properties import ControllerMachine, MPending, SlicedMachine
 
@@ -204,7 +205,7 @@ def test_new_partitions_placed_as_the_first_ones_are_caught(
     def bug(original: Any, order: Any, start: int, end: int, rf: int) -> Any:
         return original(order, 0, end - start, rf)
 
-    wrap(monkeypatch, handlers, "_striped", bug)
+    wrap(monkeypatch, topic_handlers, "_striped", bug)
     caught(focused(ControllerMachine, "create_partitions", "restart"))
 
 
@@ -392,7 +393,7 @@ def test_an_unregistered_broker_left_in_the_last_known_elr_is_caught(
         named = [p for p in partitions if broker_id in p.isr or broker_id in p.elr]
         return original(image, broker_id, named, **k)
 
-    wrap(monkeypatch, handlers, "without_broker", bug)
+    wrap(monkeypatch, broker_handlers, "without_broker", bug)
     caught(focused(ControllerMachine, "unregister", "fence", "restart", "outage", "retire"))
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from controller.core import lifecycle
 from controller.core.config import ControllerConfig
-from controller.core.handlers import ClearElrSlice
+from controller.core.handler_result import ClearElrSlice
 from controller.core.lifecycle import (
     Bootstrap,
     ElectPreferredGroup,
@@ -29,8 +29,9 @@ from controller.core.recovery.policy import (
 )
 from controller.core.recovery.tracker import RecoveryTracker, manual_election
 from controller.core.step import LogInfoAnswers, Rules, StepResult, Tick
-from metadata_image.image import ClusterImage, PartitionState
+from metadata_image.image import ClusterImage
 from metadata_image.replay import replay
+from metadata_image.state import PartitionState
 from metadata_log.records import (
     BROKER_RESOURCE,
     ELR_FEATURE,
@@ -44,8 +45,7 @@ from metadata_log.records import (
     PartitionChangeRecord,
     UncleanRecoveryRecord,
 )
-from protocol.messages import (
-    Ack,
+from protocol.messages.admin import (
     AlterConfigs,
     AlterConfigsResponse,
     AlterPartitionReassignments,
@@ -53,12 +53,11 @@ from protocol.messages import (
     ElectionFailure,
     ElectLeader,
     ElectPreferredLeadersResponse,
-    FenceBroker,
     Reassignment,
-    ReplicaLogInfo,
     UpdateFeature,
     UpdateFeatureResponse,
 )
+from protocol.messages.internal import Ack, FenceBroker, ReplicaLogInfo
 
 from .testkit import POLICIES, Cluster
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from controller.core.partition_change import build_change, clean_leader, next_elr
-from metadata_image.image import EMPTY
+from metadata_image.state import EMPTY
 from metadata_log.records import (
     NO_LEADER,
     ChangeReason,

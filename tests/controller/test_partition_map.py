@@ -8,9 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metactl.errors import ReplayError
-from metadata_image.image import ClusterImage, PartitionState, TopicPartition
+from metadata_image.image import ClusterImage
 from metadata_image.partition_map import CHUNK, EMPTY_PARTITIONS, PartitionMap
-from metadata_image.replay import image_from_records, image_to_records, replay
+from metadata_image.replay import replay
+from metadata_image.snapshot import image_from_records, image_to_records
+from metadata_image.state import PartitionState, TopicPartition
 from metadata_log.records import (
     NO_LEADER,
     ChangeReason,

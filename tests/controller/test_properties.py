@@ -76,23 +76,27 @@ from hypothesis.stateful import (
     rule,
 )
 
+from controller.core.broker_handlers import register_broker, unfence_broker
 from controller.core.config import ControllerConfig
-from controller.core.handlers import (
-    HandlerResult,
-    create_topic,
-    register_broker,
-    unfence_broker,
-)
+from controller.core.handler_result import HandlerResult
 from controller.core.lifecycle import Bootstrap
 from controller.core.partition_change import build_change, next_elr, remove_from_isrs
 from controller.core.recovery.policy import best_candidate
 from controller.core.recovery.tracker import RecoveryTracker
 from controller.core.step import ControllerState, Event, Rules, StepResult, Tick, settle
+from controller.core.topic_handlers import create_topic
 from controller.core.work import EVERYTHING, WORK_BUDGET
 from metactl.errors import MetactlError
-from metadata_image.image import EMPTY, ClusterImage, PartitionState, TopicPartition
-from metadata_image.replay import image_from_records, image_to_records, replay
-from metadata_image.snapshot import ImageSnapshot, from_snapshot, to_snapshot
+from metadata_image.image import ClusterImage
+from metadata_image.replay import replay
+from metadata_image.snapshot import (
+    ImageSnapshot,
+    from_snapshot,
+    image_from_records,
+    image_to_records,
+    to_snapshot,
+)
+from metadata_image.state import EMPTY, PartitionState, TopicPartition
 from metadata_log.records import (
     ELR_FEATURE,
     MIN_ISR_CONFIG,
@@ -108,32 +112,36 @@ from metadata_log.records import (
     RegisterBrokerRecord,
     UncleanRecoveryRecord,
 )
-from protocol.messages import (
-    Ack,
+from protocol.messages.admin import (
     AlterConfigs,
     AlterConfigsResponse,
-    AlterPartition,
     AlterPartitionReassignments,
     AlterPartitionReassignmentsResponse,
-    ControlledShutdown,
-    ControlledShutdownResponse,
     CreatePartitions,
     CreateTopic,
-    CreateTopicResponse,
     DeleteTopic,
     DeleteTopicResponse,
     ElectLeader,
-    FenceBroker,
-    IsrMember,
-    PartitionView,
     Reassignment,
-    RegisterBroker,
-    RegisterBrokerResponse,
-    ReplicaLogInfo,
-    UnfenceBroker,
     UnregisterBroker,
     UpdateFeature,
     UpdateFeatureResponse,
+)
+from protocol.messages.broker_controller import (
+    AlterPartition,
+    IsrMember,
+    PartitionView,
+    RegisterBroker,
+    RegisterBrokerResponse,
+)
+from protocol.messages.internal import (
+    Ack,
+    ControlledShutdown,
+    ControlledShutdownResponse,
+    CreateTopicResponse,
+    FenceBroker,
+    ReplicaLogInfo,
+    UnfenceBroker,
 )
 
 from .testkit import KNOWN_STRATEGIES, POLICIES, Cluster

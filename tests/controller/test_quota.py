@@ -18,7 +18,8 @@ from metactl.errors import (
     PolicyViolationError,
     ThrottlingQuotaExceededError,
 )
-from protocol.messages import CreateTopic, ErrorResponse, error_response
+from protocol.messages.admin import CreateTopic
+from protocol.messages.base import ErrorResponse, error_response
 
 
 def quota(

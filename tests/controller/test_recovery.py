@@ -43,8 +43,9 @@ from metactl.errors import (
     UnknownRecoveryPolicyError,
     UnknownTopicOrPartitionError,
 )
-from metadata_image.image import EMPTY, ClusterImage, PartitionState
+from metadata_image.image import ClusterImage
 from metadata_image.replay import replay
+from metadata_image.state import EMPTY, PartitionState
 from metadata_log.records import (
     NO_LEADER,
     ChangeReason,
@@ -57,7 +58,7 @@ from metadata_log.records import (
     RecoveryCandidate,
     UncleanRecoveryRecord,
 )
-from protocol.messages import ReplicaLogInfo
+from protocol.messages.internal import ReplicaLogInfo
 
 from .testkit import POLICIES, Cluster, image_of, view
 

@@ -7,25 +7,20 @@ import msgspec
 import pytest
 
 from metactl.errors import MetactlError, ReplayError
+from metadata_image import builder as builder_module
 from metadata_image import replay as replay_module
 from metadata_image import snapshot as snapshot_module
-from metadata_image.image import (
-    EMPTY,
-    EMPTY_INDEX,
-    BrokerState,
-    ClusterImage,
-    PartitionState,
-    TopicState,
-    parse_tp,
-    tp_name,
-)
-from metadata_image.replay import (
+from metadata_image.image import EMPTY_INDEX, ClusterImage
+from metadata_image.replay import replay
+from metadata_image.snapshot import (
+    ImageSnapshot,
+    from_snapshot,
     image_from_records,
     image_to_records,
     partition_record,
-    replay,
+    to_snapshot,
 )
-from metadata_image.snapshot import ImageSnapshot, from_snapshot, to_snapshot
+from metadata_image.state import EMPTY, BrokerState, PartitionState, TopicState, parse_tp, tp_name
 from metadata_log.records import (
     NO_LEADER,
     RECORD_TYPES,
@@ -491,9 +486,9 @@ class TestBulkReplay:
     def test_the_intern_tables_are_bounded(self, monkeypatch: pytest.MonkeyPatch) -> None:
         sets: dict[tuple[int, ...], frozenset[int]] = {}
         tuples: dict[tuple[int, ...], tuple[int, ...]] = {}
-        monkeypatch.setattr(replay_module, "_SETS", sets)
-        monkeypatch.setattr(replay_module, "_TUPLES", tuples)
-        monkeypatch.setattr(replay_module, "_INTERN_LIMIT", 2)
+        monkeypatch.setattr(builder_module, "_SETS", sets)
+        monkeypatch.setattr(builder_module, "_TUPLES", tuples)
+        monkeypatch.setattr(builder_module, "_INTERN_LIMIT", 2)
         image = replay(ClusterImage(), self.records(6))
         assert 0 < len(sets) <= 2 and 0 < len(tuples) <= 2
         for i in range(6):
@@ -522,8 +517,8 @@ class TestBulkReplay:
         self, build: str, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         fake = self.FakeGC(enabled=True)
-        monkeypatch.setattr(replay_module, "gc", fake)
-        monkeypatch.setattr(replay_module, "BULK", 5)
+        monkeypatch.setattr(builder_module, "gc", fake)
+        monkeypatch.setattr(builder_module, "BULK", 5)
 
         def run(records: list[MetadataRecord]) -> ClusterImage:
             if build == "replay":
@@ -542,8 +537,8 @@ class TestBulkReplay:
 
     def test_a_disabled_collector_is_left_alone(self, monkeypatch: pytest.MonkeyPatch) -> None:
         fake = self.FakeGC(enabled=False)
-        monkeypatch.setattr(replay_module, "gc", fake)
-        monkeypatch.setattr(replay_module, "BULK", 1)
+        monkeypatch.setattr(builder_module, "gc", fake)
+        monkeypatch.setattr(builder_module, "BULK", 1)
         replay(ClusterImage(), self.records(2))
         assert fake.calls == [] and not fake.enabled
 

@@ -20,21 +20,22 @@ from metadata_log.records import (
     TopicRecord,
     UnfenceBrokerRecord,
 )
-from protocol.messages import (
-    Ack,
+from protocol.messages.admin import CreateTopic, ElectLeader
+from protocol.messages.broker_controller import (
     AlterPartition,
     BrokerHeartbeatRequest,
     BrokerHeartbeatResponse,
-    ControlledShutdown,
-    ControlledShutdownResponse,
-    CreateTopic,
-    CreateTopicResponse,
-    ElectLeader,
-    FenceBroker,
     IsrMember,
     PartitionView,
     RegisterBroker,
     RegisterBrokerResponse,
+)
+from protocol.messages.internal import (
+    Ack,
+    ControlledShutdown,
+    ControlledShutdownResponse,
+    CreateTopicResponse,
+    FenceBroker,
     ReplicaLogInfo,
     UnfenceBroker,
 )

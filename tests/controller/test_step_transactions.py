@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.core.handlers import CreateTopicSlice
+from controller.core.handler_result import CreateTopicSlice
 from controller.core.step import Event, Rules, Tick, transaction_name
 from metadata_image.transactions import LogReplay, replay_log
 from metadata_log.records import (
@@ -19,18 +19,20 @@ from metadata_log.records import (
     UncleanRecoveryRecord,
     encode_batch,
 )
-from protocol.messages import (
-    Ack,
+from protocol.messages.admin import CreateTopic
+from protocol.messages.broker_controller import (
     AlterPartition,
     BrokerHeartbeatRequest,
     BrokerHeartbeatResponse,
-    ControlledShutdown,
-    ControlledShutdownResponse,
-    CreateTopic,
-    CreateTopicResponse,
-    FenceBroker,
     RegisterBroker,
     RegisterBrokerResponse,
+)
+from protocol.messages.internal import (
+    Ack,
+    ControlledShutdown,
+    ControlledShutdownResponse,
+    CreateTopicResponse,
+    FenceBroker,
     UnfenceBroker,
 )
 from tests.controller.testkit import Cluster
@@ -344,7 +346,8 @@ def test_a_continuation_skips_partitions_that_are_gone(op: str) -> None:
     """A slice re-reads its partitions from the image: one that no longer exists (a topic
     deleted meanwhile, once deletes exist) is skipped, the others are still changed (a
     controlled shutdown also reads them again to tell whether the broker still leads)."""
-    from controller.core.handlers import BrokerOp, Continue, continue_op
+    from controller.core.broker_handlers import continue_op
+    from controller.core.handler_result import BrokerOp, Continue
     from controller.core.work import PartitionPlan
 
     c = _cluster(partitions=4)

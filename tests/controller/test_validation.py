@@ -24,15 +24,16 @@ from metactl.errors import (
     MetactlError,
     StaleBrokerEpochError,
 )
-from protocol.messages import (
+from protocol.messages.admin import CreateTopic, ElectLeader
+from protocol.messages.broker_controller import (
     AlterPartition,
     BrokerHeartbeatRequest,
-    ControlledShutdown,
-    CreateTopic,
-    ElectLeader,
-    FenceBroker,
     IsrMember,
     RegisterBroker,
+)
+from protocol.messages.internal import (
+    ControlledShutdown,
+    FenceBroker,
     ReplicaLogInfo,
     UnfenceBroker,
 )

@@ -16,15 +16,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from controller.core.config import ControllerConfig
-from controller.core.handlers import (
-    HandlerResult,
-)
+from controller.core.handler_result import HandlerResult
 from controller.core.recovery.builtin import BalancedPolicy, ManualPolicy, ProactivePolicy
 from controller.core.recovery.policy import RecoveryPolicy
 from controller.core.recovery.tracker import RecoveryTracker
 from controller.core.step import ControllerState, Event, Rules, StepResult, Tick, settle, step
-from metadata_image.image import ClusterImage, PartitionState
+from metadata_image.image import ClusterImage
 from metadata_image.replay import replay
+from metadata_image.state import PartitionState
 from metadata_log.records import (
     MetadataRecord,
     PartitionRecord,
@@ -32,18 +31,19 @@ from metadata_log.records import (
     TopicRecord,
     UnfenceBrokerRecord,
 )
-from protocol.messages import (
+from protocol.messages.admin import CreateTopic, ElectLeader
+from protocol.messages.broker_controller import (
     AlterPartition,
-    ControlledShutdown,
-    ControlledShutdownResponse,
-    CreateTopic,
-    CreateTopicResponse,
-    ElectLeader,
-    FenceBroker,
     IsrMember,
     PartitionView,
     RegisterBroker,
     RegisterBrokerResponse,
+)
+from protocol.messages.internal import (
+    ControlledShutdown,
+    ControlledShutdownResponse,
+    CreateTopicResponse,
+    FenceBroker,
     ReplicaLogInfo,
     UnfenceBroker,
 )

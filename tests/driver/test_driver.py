@@ -10,18 +10,14 @@ import pytest
 
 from controller.core.config import ControllerConfig
 from controller.runtime.clock import VirtualClock
-from controller.runtime.driver import Controller, load_image
+from controller.runtime.driver import Controller
+from controller.runtime.loading import load_image
 from metactl.errors import StaleBrokerEpochError, StorageError
 from metadata_log.records import RegisterBrokerRecord, UncleanRecoveryRecord
 from metadata_log.sqlite_store import SqliteLogStore
-from protocol.messages import (
-    CreateTopic,
-    FenceBroker,
-    RegisterBroker,
-    RegisterBrokerResponse,
-    ReplicaLogInfo,
-    UnfenceBroker,
-)
+from protocol.messages.admin import CreateTopic
+from protocol.messages.broker_controller import RegisterBroker, RegisterBrokerResponse
+from protocol.messages.internal import FenceBroker, ReplicaLogInfo, UnfenceBroker
 
 
 async def _cluster(ctl: Controller, brokers: list[int]) -> None:

@@ -16,7 +16,8 @@ import pytest
 
 from audit.logread import iter_batches
 from controller.runtime.clock import VirtualClock
-from controller.runtime.driver import Controller, load_image, load_log
+from controller.runtime.driver import Controller
+from controller.runtime.loading import load_image, load_log
 from metactl.errors import (
     LogClosedError,
     StorageError,
@@ -34,17 +35,14 @@ from metadata_log.records import (
 )
 from metadata_log.sqlite_format import resolve_log_path
 from metadata_log.sqlite_store import SqliteLogStore
-from protocol.messages import (
+from protocol.messages.admin import CreateTopic, ElectLeader
+from protocol.messages.broker_controller import (
     BrokerHeartbeatRequest,
     BrokerHeartbeatResponse,
-    CreateTopic,
-    CreateTopicResponse,
-    ElectLeader,
-    FenceBroker,
     RegisterBroker,
     RegisterBrokerResponse,
-    UnfenceBroker,
 )
+from protocol.messages.internal import CreateTopicResponse, FenceBroker, UnfenceBroker
 from tests.metadata_log.log_fixtures import FailingStore
 
 LIMIT = 4096  # bytes per batch, lowered so that a 200-partition fence needs several

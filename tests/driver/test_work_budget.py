@@ -18,7 +18,8 @@ import pytest
 from controller.core.config import ControllerConfig
 from controller.core.recovery.tracker import Inspection
 from controller.runtime.clock import VirtualClock
-from controller.runtime.driver import Controller, load_image
+from controller.runtime.driver import Controller
+from controller.runtime.loading import load_image
 from metadata_log.records import (
     AbortTransactionRecord,
     BeginTransactionRecord,
@@ -26,15 +27,14 @@ from metadata_log.records import (
     FenceBrokerRecord,
 )
 from metadata_log.sqlite_store import SqliteLogStore
-from protocol.messages import (
+from protocol.messages.admin import CreateTopic
+from protocol.messages.broker_controller import (
     BrokerHeartbeatRequest,
     BrokerHeartbeatResponse,
-    CreateTopic,
-    FenceBroker,
     RegisterBroker,
     RegisterBrokerResponse,
-    UnfenceBroker,
 )
+from protocol.messages.internal import FenceBroker, UnfenceBroker
 
 BUDGET = 50
 PARTITIONS = 1_200  # broker 1 hosts 900 of them at RF 3 on 4 brokers: 18 slices

@@ -5,7 +5,7 @@ readiness on stdout, and are stopped with real signals. Waiting is always on obs
 state (a committed record, a state in DescribeCluster) with generous timeouts.
 
 A cluster runs with mutual TLS by default: `root/certs` holds its CA and certificates
-(`ops.certs.init_certs`, a broker's added when it first starts), the processes get
+(`localcluster.certs.init_certs`, a broker's added when it first starts), the processes get
 `--tls-dir`, and the test's own requests act as `admin`. `Cluster(root, tls=False)`
 passes `--insecure` instead. `cli_flags` are the flags a `metactl` client command needs.
 """
@@ -28,19 +28,15 @@ from typing import TypeVar
 from brokers_stub.replica_log import ReplicaLog, replica_path
 from brokers_stub.replica_log import load as load_replica
 from brokers_stub.storage import REPLICAS_DIR
+from clients.controller import INSECURE, Security, call
+from localcluster.certs import default_names, init_certs
+from localcluster.etcd import dies_with_parent
 from metactl.errors import NetworkError
 from metadata_log.records import MetadataRecord
-from ops.certs import default_names, init_certs
-from ops.client import INSECURE, Security, call
-from ops.etcd_local import dies_with_parent
 from protocol.client import NO_RETRY
-from protocol.messages import (
-    DescribeClusterRequest,
-    DescribeClusterResponse,
-    FetchMetadataRequest,
-    FetchMetadataResponse,
-    Message,
-)
+from protocol.messages.admin import DescribeClusterRequest, DescribeClusterResponse
+from protocol.messages.broker_controller import FetchMetadataRequest, FetchMetadataResponse
+from protocol.messages.unions import Message
 from protocol.tls import ADMIN, TlsIdentity, broker_principal
 
 T = TypeVar("T")

@@ -19,20 +19,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from localcluster.etcd import LocalEtcd
 from metactl.errors import MetactlError
-from metadata_log.etcd.client import Etcd, EtcdTarget, prefix_end
+from metadata_log.etcd.client import Etcd
 from metadata_log.etcd.lease import LeaderInfo, current_leader
 from metadata_log.etcd.store import EtcdLogStore
-from ops.etcd_local import LocalEtcd
+from metadata_log.etcd.target import EtcdTarget, prefix_end
 from protocol.client import Endpoints, FailoverPolicy, RetryPolicy, RpcClient
-from protocol.messages import (
+from protocol.messages.admin import (
     CreateTopic,
     CreateTopicsRequest,
     CreateTopicsResponse,
     DescribeClusterRequest,
     DescribeClusterResponse,
-    Message,
 )
+from protocol.messages.unions import Message
 from tests.e2e.cluster import HEARTBEAT_MS, SESSION_MS, TIMEOUT_S, Process, free_port
 
 LEASE_TTL_S = 2

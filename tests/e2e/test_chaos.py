@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from chaos.check import Ack, Recovery, classify, counter_sum, leaderless_seconds
+from chaos.report import table
 from metadata_log.records import (
     NO_LEADER,
     ChangeReason,
@@ -25,9 +27,7 @@ from metadata_log.records import (
     PartitionRecord,
     UncleanRecoveryRecord,
 )
-from ops.chaos_check import Ack, Recovery, classify, counter_sum, leaderless_seconds
-from ops.chaos_report import table
-from protocol.messages import FetchedRecord
+from protocol.messages.broker_controller import FetchedRecord
 from tests.processes import alive
 
 FENCE = ChangeReason.FENCE

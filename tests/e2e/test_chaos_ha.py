@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
+from localcluster.certs import etcd_client_tls, init_etcd_certs
 from metadata_log.etcd.tls import ENV_CACERT, ENV_CERT, ENV_KEY
-from ops.certs import etcd_client_tls, init_etcd_certs
 from tests.e2e.cluster import free_block
 from tests.processes import alive
 

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from clients.controller import call
 from metactl.errors import MetactlError, NotControllerError
 from metadata_log.etcd.lease import LeaderInfo
-from ops.client import call
-from protocol.codec import decode_frame, encode_frame, parse_address
-from protocol.messages import (
+from protocol.address import parse_address
+from protocol.codec import decode_frame, encode_frame
+from protocol.messages.admin import (
     CreateTopic,
     CreateTopicsRequest,
     CreateTopicsResponse,

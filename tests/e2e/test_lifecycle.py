@@ -27,12 +27,11 @@ from pathlib import Path
 import pytest
 
 from brokers_stub.replica_log import ReplicaLog, epoch_at
+from clients.data import Connections, Leaders, leader_request
 from metactl.errors import MetactlError
 from metadata_log.records import ClearElrRecord, RemoveTopicRecord
-from ops.data_client import Connections, Leaders, leader_request
 from protocol.client import RetryPolicy
-from protocol.messages import (
-    ACKS_ALL,
+from protocol.messages.admin import (
     AlterConfigs,
     AlterConfigsResponse,
     AlterPartitionReassignments,
@@ -46,12 +45,15 @@ from protocol.messages import (
     ListPartitionReassignmentsRequest,
     ListPartitionReassignmentsResponse,
     PartitionState,
+    Reassignment,
+    UnregisterBroker,
+)
+from protocol.messages.data import (
+    ACKS_ALL,
     ProduceRequest,
     ProduceResponse,
     ReadLogRequest,
     ReadLogResponse,
-    Reassignment,
-    UnregisterBroker,
 )
 from tests.e2e.cluster import Cluster
 

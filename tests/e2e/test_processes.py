@@ -19,7 +19,7 @@ from metadata_log.records import (
     RegisterBrokerRecord,
     UncleanRecoveryRecord,
 )
-from protocol.messages import (
+from protocol.messages.admin import (
     CreateTopic,
     CreateTopicsRequest,
     CreateTopicsResponse,

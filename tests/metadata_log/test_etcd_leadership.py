@@ -15,11 +15,13 @@ from collections.abc import AsyncIterator
 import msgspec
 import pytest
 
+from localcluster.etcd import LocalEtcd
 from metactl.errors import LogError, StorageError, StoreUnavailableError
 from metadata_log.etcd import lease
-from metadata_log.etcd.client import Etcd, EtcdTarget, op_put
+from metadata_log.etcd.client import Etcd
 from metadata_log.etcd.lease import LEADER_KEY, LeaderInfo, Leadership, current_leader
-from ops.etcd_local import LocalEtcd
+from metadata_log.etcd.target import EtcdTarget
+from metadata_log.etcd.txn import op_put
 
 BOUND_S = 30.0
 

@@ -24,10 +24,13 @@ from pathlib import Path
 
 import pytest
 
-from metadata_log.etcd.client import Etcd, EtcdTarget, member_health, op_put, prefix_end
+from localcluster.etcd import LocalEtcd
+from metadata_log.etcd.client import Etcd
+from metadata_log.etcd.health import member_health
 from metadata_log.etcd.lease import LeaderInfo, Leadership, current_leader
 from metadata_log.etcd.store import EtcdLogStore
-from ops.etcd_local import LocalEtcd
+from metadata_log.etcd.target import EtcdTarget, prefix_end
+from metadata_log.etcd.txn import op_put
 from tests.metadata_log.log_fixtures import records
 
 pytestmark = pytest.mark.slow
@@ -82,7 +85,7 @@ def state(cluster: LocalEtcd, client: Etcd) -> str:
         stat = Path(f"/proc/{m.proc.pid}/stat") if m.proc is not None else None
         fields = stat.read_text().split() if stat is not None and stat.exists() else ["", "", "?"]
         procs.append(f"{m.endpoint} pid {fields[0]} state {fields[2]}")
-    return f"members: {'; '.join(procs)}; client: {client._ok=} {client._bad=}"
+    return f"members: {'; '.join(procs)}; client: {client.members._ok=} {client.members._bad=}"
 
 
 @pytest.fixture

@@ -15,8 +15,9 @@ from collections.abc import AsyncIterator
 import msgspec
 import pytest
 
+from localcluster.etcd import LocalEtcd
 from metactl.errors import ControllerInUseError, ControllerIsActiveError, VoterNotFoundError
-from metadata_log.etcd.client import Etcd, EtcdTarget, compare_create_revision, op_put
+from metadata_log.etcd.client import Etcd
 from metadata_log.etcd.lease import LEADER_KEY, LeaderInfo
 from metadata_log.etcd.registry import (
     CONTROLLERS_PREFIX,
@@ -26,7 +27,8 @@ from metadata_log.etcd.registry import (
     unregister,
 )
 from metadata_log.etcd.retire import RECENT_S, remove_controller
-from ops.etcd_local import LocalEtcd
+from metadata_log.etcd.target import EtcdTarget
+from metadata_log.etcd.txn import compare_create_revision, op_put
 
 
 @pytest.fixture

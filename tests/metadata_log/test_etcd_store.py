@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from localcluster.etcd import LocalEtcd
 from metactl.errors import (
     CorruptLogError,
     FatalStorageError,
@@ -27,11 +28,12 @@ from metactl.errors import (
     WriterFencedError,
 )
 from metadata_log.backends import open_store
-from metadata_log.etcd.client import Etcd, EtcdTarget, op_delete, op_put, prefix_end
+from metadata_log.etcd.client import Etcd
 from metadata_log.etcd.lease import LEADER_KEY, LeaderInfo, Leadership, current_leader
 from metadata_log.etcd.store import EtcdLogStore
+from metadata_log.etcd.target import EtcdTarget, prefix_end
+from metadata_log.etcd.txn import op_delete, op_put
 from metadata_log.records import NoOpRecord
-from ops.etcd_local import LocalEtcd
 from tests.metadata_log.log_fixtures import records
 
 

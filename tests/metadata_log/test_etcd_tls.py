@@ -17,9 +17,13 @@ from pathlib import Path
 import pytest
 import trustme
 
+from localcluster.certs import default_names, etcd_client_tls, etcd_dir, init_certs, init_etcd_certs
+from localcluster.etcd import PORTS_FILE, LocalEtcd
 from metactl.errors import InvalidConfigurationError, MetactlError, SslAuthenticationError
-from metadata_log.etcd.client import Etcd, EtcdTarget, member_health
+from metadata_log.etcd.client import Etcd
+from metadata_log.etcd.health import member_health
 from metadata_log.etcd.store import EtcdLogStore
+from metadata_log.etcd.target import EtcdTarget
 from metadata_log.etcd.tls import (
     ENV_CACERT,
     PROCESS_DEFAULT,
@@ -29,9 +33,7 @@ from metadata_log.etcd.tls import (
     set_default_tls,
 )
 from metadata_log.identity_check import check_storage
-from ops.certs import default_names, etcd_client_tls, etcd_dir, init_certs, init_etcd_certs
 from ops.cli import main
-from ops.etcd_local import PORTS_FILE, LocalEtcd
 from protocol.tls import ADMIN, CA_CERT, cert_path, key_path
 from tests.e2e.cluster import free_port
 from tests.metadata_log.log_fixtures import records

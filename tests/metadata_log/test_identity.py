@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from localcluster.etcd import LocalEtcd
 from metactl.errors import (
     InconsistentClusterIdError,
     InconsistentNodeIdError,
@@ -29,8 +30,10 @@ from metactl.errors import (
     StorageNotFormattedError,
 )
 from metadata_log.backends import open_store
-from metadata_log.etcd.client import Etcd, EtcdTarget, op_delete, prefix_end
+from metadata_log.etcd.client import Etcd
 from metadata_log.etcd.store import EtcdLogStore
+from metadata_log.etcd.target import EtcdTarget, prefix_end
+from metadata_log.etcd.txn import op_delete
 from metadata_log.identity import (
     BROKER,
     CONTROLLER,
@@ -44,7 +47,6 @@ from metadata_log.identity import (
 from metadata_log.identity_check import check_storage, inspect_sqlite_log
 from metadata_log.sqlite_format import LOG_FILE_NAME
 from metadata_log.sqlite_store import SqliteLogStore
-from ops.etcd_local import LocalEtcd
 from tests.metadata_log.log_fixtures import records
 
 # --- the file --------------------------------------------------------------------------

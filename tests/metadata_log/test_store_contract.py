@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from localcluster.etcd import LocalEtcd
 from metactl.errors import (
     InvalidRequestError,
     LogClosedError,
@@ -30,7 +31,6 @@ from metadata_log.memory_store import MemoryLogStore
 from metadata_log.records import MetadataRecord, NoOpRecord, encode_batch
 from metadata_log.sqlite_store import SqliteLogStore
 from metadata_log.store import LogStore
-from ops.etcd_local import LocalEtcd
 from tests.metadata_log.log_fixtures import change, record_strategy, records
 
 

@@ -38,24 +38,21 @@ from metactl.errors import (
 from metadata_image.delta import MetadataDelta
 from metadata_log.records import MetadataRecord
 from metadata_log.sqlite_store import SqliteLogStore
+from protocol.address import parse_address
 from protocol.client import RpcClient
-from protocol.codec import decode_frame, encode_frame, parse_address
-from protocol.messages import (
+from protocol.codec import decode_frame, encode_frame
+from protocol.messages.admin import CreateTopic, ElectLeader
+from protocol.messages.base import error_response
+from protocol.messages.broker_controller import (
     BrokerHeartbeatRequest,
-    ControllerResponse,
-    CreateTopic,
-    ElectLeader,
-    FenceBroker,
     GetReplicaLogInfoRequest,
     GetReplicaLogInfoResponse,
-    Message,
     RegisterBroker,
     RegisterBrokerResponse,
-    ReplicaLogInfo,
     ReplicaLogInfoEntry,
-    UnfenceBroker,
-    error_response,
 )
+from protocol.messages.internal import FenceBroker, ReplicaLogInfo, UnfenceBroker
+from protocol.messages.unions import ControllerResponse, Message
 from protocol.tls import CA_CERT, VIEWER, cert_path, key_path
 from protocol.transport import read_frame
 from tests.e2e.cluster import free_port

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from prometheus_client import Metric
 
-from controller.runtime.metrics import RoleMetrics
+from controller.runtime.metrics_server import RoleMetrics
 from tests.observability.kit import (
     GRAFANA,
     NO_PROMTOOL,

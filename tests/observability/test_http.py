@@ -23,10 +23,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from controller.runtime.service import ControllerService
-from ops.certs import default_names, init_certs
+from localcluster.certs import default_names, init_certs
+from protocol.address import parse_address
 from protocol.client import RpcClient
-from protocol.codec import parse_address
-from protocol.messages import RegisterBroker
+from protocol.messages.broker_controller import RegisterBroker
 from protocol.metrics_http import start_metrics_endpoint
 from protocol.tls import CONTROLLER, VIEWER, TlsIdentity
 from tests.observability.kit import REPO, scrape_context

@@ -17,34 +17,36 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controller.core.config import ControllerConfig
 from controller.runtime.clock import VirtualClock
-from controller.runtime.metrics import PartitionHealth, Reassignments
+from controller.runtime.partition_gauges import PartitionHealth, Reassignments
 from controller.runtime.service import ControllerService
 from metadata_log.records import ELR_FEATURE
+from protocol.address import parse_address
 from protocol.client import RpcClient
-from protocol.codec import parse_address
-from protocol.messages import (
+from protocol.messages.admin import (
     AlterConfigs,
     AlterConfigsResponse,
-    AlterPartition,
     AlterPartitionReassignments,
     AlterPartitionReassignmentsResponse,
-    BrokerHeartbeatRequest,
-    BrokerHeartbeatResponse,
     CreateTopic,
     CreateTopicsRequest,
     CreateTopicsResponse,
     DeleteTopicsRequest,
     DeleteTopicsResponse,
-    FenceBroker,
-    IsrMember,
     Reassignment,
-    RegisterBroker,
-    RegisterBrokerResponse,
     UnregisterBroker,
     UpdateFeature,
     UpdateFeatureResponse,
 )
-from protocol.messages import PartitionState as PartitionStateMessage
+from protocol.messages.admin import PartitionState as PartitionStateMessage
+from protocol.messages.broker_controller import (
+    AlterPartition,
+    BrokerHeartbeatRequest,
+    BrokerHeartbeatResponse,
+    IsrMember,
+    RegisterBroker,
+    RegisterBrokerResponse,
+)
+from protocol.messages.internal import FenceBroker
 from tests.observability.kit import Cluster
 
 PDL = "metactl_potential_data_loss_events_total"
@@ -347,7 +349,7 @@ async def test_oldest_reassignment_age_on_virtual_time(tmp_path: Path) -> None:
 
 def test_reassignments_tracker_outcomes() -> None:
     """`Reassignments.update` on its own: start, re-read, complete, and a deleted one."""
-    from metadata_image.image import PartitionState
+    from metadata_image.state import PartitionState
 
     def state(replicas: tuple[int, ...], adding: tuple[int, ...] = (), removing=()):  # type: ignore[no-untyped-def]
         return PartitionState(

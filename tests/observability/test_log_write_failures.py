@@ -26,20 +26,22 @@ from prometheus_client.parser import text_string_to_metric_families
 from controller.core.config import ControllerConfig
 from controller.runtime.service import ControllerService
 from metactl.errors import StorageError
+from protocol.address import parse_address
 from protocol.client import RpcClient
-from protocol.codec import parse_address
-from protocol.messages import (
-    BrokerHeartbeatRequest,
-    BrokerHeartbeatResponse,
+from protocol.messages.admin import (
     CreateTopic,
     CreateTopicsRequest,
     CreateTopicsResponse,
     DescribeClusterRequest,
     DescribeClusterResponse,
-    FenceBroker,
+)
+from protocol.messages.broker_controller import (
+    BrokerHeartbeatRequest,
+    BrokerHeartbeatResponse,
     RegisterBroker,
     RegisterBrokerResponse,
 )
+from protocol.messages.internal import FenceBroker
 from tests.metadata_log.log_fixtures import LineReader
 
 FAILURES = "metactl_log_append_failures_total"

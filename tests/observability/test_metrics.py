@@ -20,20 +20,16 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
-from controller.runtime.metrics import (
-    ELECTION_KINDS,
-    EVENT_BUCKETS,
-    EVENT_NAMES,
-    ControllerMetrics,
-    PartitionHealth,
-)
+from controller.runtime.metrics import ELECTION_KINDS, EVENT_BUCKETS, EVENT_NAMES, ControllerMetrics
+from controller.runtime.partition_gauges import PartitionHealth
 from metactl.errors import MetactlError
 from metadata_log.records import (
     PartitionChangeRecord,
     RegisterBrokerRecord,
     UncleanRecoveryRecord,
 )
-from protocol.messages import BrokerHeartbeatRequest, ControllerRequest
+from protocol.messages.broker_controller import BrokerHeartbeatRequest
+from protocol.messages.unions import ControllerRequest
 from protocol.metrics_http import start_metrics_endpoint
 from simulation.scenario import ScenarioRun
 from simulation.scenario_format import load_scenario

@@ -20,15 +20,15 @@ from typing import Any, TypeVar
 
 import pytest
 
+from clients.controller import Security
 from controller.core.config import ControllerConfig
 from controller.runtime.metrics import EVENT_NAMES
 from controller.runtime.service import ControllerService
+from localcluster.certs import default_names, init_certs
 from metadata_log.records import UncleanRecoveryRecord
-from ops.certs import default_names, init_certs
-from ops.client import Security
+from protocol.address import parse_address
 from protocol.client import RpcClient
-from protocol.codec import parse_address
-from protocol.messages import (
+from protocol.messages.admin import (
     CreateTopic,
     CreateTopicsRequest,
     CreateTopicsResponse,

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ops.control import RECORD_FILE
+from localcluster.control import RECORD_FILE
 from tests.observability.kit import scrape_context
 from tests.ops.test_cluster_supervision import assert_stopped_in_order, pids, read_until
 from tests.ops.test_cluster_up import CLI, REPO, Up, env, free_port, metactl

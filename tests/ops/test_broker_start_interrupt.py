@@ -16,7 +16,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-from ops.control import CONTROL_SOCKET
+from localcluster.control import CONTROL_SOCKET
 from tests.ops.test_cluster_up import CLI, REPO, env
 
 BOUND_S = 60.0  # bounds a hang; nothing is timed

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
+from localcluster.supervisor import ClusterUp
 from ops.cli import main
-from ops.cluster_up import ClusterUp
 from tests.ops.test_cluster_up import CLI, REPO, Up, env, free_port, metactl
 
 pytestmark = pytest.mark.slow

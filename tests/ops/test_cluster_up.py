@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.certs import default_names, init_certs
+from localcluster.certs import default_names, init_certs
 from protocol.flags import ENV_TLS_DIR
 from protocol.tls import CA_CERT, CA_KEY
 from tests.e2e.cluster import free_port

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from clients.consumer import digest, missing_records, ranges
 from ops.cli import main
-from ops.data_cmds import digest, missing_records, ranges
-from protocol.messages import DescribeClusterResponse
+from protocol.messages.admin import DescribeClusterResponse
 from tests.e2e.cluster import Cluster
 
 

@@ -12,25 +12,28 @@ from pathlib import Path
 
 import pytest
 
+from clients.admin import pages
 from controller.core.config import ControllerConfig
 from controller.runtime.clock import VirtualClock
 from controller.runtime.service import ControllerService
 from metactl.errors import FrameTooLargeError, UnsupportedVersionError
-from ops.describe_cmds import pages
+from protocol.admission import Peer
 from protocol.client import RpcClient
-from protocol.messages import (
-    BrokerHeartbeatRequest,
+from protocol.messages.admin import (
     CreateTopic,
     CreateTopicsRequest,
     CreateTopicsResponse,
     DescribeClusterRequest,
     DescribeClusterResponse,
-    Message,
     PartitionState,
+)
+from protocol.messages.broker_controller import (
+    BrokerHeartbeatRequest,
     RegisterBroker,
     RegisterBrokerResponse,
 )
-from protocol.server import FrameServer, Peer
+from protocol.messages.unions import Message
+from protocol.server import FrameServer
 
 FRAME = 64 * 1024
 BIG = 3000

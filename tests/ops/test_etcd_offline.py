@@ -18,14 +18,17 @@ import pytest
 
 from controller.runtime.clock import VirtualClock
 from controller.runtime.driver import Controller
+from localcluster.etcd import LocalEtcd
 from metadata_log.batch_format import StoredBatch
-from metadata_log.etcd.client import Etcd, EtcdTarget, op_put
+from metadata_log.etcd.client import Etcd
 from metadata_log.etcd.store import EtcdLogStore
+from metadata_log.etcd.target import EtcdTarget
+from metadata_log.etcd.txn import op_put
 from metadata_log.mirror import MirrorReport, mirror_to_sqlite
 from metadata_log.sqlite_store import SqliteLogStore
 from ops.cli import main
-from ops.etcd_local import LocalEtcd
-from protocol.messages import BrokerHeartbeatRequest, CreateTopic, RegisterBroker
+from protocol.messages.admin import CreateTopic
+from protocol.messages.broker_controller import BrokerHeartbeatRequest, RegisterBroker
 
 
 def write_log(url: str) -> int:

@@ -1,4 +1,4 @@
-"""ops/events.py: the committed log as one readable line per event, from records the real
+"""eventfeed/: the committed log as one readable line per event, from records the real
 controller core wrote (the worked example 5.3.3), a transaction applied whole (and an
 aborted one never), configs and an ELR clear in slices, `--since` replaying quietly, and
 the `--since` parser. The other lifecycle lines, from a real controller, are in
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pytest
 
 from controller.core.config import ControllerConfig
+from eventfeed.feed import Feed, iso_ms
 from metactl.errors import InvalidConfigurationError
 from metadata_log.records import (
     BROKER_RESOURCE,
@@ -28,7 +29,7 @@ from metadata_log.records import (
     TopicRecord,
     UnfenceBrokerRecord,
 )
-from ops.events import Feed, iso_ms, parse_duration_ms, parse_since
+from ops.times import parse_duration_ms, parse_since
 from tests.controller.testkit import Cluster
 
 

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from controller.core.config import ControllerConfig
-from metadata_image.replay import image_from_records
-from metadata_image.snapshot import to_snapshot
+from metadata_image.snapshot import image_from_records, to_snapshot
 from metadata_log.records import MetadataRecord
 from metadata_log.sqlite_store import SqliteLogStore
 from ops.cli import main

@@ -26,20 +26,22 @@ from metadata_image.image import ClusterImage
 from metadata_log.records import ELR_FEATURE
 from ops import cli
 from protocol.client import RpcClient
-from protocol.messages import (
-    AlterPartition,
-    BrokerHeartbeatRequest,
+from protocol.messages.admin import (
     CreateTopic,
     CreateTopicsRequest,
     CreateTopicsResponse,
     DescribeClusterRequest,
     DescribeClusterResponse,
-    FenceBroker,
-    IsrMember,
     OngoingReassignment,
+)
+from protocol.messages.broker_controller import (
+    AlterPartition,
+    BrokerHeartbeatRequest,
+    IsrMember,
     RegisterBroker,
     RegisterBrokerResponse,
 )
+from protocol.messages.internal import FenceBroker
 from tests.ops.test_cli_help import problems
 
 

@@ -14,8 +14,8 @@ import pytest
 from controller.core.config import ControllerConfig
 from controller.runtime.clock import VirtualClock
 from controller.runtime.service import ControllerService
+from localcluster.certs import default_names, init_certs
 from metadata_log.records import ELR_FEATURE
-from ops.certs import default_names, init_certs
 from ops.cli import main
 from protocol.flags import ENV_TLS_DIR
 from protocol.tls import TlsIdentity

@@ -260,8 +260,9 @@ def test_asking_one_controller_lists_every_controller_recorded_in_etcd(
 async def _created_at(url: str, node: str, *, after: int = 0) -> int:
     """The create revision of controller `node`'s record, once it has one over `after`
     (a record deleted and written again is created anew)."""
-    from metadata_log.etcd.client import Etcd, EtcdTarget
+    from metadata_log.etcd.client import Etcd
     from metadata_log.etcd.registry import CONTROLLERS_PREFIX
+    from metadata_log.etcd.target import EtcdTarget
 
     etcd = await Etcd.connect(EtcdTarget.parse(url))
     try:

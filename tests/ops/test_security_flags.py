@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from localcluster.certs import default_names, init_certs
 from metactl.errors import InvalidConfigurationError
-from ops.certs import default_names, init_certs
 from ops.cli import build_parser, main
 from protocol.flags import (
     ENV_TLS_DIR,
@@ -23,7 +23,7 @@ from protocol.flags import (
     server_limits,
     tls_identity,
 )
-from protocol.server import ServerLimits
+from protocol.limits import ServerLimits
 from protocol.tls import CONTROLLER
 
 REPO = Path(__file__).resolve().parents[2]

@@ -23,12 +23,12 @@ from pathlib import Path
 import pytest
 
 from brokers_stub.storage import CLEAN_SHUTDOWN_FILE, REPLICAS_DIR
+from localcluster.etcd import LocalEtcd
 from metadata_log.identity import IDENTITY_FILE, Identity, read_identity, write_identity
 from metadata_log.identity_check import check_storage
 from metadata_log.sqlite_format import LOG_FILE_NAME
 from metadata_log.sqlite_store import SqliteLogStore
 from ops.cli import main
-from ops.etcd_local import LocalEtcd
 from tests.e2e.cluster import free_port
 from tests.metadata_log.log_fixtures import records
 

@@ -10,6 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from controller.core.config import ControllerConfig
+from eventfeed.feed import SILENT_LOSS_NOTE, Feed
+from eventfeed.lines import describe_record
+from eventfeed.view import View
 from metadata_image.image import ClusterImage
 from metadata_log.records import (
     ELR_FEATURE,
@@ -21,9 +24,8 @@ from metadata_log.records import (
 from ops.admin_cmds import creation_summary
 from ops.cli import main
 from ops.describe_cmds import recovery_note
-from ops.events import SILENT_LOSS_NOTE, Feed, View, describe_record
 from ops.paths import open_log
-from protocol.messages import RecoverySummary
+from protocol.messages.admin import RecoverySummary
 from tests.controller.testkit import Cluster
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,8 +6,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from protocol.messages import Message
-from protocol.server import FrameServer, Peer
+from protocol.admission import Peer
+from protocol.messages.unions import Message
+from protocol.server import FrameServer
 
 
 class Scripted:

@@ -24,19 +24,22 @@ import pytest
 from controller.runtime.clock import VirtualClock
 from controller.runtime.service import ControllerService
 from metactl.logs import configure
-from protocol.codec import Frame, decode_frame, encode_frame, parse_address
-from protocol.messages import (
-    BrokerHeartbeatRequest,
+from protocol.address import parse_address
+from protocol.codec import Frame, decode_frame, encode_frame
+from protocol.messages.admin import (
     DescribeClusterRequest,
     DescribeClusterResponse,
     ElectLeader,
-    ErrorResponse,
     PartitionState,
-    ProduceRequest,
+)
+from protocol.messages.base import ErrorResponse
+from protocol.messages.broker_controller import (
+    BrokerHeartbeatRequest,
     RegisterBroker,
     RegisterBrokerResponse,
-    ReplicaFetchRequest,
 )
+from protocol.messages.data import ProduceRequest
+from protocol.messages.replication import ReplicaFetchRequest
 from protocol.transport import read_frame
 
 MAX_FRAME = 64 * 1024

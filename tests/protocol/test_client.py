@@ -10,6 +10,7 @@ import time
 import pytest
 
 import protocol.client
+from clients.controller import ask
 from metactl.errors import (
     EligibleLeadersNotAvailableError,
     IneligibleReplicaError,
@@ -17,9 +18,8 @@ from metactl.errors import (
     NotLeaderOrFollowerError,
     RequestTimedOutError,
 )
-from ops.client import ask
 from protocol.client import NO_RETRY, RetryPolicy, RpcClient, request_once
-from protocol.messages import DescribeClusterRequest, DescribeClusterResponse
+from protocol.messages.admin import DescribeClusterRequest, DescribeClusterResponse
 from protocol.server import FrameServer
 from tests.protocol.conftest import Scripted
 

@@ -19,14 +19,8 @@ from metactl.errors import (
 )
 from protocol import codec
 from protocol.codec import Frame, decode_frame, encode_frame, frame_length
-from protocol.messages import (
-    AlterPartition,
-    CreateTopic,
-    CreateTopicsRequest,
-    DescribeClusterRequest,
-    IsrMember,
-    RegisterBroker,
-)
+from protocol.messages.admin import CreateTopic, CreateTopicsRequest, DescribeClusterRequest
+from protocol.messages.broker_controller import AlterPartition, IsrMember, RegisterBroker
 
 BAD_UTF8 = bytes.fromhex("920182a474797065af4465736372696265436c7573746572a5746f706963a2fffe")
 DEEP = b"\x92\x01\x82\xa4type\xafDescribeCluster\xa2zz" + b"\x91" * 1000 + b"\xc0"

@@ -1,5 +1,5 @@
 """Handshake floods (issue 22, item 10) against a real FrameServer with mutual TLS over
-real TCP on 127.0.0.x, with certificates from `ops.certs.init_certs`.
+real TCP on 127.0.0.x, with certificates from `localcluster.certs.init_certs`.
 
 A flood here is a set of TCP connections that never speak (or send one ClientHello and
 then nothing), held from one or several source addresses; each one the server closes is
@@ -34,10 +34,15 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from ops.certs import default_names, init_certs
-from protocol.codec import decode_frame, encode_frame, parse_address
-from protocol.messages import DescribeClusterRequest, DescribeClusterResponse, Message
-from protocol.server import FrameServer, Peer, ServerLimits, _stalled_ms
+from localcluster.certs import default_names, init_certs
+from protocol.address import parse_address
+from protocol.admission import Admission, Peer
+from protocol.codec import decode_frame, encode_frame
+from protocol.limits import ServerLimits
+from protocol.messages.admin import DescribeClusterRequest, DescribeClusterResponse
+from protocol.messages.unions import Message
+from protocol.pending import stalled_ms
+from protocol.server import FrameServer
 from protocol.tls import TlsIdentity
 from protocol.transport import read_frame
 from tests.brokers_stub.helpers import eventually
@@ -223,7 +228,7 @@ async def test_a_flood_from_several_addresses_does_not_keep_other_addresses_out(
             )
             assert srv.stats.closed_total["max_pending_handshakes"] > 0  # the pool was full
             assert srv.stats.pending_handshakes <= 48
-            assert all(srv._pending.count(f"127.0.0.{i}") <= 16 for i in range(2, 7))
+            assert all(srv.admission._pending.count(f"127.0.0.{i}") <= 16 for i in range(2, 7))
             assert flood.closed_by_server == 0  # parked, not closed
     finally:
         await srv.stop()
@@ -240,7 +245,7 @@ async def test_a_client_hello_flood_holds_a_bounded_number_of_tls_states(certs: 
     async def watch() -> None:
         nonlocal most
         while True:
-            most = max(most, len(srv._handshaking))
+            most = max(most, len(srv.admission._handshaking))
             await asyncio.sleep(0)
 
     watcher = asyncio.create_task(watch())
@@ -253,8 +258,8 @@ async def test_a_client_hello_flood_holds_a_bounded_number_of_tls_states(certs: 
         assert srv.stats.closed_total["max_handshakes_in_progress"] > 0
         assert most <= 8
         # Their memory goes back to the system, not only to malloc (glibc: malloc_trim).
-        if srv._trim._trim is not None:
-            await eventually(lambda: srv._trim.calls > 0, what="malloc_trim")
+        if srv.admission._trim._trim is not None:
+            await eventually(lambda: srv.admission._trim.calls > 0, what="malloc_trim")
     finally:
         watcher.cancel()
         await srv.stop()
@@ -326,7 +331,7 @@ def test_parking_is_lowered_first_to_fit_the_descriptor_limit(
     def limits_with(nofile: int) -> ServerLimits:
         monkeypatch.setattr(resource, "getrlimit", lambda _: (nofile, nofile))
         srv = FrameServer(_answer)
-        srv._clamp_to_descriptor_limit()
+        srv.admission._clamp_to_descriptor_limit()
         return srv.limits
 
     assert limits_with(1 << 20) == ServerLimits()
@@ -367,7 +372,7 @@ async def test_pending_handshakes_never_take_an_established_clients_slot(
         await srv.stop()
 
 
-class _PendingCountedAgainstClients(FrameServer):
+class _PendingCountedAgainstClientsAdmission(Admission):
     """The old design, planted: a connection counts against the established caps (in all
     and per address) from its accept, before TLS completes, and one over a cap is refused
     (the new one, not the oldest pending one). No pending pool of its own."""
@@ -385,6 +390,16 @@ class _PendingCountedAgainstClients(FrameServer):
             sock.close()
             return None
         return super()._admit_pending(sock, host, address)
+
+
+class _PendingCountedAgainstClients(FrameServer):
+    """A frame server admitting as `_PendingCountedAgainstClientsAdmission` does."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.admission = _PendingCountedAgainstClientsAdmission(
+            self._serve_frames, ssl=kw.get("ssl"), limits=kw.get("limits")
+        )
 
 
 async def test_the_checker_catches_pending_counted_against_clients(certs: Path) -> None:
@@ -452,7 +467,7 @@ async def test_a_failed_handshake_frees_its_tls_state_without_the_garbage_collec
 
 
 async def test_a_handshake_answered_and_then_stalled_is_seen_as_stalled() -> None:
-    """`_stalled_ms` (TCP_INFO): None while the server owes the peer an answer, a number
+    """`stalled_ms` (TCP_INFO): None while the server owes the peer an answer, a number
     once the server has answered and the peer is silent."""
     listener = socket.create_server(("127.0.0.1", 0))
     client = socket.create_connection(listener.getsockname())
@@ -460,10 +475,10 @@ async def test_a_handshake_answered_and_then_stalled_is_seen_as_stalled() -> Non
     try:
         client.sendall(b"\x16hello")
         await eventually(lambda: _received(server), what="the client's bytes")
-        assert _stalled_ms(server) is None  # the server's turn
+        assert stalled_ms(server) is None  # the server's turn
         server.recv(64)
         server.sendall(b"answer")
-        await eventually(lambda: _stalled_ms(server) is not None, what="an answered peer")
+        await eventually(lambda: stalled_ms(server) is not None, what="an answered peer")
     finally:
         for s in (client, server, listener):
             s.close()
@@ -534,12 +549,12 @@ async def test_oversized_frame_warnings_are_rate_limited_with_a_count() -> None:
             counts = [e["count"] for e in lines(logs)]
             assert counts[0] == 1 and len(counts) <= 3, counts  # a line a second at most
             # Quiet for a period: forgotten, so the table holds active peers only.
-            await eventually(lambda: not srv._throttled._lines, what="the line forgotten")
+            await eventually(lambda: not srv.admission.throttled._lines, what="the line forgotten")
 
         with capture_logs() as logs:
             sources = [f"127.0.0.{i}" for i in range(1, 13)]
             await asyncio.gather(*(raw(srv, s) for s in sources for _ in range(20)))
-            await eventually(lambda: not srv._throttled._lines, what="every line told")
+            await eventually(lambda: not srv.admission.throttled._lines, what="every line told")
             told = lines(logs)
             assert _told(told) == 240  # nothing lost
             own = {e["peer"] for e in told if not e.get("other_peers")}

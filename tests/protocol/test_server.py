@@ -9,13 +9,11 @@ import msgspec
 from structlog.testing import capture_logs
 
 from metactl.errors import StaleBrokerEpochError
-from protocol.codec import decode_frame, encode_frame, parse_address
-from protocol.messages import (
-    DescribeClusterRequest,
-    DescribeClusterResponse,
-    ErrorResponse,
-    Message,
-)
+from protocol.address import parse_address
+from protocol.codec import decode_frame, encode_frame
+from protocol.messages.admin import DescribeClusterRequest, DescribeClusterResponse
+from protocol.messages.base import ErrorResponse
+from protocol.messages.unions import Message
 from protocol.server import FrameServer
 from protocol.transport import read_frame
 from tests.protocol.conftest import Scripted

@@ -1,6 +1,6 @@
 """Mutual TLS and the server's resource bounds, over real TCP on 127.0.0.1.
 
-Certificates come from `ops.certs.init_certs`, the code behind `metactl certs init`.
+Certificates come from `localcluster.certs.init_certs`, the code behind `metactl certs init`.
 """
 
 from __future__ import annotations
@@ -15,13 +15,17 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from localcluster.certs import default_names, init_certs
 from metactl.errors import InvalidConfigurationError, NetworkError, SslAuthenticationError
-from ops.certs import default_names, init_certs
+from protocol.address import parse_address
+from protocol.admission import Peer
 from protocol.client import RpcClient
-from protocol.codec import encode_frame, parse_address
+from protocol.codec import encode_frame
 from protocol.flags import add_limit_arguments, server_limits
-from protocol.messages import DescribeClusterRequest, DescribeClusterResponse, Message
-from protocol.server import FrameServer, Peer, ServerLimits
+from protocol.limits import ServerLimits
+from protocol.messages.admin import DescribeClusterRequest, DescribeClusterResponse
+from protocol.messages.unions import Message
+from protocol.server import FrameServer
 from protocol.tls import TlsIdentity
 from tests.brokers_stub.helpers import eventually
 from tests.protocol.conftest import Scripted
@@ -155,8 +159,8 @@ async def test_connections_per_peer_are_capped(certs: Path, handler: Scripted) -
         await eventually(lambda: srv.stats.open_connections == 0, what="the connections closed")
         # Every key (addresses in the pending pool, principals once established) is
         # forgotten with its last connection: a stream of new peers cannot grow a table.
-        assert srv._per_peer == {}
-        assert len(srv._pending) == 0 and srv._pending._by_host == {}
+        assert srv.admission._per_peer == {}
+        assert len(srv.admission._pending) == 0 and srv.admission._pending._by_host == {}
     finally:
         await srv.stop()
 
@@ -208,17 +212,18 @@ async def test_accept_errors_pause_accepting_and_are_logged_once_a_second_with_a
     handler: Scripted,
 ) -> None:
     srv = FrameServer(handler)
-    srv._throttled.period_s = 0.5  # a burst of 50 calls takes far less
+    srv.admission.throttled.period_s = 0.5  # a burst of 50 calls takes far less
     await srv.start("127.0.0.1:0")
-    failing = _Emfile(srv._listeners[0])
+    failing = _Emfile(srv.admission.listener.sockets[0])
     try:
         with capture_logs() as logs:
             for _ in range(50):
-                srv._accept(failing)  # type: ignore[arg-type]
+                srv.admission.listener._accept(failing)  # type: ignore[arg-type]
             lines = [e for e in logs if e["event"].startswith("accept failed")]
             assert len(lines) == 1 and lines[0]["count"] == 1
             assert srv.stats.closed_total["accept_error"] == 50
-            assert failing in srv._paused  # accepting pauses, as asyncio's own server does
+            # Accepting pauses, as asyncio's own server does.
+            assert failing in srv.admission.listener._paused
             # The 49 held back are told one period later, though nothing else happens.
             await eventually(
                 lambda: sum(e["event"].startswith("accept failed") for e in logs) > 1,

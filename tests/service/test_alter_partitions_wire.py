@@ -10,20 +10,20 @@ from pathlib import Path
 import msgspec
 import pytest
 
-import controller.runtime.service as service_module
+import controller.runtime.apis as apis_module
 from controller.runtime.service import ControllerService
 from metactl.errors import InvalidRequestError, NotControllerError
+from protocol.address import parse_address
 from protocol.client import RpcClient
-from protocol.codec import parse_address
-from protocol.messages import (
+from protocol.messages.broker_controller import (
     AlterPartition,
     AlterPartitions,
     AlterPartitionsResponse,
     BrokerHeartbeatRequest,
     BrokerHeartbeatResponse,
-    FenceBroker,
     IsrMember,
 )
+from protocol.messages.internal import FenceBroker
 from tests.service.test_lifecycle_wire import LONG, create
 from tests.service.test_operator_cli import register
 
@@ -131,7 +131,7 @@ async def test_a_failed_piece_answers_each_item_and_keeps_the_committed_ones(
         assert [sorted(after.partitions[("t", i)].isr) for i in range(7)] == [[1, 2]] * 3 + [
             [2]
         ] * 4
-        monkeypatch.setattr(service_module, "MAX_ALTER_PARTITION_ITEMS", 7)
+        monkeypatch.setattr(apis_module, "MAX_ALTER_PARTITION_ITEMS", 7)
         with pytest.raises(InvalidRequestError, match="at most 7"):
             await conn.request(AlterPartitions(items=items))
     finally:

@@ -25,6 +25,7 @@ from controller.core.recovery.tracker import Inspection
 from controller.core.step import LogInfoAnswers
 from controller.runtime.clock import VirtualClock
 from controller.runtime.service import ControllerService
+from localcluster.certs import default_names, init_certs
 from metactl.errors import (
     ClusterAuthorizationFailedError,
     MetactlError,
@@ -32,30 +33,32 @@ from metactl.errors import (
     SslAuthenticationError,
     TopicAuthorizationFailedError,
 )
-from ops.certs import default_names, init_certs
+from protocol.admission import Peer
 from protocol.client import RpcClient
-from protocol.messages import (
-    AlterPartition,
-    BrokerHeartbeatRequest,
-    BrokerHeartbeatResponse,
+from protocol.messages.admin import (
     CreateTopic,
     CreateTopicsRequest,
     CreateTopicsResponse,
     DescribeClusterRequest,
     DescribeClusterResponse,
     ElectLeader,
+    PartitionState,
+)
+from protocol.messages.broker_controller import (
+    AlterPartition,
+    BrokerHeartbeatRequest,
+    BrokerHeartbeatResponse,
     FetchMetadataRequest,
     FetchMetadataResponse,
     GetReplicaLogInfoRequest,
     GetReplicaLogInfoResponse,
     IsrMember,
-    Message,
-    PartitionState,
     RegisterBroker,
     RegisterBrokerResponse,
     ReplicaLogInfoEntry,
 )
-from protocol.server import FrameServer, Peer
+from protocol.messages.unions import Message
+from protocol.server import FrameServer
 from protocol.tls import TlsIdentity
 
 BROKERS = (1, 2, 3)
@@ -401,7 +404,7 @@ async def test_the_controller_inspects_only_an_endpoint_that_proves_the_broker_i
 ) -> None:
     """Broker 1 registers an endpoint answered by a broker-2 certificate: the controller's
     GetReplicaLogInfo never reaches it. Broker 4's own endpoint is asked, as `controller`.
-    (`_inspect` is what an unclean recovery's inspection runs.)"""
+    (`Inspections.inspect` is what an unclean recovery's inspection runs.)"""
     impostor = LogInfoServer(wire.certs, "broker-2", broker_id=1)
     real = LogInfoServer(wire.certs, "broker-4", broker_id=4)
     for s in (impostor, real):
@@ -420,7 +423,7 @@ async def test_the_controller_inspects_only_an_endpoint_that_proves_the_broker_i
             assert not (await wire.heartbeat(broker_id, r.broker_epoch)).is_fenced
         with capture_logs() as logs:
             for broker_id in (1, 4):
-                await wire.svc._inspect(
+                await wire.svc.inspections.inspect(
                     Inspection(
                         broker_id=broker_id, broker_epoch=epochs[broker_id], topic="t", partition=0
                     )
@@ -473,10 +476,10 @@ async def test_an_inspection_answer_counts_only_for_the_broker_and_partition_ask
         insp = Inspection(broker_id=4, broker_epoch=r.broker_epoch, topic="demo", partition=0)
         liar.partitions = [entry("demo")]
         with capture_logs() as logs:
-            await wire.svc._inspect(insp)
+            await wire.svc.inspections.inspect(insp)
             liar.broker_id, liar.epoch = 4, r.broker_epoch
             liar.partitions = [entry("other")]
-            await wire.svc._inspect(insp)
+            await wire.svc.inspections.inspect(insp)
         assert len(liar.asked) == 2
         assert submitted == []
         events = [e["event"] for e in logs]
@@ -484,7 +487,7 @@ async def test_an_inspection_answer_counts_only_for_the_broker_and_partition_ask
         assert "replica log info refused: a partition that was not asked" in events
         # The planted lie is what the check stops: the honest answer goes through.
         liar.partitions = [entry("demo")]
-        await wire.svc._inspect(insp)
+        await wire.svc.inspections.inspect(insp)
         assert [type(m) for m in submitted] == [LogInfoAnswers]
         assert isinstance(submitted[0], LogInfoAnswers)
         assert [(a.broker_id, a.topic) for a in submitted[0].answers] == [(4, "demo")]

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import msgspec
 
+from clients.admin import ongoing
 from controller.runtime.request_caps import (
     ENVELOPE,
     MAX_ALTER_PARTITION_ITEMS,
@@ -41,17 +42,11 @@ from metactl.errors import (
     NetworkError,
     RequestTimedOutError,
 )
-from ops.reassign_cmds import ongoing
 from protocol.client import RpcClient
-from protocol.messages import (
+from protocol.messages.admin import (
     AlterConfigs,
-    AlterPartition,
     AlterPartitionReassignments,
     AlterPartitionReassignmentsResponse,
-    AlterPartitions,
-    AlterPartitionsResponse,
-    BrokerHeartbeatRequest,
-    BrokerHeartbeatResponse,
     CreatePartitions,
     CreatePartitionsRequest,
     CreatePartitionsResponse,
@@ -68,19 +63,26 @@ from protocol.messages import (
     ElectLeader,
     ElectPreferredLeaders,
     ElectPreferredLeadersResponse,
-    FetchMetadataRequest,
-    FetchMetadataResponse,
-    IsrMember,
     ListPartitionReassignmentsRequest,
     ListPartitionReassignmentsResponse,
-    Message,
     Reassignment,
-    RegisterBroker,
-    RegisterBrokerResponse,
-    ReplicaRef,
     UnregisterBroker,
     UpdateFeature,
 )
+from protocol.messages.broker_controller import (
+    AlterPartition,
+    AlterPartitions,
+    AlterPartitionsResponse,
+    BrokerHeartbeatRequest,
+    BrokerHeartbeatResponse,
+    FetchMetadataRequest,
+    FetchMetadataResponse,
+    IsrMember,
+    RegisterBroker,
+    RegisterBrokerResponse,
+    ReplicaRef,
+)
+from protocol.messages.unions import Message
 from tests.service.test_serve_startup import serve
 
 FRAME = 2 * 1024 * 1024  # the controller's --max-frame-bytes (a small one: a quick test)

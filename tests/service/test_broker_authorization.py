@@ -22,20 +22,15 @@ from metactl.errors import (
     TopicAuthorizationFailedError,
 )
 from protocol.client import RpcClient
-from protocol.messages import (
-    CreateTopic,
-    DescribeClusterRequest,
+from protocol.messages.admin import CreateTopic, DescribeClusterRequest
+from protocol.messages.broker_controller import (
     GetReplicaLogInfoRequest,
     GetReplicaLogInfoResponse,
-    Message,
-    ProduceRequest,
-    ProduceResponse,
-    ReadLogRequest,
-    ReadLogResponse,
-    ReplicaFetchRequest,
-    ReplicaFetchResponse,
     ReplicaRef,
 )
+from protocol.messages.data import ProduceRequest, ProduceResponse, ReadLogRequest, ReadLogResponse
+from protocol.messages.replication import ReplicaFetchRequest, ReplicaFetchResponse
+from protocol.messages.unions import Message
 from protocol.tls import TlsIdentity
 from tests.brokers_stub.helpers import Running, eventually
 from tests.service.test_authorization import Wire, client_context, make_certs, tls_service

@@ -25,8 +25,8 @@ import signal
 import subprocess
 from pathlib import Path
 
-from ops.certs import default_names, init_certs
-from protocol.messages import DescribeClusterResponse
+from localcluster.certs import default_names, init_certs
+from protocol.messages.admin import DescribeClusterResponse
 from tests.protocol.test_handshake_flood import Flood, ask
 from tests.service.test_serve_startup import EXIT_BOUND_S, REPO, metactl
 

@@ -14,9 +14,11 @@ from collections.abc import AsyncIterator
 import pytest
 
 from controller.runtime.dead_active import DeadActive
-from metadata_log.etcd.client import Etcd, EtcdTarget, op_delete
+from localcluster.etcd import LocalEtcd
+from metadata_log.etcd.client import Etcd
 from metadata_log.etcd.lease import Holder, LeaderInfo, Leadership, current_leader
-from ops.etcd_local import LocalEtcd
+from metadata_log.etcd.target import EtcdTarget
+from metadata_log.etcd.txn import op_delete
 from tests.e2e.cluster import free_port
 
 BOUND_S = 30.0  # bounds a hang; no test times anything

@@ -9,21 +9,23 @@ from pathlib import Path
 
 import pytest
 
+from clients.admin import pages
 from controller.core.config import ControllerConfig
 from controller.runtime.clock import VirtualClock
 from controller.runtime.describe import describe_page
 from controller.runtime.service import ControllerService
 from metactl.errors import FrameTooLargeError, UnknownTopicOrPartitionError
-from ops.describe_cmds import pages
 from protocol.client import RpcClient
 from protocol.codec import encode_frame
-from protocol.messages import (
-    BrokerHeartbeatRequest,
+from protocol.messages.admin import (
     CreateTopic,
     CreateTopicsRequest,
     CreateTopicsResponse,
     DescribeClusterRequest,
     DescribeClusterResponse,
+)
+from protocol.messages.broker_controller import (
+    BrokerHeartbeatRequest,
     RegisterBroker,
     RegisterBrokerResponse,
 )

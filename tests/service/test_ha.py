@@ -18,18 +18,19 @@ from structlog.testing import capture_logs
 from controller.core.config import ControllerConfig
 from controller.runtime.clock import VirtualClock
 from controller.runtime.driver import Controller
-from controller.runtime.service import ControllerService, HaSettings
+from controller.runtime.ha_settings import HaSettings
+from controller.runtime.service import ControllerService
+from localcluster.etcd import LocalEtcd
 from metactl.errors import CorruptLogError, NotControllerError, StoreUnavailableError
-from metadata_log.etcd.client import Etcd, EtcdTarget, op_delete, op_put
+from metadata_log.etcd.client import Etcd
 from metadata_log.etcd.lease import LEADER_KEY, current_leader
 from metadata_log.etcd.registry import Registration, registered
 from metadata_log.etcd.store import EtcdLogStore
+from metadata_log.etcd.target import EtcdTarget
+from metadata_log.etcd.txn import op_delete, op_put
 from metadata_log.records import NoOpRecord
-from ops.etcd_local import LocalEtcd
 from protocol.client import Endpoints, RetryPolicy, RpcClient
-from protocol.messages import (
-    BrokerHeartbeatRequest,
-    BrokerHeartbeatResponse,
+from protocol.messages.admin import (
     CreateTopic,
     CreateTopicsRequest,
     CreateTopicsResponse,
@@ -37,10 +38,14 @@ from protocol.messages import (
     DescribeClusterResponse,
     DescribeQuorumRequest,
     DescribeQuorumResponse,
-    Message,
+)
+from protocol.messages.broker_controller import (
+    BrokerHeartbeatRequest,
+    BrokerHeartbeatResponse,
     RegisterBroker,
     RegisterBrokerResponse,
 )
+from protocol.messages.unions import Message
 from tests.brokers_stub.helpers import eventually
 from tests.e2e.ha import log_written_once
 

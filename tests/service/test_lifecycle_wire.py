@@ -12,12 +12,11 @@ from controller.core.config import ControllerConfig
 from controller.runtime.service import ControllerService
 from metactl.errors import BrokerIdNotRegisteredError, InvalidRequestError
 from metadata_log.records import ELR_FEATURE, MIN_ISR_CONFIG
+from protocol.address import parse_address
 from protocol.client import RpcClient
-from protocol.codec import parse_address
-from protocol.messages import (
+from protocol.messages.admin import (
     AlterConfigs,
     AlterConfigsResponse,
-    AlterPartition,
     AlterPartitionReassignments,
     AlterPartitionReassignmentsResponse,
     CreatePartitions,
@@ -37,8 +36,6 @@ from protocol.messages import (
     ElectLeader,
     ElectPreferredLeaders,
     ElectPreferredLeadersResponse,
-    FenceBroker,
-    IsrMember,
     ListPartitionReassignmentsRequest,
     ListPartitionReassignmentsResponse,
     Reassignment,
@@ -46,6 +43,8 @@ from protocol.messages import (
     UpdateFeature,
     UpdateFeatureResponse,
 )
+from protocol.messages.broker_controller import AlterPartition, IsrMember
+from protocol.messages.internal import FenceBroker
 from tests.service.test_operator_cli import register
 
 LONG = ControllerConfig(broker_session_timeout_ms=3_600_000, default_min_insync_replicas=2)

@@ -20,7 +20,7 @@ from metadata_log.records import (
     TopicRecord,
     UnfenceBrokerRecord,
 )
-from protocol.messages import DescribeCursor, ListPartitionReassignmentsRequest
+from protocol.messages.admin import DescribeCursor, ListPartitionReassignmentsRequest
 
 
 def image() -> ClusterImage:

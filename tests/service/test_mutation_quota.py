@@ -17,30 +17,32 @@ from controller.core.config import ControllerConfig
 from controller.runtime.clock import VirtualClock
 from controller.runtime.quota import MutationLimits
 from controller.runtime.service import ControllerService
+from localcluster.certs import default_names, init_certs
 from metactl.errors import (
     ElectionNotNeededError,
     PolicyViolationError,
     ThrottlingQuotaExceededError,
 )
-from ops.certs import default_names, init_certs
 from protocol.client import RetryPolicy, RpcClient
 from protocol.codec import decode_frame, encode_frame
-from protocol.messages import (
-    AlterPartition,
-    BrokerHeartbeatRequest,
+from protocol.messages.admin import (
     CreateTopic,
     CreateTopicsRequest,
     CreateTopicsResponse,
     DescribeClusterRequest,
     DescribeClusterResponse,
     ElectLeader,
-    ErrorResponse,
-    FenceBroker,
-    IsrMember,
     PartitionState,
+)
+from protocol.messages.base import ErrorResponse
+from protocol.messages.broker_controller import (
+    AlterPartition,
+    BrokerHeartbeatRequest,
+    IsrMember,
     RegisterBroker,
     RegisterBrokerResponse,
 )
+from protocol.messages.internal import FenceBroker
 from protocol.tls import TlsIdentity
 from protocol.transport import read_frame
 
@@ -288,7 +290,7 @@ async def test_the_cli_waits_out_a_throttle_and_succeeds(
     assert proc.returncode == 0, err.decode()
     assert "Created topic second" in out.decode()
     assert svc.quota.throttled_total >= 1
-    r = svc.describe(DescribeClusterRequest(v=2, topic="second"))
+    r = svc.apis.describe(DescribeClusterRequest(v=2, topic="second"))
     assert isinstance(r, DescribeClusterResponse) and len(r.partitions) == 1
 
 

@@ -12,9 +12,13 @@ import pytest
 
 from controller.core.config import ControllerConfig
 from controller.runtime.service import ControllerService
+from protocol.address import parse_address
 from protocol.client import RpcClient
-from protocol.codec import parse_address
-from protocol.messages import BrokerHeartbeatRequest, RegisterBroker, RegisterBrokerResponse
+from protocol.messages.broker_controller import (
+    BrokerHeartbeatRequest,
+    RegisterBroker,
+    RegisterBrokerResponse,
+)
 
 
 async def register(conn: RpcClient, broker_id: int, incarnation_id: str) -> RegisterBrokerResponse:
@@ -136,15 +140,14 @@ async def test_create_describe_brokers_and_elect(
 async def test_alter_partition_over_the_wire_returns_the_committed_state(
     service: ControllerService,
 ) -> None:
-    from protocol.messages import (
-        AlterPartition,
+    from protocol.messages.admin import (
         CreateTopic,
         CreateTopicsRequest,
         DescribeClusterRequest,
         DescribeClusterResponse,
-        IsrMember,
         PartitionState,
     )
+    from protocol.messages.broker_controller import AlterPartition, IsrMember
 
     host, port = parse_address(service.address)
     conn = await RpcClient.open(host, port)
@@ -171,7 +174,8 @@ async def outage_and_operator_recovery(svc: ControllerService) -> None:
     """Topic t (replicas 1,2,3, MinISR 2) loses every broker (sessions expire), broker 3
     comes back without a clean-shutdown epoch, and the operator elects it: an unclean
     recovery, committed."""
-    from protocol.messages import CreateTopic, CreateTopicsRequest, ElectLeader, FenceBroker
+    from protocol.messages.admin import CreateTopic, CreateTopicsRequest, ElectLeader
+    from protocol.messages.internal import FenceBroker
 
     async with RpcClient(svc.address) as conn:
         await conn.request(
@@ -259,7 +263,8 @@ async def test_events_tell_the_outage_and_the_recovery(
 async def test_events_follow_prints_what_commits_until_ctrl_c(service: ControllerService) -> None:
     import signal
 
-    from protocol.messages import CreateTopic, FenceBroker
+    from protocol.messages.admin import CreateTopic
+    from protocol.messages.internal import FenceBroker
 
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "ops.cli", "events", "--follow", "--insecure",
@@ -303,9 +308,9 @@ async def test_a_feed_followed_again_continues_where_it_stopped(
     service: ControllerService,
 ) -> None:
     # As `cluster up`'s event feed does after an error: the same Feed, a new connection.
-    from ops.events import Event, Feed
-    from ops.events_cmds import follow_events
-    from protocol.messages import FenceBroker
+    from eventfeed.feed import Event, Feed
+    from eventfeed.follow import follow_events
+    from protocol.messages.internal import FenceBroker
 
     feed = Feed()
     told: list[Event] = []
@@ -333,7 +338,7 @@ async def test_a_feed_followed_again_continues_where_it_stopped(
 async def test_elect_every_partition_and_from_a_json_file(
     service: ControllerService, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from protocol.messages import FenceBroker
+    from protocol.messages.internal import FenceBroker
 
     ctl = service.address
     rc, _, err = await metactl(

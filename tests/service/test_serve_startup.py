@@ -19,11 +19,11 @@ import pytest
 from controller.core.config import ControllerConfig
 from controller.runtime.clock import VirtualClock
 from controller.runtime.driver import Controller
+from localcluster.etcd import LocalEtcd
 from metadata_log.etcd.store import EtcdLogStore
 from metadata_log.sqlite_format import LOG_FILE_NAME
 from metadata_log.sqlite_store import SqliteLogStore
-from ops.etcd_local import LocalEtcd
-from protocol.messages import RegisterBroker
+from protocol.messages.broker_controller import RegisterBroker
 from tests.metadata_log.test_verify_open import corrupt_payload
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,14 +14,14 @@ from controller.core.config import ControllerConfig
 from controller.runtime.service import ControllerService
 from metactl.errors import BrokerIdNotRegisteredError, StaleBrokerEpochError
 from metadata_log.records import FeatureLevelRecord, FenceBrokerRecord, RegisterBrokerRecord
+from protocol.address import parse_address
 from protocol.client import RpcClient
-from protocol.codec import decode_frame, encode_frame, parse_address
-from protocol.messages import (
+from protocol.codec import decode_frame, encode_frame
+from protocol.messages.admin import DescribeClusterRequest, DescribeClusterResponse
+from protocol.messages.base import ErrorResponse
+from protocol.messages.broker_controller import (
     BrokerHeartbeatRequest,
     BrokerHeartbeatResponse,
-    DescribeClusterRequest,
-    DescribeClusterResponse,
-    ErrorResponse,
     FetchMetadataRequest,
     FetchMetadataResponse,
     RegisterBroker,

@@ -31,13 +31,13 @@ from metadata_log.records import (
 )
 from metadata_log.sqlite_store import SqliteLogStore
 from protocol.client import RpcClient
-from protocol.messages import (
+from protocol.messages.admin import CreateTopic
+from protocol.messages.broker_controller import (
     BrokerHeartbeatRequest,
-    CreateTopic,
     RegisterBroker,
     RegisterBrokerResponse,
-    UnfenceBroker,
 )
+from protocol.messages.internal import UnfenceBroker
 from tests.processes import wait_for
 from tests.service.test_serve_startup import serve
 

@@ -18,9 +18,9 @@ from controller.runtime.service import ControllerService
 from metactl.errors import FatalStorageError, LogSchemaError, StorageError
 from metadata_log.sqlite_format import LOG_FILE_NAME
 from metadata_log.sqlite_store import SqliteLogStore
+from protocol.address import parse_address
 from protocol.client import NO_RETRY, RpcClient
-from protocol.codec import parse_address
-from protocol.messages import RegisterBroker, RegisterBrokerResponse
+from protocol.messages.broker_controller import RegisterBroker, RegisterBrokerResponse
 from tests.brokers_stub.helpers import eventually
 
 

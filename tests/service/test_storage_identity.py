@@ -29,12 +29,12 @@ from pathlib import Path
 import pytest
 
 from brokers_stub.storage import CLEAN_SHUTDOWN_FILE, REPLICAS_DIR
+from localcluster.etcd import LocalEtcd
 from metadata_log.etcd.store import EtcdLogStore
 from metadata_log.identity import IDENTITY_FILE, Identity, read_identity, write_identity
 from metadata_log.sqlite_format import LOG_FILE_NAME
 from metadata_log.sqlite_store import SqliteLogStore
-from ops.etcd_local import LocalEtcd
-from protocol.messages import CreateTopic, CreateTopicsRequest, CreateTopicsResponse
+from protocol.messages.admin import CreateTopic, CreateTopicsRequest, CreateTopicsResponse
 from tests.e2e.cluster import Cluster, Process
 from tests.service.test_serve_startup import metactl, write_log
 

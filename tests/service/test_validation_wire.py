@@ -15,21 +15,23 @@ from audit.export import export_parquet
 from controller.core.config import ControllerConfig
 from controller.runtime.service import ControllerService
 from metactl.errors import MetactlError
+from protocol.address import parse_address
 from protocol.client import RpcClient
-from protocol.codec import parse_address
-from protocol.messages import (
-    BrokerHeartbeatRequest,
-    BrokerHeartbeatResponse,
+from protocol.messages.admin import (
     CreateTopic,
     CreateTopicsRequest,
     CreateTopicsResponse,
     DescribeClusterRequest,
     DescribeClusterResponse,
     ElectLeader,
-    Message,
+)
+from protocol.messages.broker_controller import (
+    BrokerHeartbeatRequest,
+    BrokerHeartbeatResponse,
     RegisterBroker,
     RegisterBrokerResponse,
 )
+from protocol.messages.unions import Message
 
 HUGE_IDS = (2**63 - 1, 2**64 - 1)
 LONG = "x" * 10_000

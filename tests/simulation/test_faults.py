@@ -16,8 +16,10 @@ import pytest
 
 from controller.core.partition_change import complete_reassignment, move_replicas
 from metadata_image import replay
-from metadata_image.image import ClusterImage, PartitionState
-from metadata_image.replay import _Builder, _replace_partition
+from metadata_image.builder import Builder
+from metadata_image.image import ClusterImage
+from metadata_image.record_replay import replace_partition
+from metadata_image.state import PartitionState
 from metadata_log.records import ClearElrRecord, PartitionChangeRecord
 from ops.cli import main
 from simulation.faults import FaultsSummary, run_faults, run_schedule, shrink
@@ -446,7 +448,7 @@ MIN_ISR_LOWERED = Schedule(
 )
 
 
-def _clear_keeps_elr(self: _Builder, record: ClearElrRecord) -> None:
+def _clear_keeps_elr(self: Builder, record: ClearElrRecord) -> None:
     """The planted bug: a ClearElrRecord applies the new MinISR but keeps the ELR."""
     t = self.topics[record.topic]
     end = t.partitions if record.end is None else min(record.end, t.partitions)
@@ -454,7 +456,7 @@ def _clear_keeps_elr(self: _Builder, record: ClearElrRecord) -> None:
         configured = p.min_isr if record.min_isr is None else record.min_isr
         min_isr = min(configured, len(p.replicas))
         if min_isr != p.min_isr:
-            new = _replace_partition(
+            new = replace_partition(
                 p, elr=p.elr, lkelr=p.last_known_elr, min_isr=min_isr, bump=True
             )
             self.set_partition(p.tp, new, p)
@@ -539,7 +541,7 @@ def test_planted_bug_completion_keeping_a_removed_replica_is_caught(
             done = msgspec.structs.replace(done, isr=sorted(isr))
         return done
 
-    monkeypatch.setattr("controller.core.handlers.complete_reassignment", keeps)
+    monkeypatch.setattr("controller.core.partition_handlers.complete_reassignment", keeps)
     out = run_schedule(sched, Mode())
     assert out.failed
     assert any(v.startswith("member_outside_replicas") for v in out.violations)

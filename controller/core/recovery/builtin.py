@@ -16,7 +16,8 @@ from controller.core.recovery.policy import (
     Wait,
     best_candidate,
 )
-from metadata_image.image import EMPTY, ClusterImage, PartitionState
+from metadata_image.image import ClusterImage
+from metadata_image.state import EMPTY, PartitionState
 
 
 class BalancedPolicy:

@@ -24,7 +24,8 @@ from typing import ClassVar, Protocol
 import immutables
 import msgspec
 
-from metadata_image.image import ClusterImage, PartitionState
+from metadata_image.image import ClusterImage
+from metadata_image.state import PartitionState
 from metadata_log.records import RecoveryCandidate
 
 

@@ -52,7 +52,8 @@ from metactl.errors import (
     StaleBrokerEpochError,
     UnknownTopicOrPartitionError,
 )
-from metadata_image.image import ClusterImage, PartitionState, TopicPartition
+from metadata_image.image import ClusterImage
+from metadata_image.state import PartitionState, TopicPartition
 from metadata_log.records import (
     ChangeReason,
     ElectionKind,
@@ -60,7 +61,8 @@ from metadata_log.records import (
     RecoveryCandidate,
     UncleanRecoveryRecord,
 )
-from protocol.messages import ElectLeader, ReplicaLogInfo
+from protocol.messages.admin import ElectLeader
+from protocol.messages.internal import ReplicaLogInfo
 
 
 class RecoveryTracker(msgspec.Struct, frozen=True):

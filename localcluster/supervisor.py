@@ -1,0 +1,570 @@
+"""The supervisor behind `metactl cluster up`: a local cluster, supervised, until stopped.
+
+What it starts, each a child process in a process group of its own
+(`localcluster.children`), its output in ``DATA_DIR/logs``:
+
+* with ``--etcd M`` (M ≥ 1), an etcd cluster of M members from Debian's binary
+  (`localcluster.etcd`), and ``--controllers N`` controllers sharing the metadata log on
+  it (one active, the others hot standbys, docs/ha.md); without, one controller on the
+  SQLite log in ``DATA_DIR/controller``;
+* ``--brokers B`` brokers, given every controller's address, each serving /metrics on
+  the ports after the controllers' (DATA_DIR/prometheus.yml scrapes them all,
+  `localcluster.scrape_config`); their command lines are recorded in
+  DATA_DIR/cluster-up.json;
+* before the first of them, on a first start, every controller's and broker's data
+  directory is formatted (`localcluster.storage.format_cluster`, docs/operations.md):
+  the cluster id is the one the directories record, else the metadata log's, else a new
+  random one, and every child is given it (``--cluster-id``), so a directory of another
+  cluster is refused;
+* the demo topic, once every broker is active.
+
+How it supervises (`run_cluster`):
+
+* **Start-up** never hangs: each child must print its READY line within a bound; a
+  child that exits first, or does not make it in time, fails the start with one line
+  naming it, the last lines of its log, and everything started so far stopped. A second
+  `cluster up` on the same data directory is refused at once (a lock file names the
+  running one's pid) instead of failing later inside a child.
+* **Running**, it says when a child dies, with its exit status and the last lines of its
+  log (readable: `localcluster.child_log`); the rest keep running (killing a broker is
+  how the demo is tried). Beside that it runs the feed its caller gives (`cluster up`'s
+  command prints the committed log as readable events). `metactl broker start --id N`
+  asks it, through its control socket (`localcluster.control`), to start broker N again
+  with its recorded command line, as a supervised child like the first.
+* **Stopping** (Ctrl-C, SIGTERM, or a failure): brokers first (their controlled
+  shutdown needs a controller), then the controllers, then etcd; each gets SIGTERM, and
+  SIGKILL if it outlives the bound.
+* **If `cluster up` itself dies** (SIGKILL), its children do not outlive it: each is
+  started through util-linux's ``setpriv --pdeathsig SIGTERM``, so the kernel sends them
+  SIGTERM when their parent goes (strictly, when the parent *thread* that started them
+  ends: `cluster up` starts them from a worker thread, and stops them in order before
+  that thread ends).
+
+The children are the real processes (`python -m controller`, `python -m brokers_stub`,
+`etcd`); this module decides nothing about metadata, and must not import the CLI
+(`ops`): its banner and its event feed are the command's (ops/cluster_cmds.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from clients.controller import INSECURE, Security, call
+from localcluster.certs import default_names, etcd_dir, init_certs, init_etcd_certs
+from localcluster.child_log import failure_reason
+from localcluster.children import Child, exit_text, stop_children
+from localcluster.control import CONTROL_SOCKET, serve, write_record
+from localcluster.etcd import LocalEtcd, dies_with_parent
+from localcluster.procs import await_active_brokers, ready_line
+from localcluster.scrape_config import write_prometheus_config
+from localcluster.storage import format_cluster
+from metactl.errors import (
+    ClusterStartError,
+    InvalidConfigurationError,
+    InvalidRequestError,
+    StoreUnavailableError,
+    with_details,
+)
+from metadata_log.etcd.tls import tls_flags
+from protocol.address import parse_address
+from protocol.messages.admin import CreateTopic, CreateTopicsRequest, CreateTopicsResponse
+from protocol.tls import ADMIN, CONTROLLER, TlsIdentity
+
+__all__ = ["ClusterUp", "UpSettings", "metactl_path", "run_cluster"]
+
+READY_TIMEOUT_S: Final = 60.0
+LOCK_FILE: Final = "cluster.lock"
+
+
+@dataclass(frozen=True)
+class UpSettings:
+    data_dir: Path
+    brokers: int = 3
+    controllers: int = 1
+    etcd: int = 0
+    listen: str = "127.0.0.1:9093"
+    metrics: str = "127.0.0.1:9400"
+    topic: str = "demo"
+    partitions: int = 6
+    min_isr: int = 2
+    strategy: str = "balanced"
+    insecure: bool = False
+
+    def check(self) -> None:
+        if self.brokers < 1 or self.controllers < 1 or self.etcd < 0:
+            raise InvalidConfigurationError(
+                "--brokers and --controllers must be at least 1, --etcd at least 0"
+            )
+        if self.controllers > 1 and self.etcd == 0:
+            raise InvalidConfigurationError(
+                f"{self.controllers} controllers need a shared log: add --etcd 3 (or 1)"
+            )
+        parse_address(self.listen)
+        parse_address(self.metrics)
+
+
+def metactl_path() -> str:
+    """This environment's `metactl` by its full path (the venv's bin directory need not
+    be on PATH; `source .venv/bin/activate` puts it there)."""
+    script = Path(sys.executable).with_name("metactl")
+    return str(script) if script.exists() else "metactl"
+
+
+def _port_plus(address: str, n: int) -> str:
+    """The n-th next port (port 0, any free port, stays 0 for every process)."""
+    host, port = parse_address(address)
+    return f"{host}:{port + n if port else 0}"
+
+
+@dataclass
+class ClusterUp:
+    settings: UpSettings
+    children: list[Child] = field(default_factory=list)
+    etcd: LocalEtcd | None = None
+    controllers: list[str] = field(default_factory=list)
+    metrics: list[str] = field(default_factory=list)
+    security: Security = INSECURE
+    certs: Path | None = None
+    cluster_id: str = ""  # set by start(): the directories' (docs/operations.md)
+    formatted: list[str] = field(default_factory=list)  # directories formatted by start()
+    # Each broker's command line (`broker start` runs it again) and /metrics address.
+    broker_cmds: dict[int, list[str]] = field(default_factory=dict)
+    broker_metrics: dict[int, str] = field(default_factory=dict)
+    _lock: int | None = None
+    _restarting: set[int] = field(default_factory=set)
+
+    @property
+    def data(self) -> Path:
+        return self.settings.data_dir
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(self.controllers)
+
+    # --- start ---------------------------------------------------------------------------
+
+    def lock(self) -> None:
+        """One `cluster up` per data directory."""
+        self.data.mkdir(parents=True, exist_ok=True)
+        path = self.data / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise ClusterStartError(
+                f"a cluster is already running on {self.data} (pid {holder}); stop it with "
+                "Ctrl-C, or pass another --data-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock = fd
+
+    def spawn(self, name: str, kind: str, cmd: list[str]) -> Child:
+        log_path = self.log_path(name)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_file = log_path.open("a")
+        log_file.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} cluster up starts {name}\n")
+        log_file.flush()
+        proc = subprocess.Popen(
+            [*dies_with_parent(), *cmd],
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
+        child = Child(name, kind, proc, log_path, log_file)
+        self.children.append(child)
+        return child
+
+    def await_ready(self, child: Child, timeout_s: float = READY_TIMEOUT_S) -> str:
+        """Its READY line, or ClusterStartError naming it (exited, or silent too long)."""
+        try:
+            line = ready_line(child.proc, timeout_s)
+        except TimeoutError as exc:
+            raise self._failed(child, str(exc)) from None
+        if line is None:
+            child.reported = True
+            status = exit_text(child.proc.wait())
+            raise self._failed(child, f"exited before it was ready ({status})")
+        child.ready = line
+        return line
+
+    def _failed(self, child: Child, what: str) -> ClusterStartError:
+        """One line (who, what, and why, from the end of its log), then the end of its
+        log, readable, as the error's details (issue 22: never its raw JSON lines)."""
+        reason = failure_reason(child.tail(64))
+        error = ClusterStartError(
+            f"{child.name} {what}" + (f": {reason}" if reason else "") + f" (log: {child.log_path})"
+        )
+        return with_details(
+            error, [f"  the last lines of {child.log_path}:", *child.readable_tail()]
+        )
+
+    def start(self) -> None:
+        s = self.settings
+        s.check()
+        self.lock()
+        py = sys.executable
+        if s.insecure:
+            flags: list[str] = ["--insecure"]
+        else:
+            self.certs = self.data / "certs"
+            created = init_certs(self.certs, default_names(range(1, s.brokers + 1)))
+            if created:
+                print(f"certificates: created {', '.join(created)} in {self.certs}", flush=True)
+            flags = ["--tls-dir", str(self.certs)]
+            self.security = Security(TlsIdentity.from_dir(self.certs, ADMIN))
+        log_flags: list[str] = []
+        if s.etcd:
+            self.etcd = LocalEtcd(self.data / "etcd", s.etcd, tls_dir=self._etcd_tls_dir())
+            if self.etcd.kept_plaintext or (s.insecure and self.etcd.tls_dir is not None):
+                print(
+                    f"etcd: {'plaintext' if self.etcd.tls_dir is None else 'TLS'}, as its "
+                    "members were first started (their peer URLs are part of their "
+                    "identity); a new --data-dir chooses again",
+                    flush=True,
+                )
+            self.etcd.start(wait=False)
+            for m in self.etcd.members:
+                assert m.proc is not None
+                self.children.append(Child(m.name, "etcd", m.proc, m.log_path, None))
+            try:
+                self.etcd.wait_healthy()
+            except StoreUnavailableError as exc:
+                bad = next((c for c in self.children if c.proc.poll() is not None), None)
+                error = self._failed(bad, "exited") if bad else ClusterStartError(exc.message)
+                raise error from None
+            log_flags = [
+                "--metadata-log",
+                self.etcd.url("metactl"),
+                *tls_flags(self.etcd.client_tls(CONTROLLER)),
+            ]
+        self.cluster_id = self.format_storage()
+        log_flags += [f"--cluster-id={self.cluster_id}"]  # an id may begin with "-"
+        for i in range(s.controllers):
+            listen, metrics = _port_plus(s.listen, i), _port_plus(s.metrics, i)
+            name = "controller" if s.controllers == 1 else f"controller {i + 1}"
+            data = self.controller_dir(i)
+            self.spawn(
+                name,
+                "controller",
+                [py, "-m", "controller", "--data-dir", str(data), "--listen", listen,
+                 "--metrics", metrics, "--unclean-recovery-strategy", s.strategy,
+                 *log_flags, *(["--node-id", f"c{i + 1}"] if s.etcd else []), *flags],
+            )  # fmt: skip
+        for c in [c for c in self.children if c.kind == "controller"]:
+            ready = self.await_ready(c)
+            fields = dict(p.split("=", 1) for p in ready.split()[2:] if "=" in p)
+            self.controllers.append(fields["listen"])
+            self.metrics.append(fields.get("metrics", ""))
+        for b in range(1, s.brokers + 1):
+            # /metrics after the controllers' ports (port 0: any free port, each its own).
+            metrics = _port_plus(s.metrics, s.controllers + b - 1)
+            self.broker_cmds[b] = [
+                py, "-m", "brokers_stub", "--id", str(b), "--controller", self.bootstrap,
+                "--data-dir", str(self.broker_dir(b)), f"--cluster-id={self.cluster_id}",
+                "--metrics", metrics, *flags,
+            ]  # fmt: skip
+            self.spawn(f"broker {b}", "broker", self.broker_cmds[b])
+        for c in [c for c in self.children if c.kind == "broker"]:
+            self._note_broker_ready(c, self.await_ready(c))
+        self.write_record()
+
+    def _note_broker_ready(self, child: Child, ready: str) -> None:
+        """Its /metrics address, from its READY line; a port 0 (any free port) is pinned
+        in its recorded command line, so that `broker start` brings it back where
+        DATA_DIR/prometheus.yml scrapes it."""
+        fields = dict(p.split("=", 1) for p in ready.split()[1:] if "=" in p)
+        if "metrics" not in fields or "broker" not in fields:
+            return
+        broker = int(fields["broker"])
+        self.broker_metrics[broker] = fields["metrics"]
+        cmd = self.broker_cmds.get(broker, [])
+        if "--metrics" in cmd:
+            cmd[cmd.index("--metrics") + 1] = fields["metrics"]
+
+    def write_record(self) -> Path:
+        """``DATA_DIR/cluster-up.json``: how this cluster runs, each broker's command line
+        included (`localcluster.control`; `metactl broker start` has it run again)."""
+        brokers = {
+            str(b): {
+                "argv": cmd,
+                "pid": next((c.proc.pid for c in self._brokers(b)), None),
+                "metrics": self.broker_metrics.get(b),
+                "log": str(self.log_path(f"broker {b}")),
+            }
+            for b, cmd in self.broker_cmds.items()
+        }
+        return write_record(
+            self.data,
+            {
+                "pid": os.getpid(),
+                "control_socket": str(self.data / CONTROL_SOCKET),
+                "controllers": self.controllers,
+                "metrics": self.metrics,
+                "cluster_id": self.cluster_id,
+                "brokers": brokers,
+            },
+        )
+
+    def _brokers(self, broker_id: int) -> list[Child]:
+        return [c for c in self.children if c.kind == "broker" and c.name == f"broker {broker_id}"]
+
+    def start_command(self, child: Child) -> str:
+        """The command that brings a broker of this cluster back (`metactl broker
+        start`), as the banner names metactl."""
+        broker_id = child.name.split()[-1]
+        return f"{metactl_path()} broker start --id {broker_id} --data-dir {self.data}"
+
+    async def restart_broker(self, broker_id: int) -> Child:
+        """Start broker `broker_id` again with its recorded command line, as a supervised
+        child (`metactl broker start`, through `localcluster.control`): INVALID_CONFIG for a
+        broker this cluster does not run, INVALID_REQUEST while it runs, and
+        CLUSTER_START_FAILED (with the end of its log) if it does not get ready."""
+        cmd = self.broker_cmds.get(broker_id)
+        if cmd is None:
+            ids = ", ".join(map(str, sorted(self.broker_cmds))) or "none"
+            raise InvalidConfigurationError(
+                f"this cluster runs brokers {ids}: there is no broker {broker_id} to start"
+            )
+        alive = [c for c in self._brokers(broker_id) if c.proc.poll() is None]
+        if alive:
+            pid = alive[0].proc.pid
+            raise InvalidRequestError(
+                f"broker {broker_id} is running (pid {pid}): stop it first (kill {pid} for a "
+                f"controlled shutdown, kill -9 {pid} for a crash)"
+            )
+        if broker_id in self._restarting:
+            raise InvalidRequestError(f"broker {broker_id} is being started already")
+        for report in self.deaths():  # its death, if not told yet, before its restart
+            print(report, flush=True)
+        self._restarting.add(broker_id)
+        try:
+            for old in self._brokers(broker_id):
+                self.children.remove(old)
+                if old.proc.stdout is not None:
+                    old.proc.stdout.close()
+                if old.log_file is not None:
+                    old.log_file.close()
+            # Spawned from the event loop's thread, which lives as long as `cluster up`
+            # (`setpriv --pdeathsig` follows the thread that forks).
+            child = self.spawn(f"broker {broker_id}", "broker", cmd)
+            print(
+                f"   broker {broker_id} started again by `metactl broker start` "
+                f"(pid {child.proc.pid})",
+                flush=True,
+            )
+            ready = await asyncio.to_thread(self.await_ready, child)
+            self._note_broker_ready(child, ready)
+            self.write_record()
+            return child
+        finally:
+            self._restarting.discard(broker_id)
+
+    async def _control(self, request: dict[str, Any]) -> dict[str, Any]:
+        broker = request.get("start_broker")
+        if not isinstance(broker, int) or isinstance(broker, bool):
+            raise InvalidRequestError(f"unknown control request {request!r}")
+        child = await self.restart_broker(broker)
+        return {"ok": True, "pid": child.proc.pid, "ready": child.ready, "log": str(child.log_path)}
+
+    def prometheus_config(self) -> Path:
+        """``DATA_DIR/prometheus.yml``: scrapes the controllers and every broker."""
+        brokers = [self.broker_metrics[b] for b in sorted(self.broker_metrics)]
+        return write_prometheus_config(self.data, self.metrics, brokers, self.certs)
+
+    def log_path(self, name: str) -> Path:
+        return self.data / "logs" / f"{name.replace(' ', '-')}.log"
+
+    def controller_dir(self, i: int) -> Path:
+        single = self.settings.controllers == 1
+        return self.data / ("controller" if single else f"controller-{i + 1}")
+
+    def broker_dir(self, broker_id: int) -> Path:
+        return self.data / f"broker-{broker_id}"
+
+    def format_storage(self) -> str:
+        """The cluster's id, with every controller's and broker's directory formatted on
+        a first start (`localcluster.storage.format_cluster`)."""
+        s = self.settings
+        controllers = [self.controller_dir(i) for i in range(s.controllers)]
+        brokers = {b: self.broker_dir(b) for b in range(1, s.brokers + 1)}
+        cluster_id, self.formatted = format_cluster(self.data, controllers, brokers, self.etcd)
+        return cluster_id
+
+    @property
+    def etcd_flags_text(self) -> str:
+        """The admin's etcd TLS flags, for a printed offline command ("" if none)."""
+        tls = self.etcd.client_tls(ADMIN) if self.etcd is not None else None
+        return " " + " ".join(tls.flags()) if tls is not None else ""
+
+    def _etcd_tls_dir(self) -> Path | None:
+        """The etcd certificates (made in DATA_DIR/certs/etcd if absent, `localcluster.certs`), or
+        None: plaintext, with --insecure, unless the etcd cluster was first started with
+        TLS (its members remember https peer URLs)."""
+        certs = self.data / "certs"
+        if self.settings.insecure and not LocalEtcd.kept_tls(self.data / "etcd"):
+            return None
+        created = init_etcd_certs(certs)
+        if created:
+            print(f"certificates: created {', '.join(created)} in {certs}", flush=True)
+        return etcd_dir(certs)
+
+    async def create_demo_topic(self) -> str:
+        s = self.settings
+        await self._await_active_brokers()
+        spec = CreateTopic(
+            name=s.topic,
+            partitions=s.partitions,
+            replication_factor=min(3, s.brokers),
+            min_isr=min(s.min_isr, s.brokers),
+        )
+        r = await call(self.bootstrap, CreateTopicsRequest(topics=[spec]), security=self.security)
+        assert isinstance(r, CreateTopicsResponse)
+        res = r.results[0]
+        return "created" if not res.error_code else f"kept ({res.error_code})"
+
+    async def _await_active_brokers(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        try:
+            await await_active_brokers(
+                self.bootstrap,
+                self.settings.brokers,
+                timeout_s,
+                security=self.security,
+                check=self.check_alive_during_start,
+            )
+        except RuntimeError as exc:
+            raise ClusterStartError(str(exc)) from None
+
+    def check_alive_during_start(self) -> None:
+        for c in self.children:
+            status = c.proc.poll()
+            if status is not None:
+                c.reported = True
+                raise self._failed(c, f"exited ({exit_text(status)})")
+
+    # --- running -------------------------------------------------------------------------
+
+    def deaths(self) -> list[str]:
+        """One report per child that died since the last call. It runs on the event loop:
+        of each dead child's log it reads only the end (`tail_lines`: at most
+        `TAIL_MAX_BYTES`), however long the child ran."""
+        out = []
+        for c in self.children:
+            status = c.proc.poll()
+            if status is not None and not c.reported:
+                c.reported = True
+                tail = "\n".join(c.readable_tail())
+                report = (
+                    f"!! {c.name} (pid {c.proc.pid}) exited: {exit_text(status)}; the last "
+                    f"lines of {c.log_path}:\n{tail}"
+                )
+                if c.kind == "broker":
+                    report += f"\n   bring it back: {self.start_command(c)}"
+                out.append(report)
+        return out
+
+    async def supervise(
+        self, stop: asyncio.Event, feed: Callable[[], Coroutine[Any, Any, None]] | None = None
+    ) -> None:
+        """Print deaths, run `feed` (the cluster's events in the foreground, if given),
+        and answer `broker start` (`localcluster.control`), until `stop` is set."""
+        tasks = [asyncio.create_task(self._watch(stop))]
+        if feed is not None:
+            tasks.append(asyncio.create_task(feed()))
+        try:
+            control: asyncio.AbstractServer | None = await serve(self.data, self._control)
+        except OSError as exc:  # e.g. a data directory path too long for a Unix socket
+            control = None
+            print(f"(metactl broker start is not available: {exc})", flush=True)
+        try:
+            await stop.wait()
+        finally:
+            if control is not None:
+                control.close()
+                with contextlib.suppress(OSError):
+                    (self.data / CONTROL_SOCKET).unlink()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _watch(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            for report in self.deaths():
+                print(report, flush=True)
+            await asyncio.sleep(0.5)  # the supervision period
+
+    # --- stop ----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Every child stopped in order (`localcluster.children.stop_children`), and the
+        data directory's lock released. Idempotent."""
+        stop_children(self.children)
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+
+def run_cluster(
+    up: ClusterUp,
+    *,
+    announce: Callable[[str], None],
+    feed: Callable[[], Coroutine[Any, Any, None]] | None = None,
+    exit_after_ready: bool = False,
+) -> bool:
+    """Start `up`, create the demo topic, `announce` it (given what became of the topic),
+    then supervise it (`ClusterUp.supervise`, with `feed`) until SIGINT or SIGTERM, and
+    stop everything in order. True once it ran (or, with `exit_after_ready`, was ready);
+    False if interrupted during start-up (everything started is stopped)."""
+    stop = asyncio.Event()
+
+    async def run() -> bool:
+        # The children are started from an executor thread, and `setpriv --pdeathsig`
+        # signals a child when the *thread* that forked it exits, which asyncio.run's
+        # executor shutdown does once this returns: every child would get SIGTERM at once.
+        # So they are stopped here, in order, while that thread is still alive.
+        try:
+            return await supervised()
+        finally:
+            await asyncio.to_thread(up.stop)
+
+    async def supervised() -> bool:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        starting = asyncio.ensure_future(asyncio.to_thread(up.start))
+        waiter = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({starting, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():  # Ctrl-C during start-up: stop what started, then report
+            waiter.cancel()
+            await asyncio.to_thread(up.stop)
+            with contextlib.suppress(BaseException):
+                await starting
+            print("interrupted during start-up; stopped everything", file=sys.stderr)
+            return False
+        waiter.cancel()
+        starting.result()
+        announce(await up.create_demo_topic())
+        if exit_after_ready:
+            return True
+        await up.supervise(stop, feed)
+        return True
+
+    try:
+        return asyncio.run(run())
+    finally:
+        up.stop()  # done already, unless asyncio.run itself failed
