@@ -27,6 +27,7 @@ from collections.abc import Coroutine
 from typing import Any, Final, TextIO
 
 from brokers_stub.config import BrokerConfig
+from brokers_stub.kafka.listener import KafkaListener
 from brokers_stub.logctx import BrokerLog
 from brokers_stub.metadata import MetadataFollower
 from brokers_stub.metrics import start_metrics
@@ -65,9 +66,12 @@ EXIT_STARTUP_FAILED: Final = 1
 EXIT_INTERNAL: Final = 70
 
 
-def ready_line(broker_id: int, epoch: int, endpoint: str, metrics: str | None = None) -> str:
+def ready_line(
+    broker_id: int, epoch: int, endpoint: str, metrics: str | None = None, kafka: str = ""
+) -> str:
     line = f"READY broker={broker_id} epoch={epoch} endpoint={endpoint}"
-    return line if metrics is None else f"{line} metrics={metrics}"
+    line = line if metrics is None else f"{line} metrics={metrics}"
+    return f"{line} kafka={kafka}" if kafka else line
 
 
 class Broker:
@@ -107,6 +111,17 @@ class Broker:
             ssl=config.server_ssl,
             limits=config.limits,
         )
+        # Kafka's wire protocol for Kafka clients (--kafka-listen), from the metadata image.
+        self.kafka: KafkaListener | None = None
+        self.kafka_endpoint = ""
+        if config.kafka_listen is not None:
+            self.kafka = KafkaListener(
+                config.broker_id,
+                lambda: self.metadata.image,
+                log=self.log,
+                ssl=config.server_ssl,
+                limits=config.limits,
+            )
         self._tasks: list[asyncio.Task[None]] = []
         self._metrics_stop: object | None = None
         self.metrics_address: str | None = None  # where /metrics is served, once it is
@@ -245,6 +260,8 @@ class Broker:
                 loop.remove_signal_handler(sig)
             await self._stop_tasks()
             await self.server.stop()
+            if self.kafka is not None:
+                await self.kafka.stop()
             self._stop_metrics()
             for client in (self.controller_hb, self.controller_md, self.controller_ap):
                 await client.close()
@@ -266,6 +283,8 @@ class Broker:
             )
             self.replicas.load(lose_unflushed=cfg.lose_unflushed)
             self.endpoint = await self.server.start(cfg.listen)
+            if self.kafka is not None and cfg.kafka_listen is not None:
+                self.kafka_endpoint = await self.kafka.start(cfg.kafka_listen)
             # A busy --metrics port fails the start as a busy --listen does (LISTEN_FAILED,
             # as the controller's): a broker never runs without the metrics it was given.
             self._start_metrics()
@@ -277,7 +296,7 @@ class Broker:
                 with contextlib.suppress(OSError):
                     write_clean_shutdown(cfg.data_dir, previous_epoch)
             return EXIT_STARTUP_FAILED
-        self.log.info("listening", endpoint=self.endpoint)
+        self.log.info("listening", endpoint=self.endpoint, kafka=self.kafka_endpoint or None)
 
         if not await self._register(previous_epoch):
             # Stopped before the controller ever answered: nothing new was written, so the
@@ -289,7 +308,13 @@ class Broker:
             return EXIT_OK
         assert self.epoch is not None
         print(
-            ready_line(cfg.broker_id, self.epoch, self.endpoint, self.metrics_address),
+            ready_line(
+                cfg.broker_id,
+                self.epoch,
+                self.endpoint,
+                self.metrics_address,
+                kafka=self.kafka_endpoint,
+            ),
             file=self.stdout,
             flush=True,
         )
@@ -306,6 +331,8 @@ class Broker:
         await self.replicas.stop()
         await self._stop_tasks()
         await self.server.stop()
+        if self.kafka is not None:
+            await self.kafka.stop()
         self.replicas.flush_all()
         write_clean_shutdown(cfg.data_dir, self.epoch)
         self.log.info("stopped cleanly", broker_epoch=self.epoch)
@@ -348,6 +375,7 @@ class Broker:
                 previous_epoch=previous_epoch,
                 rack=cfg.rack,
                 endpoint=self.endpoint,
+                kafka_endpoint=self.kafka_endpoint,
             )
             delay = interval
             try:

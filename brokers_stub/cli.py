@@ -23,6 +23,7 @@ from metactl.errors import MetactlError
 from metactl.logs import configure
 from metactl.numbers import int_arg, long_arg
 from metactl.settings import layered, resolve_settings
+from protocol.address import parse_address
 from protocol.flags import add_limit_arguments, add_tls_arguments, server_limits, tls_identity
 from protocol.tls import broker_principal
 
@@ -54,6 +55,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT",
         help="where to answer GetReplicaLogInfo, ReplicaFetch, Produce and ReadLog "
         "(default: 127.0.0.1:0)",
+    )
+    parser.add_argument(
+        "--kafka-listen",
+        default=None,
+        metavar="HOST:PORT",
+        help="also answer Kafka clients here (Kafka's wire protocol: ApiVersions, Metadata, "
+        "DescribeTopicPartitions; docs/kafka.md), with the same TLS as --listen "
+        "(default: no Kafka listener)",
     )
     parser.add_argument("--rack", default=None, help="rack of this broker")
     parser.add_argument(
@@ -132,6 +141,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         controller=args.controller,
         data_dir=args.data_dir,
         listen=args.listen,
+        kafka_listen=_kafka_listen(args.kafka_listen),
         rack=args.rack,
         heartbeat_interval_ms=args.heartbeat_interval_ms,
         session_timeout_ms=args.session_timeout_ms,
@@ -150,6 +160,14 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
     config = dataclasses.replace(config, tls=tls)
     _ = config.server_ssl, config.client_ssl  # load the TLS files now
     return config
+
+
+def _kafka_listen(value: str | None) -> str | None:
+    """--kafka-listen checked as a HOST:PORT (InvalidRequestError, a MetactlError, if not)."""
+    if value is None:
+        return None
+    host, port = parse_address(value)
+    return f"{host}:{port}"
 
 
 def run(args: argparse.Namespace) -> int:

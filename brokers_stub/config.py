@@ -21,6 +21,9 @@ class BrokerConfig:
     controller: str  # HOST:PORT of the controller service
     data_dir: Path
     listen: str = "127.0.0.1:0"
+    # HOST:PORT of the Kafka listener (brokers_stub/kafka; None: none), registered with the
+    # controller so that every broker tells Kafka clients where the others are.
+    kafka_listen: str | None = None
     rack: str | None = None
     heartbeat_interval_ms: int = 2000
     session_timeout_ms: int = 9000  # the controller's; bounds an unreachable shutdown

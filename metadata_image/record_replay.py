@@ -177,6 +177,7 @@ def register(builder: Builder, record: RegisterBrokerRecord) -> None:
         epoch=record.broker_epoch,
         incarnation_id=record.incarnation_id,
         endpoint=record.endpoint,
+        kafka_endpoint=record.kafka_endpoint,
         rack=record.rack,
         fenced=record.fenced,
         in_controlled_shutdown=False,
@@ -262,6 +263,7 @@ def replace_broker(
         epoch=b.epoch,
         incarnation_id=b.incarnation_id,
         endpoint=b.endpoint,
+        kafka_endpoint=b.kafka_endpoint,
         rack=b.rack,
         fenced=fenced,
         in_controlled_shutdown=(

@@ -82,6 +82,7 @@ def iter_image_records(image: ClusterImage) -> Iterator[MetadataRecord]:
             incarnation_id=b.incarnation_id,
             broker_epoch=b.epoch,
             endpoint=b.endpoint,
+            kafka_endpoint=b.kafka_endpoint,
             rack=b.rack,
             clean=b.last_registration_clean,
             fenced=b.fenced,

@@ -41,6 +41,7 @@ class BrokerState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     fenced: bool = True
     in_controlled_shutdown: bool = False
     last_registration_clean: bool = True
+    kafka_endpoint: str = ""  # HOST:PORT of its Kafka listener (--kafka-listen); "" for none
 
     @property
     def active(self) -> bool:

@@ -176,6 +176,7 @@ class RegisterBrokerRecord(_Record, tag="RegisterBroker", frozen=True):
     previous_epoch: int | None = None  # what the broker presented (None: no clean-shutdown file)
     clean: bool = False  # the controller's judgement: previous_epoch matched the last epoch
     fenced: bool = True
+    kafka_endpoint: str = ""  # its Kafka listener (--kafka-listen), "" for none
 
 
 class FenceBrokerRecord(_Record, tag="FenceBroker", frozen=True):

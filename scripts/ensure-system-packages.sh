@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the test suite needs when they are missing:
 # prometheus (promtool and the server, for the alert-rule tests), a Java runtime
-# (for the local Spark session) and etcd-server (the metadata log's HA backend and its
-# tests). Safe to run repeatedly; does nothing when all are present.
+# (for the local Spark session), etcd-server (the metadata log's HA backend and its
+# tests) and kcat (a real Kafka client against the brokers' Kafka listener). Safe to run
+# repeatedly; does nothing when all are present.
 set -euo pipefail
 need=()
 if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
@@ -10,6 +11,7 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2
 fi
 command -v java >/dev/null 2>&1 || need+=(default-jre-headless)
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+command -v kcat >/dev/null 2>&1 || need+=(kcat)
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi

@@ -332,6 +332,7 @@ def register_broker(
             incarnation_id=req.incarnation_id,
             broker_epoch=epoch,
             endpoint=req.endpoint,
+            kafka_endpoint=req.kafka_endpoint,
             rack=req.rack,
             previous_epoch=req.previous_epoch,
             clean=clean,

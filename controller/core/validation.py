@@ -118,6 +118,7 @@ def check_register_broker(req: RegisterBroker) -> None:
     if req.previous_epoch is not None:
         int64(req.previous_epoch, "previous_broker_epoch")
     endpoint(req.endpoint)
+    endpoint(req.kafka_endpoint)
     if req.rack is not None:
         _text(req.rack, MAX_RACK_CHARS, "rack")
 

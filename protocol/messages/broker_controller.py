@@ -20,6 +20,9 @@ class RegisterBroker(Msg, tag="BrokerRegistration", frozen=True):
     previous_epoch: int | None = msgspec.field(default=None, name="previous_broker_epoch")
     endpoint: str = ""  # host:port where the broker answers GetReplicaLogInfo
     rack: str | None = None
+    # host:port of the broker's Kafka listener (--kafka-listen; "" for none): what Kafka
+    # clients are told in Metadata. An older controller ignores it.
+    kafka_endpoint: str = ""
 
 
 class RegisterBrokerResponse(Msg, tag="BrokerRegistrationResponse", frozen=True):
