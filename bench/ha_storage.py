@@ -20,13 +20,14 @@ asserts nothing.
 2. **`cluster up` resumed.** `metactl cluster up --controllers 3 --etcd 3 --data-dir D`
    (the real CLI as a subprocess: 3 brokers, mutual TLS, etcd with TLS and client
    certificates, as a user runs it; only `--listen`/`--metrics` are pinned to a block of
-   free ports, the same in every round), until it prints `Ctrl-C stops everything
-   cleanly.`; a topic `keep-<round>` is created through it, every earlier round's topic
-   must be described, and `metactl log verify` (the command the banner prints, with the
-   admin's etcd certificate) must pass with an end offset no smaller than the last
-   round's; then SIGINT, a clean exit (status 0, every child gone), and the same again on
-   D, `--rounds` times after the first start. Goal (issue 21): 10 resumes of 10 (was 0 of
-   1; this bench on the tree before ports.json, f7b4aeb^: 0 of 2, etcd never healthy).
+   free ports, the same in every round, and the Kafka listeners take any free ports),
+   until it prints `Ctrl-C stops everything cleanly.`; a topic `keep-<round>` is created
+   through it, every earlier round's topic must be described, and `metactl log verify`
+   (the command the banner prints, with the admin's etcd certificate) must pass with an
+   end offset no smaller than the last round's; then SIGINT, a clean exit (status 0,
+   every child gone), and the same again on D, `--rounds` times after the first start.
+   Goal (issue 21): 10 resumes of 10 (was 0 of 1; this bench on the tree before
+   ports.json, f7b4aeb^: 0 of 2, etcd never healthy).
 
 Run: python bench/ha_storage.py [--restarts 100] [--dumps 100] [--rate 40] [--rounds 10]
 [--only restarts|up]
@@ -440,7 +441,8 @@ def check_log_kept(up: Up, r: Round, n: int, last_end: int) -> None:
 def one_round(data: Path, n: int, listen: int, metrics: int, last_end: int) -> Round:
     r = Round(n, time.strftime("%H:%M:%S"))
     cmd = [*CLI, "cluster", "up", "--controllers", "3", "--etcd", "3", "--data-dir", str(data),
-           "--listen", f"127.0.0.1:{listen}", "--metrics", f"127.0.0.1:{metrics}"]  # fmt: skip
+           "--listen", f"127.0.0.1:{listen}", "--metrics", f"127.0.0.1:{metrics}",
+           "--kafka-base-port", "0"]  # fmt: skip
     started = time.monotonic()
     up = Up(cmd)
     pids: dict[str, int] = {}

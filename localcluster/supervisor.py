@@ -9,8 +9,10 @@ What it starts, each a child process in a process group of its own
   SQLite log in ``DATA_DIR/controller``;
 * ``--brokers B`` brokers, given every controller's address, each serving /metrics on
   the ports after the controllers' (DATA_DIR/prometheus.yml scrapes them all,
-  `localcluster.scrape_config`); their command lines are recorded in
-  DATA_DIR/cluster-up.json;
+  `localcluster.scrape_config`), and Kafka's wire protocol (``--kafka-listen``,
+  docs/kafka.md) on ``--kafka-base-port`` and up (`DEFAULT_KAFKA_BASE_PORT`, on the host
+  of ``--listen``; none with ``--no-kafka``), with the cluster's TLS; their command
+  lines, Kafka addresses included, are recorded in DATA_DIR/cluster-up.json;
 * before the first of them, on a first start, every controller's and broker's data
   directory is formatted (`localcluster.storage.format_cluster`, docs/operations.md):
   the cluster id is the one the directories record, else the metadata log's, else a new
@@ -81,10 +83,16 @@ from protocol.address import parse_address
 from protocol.messages.admin import CreateTopic, CreateTopicsRequest, CreateTopicsResponse
 from protocol.tls import ADMIN, CONTROLLER, TlsIdentity
 
-__all__ = ["ClusterUp", "UpSettings", "metactl_path", "run_cluster"]
+__all__ = ["DEFAULT_KAFKA_BASE_PORT", "ClusterUp", "UpSettings", "metactl_path", "run_cluster"]
 
 READY_TIMEOUT_S: Final = 60.0
 LOCK_FILE: Final = "cluster.lock"
+# Broker N's Kafka listener is on this port + N - 1. Not Kafka's 9092 and up: the
+# controller's default address is 127.0.0.1:9093 (Kafka's controller port, and the
+# CLI's default), which broker 2 would take, and with --controllers 3 the controllers
+# hold 9093-9095. 19092 and up (Redpanda's external Kafka port) clear the controllers'
+# 9093 block and the /metrics 9400 block, and a Kafka of one's own on 9092.
+DEFAULT_KAFKA_BASE_PORT: Final = 19092
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,16 @@ class UpSettings:
     min_isr: int = 2
     strategy: str = "balanced"
     insecure: bool = False
+    # Broker N's Kafka listener on this port + N - 1 (0: any free port for each; None:
+    # no Kafka listeners), on the host of `listen`.
+    kafka_base_port: int | None = DEFAULT_KAFKA_BASE_PORT
+
+    def kafka_listen(self, broker_id: int) -> str | None:
+        """Broker `broker_id`'s --kafka-listen (None without Kafka listeners)."""
+        if self.kafka_base_port is None:
+            return None
+        host, _ = parse_address(self.listen)
+        return _port_plus(f"{host}:{self.kafka_base_port}", broker_id - 1)
 
     def check(self) -> None:
         if self.brokers < 1 or self.controllers < 1 or self.etcd < 0:
@@ -112,6 +130,37 @@ class UpSettings:
             )
         parse_address(self.listen)
         parse_address(self.metrics)
+        self._check_ports()
+
+    def _check_ports(self) -> None:
+        """INVALID_CONFIG, naming both, if two processes would be given the same fixed
+        port (by number: port 0, any free port, never collides), or a port past 65535."""
+        wanted: list[tuple[str, str]] = []
+        for i in range(self.controllers):
+            who = "the controller" if self.controllers == 1 else f"controller {i + 1}"
+            wanted += [
+                (_port_plus(self.listen, i), f"{who}'s --listen"),
+                (_port_plus(self.metrics, i), f"{who}'s /metrics (--metrics)"),
+            ]
+        for b in range(1, self.brokers + 1):
+            wanted.append((_port_plus(self.metrics, self.controllers + b - 1),
+                           f"broker {b}'s /metrics (--metrics)"))  # fmt: skip
+            kafka = self.kafka_listen(b)
+            if kafka is not None:
+                wanted.append((kafka, f"broker {b}'s Kafka listener (--kafka-base-port)"))
+        taken: dict[int, str] = {}
+        for address, who in wanted:
+            port = int(address.rpartition(":")[2])
+            if port > 65535:
+                raise InvalidConfigurationError(
+                    f"{who} would be port {port}, past 65535: choose a lower port"
+                )
+            if port and port in taken:
+                raise InvalidConfigurationError(
+                    f"port {port} would be both {taken[port]} and {who}: move one of them "
+                    "(port 0 takes any free port)"
+                )
+            taken.setdefault(port, who)
 
 
 def metactl_path() -> str:
@@ -141,6 +190,7 @@ class ClusterUp:
     # Each broker's command line (`broker start` runs it again) and /metrics address.
     broker_cmds: dict[int, list[str]] = field(default_factory=dict)
     broker_metrics: dict[int, str] = field(default_factory=dict)
+    broker_kafka: dict[int, str] = field(default_factory=dict)  # Kafka listeners, by id
     _lock: int | None = None
     _restarting: set[int] = field(default_factory=set)
 
@@ -274,10 +324,11 @@ class ClusterUp:
         for b in range(1, s.brokers + 1):
             # /metrics after the controllers' ports (port 0: any free port, each its own).
             metrics = _port_plus(s.metrics, s.controllers + b - 1)
+            kafka = s.kafka_listen(b)
             self.broker_cmds[b] = [
                 py, "-m", "brokers_stub", "--id", str(b), "--controller", self.bootstrap,
                 "--data-dir", str(self.broker_dir(b)), f"--cluster-id={self.cluster_id}",
-                "--metrics", metrics, *flags,
+                "--metrics", metrics, *(["--kafka-listen", kafka] if kafka else []), *flags,
             ]  # fmt: skip
             self.spawn(f"broker {b}", "broker", self.broker_cmds[b])
         for c in [c for c in self.children if c.kind == "broker"]:
@@ -285,17 +336,22 @@ class ClusterUp:
         self.write_record()
 
     def _note_broker_ready(self, child: Child, ready: str) -> None:
-        """Its /metrics address, from its READY line; a port 0 (any free port) is pinned
-        in its recorded command line, so that `broker start` brings it back where
-        DATA_DIR/prometheus.yml scrapes it."""
+        """Its /metrics and Kafka addresses, from its READY line; a port 0 (any free
+        port) is pinned in its recorded command line, so that `broker start` brings it
+        back where DATA_DIR/prometheus.yml scrapes it and Kafka clients find it."""
         fields = dict(p.split("=", 1) for p in ready.split()[1:] if "=" in p)
-        if "metrics" not in fields or "broker" not in fields:
+        if "broker" not in fields:
             return
         broker = int(fields["broker"])
-        self.broker_metrics[broker] = fields["metrics"]
         cmd = self.broker_cmds.get(broker, [])
-        if "--metrics" in cmd:
-            cmd[cmd.index("--metrics") + 1] = fields["metrics"]
+        for key, flag, known in (
+            ("metrics", "--metrics", self.broker_metrics),
+            ("kafka", "--kafka-listen", self.broker_kafka),
+        ):
+            if key in fields:
+                known[broker] = fields[key]
+                if flag in cmd:
+                    cmd[cmd.index(flag) + 1] = fields[key]
 
     def write_record(self) -> Path:
         """``DATA_DIR/cluster-up.json``: how this cluster runs, each broker's command line
@@ -305,6 +361,7 @@ class ClusterUp:
                 "argv": cmd,
                 "pid": next((c.proc.pid for c in self._brokers(b)), None),
                 "metrics": self.broker_metrics.get(b),
+                "kafka": self.broker_kafka.get(b),
                 "log": str(self.log_path(f"broker {b}")),
             }
             for b, cmd in self.broker_cmds.items()

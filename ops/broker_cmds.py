@@ -4,7 +4,7 @@ start --id N --data-dir D`: bring a broker of a `cluster up` cluster back.
 `run` hands over to `brokers_stub.cli`; the arguments are documented there and shared
 with `python -m brokers_stub`. Logs are JSON lines on stderr; the one line on stdout is
 `READY broker=<id> epoch=<epoch> endpoint=<host:port>` (and `metrics=<host:port>` with
-`--metrics`).
+`--metrics`, `kafka=<host:port>` with `--kafka-listen`).
 
 `start` asks the `cluster up` running on D (through its control socket, `localcluster.control`)
 to run broker N again with the command line it recorded in ``D/cluster-up.json``: the
@@ -103,7 +103,9 @@ def cmd_broker_start(args: argparse.Namespace) -> int:
         )
         return EXIT_INTERRUPTED
     ready = dict(p.split("=", 1) for p in str(answer.get("ready", "")).split()[1:] if "=" in p)
-    where = ", ".join(f"{k} {ready[k]}" for k in ("epoch", "endpoint", "metrics") if k in ready)
+    where = ", ".join(
+        f"{k} {ready[k]}" for k in ("epoch", "endpoint", "metrics", "kafka") if k in ready
+    )
     print(
         f"Broker {args.broker_id} started (pid {answer.get('pid')}; {where}); "
         f"cluster up supervises it; its log: {answer.get('log')}"

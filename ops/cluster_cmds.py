@@ -4,10 +4,11 @@ supervisor that starts and watches the processes in localcluster/supervisor.py).
 
 `cluster up` makes the cluster's certificates in DATA_DIR/certs
 (`localcluster.certs.init_certs`, kept across runs) and runs every process with mutual
-TLS; `--insecure` runs everything in plaintext. With `--etcd M --controllers N` the
-controllers share a metadata log on a local etcd cluster (one active, the others hot
-standbys). It prints how to point the CLI at the cluster, then the cluster's events
-(`metactl events --follow`'s lines), until Ctrl-C.
+TLS; `--insecure` runs everything in plaintext. Every broker also answers Kafka clients
+(docs/kafka.md) on `--kafka-base-port` and up, and the banner prints a `kcat -L` line.
+With `--etcd M --controllers N` the controllers share a metadata log on a local etcd
+cluster (one active, the others hot standbys). It prints how to point the CLI at the
+cluster, then the cluster's events (`metactl events --follow`'s lines), until Ctrl-C.
 
 This module parses, calls `localcluster.supervisor.run_cluster` and prints.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shlex
 import shutil
 import time
 from pathlib import Path
@@ -24,9 +26,15 @@ from typing import Any
 from eventfeed.feed import Event, Feed
 from eventfeed.follow import follow_events
 from localcluster.etcd import LocalEtcd
-from localcluster.supervisor import ClusterUp, UpSettings, metactl_path, run_cluster
+from localcluster.supervisor import (
+    DEFAULT_KAFKA_BASE_PORT,
+    ClusterUp,
+    UpSettings,
+    metactl_path,
+    run_cluster,
+)
 from metactl.errors import MetactlError
-from metactl.numbers import int_arg
+from metactl.numbers import int_arg, int_flag
 from ops.cli import EXIT_INTERRUPTED, EXIT_OK, HELP_FORMAT, examples
 from ops.client import DEFAULT_CONTROLLER
 from protocol.flags import ENV_TLS_DIR
@@ -89,6 +97,21 @@ def register(sub: Any) -> None:
         help="the (first) controller's /metrics address; the others take the next ports "
         "(default 127.0.0.1:9400)",
     )
+    kafka = u.add_mutually_exclusive_group()
+    kafka.add_argument(
+        "--kafka-base-port",
+        type=int_flag(0, 65535, name="port"),
+        default=DEFAULT_KAFKA_BASE_PORT,
+        metavar="PORT",
+        help="broker N answers Kafka clients (docs/kafka.md) on PORT + N - 1, on the host "
+        "of --listen, with the cluster's TLS; 0: any free port for each (default "
+        f"{DEFAULT_KAFKA_BASE_PORT}: the controller's 9093 rules out Kafka's 9092 and up)",
+    )
+    kafka.add_argument(
+        "--no-kafka",
+        action="store_true",
+        help="no Kafka listeners on the brokers (default: one per broker)",
+    )
     u.add_argument("--topic", default="demo", help="the demo topic's name (default demo)")
     u.add_argument(
         "--partitions", type=int_arg, default=6, help="the demo topic's partitions (default 6)"
@@ -132,6 +155,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
         min_isr=args.min_isr,
         strategy=args.unclean_recovery_strategy,
         insecure=args.insecure,
+        kafka_base_port=None if args.no_kafka else args.kafka_base_port,
     )
     up = ClusterUp(settings)
 
@@ -174,6 +198,7 @@ def banner(up: ClusterUp, topic: str) -> str:
             up.etcd,
             broker_metrics=up.broker_metrics,
             prometheus=up.prometheus_config(),
+            kafka=up.broker_kafka,
         )
         + f"  pids:     {pids}\nCtrl-C stops everything cleanly. Events follow:"
     )
@@ -205,6 +230,7 @@ def how_to(
     *,
     broker_metrics: dict[int, str] | None = None,
     prometheus: Path | None = None,
+    kafka: dict[int, str] | None = None,
 ) -> str:
     """What `cluster up` prints after its first line: where things are, what to run. The
     commands name the `metactl` of this environment by its full path (`metactl_path`)."""
@@ -246,6 +272,8 @@ def how_to(
             f"            prometheus --config.file={prometheus}  (scrapes all of them; "
             f"dashboard and alerts: grafana/README.md{missing})"
         )
+    if kafka:
+        lines += kafka_lines(kafka, certs)
     target = f"--bootstrap-controller {address} {sec}"
     lines += [
         f"  try:      {me} describe {target}",
@@ -256,3 +284,25 @@ def how_to(
         f"            {me} broker start --id <N> --data-dir {data}   (brings broker N back)",
     ]
     return "\n".join(lines) + "\n"
+
+
+def kafka_lines(kafka: dict[int, str], certs: Path | None) -> list[str]:
+    """The brokers' Kafka addresses, and a `kcat -L` to paste: every broker as bootstrap
+    (it works with any of them down), with the admin's certificate over TLS
+    (docs/kafka.md)."""
+    where = ", ".join(f"{b}: {address}" for b, address in sorted(kafka.items()))
+    kcat = ["kcat", "-L", "-b", ",".join(address for _, address in sorted(kafka.items()))]
+    if certs is not None:
+        for option, value in (
+            ("security.protocol", "SSL"),
+            ("ssl.ca.location", certs / CA_CERT),
+            ("ssl.certificate.location", cert_path(certs, ADMIN)),
+            ("ssl.key.location", key_path(certs, ADMIN)),
+            ("ssl.endpoint.identification.algorithm", "none"),
+        ):
+            kcat += ["-X", f"{option}={value}"]
+    missing = "" if shutil.which("kcat") else "  (kcat not installed: `make system`)"
+    return [
+        f"  kafka:    brokers {where}  (metadata so far: docs/kafka.md)",
+        f"            {shlex.join(kcat)}{missing}",
+    ]

@@ -145,7 +145,7 @@ def test_a_child_on_a_busy_metrics_port_fails_in_one_readable_line(
         r = subprocess.run(
             [*CLI, "cluster", "up", "--data-dir", str(tmp_path / "data"), "--insecure",
              "--brokers", "1", "--listen", f"127.0.0.1:{free_port()}",
-             "--metrics", f"127.0.0.1:{metrics}"],
+             "--metrics", f"127.0.0.1:{metrics}", "--kafka-base-port", "0"],
             capture_output=True, text=True, cwd=REPO, env=env(), timeout=BOUND_S, check=False,
         )  # fmt: skip
     finally:

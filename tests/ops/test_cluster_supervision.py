@@ -146,7 +146,7 @@ def test_children_are_stopped_while_the_thread_that_started_them_lives(
     status = main(
         ["cluster", "up", "--data-dir", str(tmp_path / "data"), "--insecure", "--brokers", "1",
          "--listen", f"127.0.0.1:{free_port()}", "--metrics", "127.0.0.1:0",
-         "--partitions", "1", "--min-isr", "1", "--exit-after-ready"]
+         "--kafka-base-port", "0", "--partitions", "1", "--min-isr", "1", "--exit-after-ready"]
     )  # fmt: skip
     assert status == 0, capsys.readouterr().err
     assert len(spawners) == 2 and alive_at_stop[:1] == [True], alive_at_stop

@@ -45,9 +45,11 @@ def metactl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 class Up:
     def __init__(self, data: Path, *extra: str) -> None:
         self.data = data
+        # Kafka listeners on any free ports (a fixed default may be taken), or none.
+        kafka = [] if "--no-kafka" in extra else ["--kafka-base-port", "0"]
         self.proc = subprocess.Popen(
             [*CLI, "cluster", "up", "--brokers", "1", "--data-dir", str(data),
-             "--listen", f"127.0.0.1:{free_port()}", "--metrics", "127.0.0.1:0",
+             "--listen", f"127.0.0.1:{free_port()}", "--metrics", "127.0.0.1:0", *kafka,
              "--partitions", "2", "--min-isr", "1", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env(),
             start_new_session=True,

@@ -242,8 +242,8 @@ def cluster_up(data: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "ops.cli", "cluster", "up", "--data-dir", str(data),
          "--insecure", "--brokers", "2", "--listen", f"127.0.0.1:{free_port()}",
-         "--metrics", "127.0.0.1:0", "--partitions", "1", "--min-isr", "1",
-         "--exit-after-ready"],
+         "--metrics", "127.0.0.1:0", "--kafka-base-port", "0", "--partitions", "1",
+         "--min-isr", "1", "--exit-after-ready"],
         capture_output=True, text=True, cwd=REPO, timeout=180, check=False,
     )  # fmt: skip
 
