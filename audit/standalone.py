@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from metactl.numbers import int_arg
+from metactl.processes import dies_with_parent
 
 ROOT = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
@@ -91,7 +92,9 @@ class Standalone:
         log = self.root / f"{name}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [str(spark_home() / "bin" / "spark-class"), *args],
+                # Dies with its parent: a test run killed outright left a master and two
+                # workers running for hours (spark-class execs the JVM, which keeps it).
+                [*dies_with_parent(), str(spark_home() / "bin" / "spark-class"), *args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=self.env,

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Final
 
 from metactl.errors import InvalidConfigurationError, ListenError, StoreUnavailableError
+from metactl.processes import dies_with_parent
 from metadata_log.etcd.tls import EtcdTls
 from protocol.tls import ADMIN, CA_CERT, cert_path, key_path
 
@@ -46,7 +47,6 @@ __all__ = [
     "ETCD_BINARY",
     "EtcdMember",
     "LocalEtcd",
-    "dies_with_parent",
     "etcd_binary",
     "free_ports",
 ]
@@ -77,13 +77,6 @@ def etcd_binary() -> str:
             "`make test`), or put an etcd 3.4+ binary on PATH"
         )
     return found
-
-
-def dies_with_parent() -> list[str]:
-    """A command prefix after which the child gets SIGTERM when its parent dies, even by
-    SIGKILL (util-linux's setpriv; nothing where it is missing)."""
-    found = shutil.which("setpriv")
-    return [found, "--pdeathsig", "SIGTERM", "--"] if found else []
 
 
 def free_ports(n: int) -> list[int]:

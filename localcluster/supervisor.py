@@ -67,7 +67,7 @@ from localcluster.certs import default_names, etcd_dir, init_certs, init_etcd_ce
 from localcluster.child_log import failure_reason
 from localcluster.children import Child, exit_text, stop_children
 from localcluster.control import CONTROL_SOCKET, serve, write_record
-from localcluster.etcd import LocalEtcd, dies_with_parent
+from localcluster.etcd import LocalEtcd
 from localcluster.procs import await_active_brokers, ready_line
 from localcluster.scrape_config import write_prometheus_config
 from localcluster.storage import format_cluster
@@ -78,6 +78,7 @@ from metactl.errors import (
     StoreUnavailableError,
     with_details,
 )
+from metactl.processes import dies_with_parent
 from metadata_log.etcd.tls import tls_flags
 from protocol.address import parse_address
 from protocol.messages.admin import CreateTopic, CreateTopicsRequest, CreateTopicsResponse

@@ -30,8 +30,8 @@ from brokers_stub.replica_log import load as load_replica
 from brokers_stub.storage import REPLICAS_DIR
 from clients.controller import INSECURE, Security, call
 from localcluster.certs import default_names, init_certs
-from localcluster.etcd import dies_with_parent
 from metactl.errors import NetworkError
+from metactl.processes import dies_with_parent
 from metadata_log.records import MetadataRecord
 from protocol.client import NO_RETRY
 from protocol.messages.admin import DescribeClusterRequest, DescribeClusterResponse
