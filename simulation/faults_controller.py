@@ -153,12 +153,13 @@ class ControllerSide(Cluster):
     ) -> None:
         """Potential-data-loss events: UncleanRecoveryRecords, and elections of a kind
         that carries none (Kafka's classic unclean leader election), each for the topic
-        id its partition had (a report about a topic excuses no loss of its successor)."""
+        id its partition had (a report about a topic excuses no loss of its successor);
+        and, in an ELR mode, elections under a feature cycle's classic rules."""
 
-        def report(tp: TopicPartition) -> None:
+        def note(book: dict[tuple[str, int], list[int]], tp: TopicPartition) -> None:
             t = before.topics.get(tp[0]) or after.topics.get(tp[0])
             if t is not None:
-                self.reports.setdefault((t.topic_id, tp[1]), []).append(self.seq)
+                book.setdefault((t.topic_id, tp[1]), []).append(self.seq)
 
         recovered: TopicPartition | None = None
         elr = before.elr_enabled(self.config.eligible_leader_replicas)
@@ -171,21 +172,17 @@ class ControllerSide(Cluster):
                 and not elr
                 and self.mode.eligible_leader_replicas
             ):
-                t = before.topics.get(r.topic) or after.topics.get(r.topic)
-                if t is not None:
-                    self.classic_elections.setdefault((t.topic_id, r.partition), []).append(
-                        self.seq
-                    )
+                note(self.classic_elections, (r.topic, r.partition))
             if isinstance(r, UncleanRecoveryRecord):
                 recovered = (r.topic, r.partition)
                 self.out.unclean_recoveries += 1
                 if r.potential_data_loss:  # one that claims no loss excuses none
-                    report(recovered)
+                    note(self.reports, recovered)
             elif isinstance(r, PartitionChangeRecord):
                 tp = (r.topic, r.partition)
                 kind = r.election
                 if kind is not None and str(kind) not in _KNOWN_ELECTIONS and recovered != tp:
-                    report(tp)
+                    note(self.reports, tp)
                     self.out.unclean_recoveries += 1
                 recovered = None
 
