@@ -59,6 +59,9 @@ class RateLimitedLog:
     def info(self, event: str, **kw: Any) -> None:
         self._log("info", event, kw)
 
+    def error(self, event: str, **kw: Any) -> None:
+        self._log("error", event, kw)
+
     def exception(self, event: str, **kw: Any) -> None:
         """The first line carries the traceback; a summary is an ERROR with the count."""
         self._log("exception", event, kw)

@@ -171,7 +171,30 @@ class FrameServer:
                 )
                 await _send(writer, 0, error_response(exc))
                 continue
-            await _send(writer, frame.correlation_id, await self._answer(frame.body, peer))
+            answer = await self._answer(frame.body, peer)
+            data = encode_frame(frame.correlation_id, answer)
+            if len(data) - HEADER_BYTES > self.max_frame_bytes:
+                # The handlers bound their answers up front (caps, pages); one that is not
+                # (a bug) reaches the client as a named error, never as a frame it could
+                # not read. Measured here, where every answer is encoded once anyway.
+                self.admission.throttled.error(
+                    "answer over the frame limit; refused",
+                    peer=peer.name,
+                    request=type(frame.body).__name__,
+                    bytes=len(data) - HEADER_BYTES,
+                    limit=self.max_frame_bytes,
+                )
+                data = encode_frame(
+                    frame.correlation_id,
+                    error_response(
+                        FrameTooLargeError(
+                            f"the {type(answer).__name__} ({len(data) - HEADER_BYTES:,} "
+                            f"bytes) exceeds the {self.max_frame_bytes:,}-byte frame limit"
+                        )
+                    ),
+                )
+            writer.write(data)
+            await writer.drain()
 
     async def _answer(self, body: Message, peer: Peer) -> Message:
         try:

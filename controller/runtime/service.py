@@ -172,7 +172,7 @@ class ControllerService:
             max_frame_bytes=max_frame_bytes,
             work_budget=work_budget,
         )
-        self.listener = FrameListener(self.admission, self.apis, max_frame_bytes=max_frame_bytes)
+        self.listener = FrameListener(self.admission, self.apis)
         self.inspections = Inspections(
             lambda: self.controller,
             max_frame_bytes=max_frame_bytes,

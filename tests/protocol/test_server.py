@@ -11,7 +11,11 @@ from structlog.testing import capture_logs
 from metactl.errors import StaleBrokerEpochError
 from protocol.address import parse_address
 from protocol.codec import decode_frame, encode_frame
-from protocol.messages.admin import DescribeClusterRequest, DescribeClusterResponse
+from protocol.messages.admin import (
+    DescribeClusterRequest,
+    DescribeClusterResponse,
+    PartitionState,
+)
 from protocol.messages.base import ErrorResponse
 from protocol.messages.unions import Message
 from protocol.server import FrameServer
@@ -104,6 +108,32 @@ async def test_an_oversized_frame_is_answered_then_closed(server: FrameServer) -
     body = await ask(reader, writer, struct.pack(">I", 4097))
     assert isinstance(body, ErrorResponse) and body.code == "MESSAGE_TOO_LARGE"
     assert await reader.read() == b""
+    writer.close()
+
+
+async def test_an_answer_over_the_frame_limit_is_refused_by_name_and_the_connection_serves_on(
+    server: FrameServer, handler: Scripted
+) -> None:
+    """A handler's answer larger than the frame limit (4,096 bytes here) never leaves as a
+    frame the client could not read: MESSAGE_TOO_LARGE under the request's correlation id,
+    one log line, and the next request on the connection is answered."""
+    partition = PartitionState(
+        topic="t" * 200, partition=0, replicas=[1], leader=1, leader_epoch=0,
+        partition_epoch=0, isr=[1],
+    )  # fmt: skip
+    big = msgspec.structs.replace(EMPTY, partitions=[partition] * 40)
+    assert len(encode_frame(5, big)) > 4096
+    handler.script = [big, EMPTY]
+    reader, writer = await raw(server)
+    with capture_logs() as logs:
+        writer.write(encode_frame(5, DescribeClusterRequest()))
+        await writer.drain()
+        frame = decode_frame(await read_frame(reader))
+    assert frame.correlation_id == 5
+    assert isinstance(frame.body, ErrorResponse) and frame.body.code == "MESSAGE_TOO_LARGE"
+    assert "DescribeClusterResponse" in frame.body.message
+    assert [e["event"] for e in logs] == ["answer over the frame limit; refused"]
+    assert await ask(reader, writer, encode_frame(6, DescribeClusterRequest())) == EMPTY
     writer.close()
 
 
