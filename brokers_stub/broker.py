@@ -27,7 +27,8 @@ from collections.abc import Coroutine
 from typing import Any, Final, TextIO
 
 from brokers_stub.config import BrokerConfig
-from brokers_stub.kafka.listener import KafkaListener
+from brokers_stub.kafka.apis import BrokerKafkaApis
+from brokers_stub.kafka.data import MESSAGE_MAX_BYTES, KafkaData
 from brokers_stub.logctx import BrokerLog
 from brokers_stub.metadata import MetadataFollower
 from brokers_stub.metrics import start_metrics
@@ -47,6 +48,7 @@ from metadata_image.delta import MetadataDelta
 from metadata_image.image import ClusterImage
 from protocol.admission import Peer
 from protocol.client import Endpoints, FailoverPolicy, RpcClient
+from protocol.kafka.listener import KafkaListener
 from protocol.messages.broker_controller import (
     BrokerHeartbeatRequest,
     BrokerHeartbeatResponse,
@@ -115,9 +117,17 @@ class Broker:
         self.kafka: KafkaListener | None = None
         self.kafka_endpoint = ""
         if config.kafka_listen is not None:
+            data = KafkaData(
+                self.replicas,
+                broker_epoch=lambda: self.epoch,
+                tls=config.tls is not None,
+                refused=self._refused,
+                max_batch_bytes=MESSAGE_MAX_BYTES,
+            )
+            apis = BrokerKafkaApis(config.broker_id, lambda: self.metadata.image, parts=(data,))
             self.kafka = KafkaListener(
-                config.broker_id,
-                lambda: self.metadata.image,
+                apis.served,
+                apis.answer,
                 log=self.log,
                 ssl=config.server_ssl,
                 limits=config.limits,

@@ -14,6 +14,10 @@ A ReplicaFetch names one partition and a connection carries one request at a tim
   on the leader (`max_wait_ms` 0), one round every `fetch_interval_ms` unless a round
   changed something.
 
+A fetch asks for at most `REPLICA_FETCH_MAX_BYTES` of record batches (Kafka's
+replica.fetch.max.bytes, within half the frame limit: the leader sends the first batch
+whatever its size).
+
 A fetch names the partition's leader epoch as this broker's image shows it
 (`current_leader_epoch`), as Kafka's followers do. A leader at a newer epoch refuses it
 with FENCED_LEADER_EPOCH: the partition is then not fetched again until this broker's
@@ -54,6 +58,8 @@ from metadata_image.state import TopicPartition
 from protocol.client import RpcClient
 from protocol.messages.replication import ReplicaFetchRequest, ReplicaFetchResponse
 from protocol.tls import broker_principal
+
+REPLICA_FETCH_MAX_BYTES = 1048576  # Kafka's replica.fetch.max.bytes default
 
 
 class FetchHost(Protocol):
@@ -230,6 +236,7 @@ class FetchLane:
             max_wait_ms=wait_ms,
             topic_id=log.topic_id or "",
             current_leader_epoch=p.leader_epoch,
+            max_bytes=min(REPLICA_FETCH_MAX_BYTES, m.config.max_frame_bytes // 2),
         )
         try:
             resp = await self.client.request(req, (m.config.request_timeout_ms + wait_ms) / 1000)

@@ -4,8 +4,9 @@
 handing each the partitions it follows from that leader as the image moves
 (`reconcile`), and applies the leaders' answers to the replica logs
 (`apply_fetch_response`): truncates where the logs diverge
-(`replication.follower_truncation`) and copies the rest, then persists the replica
-through `ReplicaFiles`.
+(`replication.follower_truncation`) and copies the rest (appending the record batches
+the leader sent with their bytes, extending the log over the ranges it sent without
+bytes, then taking its epoch history), then persists the replica through `ReplicaFiles`.
 
 It must not lead (`leader_side`), create or delete replicas (`replica_lifecycle`), nor
 run the fetch loops itself (`fetcher`).
@@ -98,8 +99,59 @@ class FollowerSide:
                 )
                 return True
             return False
-        changed = log.copy_from_leader(resp.leader_epochs, resp.log_end_offset)
+        appended = self._append_chunks(log, resp) if resp.chunks else False
+        # With chunks, the log now ends where they do, which is the answer's
+        # `log_end_offset`; without (an older leader's answer, or nothing new), the
+        # records up to it are copied without bytes, as the leader has none.
+        end = log.log_end_offset if resp.chunks else resp.log_end_offset
+        changed = log.copy_from_leader(resp.leader_epochs, end) or appended
         changed |= log.advance_high_watermark(resp.high_watermark)
         if changed:
             self.files.save(tp)
         return changed
+
+    def _append_chunks(self, log: ReplicaLog, resp: ReplicaFetchResponse) -> bool:
+        """Append what the leader sent past our LEO: its batches with their bytes, its
+        ranges without bytes as records without bytes. True if the log grew. Stops at a
+        chunk that does not follow on (a leader bug: logged, the rest not copied)."""
+        before = log.log_end_offset
+        for base, count, data in resp.chunks:
+            end = base + count
+            leo = log.log_end_offset
+            if end <= leo:
+                continue  # we have it
+            if base > leo or count <= 0:
+                self.log.warning(
+                    "replica fetch answer skips records; copied up to the gap",
+                    partition=log.name,
+                    log_end_offset=leo,
+                    chunk_base_offset=base,
+                    chunk_count=count,
+                )
+                break
+            if data is None:
+                log.append(end - leo)
+                continue
+            if base < leo:
+                # A batch straddling our LEO: our log ends inside one of the leader's
+                # batches (truncation points are batch boundaries, so it should not).
+                # The leader's batch is the partition's: ours from its base goes.
+                self.log.warning(
+                    "log end inside a leader's batch; truncating to its base",
+                    partition=log.name,
+                    log_end_offset=leo,
+                    batch_base_offset=base,
+                )
+                log.truncate_to(base)
+                if log.log_end_offset != base:
+                    break
+            try:
+                log.append(count, data)
+            except ValueError as exc:
+                self.log.warning(
+                    "replica fetch answer carries a bad batch; copied up to it",
+                    partition=log.name,
+                    error=str(exc),
+                )
+                break
+        return log.log_end_offset != before

@@ -11,8 +11,12 @@
 * advancing the high watermark (`update_high_watermark`: answering the acks=all batches
   it covers) at every append, recorded fetch and tick, and having `leader.IsrUpdater`
   ask the controller to shrink or expand the ISR (`maybe_alter_isr`);
-* serving followers' ReplicaFetch, long-polled (`fetch`): a fetch is recorded (the
-  follower's position, the high watermark) when it arrives, and when the leader has
+* serving followers' ReplicaFetch, long-polled (`fetch`): the answer carries the log
+  from the follower's fetch offset as chunks (stored record batches with their bytes,
+  and ranges of records without bytes), within the follower's `max_bytes` and a share
+  of the frame limit (`fetch_bytes_budget`), and names their end as its
+  `log_end_offset` (the follower copies exactly what it was sent); a fetch is recorded
+  (the follower's position, the high watermark) when it arrives, and when the leader has
   nothing new for the follower it parks on the partition's `LeaderState` until the log
   end or the high watermark moves past what the follower has, the leadership ends, or
   its `max_wait_ms` runs out. Every append, high-watermark advance and leadership change
@@ -62,6 +66,17 @@ from metadata_image.image import ClusterImage
 from metadata_image.state import PartitionState, TopicPartition
 from metadata_log.records import LeaderRecoveryState
 from protocol.messages.replication import ReplicaFetchRequest, ReplicaFetchResponse
+
+# The share of the frame limit an answer's record batches may take: the rest leaves room
+# for the epoch history and the encoding (MessagePack adds a few bytes per chunk).
+FETCH_FRAME_SHARE = 2
+
+
+def fetch_bytes_budget(config: BrokerConfig, max_bytes: int) -> int:
+    """How many bytes of batches a ReplicaFetch answer may carry for a follower asking
+    for `max_bytes` (the first batch goes whatever its size: the Kafka listener must not
+    accept a batch larger than this, or followers could not copy it)."""
+    return min(max_bytes, config.max_frame_bytes // FETCH_FRAME_SHARE)
 
 
 class ReplicaView(Protocol):
@@ -290,14 +305,30 @@ class LeaderSide:
             )
         if current is not st:
             return self.handle_fetch(req), current
-        log = self.logs[tp]
-        resp = ReplicaFetchResponse(
-            leader_epoch=st.leader_epoch,
-            log_end_offset=log.log_end_offset,
+        return self._answer(req, st.leader_epoch, self.logs[tp]), st
+
+    def _answer(
+        self, req: ReplicaFetchRequest, leader_epoch: int, log: ReplicaLog
+    ) -> ReplicaFetchResponse:
+        """The answer to a fetch that needs no truncation: the log from its fetch offset
+        (chunks within the budget), whose end is the answer's `log_end_offset`. Records
+        without bytes up to the LEO need no chunks (the follower copies the LEO, as from
+        an older leader): a log without stored batches answers as before them."""
+        leo = log.log_end_offset
+        chunks: list[tuple[int, int, bytes | None]] = []
+        if log.log_bytes:
+            budget = fetch_bytes_budget(self.config, req.max_bytes)
+            read = self.files.read((req.topic, req.partition), req.fetch_offset, leo, budget)
+            if any(data is not None for _, _, data in read):
+                chunks = list(read)
+                leo = read[-1][0] + read[-1][1]
+        return ReplicaFetchResponse(
+            leader_epoch=leader_epoch,
+            log_end_offset=leo,
             high_watermark=log.high_watermark,
             leader_epochs=list(log.leader_epochs),
+            chunks=chunks,
         )
-        return resp, st
 
     def handle_fetch(self, req: ReplicaFetchRequest) -> ReplicaFetchResponse:
         """ReplicaFetch answered at once: checked, recorded, and the log as it is.
@@ -315,6 +346,10 @@ class LeaderSide:
         if req.current_leader_epoch < -1:
             raise InvalidRequestError(
                 f"current_leader_epoch must be >= 0, or -1 for none, got {req.current_leader_epoch}"
+            )
+        if req.max_bytes < 0 or req.fetch_offset < 0:
+            raise InvalidRequestError(
+                f"max_bytes and fetch_offset must be >= 0, got {req.max_bytes}, {req.fetch_offset}"
             )
         image = self.view.image
         if image is None:
@@ -376,9 +411,4 @@ class LeaderSide:
         if self.update_high_watermark(p, st, log):
             self.files.save(tp)
         self.maybe_alter_isr(tp, now)
-        return ReplicaFetchResponse(
-            leader_epoch=p.leader_epoch,
-            log_end_offset=log.log_end_offset,
-            high_watermark=log.high_watermark,
-            leader_epochs=history,
-        )
+        return self._answer(req, p.leader_epoch, log)

@@ -1,8 +1,12 @@
-"""The data plane of the partitions this broker leads: Produce and ReadLog.
+"""The data plane of the partitions this broker leads: Produce (metactl's and Kafka's)
+and ReadLog.
 
-Records carry no bytes: a batch of `count` records gets the consecutive offsets
-`[base, base+count)` in the current leader epoch, and a record is identified by its
-(offset, leader epoch). Produce follows Kafka (docs/protocol.md, "Client → broker"):
+A batch of `count` records gets the consecutive offsets `[base, base+count)` in the
+current leader epoch, and a record is identified by its (offset, leader epoch).
+metactl's own producer sends a count and no bytes (`produce`); a Kafka client's batch
+(`append_batch`) is stored as it came, stamped with its base offset and leader epoch
+(`replica_log`), with Kafka's idempotent-producer checks. Both follow Kafka
+(docs/protocol.md, "Client → broker"; docs/kafka.md):
 
 - only the leader of the partition's current epoch accepts (else NOT_LEADER_OR_FOLLOWER);
 - acks=1 is answered once the leader has appended (through the page cache);
@@ -36,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from brokers_stub.config import BrokerConfig
@@ -54,6 +58,8 @@ from metactl.errors import (
 )
 from metadata_image.image import ClusterImage
 from metadata_image.state import PartitionState, TopicPartition
+from protocol.kafka.producer_state import ProducerStates
+from protocol.kafka.records import read_header, stamp
 from protocol.messages.data import (
     ACKS_ALL,
     ACKS_LEADER,
@@ -219,8 +225,10 @@ class DataPlane:
     def __init__(self, manager: LedReplicas) -> None:
         self.m = manager
         self.waiters = ProduceWaiters()
+        # Idempotent producers' state per led partition, and the leadership it is of.
+        self._producers: dict[TopicPartition, tuple[LeaderState, ProducerStates]] = {}
 
-    def _led(self, topic: str, partition: int) -> tuple[PartitionState, LeaderState, ReplicaLog]:
+    def led(self, topic: str, partition: int) -> tuple[PartitionState, LeaderState, ReplicaLog]:
         """The partition, its leader state and log, if this broker leads it now."""
         m = self.m
         image = m.image
@@ -240,35 +248,96 @@ class DataPlane:
     async def produce(self, req: ProduceRequest) -> ProduceResponse:
         m = self.m
         check_produce(req, max_batch_records=m.config.max_batch_records)
-        p, st, log = self._led(req.topic, req.partition)
+        p, st, log = self.led(req.topic, req.partition)
         if req.acks == ACKS_ALL:
-            size = known_isr_size(p.isr, st.accepted_isr)
-            if size < p.min_isr:
-                raise NotEnoughReplicasError(
-                    f"{log.name}: the ISR has {size} member(s), min.insync.replicas is {p.min_isr}"
-                )
+            self._check_min_isr(p, st, log)
         base = log.log_end_offset
         end = base + req.count
         log.append(req.count)
         m.appended(p, st)  # persists, and may advance the HW (answering waiters)
+        hw = log.high_watermark
+        if req.acks == ACKS_ALL:
+            hw = await self._await_commit(p, st, log, base, end, req.timeout_ms)
+        return ProduceResponse(
+            topic=req.topic,
+            partition=req.partition,
+            base_offset=base,
+            count=req.count,
+            leader_epoch=st.leader_epoch,
+            high_watermark=hw,
+        )
 
-        def answer(hw: int) -> ProduceResponse:
-            return ProduceResponse(
-                topic=req.topic,
-                partition=req.partition,
-                base_offset=base,
-                count=req.count,
-                leader_epoch=st.leader_epoch,
-                high_watermark=hw,
+    async def append_batch(
+        self, topic: str, partition: int, data: bytes, *, acks: int, timeout_ms: int
+    ) -> int:
+        """Kafka's Produce of one partition: append one validated record batch (magic 2,
+        `protocol.kafka.records.validate_produce_records`), stamped with its base offset
+        and the leader epoch, and answer its base offset: at once for acks 0 and 1, once
+        committed for acks=all (-1), with the errors of `produce`.
+
+        An idempotent producer's batch is checked against the partition's producer state
+        first (`ProducerStates`, rebuilt from the log's batches at each new leadership,
+        so a new leader dedupes what its predecessor appended): a duplicate of one of its
+        last five batches appends nothing and answers the original base offset (once
+        committed, for acks=all); a gap or an old epoch is refused."""
+        header = read_header(data)
+        if header is None:  # the caller validated it: a bug
+            raise InvalidRequestError("a record batch shorter than its header")
+        p, st, log = self.led(topic, partition)
+        if acks == ACKS_ALL:
+            self._check_min_isr(p, st, log)
+        producers = self._producer_states(p.tp, st, log) if header.idempotent else None
+        duplicate = producers.check(header) if producers is not None else None
+        if duplicate is not None:
+            base, end = duplicate.base_offset, duplicate.last_offset + 1
+        else:
+            base = log.log_end_offset
+            stamped = stamp(data, base, st.leader_epoch)
+            end = base + header.last_offset_delta + 1
+            log.append(end - base, stamped)
+            if producers is not None:
+                producers.update(replace(header, base_offset=base))
+            self.m.appended(p, st)  # persists, and may advance the HW (answering waiters)
+        if acks == ACKS_ALL and log.high_watermark < end:
+            await self._await_commit(p, st, log, base, end, timeout_ms)
+        return base
+
+    def _producer_states(
+        self, tp: TopicPartition, st: LeaderState, log: ReplicaLog
+    ) -> ProducerStates:
+        """The idempotent producers' state of a led partition, for this leadership."""
+        cached = self._producers.get(tp)
+        if cached is not None and cached[0] is st:
+            return cached[1]
+        states = ProducerStates.from_batches(log.batches())
+        self._producers[tp] = (st, states)
+        return states
+
+    def _check_min_isr(self, p: PartitionState, st: LeaderState, log: ReplicaLog) -> None:
+        size = known_isr_size(p.isr, st.accepted_isr)
+        if size < p.min_isr:
+            raise NotEnoughReplicasError(
+                f"{log.name}: the ISR has {size} member(s), min.insync.replicas is {p.min_isr}"
             )
 
-        if req.acks == ACKS_LEADER or log.high_watermark >= end:
-            return answer(log.high_watermark)
+    async def _await_commit(
+        self,
+        p: PartitionState,
+        st: LeaderState,
+        log: ReplicaLog,
+        base: int,
+        end: int,
+        timeout_ms: int | None,
+    ) -> int:
+        """The high watermark once it covers `end` (offsets `base`..`end - 1`, appended in
+        this leadership), or the error of what came first (see the module docstring)."""
+        if log.high_watermark >= end:
+            return log.high_watermark
         fut = self.waiters.add(p.tp, end, st.leader_epoch)
-        timeout_ms = req.timeout_ms if req.timeout_ms is not None else m.config.request_timeout_ms
+        timeout_ms = timeout_ms if timeout_ms is not None else self.m.config.request_timeout_ms
         try:
             async with asyncio.timeout(timeout_ms / 1000):
-                hw = await fut
+                return await fut
         except TimeoutError:
             raise RequestTimedOutError(
                 f"{log.name}: offsets {base}..{end - 1} not committed within {timeout_ms} ms "
@@ -276,7 +345,6 @@ class DataPlane:
             ) from None
         finally:
             self.waiters.discard(p.tp, fut)
-        return answer(hw)
 
     def high_watermark_advanced(self, tp: TopicPartition, hw: int, leader_epoch: int) -> None:
         self.waiters.complete(tp, hw, leader_epoch)
@@ -286,6 +354,7 @@ class DataPlane:
         broker (still) leads it. Fail what can no longer commit as asked."""
         tp = p.tp
         if st is None:
+            self._producers.pop(tp, None)
             self.waiters.fail(
                 tp,
                 lambda: NotLeaderOrFollowerError(
@@ -308,10 +377,11 @@ class DataPlane:
             )
 
     def stop(self) -> None:
+        self._producers.clear()
         self.waiters.fail_all(lambda: NotLeaderOrFollowerError("the broker is stopping"))
 
     def read_log(self, req: ReadLogRequest) -> ReadLogResponse:
-        _, st, log = self._led(req.topic, req.partition)
+        _, st, log = self.led(req.topic, req.partition)
         hw = log.high_watermark
         return ReadLogResponse(
             topic=req.topic,

@@ -1,11 +1,14 @@
 """The replica logs this broker hosts, and their files under `<data-dir>/replicas`.
 
 `ReplicaFiles` holds the one map of replica logs by partition that the rest of the
-replica manager reads and changes, and keeps their files: reads them all at start-up
-(dropping what was never fsynced after an unclean stop, `lose_unflushed`), writes a
-changed replica through the page cache or fsyncs it once `flush_messages` records are
-unflushed (Kafka's flush.messages, off by default), fsyncs the changed ones every flush
-interval and all of them at shutdown, and deletes a replica's file.
+replica manager reads and changes, and keeps their files (a replica's state, and the
+`.log` file of its stored record batches, if it has any: see `replica_log`): reads them
+all at start-up (dropping what was never fsynced after an unclean stop,
+`lose_unflushed`, and making durable a replica `load` found had lost batch bytes),
+writes a changed replica through the page cache or fsyncs it once `flush_messages`
+records are unflushed (Kafka's flush.messages, off by default), fsyncs the changed ones
+every flush interval and all of them at shutdown, reads stored batches for a Fetch or a
+follower (`read`), and deletes a replica's files.
 
 It must not decide which replicas exist or what their logs hold (`replica_lifecycle`,
 `leader_side`, `follower_side` and `replication.py` do), and writes no other files.
@@ -18,7 +21,7 @@ from pathlib import Path
 from brokers_stub import replica_log as rl
 from brokers_stub.config import BrokerConfig
 from brokers_stub.logctx import BrokerLog
-from brokers_stub.replica_log import ReplicaLog
+from brokers_stub.replica_log import Chunk, ReplicaLog
 from brokers_stub.storage import REPLICAS_DIR, fsync_dir
 from metadata_image.state import TopicPartition
 
@@ -42,6 +45,12 @@ class ReplicaFiles:
         for log in logs:
             tp = (log.topic, log.partition)
             self.logs[tp] = log
+            note = log.take_load_note()
+            if note is not None:
+                # An OS crash kept the state but not all the batch bytes it covers.
+                self.log.warning("lost unflushed data", partition=log.name, batches=note)
+                if not lose_unflushed:
+                    rl.flush(log, self.dir)  # the surviving state is on disk
             if lose_unflushed:
                 before = (log.log_end_offset, len(log.leader_epochs))
                 if log.lose_unflushed():
@@ -84,8 +93,16 @@ class ReplicaFiles:
             rl.flush(self.logs[tp], self.dir)
         self._unflushed.clear()
 
+    def read(
+        self, tp: TopicPartition, from_offset: int, end_offset: int, max_bytes: int
+    ) -> list[Chunk]:
+        """The replica's log from the chunk holding `from_offset` up to `end_offset`
+        (the high watermark for a consumer, the LEO for a follower), within `max_bytes`
+        of batch bytes but at least the first chunk (`replica_log.read_chunks`)."""
+        return rl.read_chunks(self.logs[tp], self.dir, from_offset, end_offset, max_bytes)
+
     def delete(self, tp: TopicPartition) -> ReplicaLog:
-        """Forget the replica of `tp` and delete its file (durable at `sync_dir`)."""
+        """Forget the replica of `tp` and delete its files (durable at `sync_dir`)."""
         log = self.logs.pop(tp)
         self._unflushed.discard(tp)
         try:

@@ -1,11 +1,37 @@
-"""One simulated partition replica: its leader-epoch history and offsets, and their file.
+"""One partition replica: its leader-epoch history, offsets and stored record batches, and
+their files.
 
-A replica holds no record bytes, only what the replication protocol reasons about: the
-leader-epoch history `[(epoch, start_offset), …]` (Kafka's leader-epoch checkpoint),
-the log end offset (LEO), the high watermark (HW) and the flushed offset (everything
-below it survived the last fsync). The file `replicas/<topic>-<partition>.json` is
-rewritten through the page cache on every change (`save`) and fsynced by `flush`;
-`remove` deletes it.
+A replica holds what the replication protocol reasons about: the leader-epoch history
+`[(epoch, start_offset), …]` (Kafka's leader-epoch checkpoint), the log end offset (LEO),
+the high watermark (HW) and the flushed offset (everything below it survived the last
+fsync). The file `replicas/<topic>-<partition>.json` is rewritten through the page cache on
+every change (`save`) and fsynced by `flush`; `remove` deletes it.
+
+Record bytes are sparse. Records appended by the native producer have none: the offsets
+exist, nothing else. Records appended as Kafka record batches (magic 2, the Kafka
+listener's Produce, and followers copying them) keep the batch bytes exactly as appended
+(base offset and partition leader epoch set by the leader) in
+`replicas/<topic>-<partition>.log`, an append-only file of those batches in offset
+order; offsets of [0, LEO) no stored batch covers are "no-bytes" ranges. In memory a
+replica with batches keeps an index of them (each batch's `BatchHeader` and file
+position) and the bytes appended since the last write; a replica without batches has no
+`.log` file and no byte state at all (a broker may host a million replicas; nothing of
+this is on the native path). No file handle stays open: a write opens, writes and closes,
+a read (`read_chunks`) uses `os.pread` on a descriptor it closes.
+
+`save` and `flush` write the queued batch bytes to the `.log` file before the JSON state,
+and `flush` fsyncs the `.log` before writing the state durably. The state records how
+many bytes of the `.log` it covers (`log_bytes`; absent: none, as in a file written
+before bytes were stored, whose `.log`, if any, is then not trusted). `load` rebuilds the
+index by reading the batch headers in those bytes: a longer file (a write past the saved
+state, a truncation not yet applied) is cut at the next write; a shorter file, or a torn
+or corrupt batch (checked by CRC above the flushed offset), means an OS crash kept the
+state but not all its bytes, and the replica is cut back to the end of its last complete
+batch (a loss of unflushed data, reported by `take_load_note`): records whose bytes were
+lost are never presented as no-bytes native records. Truncation (`truncate_to`,
+`lose_unflushed`, `copy_from_leader` to a shorter log) drops the stored batches at and
+after the offset and cuts the file at the next write. Truncation points are batch
+boundaries; a batch straddling one is dropped whole and the LEO set to its base.
 
 Two names keep a replica's state, so that a cheap write never puts its fsynced state at
 risk. `flush` writes the state durably under both `<name>.json` and `<name>.json.flushed`
@@ -15,26 +41,34 @@ broker 0.4 ms per change), which an OS crash may leave empty; `<name>.json.flush
 keeps the last fsynced state meanwhile. Every write carries a sequence number (`seq`),
 and `load_all` takes, of what it finds for a replica (the two names and a temporary file
 a crash left), the complete state with the highest one. A file written before `seq`
-existed counts as 0.
+existed counts as 0. Bytes of the `.log` file a state on disk may still cover are never
+overwritten: before new batches are written where a truncation cut the file, a state
+covering only the bytes before the cut is written first (durably if the fsynced state
+covered more), so whichever state a crash leaves describes the bytes it finds.
 
 A replica also records the id of the topic it belongs to (as Kafka's partition.metadata):
 a topic deleted and created again under the same name has a new id, and the replica
 manager never takes a replica of another id for the topic's (it deletes it). A file
 written before topic ids were recorded has none (`topic_id` "").
 
-This module owns that state, the pure operations on an epoch history, and the file
-format. It must not make replication decisions (leader or follower: see
-`replication.py`), talk to the network, or decide when to persist or flush.
+This module owns that state, the pure operations on an epoch history, the stored-batch
+index, and the file formats. It must not make replication decisions (leader or follower:
+see `replication.py`), talk to the network, validate batches beyond the header fields
+it indexes by (the Kafka listener does), or decide when to persist or flush.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+import crc32c
 
 from brokers_stub.storage import (
     TMP_SUFFIX,
@@ -42,6 +76,14 @@ from brokers_stub.storage import (
     tmp_path,
     write_durable,
     write_through_cache,
+)
+from protocol.kafka.records import (
+    CRC_START,
+    HEADER_BYTES,
+    LOG_OVERHEAD,
+    MAGIC_V2,
+    BatchHeader,
+    read_header,
 )
 
 EpochEntry = tuple[int, int]  # (leader epoch, start offset)
@@ -125,6 +167,79 @@ def common_prefix(a: Sequence[EpochEntry], a_leo: int, b: Sequence[EpochEntry], 
     return limit
 
 
+# --- stored batches ------------------------------------------------------------------
+
+
+class Chunk(NamedTuple):
+    """A piece of a log, in offset order: `count` records from `base_offset`, and either
+    the bytes of the one stored batch they are (`data`), or None (a no-bytes range)."""
+
+    base_offset: int
+    count: int  # type: ignore[assignment]  # (shadows tuple.count, which nobody needs)
+    data: bytes | None
+
+
+class StoredBatch(NamedTuple):
+    """A stored batch: its header, and where its bytes start in the `.log` file."""
+
+    header: BatchHeader
+    pos: int
+
+
+def _next_offset(entry: StoredBatch) -> int:
+    return entry.header.next_offset
+
+
+class _Bytes:
+    """A replica's stored batches: the index, and what of their bytes the file holds.
+
+    The file's bytes [0, `written`) are the index's batches that were written; the
+    index's others are `pending` (their bytes, in order, to go at `written`). The file
+    is `file_size` long: longer than `written` after a truncation (or a load that found
+    more), which the next write cuts. `saved_bytes` and `durable_bytes` are the
+    `log_bytes` of the state last written and of the state last written durably (at
+    load: the most any state found covers): `.log` bytes they cover below their end are
+    never overwritten while they may be the state a crash leaves.
+    """
+
+    __slots__ = (
+        "dirty",
+        "durable_bytes",
+        "end",
+        "file_size",
+        "index",
+        "note",
+        "pending",
+        "saved_bytes",
+        "written",
+    )
+
+    def __init__(self) -> None:
+        self.index: list[StoredBatch] = []
+        self.end = 0  # log_bytes: where the last stored batch ends
+        self.written = 0
+        self.pending: list[bytes] = []
+        self.file_size = 0
+        self.dirty = False  # written or cut since the last fsync
+        self.saved_bytes = 0
+        self.durable_bytes = 0
+        self.note: str | None = None  # what `load` had to repair (`take_load_note`)
+
+    def cut(self, pos: int) -> None:
+        """Forget every byte at or after `pos` (a batch boundary)."""
+        self.end = pos
+        if pos <= self.written:
+            self.written = pos
+            self.pending.clear()
+            return
+        at = self.written
+        for i, data in enumerate(self.pending):
+            if at >= pos:
+                del self.pending[i:]
+                return
+            at += len(data)
+
+
 # --- the replica state ---------------------------------------------------------------
 
 
@@ -139,6 +254,8 @@ class ReplicaLog:
     topic_id: str = ""  # the topic's id when the replica was created ("": not recorded)
     # How many times the state was written (the file's version, not part of the state).
     seq: int = field(default=0, compare=False)
+    # The stored batches (None: there are none, and no `.log` file is known).
+    _bytes: _Bytes | None = field(default=None, compare=False, repr=False, init=False)
 
     @property
     def name(self) -> str:
@@ -164,14 +281,72 @@ class ReplicaLog:
         self.leader_epochs = new
         return True
 
-    def append(self, count: int) -> None:
+    def append(self, count: int, batch: bytes | bytearray | memoryview | None = None) -> None:
+        """Append `count` records: without bytes (the native producer), or as the Kafka
+        record batch `batch`, whose base offset must be the LEO and whose
+        `last_offset_delta + 1` must be `count` (ValueError otherwise: a caller bug). The
+        bytes are queued for the next `save` or `flush`."""
+        if batch is None:
+            self.log_end_offset += count
+            return
+        header = read_header(batch)
+        if header is None or header.size != len(batch) or header.magic != MAGIC_V2:
+            raise ValueError(f"{self.name}: not one whole magic-2 record batch")
+        if header.base_offset != self.log_end_offset:
+            raise ValueError(
+                f"{self.name}: batch base offset {header.base_offset} is not the log end "
+                f"offset {self.log_end_offset}"
+            )
+        if header.last_offset_delta + 1 != count:
+            raise ValueError(
+                f"{self.name}: a batch of last offset delta {header.last_offset_delta} "
+                f"appended as {count} records"
+            )
+        b = self._bytes
+        if b is None:
+            b = self._bytes = _Bytes()
+        b.index.append(StoredBatch(header, b.end))
+        b.pending.append(bytes(batch))
+        b.end += len(batch)
         self.log_end_offset += count
 
+    def batches(self) -> list[BatchHeader]:
+        """The headers of the stored batches, in offset order (real base offsets)."""
+        return [] if self._bytes is None else [e.header for e in self._bytes.index]
+
+    @property
+    def log_bytes(self) -> int:
+        """The bytes of the stored batches (the length of the `.log` file they make)."""
+        return 0 if self._bytes is None else self._bytes.end
+
+    def take_load_note(self) -> str | None:
+        """What `load` had to repair in the stored batches (once), or None."""
+        b = self._bytes
+        if b is None or b.note is None:
+            return None
+        note, b.note = b.note, None
+        return note
+
+    def _cut_batches(self, offset: int) -> int:
+        """Drop the stored batches at and after `offset`; the offset the log may keep
+        (`offset`, or the base of a batch straddling it: dropped whole)."""
+        b = self._bytes
+        if b is None or not b.index:
+            return offset
+        i = bisect.bisect_right(b.index, offset, key=_next_offset)
+        if i == len(b.index):
+            return offset
+        first = b.index[i]
+        del b.index[i:]
+        b.cut(first.pos)
+        return min(offset, first.header.base_offset)
+
     def truncate_to(self, offset: int) -> bool:
-        """Drop every record at or above `offset`. True if anything changed."""
+        """Drop every record at or above `offset` (and the stored batches: one straddling
+        `offset` goes whole, the LEO then is its base). True if anything changed."""
         if offset >= self.log_end_offset:
             return False
-        offset = max(0, offset)
+        offset = self._cut_batches(max(0, offset))
         self.log_end_offset = offset
         self.leader_epochs = truncate_history_to(self.leader_epochs, offset)
         self.high_watermark = min(self.high_watermark, offset)
@@ -181,7 +356,7 @@ class ReplicaLog:
     def lose_unflushed(self) -> bool:
         """Simulate a lossy unclean shutdown: the page cache is gone, only what was fsynced
         remains. Epoch entries that start above the flushed offset are dropped."""
-        f = self.flushed_offset
+        f = self.flushed_offset = self._cut_batches(self.flushed_offset)
         epochs = [(e, s) for e, s in self.leader_epochs if s <= f]
         changed = self.log_end_offset != f or epochs != self.leader_epochs
         self.log_end_offset = f
@@ -191,12 +366,15 @@ class ReplicaLog:
 
     def copy_from_leader(self, leader_epochs: Sequence[EpochEntry], leader_leo: int) -> bool:
         """After a non-diverging fetch the follower's log equals the leader's prefix and
-        copies the rest: same LEO, same epoch history. True if anything changed."""
+        copies the rest: same LEO, same epoch history. True if anything changed. Records
+        copied this way have no bytes (the follower appends the batches it is sent
+        first, `append`, and then copies up to its own LEO)."""
+        if leader_leo < self.log_end_offset:
+            leader_leo = self._cut_batches(leader_leo)
+            self.flushed_offset = min(self.flushed_offset, leader_leo)
         new_epochs = [(int(e), int(s)) for e, s in leader_epochs if s <= leader_leo]
         changed = new_epochs != self.leader_epochs or leader_leo != self.log_end_offset
         self.leader_epochs = new_epochs
-        if leader_leo < self.log_end_offset:
-            self.flushed_offset = min(self.flushed_offset, leader_leo)
         self.log_end_offset = leader_leo
         self.high_watermark = min(self.high_watermark, leader_leo)
         return changed
@@ -211,7 +389,7 @@ class ReplicaLog:
     # --- the file -----------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "topic": self.topic,
             "topic_id": self.topic_id,
             "partition": self.partition,
@@ -221,9 +399,14 @@ class ReplicaLog:
             "flushed_offset": self.flushed_offset,
             "seq": self.seq,
         }
+        if self._bytes is not None:
+            doc["log_bytes"] = self._bytes.end
+        return doc
 
     @classmethod
     def from_json(cls, doc: Any) -> ReplicaLog:
+        """The state in `doc` (its `log_bytes` is `load`'s business: the stored batches
+        are read from the `.log` file)."""
         if not isinstance(doc, dict):
             raise ValueError("a replica file holds a JSON object")
         epochs = [(int(e), int(s)) for e, s in doc.get("leader_epochs", [])]
@@ -244,6 +427,7 @@ class ReplicaLog:
 
 
 FLUSHED_SUFFIX = ".flushed"
+BYTES_SUFFIX = ".log"
 
 
 def replica_path(replicas_dir: Path, topic: str, partition: int) -> Path:
@@ -255,31 +439,245 @@ def flushed_path(path: Path) -> Path:
     return path.with_name(path.name + FLUSHED_SUFFIX)
 
 
+def bytes_path(path: Path) -> Path:
+    """The `.log` file of stored batches of the replica whose state file is `path`."""
+    return path.with_suffix(BYTES_SUFFIX)
+
+
 def _encode(log: ReplicaLog) -> bytes:
     log.seq += 1
     return json.dumps(log.to_json(), separators=(",", ":")).encode()
 
 
+def _write_state(log: ReplicaLog, path: Path, *, durable: bool) -> None:
+    if durable:
+        log.flushed_offset = log.log_end_offset
+        write_durable(path, _encode(log), twin=flushed_path(path))
+    else:
+        write_through_cache(path, _encode(log))
+    b = log._bytes
+    if b is not None:
+        b.saved_bytes = b.end
+        if durable:
+            b.durable_bytes = b.end
+
+
+def _write_prefix_state(log: ReplicaLog, b: _Bytes, path: Path, *, durable: bool) -> None:
+    """Write the state of the log without its pending batches (it covers the `.log`
+    file's `written` bytes, all of them already in the file)."""
+    leo = b.index[len(b.index) - len(b.pending)].header.base_offset
+    if durable:  # the bytes below `written` are fsynced (they were below `durable_bytes`)
+        log.flushed_offset = max(log.flushed_offset, leo)
+    log.seq += 1
+    doc = log.to_json()
+    doc.update(
+        leader_epochs=[[e, s] for e, s in truncate_history_to(log.leader_epochs, leo)],
+        log_end_offset=leo,
+        high_watermark=min(log.high_watermark, leo),
+        flushed_offset=min(log.flushed_offset, leo),
+        log_bytes=b.written,
+    )
+    data = json.dumps(doc, separators=(",", ":")).encode()
+    if durable:
+        write_durable(path, data, twin=flushed_path(path))
+        b.durable_bytes = b.written
+    else:
+        write_through_cache(path, data)
+    b.saved_bytes = b.written
+
+
+def _sync_bytes(path: Path, b: _Bytes) -> None:
+    if b.dirty and b.file_size:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    b.dirty = False
+
+
+def _write_bytes(path: Path, b: _Bytes, *, sync: bool) -> None:
+    """Cut the `.log` file to `written` and append the pending batches (fsync if `sync`).
+    A file left with no bytes is deleted."""
+    if not b.pending and b.written == 0:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        b.file_size = 0
+        b.dirty = False
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        if b.file_size > b.written:
+            os.ftruncate(fd, b.written)
+        b.file_size = b.written
+        if b.pending:
+            view = memoryview(b.pending[0] if len(b.pending) == 1 else b"".join(b.pending))
+            at = b.written
+            while view:
+                n = os.pwrite(fd, view, at)
+                view, at = view[n:], at + n
+            b.pending.clear()
+            b.written = b.file_size = at
+        b.dirty = True
+        if sync:
+            os.fsync(fd)
+            b.dirty = False
+    finally:
+        os.close(fd)
+
+
+def _persist(log: ReplicaLog, replicas_dir: Path, *, durable: bool) -> None:
+    path = replica_path(replicas_dir, log.topic, log.partition)
+    b = log._bytes
+    if b is None:  # no stored batches: the state alone, as before batches were stored
+        if durable:
+            log.flushed_offset = log.log_end_offset
+            write_durable(path, _encode(log), twin=flushed_path(path))
+        else:
+            write_through_cache(path, _encode(log))
+        return
+    data = bytes_path(path)
+    changes_file = bool(b.pending) or b.file_size > b.written
+    if changes_file and b.written < max(b.saved_bytes, b.durable_bytes):
+        # A state on disk covers bytes past `written`, which are about to be cut or
+        # overwritten: first a state that covers only the bytes before (durably if the
+        # durable state covers more), and its bytes durable before it if it is.
+        sync = durable or b.written < b.durable_bytes
+        if sync:
+            _sync_bytes(data, b)
+        if not b.pending:  # the state is that one: written first, then the file cut
+            _write_state(log, path, durable=sync)
+            _write_bytes(data, b, sync=False)
+            _forget_if_empty(log, b)
+            return
+        _write_prefix_state(log, b, path, durable=sync)
+    if changes_file:
+        _write_bytes(data, b, sync=durable)
+    elif durable:
+        _sync_bytes(data, b)
+    _write_state(log, path, durable=durable)
+    _forget_if_empty(log, b)
+
+
+def _forget_if_empty(log: ReplicaLog, b: _Bytes) -> None:
+    """A replica whose batches are all gone, from the file and from every state on disk,
+    keeps no byte state (its state files no longer name `log_bytes`)."""
+    empty = b.end == 0 and b.file_size == 0 and b.note is None
+    if empty and b.saved_bytes == 0 and b.durable_bytes == 0:
+        log._bytes = None
+
+
 def save(log: ReplicaLog, replicas_dir: Path) -> None:
-    """Write through the page cache (no fsync): survives a process crash only."""
-    data = _encode(log)
-    write_through_cache(replica_path(replicas_dir, log.topic, log.partition), data)
+    """Write through the page cache (no fsync): survives a process crash only. Queued
+    batch bytes go to the `.log` file first."""
+    _persist(log, replicas_dir, durable=False)
 
 
 def flush(log: ReplicaLog, replicas_dir: Path) -> None:
-    """fsync the whole replica: from now on `flushed_offset` == LEO survives an OS crash."""
-    log.flushed_offset = log.log_end_offset
-    path = replica_path(replicas_dir, log.topic, log.partition)
-    write_durable(path, _encode(log), twin=flushed_path(path))
+    """fsync the whole replica: from now on `flushed_offset` == LEO survives an OS crash.
+    The `.log` file is written and fsynced before the state."""
+    _persist(log, replicas_dir, durable=True)
+
+
+def read_chunks(
+    log: ReplicaLog, replicas_dir: Path, from_offset: int, end_offset: int, max_bytes: int
+) -> list[Chunk]:
+    """The log from the chunk holding `from_offset` up to `end_offset` (exclusive, capped
+    at the LEO), contiguous: stored batches whole (one starting before `from_offset`
+    too) with their bytes, and no-bytes ranges (data None, split anywhere, counting no
+    bytes). Stops before the batches' bytes would exceed `max_bytes`, but the first chunk
+    is always returned (Kafka's rule: the first batch even if larger). A batch starting
+    below `end_offset` is returned whole (the ends callers pass, the LEO and the high
+    watermark, are batch boundaries; `read(tp, base, base + 1, 1)` reads one batch)."""
+    if from_offset < 0:
+        raise ValueError(f"from_offset must be >= 0, got {from_offset}")
+    end_offset = min(end_offset, log.log_end_offset)
+    if from_offset >= end_offset:
+        return []
+    b = log._bytes
+    if b is None or not b.index:
+        return [Chunk(from_offset, end_offset - from_offset, None)]
+    index = b.index
+    i = bisect.bisect_right(index, from_offset, key=_next_offset)
+    at = from_offset
+    total = 0
+    plan: list[tuple[int, int, int]] = []  # (base offset, count, index entry or -1)
+    while at < end_offset:
+        if i < len(index) and index[i].header.base_offset <= at:
+            h = index[i].header
+            if plan and total + h.size > max_bytes:
+                break
+            plan.append((h.base_offset, h.last_offset_delta + 1, i))
+            total += h.size
+            at = h.next_offset
+            i += 1
+        else:
+            stop = min(index[i].header.base_offset if i < len(index) else end_offset, end_offset)
+            plan.append((at, stop - at, -1))
+            at = stop
+    stored = [j for _, _, j in plan if j >= 0]
+    if not stored:
+        return [Chunk(base, count, None) for base, count, _ in plan]
+    start = index[stored[0]].pos
+    stop = index[stored[-1]].pos + index[stored[-1]].header.size
+    view = memoryview(
+        _read_range(
+            bytes_path(replica_path(replicas_dir, log.topic, log.partition)), b, start, stop
+        )
+    )
+    return [
+        Chunk(
+            base,
+            count,
+            None
+            if j < 0
+            else bytes(view[index[j].pos - start : index[j].pos - start + index[j].header.size]),
+        )
+        for base, count, j in plan
+    ]
+
+
+def _read_range(path: Path, b: _Bytes, start: int, stop: int) -> bytes:
+    """The stored batches' bytes [start, stop): from the file, and the pending ones."""
+    parts: list[bytes] = []
+    if start < b.written:
+        want = min(stop, b.written) - start
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            got = os.pread(fd, want, start)
+            while len(got) < want:
+                more = os.pread(fd, want - len(got), start + len(got))
+                if not more:
+                    raise OSError(f"{path.name} is shorter than its index ({start + len(got)})")
+                got += more
+        finally:
+            os.close(fd)
+        parts.append(got)
+    at = b.written
+    for data in b.pending:
+        if at >= stop:
+            break
+        if at + len(data) > start:
+            parts.append(data[max(0, start - at) : stop - at])
+        at += len(data)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def remove(replicas_dir: Path, topic: str, partition: int) -> bool:
-    """Delete a replica's files (through the page cache: the caller fsyncs the directory
-    once for a batch). True if there was one. A deletion lost to an OS crash brings the
-    file back, and its topic id then tells it apart from a topic created again."""
+    """Delete a replica's files, its `.log` too (through the page cache: the caller
+    fsyncs the directory once for a batch). True if there was one. A deletion lost to an
+    OS crash brings the file back, and its topic id then tells it apart from a topic
+    created again."""
     path = replica_path(replicas_dir, topic, partition)
     found = False
-    for name in (path, flushed_path(path), tmp_path(path), tmp_path(flushed_path(path))):
+    names = (
+        path,
+        flushed_path(path),
+        tmp_path(path),
+        tmp_path(flushed_path(path)),
+        bytes_path(path),
+    )
+    for name in names:
         try:
             name.unlink()
         except FileNotFoundError:
@@ -290,7 +688,8 @@ def remove(replicas_dir: Path, topic: str, partition: int) -> bool:
 
 def replica_files(replicas_dir: Path) -> list[Path]:
     """The `<name>.json` path of every replica the directory holds a file of (under
-    either name, or only as the temporary file a crash left)."""
+    either name, or only as the temporary file a crash left). A `.log` file alone is no
+    replica."""
     names: set[str] = set()
     for entry in replicas_dir.iterdir():
         name = entry.name
@@ -303,25 +702,95 @@ def replica_files(replicas_dir: Path) -> list[Path]:
     return [replicas_dir / name for name in sorted(names)]
 
 
+def _log_bytes(doc: dict[str, Any]) -> int | None:
+    value = doc.get("log_bytes")
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"log_bytes must be an integer >= 0, got {value!r}")
+    return value
+
+
 def load(path: Path) -> ReplicaLog:
-    """The newest complete state of the replica whose file is `path` (see the module's
-    docstring); ValueError naming what is wrong if there is none."""
+    """The newest complete state of the replica whose file is `path`, with the index of
+    its stored batches (see the module's docstring); ValueError naming what is wrong if
+    there is none."""
     best: ReplicaLog | None = None
+    best_bytes: int | None = None
+    covered = 0  # the most `.log` bytes any state found covers
     errors: list[str] = []
     found = read_through_cache(path)
     with contextlib.suppress(FileNotFoundError):  # written whole, only by `flush`
         found.append(flushed_path(path).read_bytes())
     for data in found:
         try:
-            log = ReplicaLog.from_json(json.loads(data))
+            doc = json.loads(data)
+            log = ReplicaLog.from_json(doc)
+            log_bytes = _log_bytes(doc)
         except (ValueError, KeyError, TypeError) as exc:
             errors.append(str(exc) or type(exc).__name__)
             continue
+        covered = max(covered, log_bytes or 0)
         if best is None or log.seq > best.seq:
-            best = log
+            best, best_bytes = log, log_bytes
     if best is None:
         raise ValueError("; ".join(errors) or "no file")
+    _load_batches(best, bytes_path(path), best_bytes, covered)
     return best
+
+
+def _load_batches(log: ReplicaLog, path: Path, log_bytes: int | None, covered: int) -> None:
+    """Index the batches of the `.log` file the state covers (`log_bytes`: None if it
+    names none, and then the file, if any, is not trusted and cut at the next write).
+    The scan stops at the first header that is not a whole batch following the previous
+    one within the LEO, or, above the flushed offset (an OS crash may have torn it), at
+    a CRC mismatch: the log is then cut back to the end of the last complete batch."""
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        size = None
+    if size is None and not log_bytes:
+        return
+    b = log._bytes = _Bytes()
+    b.file_size = size or 0
+    b.saved_bytes = b.durable_bytes = covered
+    if not log_bytes:
+        return
+    limit = min(log_bytes, b.file_size)
+    pos = 0
+    kept = 0  # where the last complete batch ends, in offsets
+    if limit:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            while pos < limit:
+                h = read_header(os.pread(fd, HEADER_BYTES, pos))
+                if (
+                    h is None
+                    or h.magic != MAGIC_V2
+                    or h.batch_length < HEADER_BYTES - LOG_OVERHEAD
+                    or h.last_offset_delta < 0
+                    or pos + h.size > limit
+                    or h.base_offset < kept
+                    or h.next_offset > log.log_end_offset
+                ):
+                    break
+                if h.next_offset > log.flushed_offset:
+                    whole = os.pread(fd, h.size, pos)
+                    if crc32c.crc32c(whole[CRC_START:]) != h.crc:
+                        break
+                b.index.append(StoredBatch(h, pos))
+                pos += h.size
+                kept = h.next_offset
+        finally:
+            os.close(fd)
+    b.written = b.end = pos
+    if pos < log_bytes:
+        before = log.log_end_offset
+        log.truncate_to(kept)
+        b.note = (
+            f"{path.name} holds {b.file_size} bytes, {pos} of them complete batches, of the "
+            f"{log_bytes} the state covers: log end offset {before} cut back to {kept}"
+        )
 
 
 def load_all(replicas_dir: Path) -> tuple[list[ReplicaLog], list[str]]:

@@ -44,7 +44,7 @@ from brokers_stub.logctx import BrokerLog
 from brokers_stub.produce import DataPlane
 from brokers_stub.replica_files import ReplicaFiles
 from brokers_stub.replica_lifecycle import ReplicaLifecycle
-from brokers_stub.replica_log import ReplicaLog
+from brokers_stub.replica_log import Chunk, ReplicaLog
 from metactl.errors import UnknownTopicOrPartitionError
 from metadata_image.delta import MetadataDelta
 from metadata_image.image import ClusterImage
@@ -228,6 +228,12 @@ class ReplicaManager:
 
     def followed_partitions(self, image: ClusterImage) -> Iterable[PartitionState]:
         return self.following.followed_partitions(image)
+
+    def read(
+        self, tp: TopicPartition, from_offset: int, end_offset: int, max_bytes: int
+    ) -> list[Chunk]:
+        """The replica's records from `from_offset` below `end_offset` (`ReplicaFiles.read`)."""
+        return self.files.read(tp, from_offset, end_offset, max_bytes)
 
     def appended(self, p: PartitionState, st: LeaderState) -> None:
         """A produced batch was appended to `p`'s log (`LeaderSide.appended`)."""

@@ -519,3 +519,55 @@ def with_details(exc: E, lines: Iterable[str]) -> E:
 def details_of(exc: BaseException) -> tuple[str, ...]:
     details = exc.__dict__.get("details", ())
     return tuple(details) if isinstance(details, tuple | list) else ()
+
+
+# --- Kafka record batches ----------------------------------------------------------------
+# The refusals of a Produce request's records (protocol/kafka/records.py) and of an
+# idempotent producer's batch (protocol/kafka/producer_state.py), Kafka's names and
+# numbers. Two of their codes already have an owner, and a code has one class
+# (tests/protocol/test_errors.py): a bad batch CRC raises `CorruptLogError`
+# (CORRUPT_MESSAGE, Kafka 2; give it `path=` naming where the bytes came from) and a
+# malformed batch or record `RecordDecodeError` (INVALID_RECORD, Kafka 87). The aliases
+# below name them for this use, as `MessageTooLargeError` names `FrameTooLargeError`.
+
+CorruptRecordError = CorruptLogError
+InvalidRecordError = RecordDecodeError
+
+
+class OutOfOrderSequenceError(MetactlError):
+    """Kafka 45: an idempotent producer's batch does not follow its last one (a gap or a
+    new epoch not starting at sequence 0). Not retriable as is: the producer resets."""
+
+    code = "OUT_OF_ORDER_SEQUENCE_NUMBER"
+
+
+class InvalidProducerEpochError(MetactlError):
+    """Kafka 47: a batch carries an older producer epoch than the partition has seen
+    (Kafka answers this, not PRODUCER_FENCED, to a Produce since 2.7)."""
+
+    code = "INVALID_PRODUCER_EPOCH"
+
+
+class UnsupportedCompressionTypeError(MetactlError):
+    """Kafka 76: a batch's compression bits name no codec (5-7), or zstd in a Produce
+    request older than v7."""
+
+    code = "UNSUPPORTED_COMPRESSION_TYPE"
+
+
+class UnsupportedForMessageFormatError(MetactlError):
+    """Kafka 43: the batch needs what the partition's log cannot hold; here, a
+    transactional batch (metactl does not implement transactions)."""
+
+    code = "UNSUPPORTED_FOR_MESSAGE_FORMAT"
+
+
+# Defined after the index was built: index them too (one code, one class, as above).
+for _cls in (
+    OutOfOrderSequenceError,
+    InvalidProducerEpochError,
+    UnsupportedCompressionTypeError,
+    UnsupportedForMessageFormatError,
+):
+    _index(_cls)
+del _cls

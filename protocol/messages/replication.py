@@ -33,6 +33,10 @@ class ReplicaFetchRequest(Msg, tag="ReplicaFetch", frozen=True):
     # one at an older epoch with UNKNOWN_LEADER_EPOCH (it has not seen that metadata yet).
     # -1 (an older follower, which omits the field): unchecked.
     current_leader_epoch: int = -1
+    # How many bytes of record batches the answer may carry (Kafka's
+    # replica.fetch.max.bytes); the first batch is sent even if larger. An older
+    # follower omits it and gets the default. An older leader ignores it.
+    max_bytes: int = 1048576
 
 
 class ReplicaFetchResponse(Msg, tag="ReplicaFetchResponse", frozen=True):
@@ -42,3 +46,10 @@ class ReplicaFetchResponse(Msg, tag="ReplicaFetchResponse", frozen=True):
     # Where the follower must truncate to before copying (its log diverged), if anywhere.
     truncate_to: int | None = None
     leader_epochs: list[tuple[int, int]] = []  # (epoch, start offset), oldest first
+    # The log from the follower's fetch offset, contiguously: (base offset, record count,
+    # the stored batch's bytes or None for records without bytes). In an answer that
+    # does not truncate, `log_end_offset` is where the chunks end (the leader's LEO, or
+    # less when `max_bytes` cut the answer short). None (an older leader, or records
+    # that have no bytes up to the LEO): the follower copies `log_end_offset`, without
+    # bytes.
+    chunks: list[tuple[int, int, bytes | None]] = []

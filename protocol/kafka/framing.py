@@ -13,7 +13,8 @@ at the header's API version (kio's entities, generated from Kafka's message sche
 `encode_response` frames an answer under its request's correlation id, with the response
 header version kio's entity names (v0 for every ApiVersions answer, as Kafka's rule).
 
-Sans-IO: this module reads and writes bytes only.
+Which APIs and versions a listener serves is its own (`Served`): the brokers' and the
+controller's differ. Sans-IO: this module reads and writes bytes only.
 """
 
 from __future__ import annotations
@@ -26,16 +27,37 @@ from typing import Any, Final
 from kio.index import load_request_schema
 from kio.serial import entity_reader, entity_writer
 
-API_VERSIONS: Final = 18
+# Kafka's API keys (clients/src/main/resources/common/message/*Request.json).
+PRODUCE: Final = 0
+FETCH: Final = 1
+LIST_OFFSETS: Final = 2
 METADATA: Final = 3
+OFFSET_COMMIT: Final = 8
+OFFSET_FETCH: Final = 9
+FIND_COORDINATOR: Final = 10
+JOIN_GROUP: Final = 11
+HEARTBEAT: Final = 12
+LEAVE_GROUP: Final = 13
+SYNC_GROUP: Final = 14
+DESCRIBE_GROUPS: Final = 15
+LIST_GROUPS: Final = 16
+API_VERSIONS: Final = 18
+CREATE_TOPICS: Final = 19
+DELETE_TOPICS: Final = 20
+INIT_PRODUCER_ID: Final = 22
+OFFSET_FOR_LEADER_EPOCH: Final = 23
+DESCRIBE_CONFIGS: Final = 32
+CREATE_PARTITIONS: Final = 37
+ELECT_LEADERS: Final = 43
+INCREMENTAL_ALTER_CONFIGS: Final = 44
+ALTER_PARTITION_REASSIGNMENTS: Final = 45
+LIST_PARTITION_REASSIGNMENTS: Final = 46
+DESCRIBE_QUORUM: Final = 55
+UPDATE_FEATURES: Final = 57
+DESCRIBE_CLUSTER: Final = 60
 DESCRIBE_TOPIC_PARTITIONS: Final = 75
 
-# The APIs served and their version ranges (docs/kafka.md says why these).
-SERVED: Final[dict[int, tuple[int, int]]] = {
-    API_VERSIONS: (0, 3),
-    METADATA: (0, 12),
-    DESCRIBE_TOPIC_PARTITIONS: (0, 0),
-}
+Served = dict[int, tuple[int, int]]  # api key -> (min version, max version)
 
 SIZE_BYTES: Final = 4
 # api_key (int16), api_version (int16), correlation_id (int32): every request header's start.
@@ -78,14 +100,15 @@ def frame_size(prefix: bytes, max_bytes: int) -> int | None:
     return size if 0 < size <= max_bytes else None
 
 
-def decode_request(payload: bytes) -> Decoded:
+def decode_request(payload: bytes, served: Served) -> Decoded:
+    """What `payload` is to a listener that serves the APIs and versions of `served`."""
     if len(payload) < FIXED_HEADER.size:
         return Malformed(f"a request of {len(payload)} bytes has no header")
     api_key, version, correlation_id = FIXED_HEADER.unpack_from(payload)
-    served = SERVED.get(api_key)
-    if served is None:
+    versions = served.get(api_key)
+    if versions is None:
         return NotServed(api_key, version, correlation_id)
-    low, high = served
+    low, high = versions
     if api_key == API_VERSIONS and version > high:
         return ApiVersionsTooNew(version, correlation_id)
     if not low <= version <= high:

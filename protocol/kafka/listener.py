@@ -1,56 +1,67 @@
 """The Kafka listener: connections admitted by `protocol.admission` (TLS with a client
 certificate from the cluster's CA by default, limits, parking; plaintext with
---insecure), then Kafka's frames read, decoded (`framing`), answered (`apis`) from the
-broker's current metadata image, one request at a time per connection, in order.
+--insecure), then Kafka's frames read, decoded (`framing`) and answered by the owner's
+`answer` (the broker's or the controller's APIs), one request at a time per connection,
+in order (Kafka mutes a connection while its request is being handled).
 
 What closes a connection, with one rate-limited line and never a traceback: an API the
 listener does not advertise, a served API at a version outside its range (Kafka closes
 both), a malformed frame, a size prefix out of range, a truncated frame, the idle
-timeout, the frame deadline. ApiVersions above its range is answered (v0 fallback).
-Every authenticated principal may ask what is served here (it is all metadata a viewer
-may read); the principal is not yet mapped to Kafka's ACLs (docs/kafka.md).
+timeout, the frame deadline, and an answer that fails unexpectedly (a bug: logged with
+its traceback, as a server error, never echoed to the client). ApiVersions above its
+range is answered (v0 fallback). The connection's principal goes to `answer` with each
+request: authorization is the owner's.
 
-This module owns the serve loop of a Kafka connection; whom to admit is admission's.
+This module owns the serve loop of a Kafka connection; whom to admit is admission's,
+what to answer the owner's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from brokers_stub.kafka.apis import KafkaApis, api_versions_unsupported
-from brokers_stub.kafka.framing import (
+from protocol.admission import Admission, Peer
+from protocol.kafka.framing import (
     SIZE_BYTES,
     ApiVersionsTooNew,
     Malformed,
     NotServed,
+    Request,
+    Served,
     decode_request,
     encode_response,
     frame_size,
 )
-from metadata_image.image import ClusterImage
-from protocol.admission import Admission, Peer
+from protocol.kafka.metadata import api_versions_unsupported
 from protocol.limits import ServerLimits
 from protocol.rate_limited_log import Logger
 
-DEFAULT_MAX_REQUEST_BYTES = 1024 * 1024  # metadata requests only: far above any of them
+# Kafka's socket.request.max.bytes default (100 MiB) is for a broker with a log on disk;
+# ours holds a request in memory until it is answered: 8 MiB fits any batch the brokers
+# accept (message.max.bytes, 1 MiB by default) many times over.
+DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
+
+# The owner's answer to a request: a kio response entity, or None for none (Produce with
+# acks=0, which Kafka never answers).
+Answer = Callable[[Request, Peer], Awaitable[Any]]
 
 
 class KafkaListener:
     def __init__(
         self,
-        broker_id: int,
-        image: Callable[[], ClusterImage],
+        served: Served,
+        answer: Answer,
         *,
         log: Logger | None = None,
         ssl: ssl.SSLContext | None = None,
         limits: ServerLimits | None = None,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     ) -> None:
-        self.image = image
-        self.apis = KafkaApis(broker_id)
+        self.served = served
+        self.answer = answer
         self.max_request_bytes = max_request_bytes
         self.admission = Admission(self._serve, log=log, ssl=ssl, limits=limits)
 
@@ -112,7 +123,7 @@ class KafkaListener:
             payload = await self._read_frame(reader, peer)
             if payload is None:
                 return
-            decoded = decode_request(payload)
+            decoded = decode_request(payload, self.served)
             response: Any
             match decoded:
                 case Malformed(reason):
@@ -131,11 +142,11 @@ class KafkaListener:
                     )
                     return
                 case ApiVersionsTooNew(_, correlation_id):
-                    response = api_versions_unsupported()
+                    response = api_versions_unsupported(self.served)
                 case _:
                     correlation_id = decoded.correlation_id
                     try:
-                        response = self.apis.answer(decoded, self.image())
+                        response = await self.answer(decoded, peer)
                     except Exception:
                         throttled.exception(
                             "kafka: request failed; closing",
@@ -144,5 +155,7 @@ class KafkaListener:
                             api_version=decoded.api_version,
                         )
                         return
+            if response is None:
+                continue  # Produce with acks=0: Kafka sends no answer at all
             writer.write(encode_response(correlation_id, response))
             await writer.drain()
