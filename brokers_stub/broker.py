@@ -29,6 +29,7 @@ from typing import Any, Final, TextIO
 from brokers_stub.config import BrokerConfig
 from brokers_stub.kafka.apis import BrokerKafkaApis
 from brokers_stub.kafka.data import MESSAGE_MAX_BYTES, KafkaData
+from brokers_stub.kafka.forward import AdminForwarder
 from brokers_stub.logctx import BrokerLog
 from brokers_stub.metadata import MetadataFollower
 from brokers_stub.metrics import start_metrics
@@ -116,6 +117,7 @@ class Broker:
         # Kafka's wire protocol for Kafka clients (--kafka-listen), from the metadata image.
         self.kafka: KafkaListener | None = None
         self.kafka_endpoint = ""
+        self.controller_admin: RpcClient | None = None
         if config.kafka_listen is not None:
             data = KafkaData(
                 self.replicas,
@@ -124,7 +126,21 @@ class Broker:
                 refused=self._refused,
                 max_batch_bytes=MESSAGE_MAX_BYTES,
             )
-            apis = BrokerKafkaApis(config.broker_id, lambda: self.metadata.image, parts=(data,))
+            # Admin APIs forwarded to the controller over a client of their own, so that
+            # they never queue behind heartbeats or metadata fetches.
+            self.controller_admin = self._controller_client()
+            admin = AdminForwarder(
+                config.broker_id,
+                lambda: self.metadata.image,
+                self.controller_admin,
+                cluster_id=config.cluster_id,
+            )
+            apis = BrokerKafkaApis(
+                config.broker_id,
+                lambda: self.metadata.image,
+                parts=(data, admin),
+                cluster_id=config.cluster_id,
+            )
             self.kafka = KafkaListener(
                 apis.served,
                 apis.answer,
@@ -275,6 +291,8 @@ class Broker:
             self._stop_metrics()
             for client in (self.controller_hb, self.controller_md, self.controller_ap):
                 await client.close()
+            if self.controller_admin is not None:
+                await self.controller_admin.close()
 
     async def _run(self) -> int:
         cfg = self.config

@@ -185,7 +185,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         cluster_id = getattr(args, "cluster_id", None)
-        check_broker_storage(config.data_dir, broker_id=config.broker_id, cluster_id=cluster_id)
+        identity = check_broker_storage(
+            config.data_dir, broker_id=config.broker_id, cluster_id=cluster_id
+        )
     except (MetactlError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -196,4 +198,5 @@ def run(args: argparse.Namespace) -> int:
         )
     from brokers_stub.broker import Broker
 
+    config = dataclasses.replace(config, cluster_id=identity.cluster_id)
     return asyncio.run(Broker(config).run())

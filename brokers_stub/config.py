@@ -24,6 +24,9 @@ class BrokerConfig:
     # HOST:PORT of the Kafka listener (brokers_stub/kafka; None: none), registered with the
     # controller so that every broker tells Kafka clients where the others are.
     kafka_listen: str | None = None
+    # The cluster id of the storage identity (meta.properties), for Kafka's Metadata and
+    # DescribeCluster (None: a directory not yet told its cluster).
+    cluster_id: str | None = None
     rack: str | None = None
     heartbeat_interval_ms: int = 2000
     session_timeout_ms: int = 9000  # the controller's; bounds an unreachable shutdown

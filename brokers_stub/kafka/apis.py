@@ -39,9 +39,15 @@ class Part(Protocol):
 
 class BrokerKafkaApis:
     def __init__(
-        self, broker_id: int, image: Callable[[], ClusterImage], parts: tuple[Part, ...] = ()
+        self,
+        broker_id: int,
+        image: Callable[[], ClusterImage],
+        parts: tuple[Part, ...] = (),
+        *,
+        cluster_id: str | None = None,
     ) -> None:
         self.broker_id = broker_id
+        self.cluster_id = cluster_id
         self.image = image
         self.served: Served = dict(METADATA_SERVED)
         self._by_key: dict[int, Part] = {}
@@ -59,7 +65,9 @@ class BrokerKafkaApis:
             case k.API_VERSIONS:
                 return api_versions(request.api_version, image, self.served)
             case k.METADATA:
-                return metadata(request, image, controller_id=self.broker_id)
+                return metadata(
+                    request, image, controller_id=self.broker_id, cluster_id=self.cluster_id
+                )
             case k.DESCRIBE_TOPIC_PARTITIONS:
                 return describe_topic_partitions(request.body, image)
         raise AssertionError(f"api_key {request.api_key} is not served")

@@ -26,7 +26,14 @@ nothing. The rules (docs/protocol.md, "Authorization"):
 | DescribeFeatures | describe_features | any known principal |
 | ListPartitionReassignments | list_reassignments | any known principal |
 | DescribeQuorum | describe_quorum | any known principal |
+| Envelope | envelope | any `broker-<id>`; then its inner request as if its `principal` sent it |
 | anything else | unsupported | nobody |
+
+An Envelope is a client's admin request that a broker's Kafka listener forwards (as
+Kafka's brokers forward to the KRaft controller): `authorize` checks the envelope (a
+broker sent it) and then its inner request against the envelope's principal, raising the
+inner request's refusal (naming the client's principal); an envelope from anyone else is
+CLUSTER_AUTHORIZATION_FAILED, and its inner request is not looked at.
 
 A refusal is TOPIC_AUTHORIZATION_FAILED for creating, deleting and growing topics and
 CLUSTER_AUTHORIZATION_FAILED for everything else, as Kafka names them. Deny by default:
@@ -58,6 +65,7 @@ from protocol.messages.admin import (
     DescribeQuorumRequest,
     ElectLeader,
     ElectPreferredLeaders,
+    Envelope,
     ListPartitionReassignmentsRequest,
     UnregisterBroker,
     UpdateFeature,
@@ -94,6 +102,7 @@ OPERATIONS: Final = (
     "describe_features",
     "list_reassignments",
     "describe_quorum",
+    "envelope",
     "unsupported",
 )
 
@@ -144,6 +153,8 @@ def operation_of(request: Message) -> str:
             return "list_reassignments"
         case DescribeQuorumRequest():
             return "describe_quorum"
+        case Envelope():
+            return "envelope"
     return "unsupported"
 
 
@@ -160,6 +171,12 @@ def authorize(principal: str | None, request: Message) -> str:
     operation = operation_of(request)
     who = "no principal" if principal is None else f"principal {principal!r}"
     match request:
+        case Envelope():
+            if broker_id_of(principal) is None:
+                raise ClusterAuthorizationFailedError(
+                    f"{who} may not forward a request (envelope): only a broker may"
+                )
+            authorize(request.principal, request.request)
         case RegisterBroker() | BrokerHeartbeatRequest():
             _require_broker(principal, request.broker_id, operation, who)
         case AlterPartition():

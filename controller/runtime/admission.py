@@ -2,7 +2,8 @@
 
 Every listener admits a request here before any API handler sees it
 (`RequestAdmission.admit`): under TLS, `controller.core.authz` decides whether the
-peer's principal may make it, and a refusal is counted
+peer's principal may make it (for a broker's Envelope, the broker may forward and its
+client may make the inner request), and a refusal is counted
 (`metactl_authorization_failures_total`, while active) and logged at most once per
 principal per `refusal_log_period_ms` (the next line's `count` includes the refusals
 held back, so an attacker cannot flood the log). Without TLS (`--insecure`) there is no
@@ -26,11 +27,19 @@ from controller.runtime.metrics import ControllerMetrics
 from controller.runtime.quota import MutationLimits, MutationQuota
 from metactl.errors import MetactlError
 from protocol.admission import Peer
+from protocol.messages.admin import Envelope
 from protocol.messages.unions import Message
+from protocol.tls import broker_id_of
 
-__all__ = ["RequestAdmission"]
+__all__ = ["RequestAdmission", "enveloped_peer"]
 
 log = structlog.get_logger("metactl.controller.service")
+
+
+def enveloped_peer(envelope: Envelope, broker: Peer) -> Peer:
+    """Who sent an envelope's inner request: its client (the principal the broker
+    authenticated, and the client's address; the broker's if it named none)."""
+    return Peer(address=envelope.client_address or broker.address, principal=envelope.principal)
 
 
 class RequestAdmission:
@@ -65,7 +74,11 @@ class RequestAdmission:
         try:
             authorize(peer.principal, body)
         except AUTHORIZATION_ERRORS as exc:
-            self._refused(peer, operation_of(body), exc)
+            if isinstance(body, Envelope) and broker_id_of(peer.principal) is not None:
+                # A broker's envelope refused for its client: the client's refusal.
+                self._refused(enveloped_peer(body, peer), operation_of(body.request), exc)
+            else:
+                self._refused(peer, operation_of(body), exc)
             raise
 
     def _refused(self, peer: Peer, operation: str, exc: MetactlError) -> None:

@@ -31,7 +31,7 @@ from controller.core.config import ControllerConfig
 from controller.core.work import WORK_BUDGET
 from controller.runtime.admin_apis import AdminApis
 from controller.runtime.admin_views import describe_configs, describe_features, list_reassignments
-from controller.runtime.admission import RequestAdmission
+from controller.runtime.admission import RequestAdmission, enveloped_peer
 from controller.runtime.clock import Clock
 from controller.runtime.describe import DescribeNotes, describe_page
 from controller.runtime.driver import Controller
@@ -75,6 +75,7 @@ from protocol.messages.admin import (
     DescribeQuorumResponse,
     ElectLeader,
     ElectPreferredLeaders,
+    Envelope,
     ListPartitionReassignmentsRequest,
     UnregisterBroker,
     UpdateFeature,
@@ -162,7 +163,10 @@ class ControllerApis:
 
     async def handle(self, body: Message, peer: Peer) -> Message:
         """Answer an admitted request (any role answers DescribeQuorum; a controller that
-        is not acting answers reads and redirects writes)."""
+        is not acting answers reads and redirects writes). An Envelope's inner request is
+        handled as its client's (the listener admitted both); its answer goes back as is."""
+        if isinstance(body, Envelope):
+            return await self.handle(body.request, enveloped_peer(body, peer))
         if isinstance(body, DescribeQuorumRequest):  # any role answers, never redirects
             return await self.describe_quorum(body)
         role = self.role

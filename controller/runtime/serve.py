@@ -69,6 +69,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(default 127.0.0.1:9093)",
     )
     p.add_argument(
+        "--kafka-listen",
+        metavar="HOST:PORT",
+        default=None,
+        help="also speak Kafka's wire protocol there, for admin clients that bootstrap "
+        "from the controllers (KIP-919: the admin APIs, DescribeCluster, DescribeQuorum; "
+        "docs/kafka.md); port 0 picks a free one (default: not served)",
+    )
+    p.add_argument(
         "--metrics",
         default=None,
         help="HOST:PORT to serve /metrics on (default: not served)",
@@ -299,6 +307,7 @@ async def serve(args: Any) -> int:
             metadata_log=getattr(args, "metadata_log", None),
             ha=ha_settings(args),
             work_budget=getattr(args, "work_budget", WORK_BUDGET),
+            kafka_listen=getattr(args, "kafka_listen", None),
         )
     except MetactlError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -316,7 +325,8 @@ async def serve(args: Any) -> int:
     metrics = service.metrics_address
     print(
         f"READY controller listen={service.address} role={service.role}"
-        + (f" metrics={metrics}" if metrics else ""),
+        + (f" metrics={metrics}" if metrics else "")
+        + (f" kafka={service.kafka_address}" if service.kafka_address else ""),
         flush=True,
     )
     stopped = asyncio.ensure_future(stop.wait())

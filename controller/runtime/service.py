@@ -51,6 +51,7 @@ from controller.runtime.driver import Controller
 from controller.runtime.frame_listener import FrameListener
 from controller.runtime.ha_settings import HaSettings
 from controller.runtime.inspections import Inspections
+from controller.runtime.kafka_apis import ControllerKafkaApis
 from controller.runtime.metrics import ControllerMetrics
 from controller.runtime.metrics_server import MetricsServer, RoleMetrics
 from controller.runtime.quorum import describe_quorum
@@ -64,6 +65,7 @@ from metadata_log.backends import is_etcd_url, open_store
 from metadata_log.records import ELR_FEATURE
 from metadata_log.store import LogStore
 from protocol.codec import DEFAULT_MAX_FRAME_BYTES
+from protocol.kafka.listener import KafkaListener
 from protocol.limits import ServerLimits
 from protocol.messages.admin import DescribeQuorumRequest, DescribeQuorumResponse
 from protocol.messages.internal import FenceBroker
@@ -105,8 +107,14 @@ class ControllerService:
         metadata_log: str | None = None,
         ha: HaSettings | None = None,
         work_budget: int | None = WORK_BUDGET,
+        kafka_listen: str | None = None,
     ) -> None:
         self.data_dir = data_dir
+        # HOST:PORT of the Kafka listener for --bootstrap-controller clients (KIP-919);
+        # None: not served.
+        self.kafka_listen = kafka_listen
+        self.kafka: KafkaListener | None = None
+        self.kafka_address = ""
         # Partitions per controller event (controller.core.work): bulk work is sliced.
         self.work_budget = work_budget
         # Where the log is: None, a path or sqlite: URL (one controller, always active),
@@ -173,6 +181,13 @@ class ControllerService:
             work_budget=work_budget,
         )
         self.listener = FrameListener(self.admission, self.apis)
+        # Kafka's wire for admin clients (--kafka-listen): the same admission and handlers.
+        self.kafka_apis = ControllerKafkaApis(
+            self.admission,
+            self.apis,
+            image=self._read_image,
+            describe_quorum=self._describe_quorum,
+        )
         self.inspections = Inspections(
             lambda: self.controller,
             max_frame_bytes=max_frame_bytes,
@@ -241,6 +256,16 @@ class ControllerService:
             limits=self.limits,
         )
         self.address = await self.server.start(self.listen)
+        if self.kafka_listen is not None:
+            self.kafka = KafkaListener(
+                self.kafka_apis.served,
+                self.kafka_apis.answer,
+                log=log,
+                ssl=self.server_ssl,
+                limits=self.limits,
+            )
+            self.kafka_address = await self.kafka.start(self.kafka_listen)
+            self.kafka_apis.address = self.kafka_address
         self._spawn(self._session_loop(), "sessions")
         if self.replicated:
             from controller.runtime.election import Election  # loads the etcd client
@@ -258,6 +283,7 @@ class ControllerService:
         log.info(
             "controller serving",
             listen=self.address,
+            kafka=self.kafka_address or None,
             metadata_log=self.metadata_log or str(self.data_dir),
             role=self.role,
             end_offset=self.store.end_offset if self.store is not None else None,
@@ -444,6 +470,15 @@ class ControllerService:
     async def _describe_quorum(self, request: DescribeQuorumRequest) -> DescribeQuorumResponse:
         return await describe_quorum(self, request)
 
+    def _read_image(self) -> ClusterImage | None:
+        """The image reads answer from: the committed one while acting, else the
+        standby's, else the last term's (None before any)."""
+        if self.acting and self.ctl is not None:
+            return self.ctl.committed_image
+        if self.standby is not None:
+            return self.standby.image
+        return self.last_image
+
     async def stop(self) -> None:
         """Stop accepting, finish in-flight commits, close the log cleanly."""
         await self._release()
@@ -457,6 +492,8 @@ class ControllerService:
         try:
             if self.server is not None:
                 self.server.close(keep_bound=keep)
+            if self.kafka is not None:
+                await self.kafka.stop()
             if self.metrics_server is not None:
                 await self.metrics_server.close()
             if self.server is not None:

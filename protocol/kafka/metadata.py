@@ -62,9 +62,13 @@ def nested(response_cls: Any, name: str) -> Any:
 # --- Metadata ---------------------------------------------------------------------------
 
 
-def metadata(request: Request, image: ClusterImage, *, controller_id: int) -> Any:
+def metadata(
+    request: Request, image: ClusterImage, *, controller_id: int, cluster_id: str | None
+) -> Any:
     """Metadata at the request's version; `controller_id` is what clients are told (KRaft
-    brokers name a live broker: clients cannot reach the controller through Metadata)."""
+    brokers name a live broker: clients cannot reach the controller through Metadata).
+    The cluster id is "" when the broker's storage has none yet: librdkafka's
+    describe_cluster() dies on a null one."""
     version, body = request.api_version, request.body
     response_cls: Any = load_response_schema(METADATA, version)
     broker_cls = nested(response_cls, "MetadataResponseBroker")
@@ -111,7 +115,7 @@ def metadata(request: Request, image: ClusterImage, *, controller_id: int) -> An
         response_cls,
         throttle_time=NO_THROTTLE,
         brokers=tuple(brokers),
-        cluster_id=None,
+        cluster_id=cluster_id or "",
         controller_id=controller_id,
         topics=tuple(topics),
     )

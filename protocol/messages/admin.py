@@ -433,3 +433,35 @@ class DescribeQuorumResponse(Msg, tag="DescribeQuorumResponse", frozen=True):
     # not say (`controllers_error`); an older receiver ignores both, so no new version.
     controllers: list[RegisteredController] = []
     controllers_error: str | None = None
+
+
+# --- broker -> controller: a client's admin request, forwarded ---------------------------
+
+# What a broker may forward in an Envelope: the admin requests of Kafka's admin APIs.
+EnvelopedRequest = (
+    CreateTopicsRequest
+    | DeleteTopicsRequest
+    | CreatePartitionsRequest
+    | DescribeConfigsRequest
+    | AlterConfigs
+    | ElectLeader
+    | ElectPreferredLeaders
+    | AlterPartitionReassignments
+    | ListPartitionReassignmentsRequest
+    | DescribeClusterRequest
+    | UpdateFeature
+    | DescribeFeaturesRequest
+)
+
+
+class Envelope(Msg, tag="Envelope", frozen=True):
+    """A client's admin request that a broker's Kafka listener forwards to the controller,
+    as Kafka's brokers forward to the KRaft controller (KIP-590's Envelope): accepted only
+    from a broker (`broker-<id>`); the inner request is then authorized and handled as if
+    `principal` had sent it (None: the client had no certificate, under --insecure), its
+    mutation quota charged to that principal (or, without one, to `client_address`'s
+    host). The answer is the inner request's, unchanged (an error as ErrorResponse)."""
+
+    principal: str | None
+    request: EnvelopedRequest
+    client_address: str = ""  # HOST:PORT of the client's connection to the broker

@@ -35,6 +35,7 @@ from protocol.messages.admin import (
     ElectLeader,
     ElectPreferredLeaders,
     ElectPreferredLeadersResponse,
+    Envelope,
     ListPartitionReassignmentsRequest,
     ListPartitionReassignmentsResponse,
     PartitionState,
@@ -165,4 +166,5 @@ Message = (
     | ElectPreferredLeadersResponse
     | DescribeQuorumRequest
     | DescribeQuorumResponse
+    | Envelope
 )

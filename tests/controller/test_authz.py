@@ -31,6 +31,7 @@ from protocol.messages.admin import (
     DescribeQuorumRequest,
     ElectLeader,
     ElectPreferredLeaders,
+    Envelope,
     ListPartitionReassignmentsRequest,
     Reassignment,
     UnregisterBroker,
@@ -161,6 +162,13 @@ RULES: list[tuple[Message, str, frozenset[str], type[Exception]]] = [
         frozenset(KNOWN),
         ClusterAuthorizationFailedError,
     ),
+    # A client's request forwarded by a broker (Kafka's Envelope): brokers only.
+    (
+        Envelope(principal=ADMIN_P, request=CREATE),
+        "envelope",
+        frozenset({B1, B2, B3}),
+        ClusterAuthorizationFailedError,
+    ),
     *[
         (m, "unsupported", frozenset(), ClusterAuthorizationFailedError)
         for m in NOT_FOR_THE_CONTROLLER
@@ -237,3 +245,19 @@ def test_known_principals() -> None:
     assert all(is_known(p) for p in KNOWN)
     assert is_known("broker-0") and is_known(f"broker-{MAX_BROKER_ID}")
     assert not any(is_known(p) for p in UNKNOWN)
+
+
+@pytest.mark.parametrize("broker", (B1, B2))
+def test_an_envelope_is_authorized_as_its_clients_request(broker: str) -> None:
+    """The broker may forward; the inner request is then its client's to be allowed."""
+    assert authorize(broker, Envelope(principal=VIEWER_P, request=DESCRIBE)) == "envelope"
+    with pytest.raises(TopicAuthorizationFailedError, match="'viewer' may not create_topics"):
+        authorize(broker, Envelope(principal=VIEWER_P, request=CREATE))
+    with pytest.raises(ClusterAuthorizationFailedError, match="'viewer' may not elect_unclean"):
+        authorize(broker, Envelope(principal=VIEWER_P, request=ELECT_UNCLEAN))
+    with pytest.raises(ClusterAuthorizationFailedError, match="no principal is unknown"):
+        authorize(broker, Envelope(principal=None, request=DESCRIBE))
+    # A broker cannot lend itself its own broker rights through a client: an inner
+    # request is one of the admin ones only, and a broker principal is no admin.
+    with pytest.raises(TopicAuthorizationFailedError, match=f"{broker!r} may not create_topics"):
+        authorize(broker, Envelope(principal=broker, request=CREATE))
