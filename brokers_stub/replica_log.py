@@ -620,11 +620,12 @@ def read_chunks(
         return [Chunk(base, count, None) for base, count, _ in plan]
     start = index[stored[0]].pos
     stop = index[stored[-1]].pos + index[stored[-1]].header.size
-    view = memoryview(
-        _read_range(
-            bytes_path(replica_path(replicas_dir, log.topic, log.partition)), b, start, stop
-        )
+    raw = _read_range(
+        bytes_path(replica_path(replicas_dir, log.topic, log.partition)), b, start, stop
     )
+    if len(stored) == 1:  # one batch: its bytes as read, not copied again
+        return [Chunk(base, count, None if j < 0 else raw) for base, count, j in plan]
+    view = memoryview(raw)
     return [
         Chunk(
             base,
