@@ -257,7 +257,7 @@ class DataPlane:
         m.appended(p, st)  # persists, and may advance the HW (answering waiters)
         hw = log.high_watermark
         if req.acks == ACKS_ALL:
-            hw = await self._await_commit(p, st, log, base, end, req.timeout_ms)
+            hw = await self._await_commit(p, st, log, base=base, end=end, timeout_ms=req.timeout_ms)
         return ProduceResponse(
             topic=req.topic,
             partition=req.partition,
@@ -299,7 +299,7 @@ class DataPlane:
                 producers.update(replace(header, base_offset=base))
             self.m.appended(p, st)  # persists, and may advance the HW (answering waiters)
         if acks == ACKS_ALL and log.high_watermark < end:
-            await self._await_commit(p, st, log, base, end, timeout_ms)
+            await self._await_commit(p, st, log, base=base, end=end, timeout_ms=timeout_ms)
         return base
 
     def _producer_states(
@@ -325,6 +325,7 @@ class DataPlane:
         p: PartitionState,
         st: LeaderState,
         log: ReplicaLog,
+        *,
         base: int,
         end: int,
         timeout_ms: int | None,

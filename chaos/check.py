@@ -18,6 +18,12 @@ Each record (offset o, written in leader epoch e) is classified:
 - **unreadable**: its partition could not be read at the end (no leader: e.g. a manual
   recovery waiting for the operator). Neither present nor lost.
 
+With `--client librdkafka` an acknowledgement is one record (partition, offset, value)
+from librdkafka's delivery report, which carries no leader epoch, and the read-back is
+the final log's offset -> (leader epoch, value) through Kafka Fetch. `content_inputs`
+turns both into `classify`'s inputs: a record is present iff the final log holds its
+value at its offset (content, not epoch); the rest of the rules are the same.
+
 Also here: leaderless partition-seconds from the metadata log's record timestamps, the
 sum of a counter and the value of a gauge in a Prometheus text page.
 
@@ -138,6 +144,49 @@ def classify(
                     }
                 )
     return v
+
+
+NOT_HELD = -2  # an acknowledged record whose value is not at its offset: no log epoch is -2
+
+
+@dataclass(frozen=True)
+class ValueAck:
+    """One record librdkafka reported delivered, with the bound taken after it was
+    logged (as `Ack.bound`)."""
+
+    partition: int
+    offset: int
+    value: bytes
+    bound: int | None
+
+
+KafkaLog = dict[int, tuple[int, bytes | None]]  # offset -> (leader epoch, value), one partition
+
+
+def content_inputs(
+    acks: Iterable[ValueAck], logs: dict[int, KafkaLog]
+) -> tuple[list[Ack], dict[int, list[Range]]]:
+    """`classify`'s inputs for acknowledgements judged by content. `logs` holds the
+    partitions read back (a partition absent is unreadable). Each partition's log
+    becomes committed ranges of its leader epochs (runs of consecutive offsets in one
+    epoch); an acknowledgement takes the epoch of the record at its offset when that
+    record has its value, else `NOT_HELD`, which no range has, so it is not present."""
+    committed: dict[int, list[Range]] = {}
+    for partition, log in logs.items():
+        runs: list[Range] = []
+        for offset in sorted(log):
+            epoch = log[offset][0]
+            if runs and runs[-1][1] == offset and runs[-1][2] == epoch:
+                runs[-1] = (runs[-1][0], offset + 1, epoch)
+            else:
+                runs.append((offset, offset + 1, epoch))
+        committed[partition] = runs
+    out: list[Ack] = []
+    for a in acks:
+        got = logs.get(a.partition, {}).get(a.offset)
+        epoch = got[0] if got is not None and got[1] == a.value else NOT_HELD
+        out.append(Ack(a.partition, a.offset, 1, epoch, a.bound))
+    return out, committed
 
 
 def leaderless_seconds(

@@ -6,6 +6,7 @@ as a usage error) and asks the controller's own check of the rule mode
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,6 +14,8 @@ from chaos.plan import Step
 from chaos.processes import Timing
 from controller.core.config import ControllerConfig
 from metactl.errors import InvalidConfigurationError, InvalidRequestError
+
+CLIENTS = ("metactl", "librdkafka")  # --client: metactl's producer, or confluent-kafka's
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,6 +40,7 @@ class ChaosConfig:
     etcd: int = 0  # etcd members (0: the controller's SQLite log)
     base_port: int | None = None  # every port from here on (None: free ones)
     timing: Timing = field(default_factory=Timing)
+    client: str = "metactl"  # who produces: metactl's own producer or librdkafka (CLIENTS)
 
     def validate(self) -> None:
         def bad(msg: str) -> InvalidRequestError:
@@ -68,6 +72,10 @@ class ChaosConfig:
             ) from None
         if self.operator_elect and self.strategy != "manual":
             raise bad("--operator-elect only applies to --strategy manual")
+        if self.client not in CLIENTS:
+            raise bad(f"--client must be one of {', '.join(CLIENTS)}, got {self.client!r}")
+        if self.client == "librdkafka" and importlib.util.find_spec("confluent_kafka") is None:
+            raise bad("--client librdkafka needs confluent-kafka: pip install 'metactl[test]'")
         if self.controllers < 1 or self.etcd < 0:
             raise bad("--controllers must be at least 1, --etcd at least 0")
         if self.controllers > 1 and self.etcd == 0:

@@ -9,7 +9,10 @@ Ports are chosen once and kept across restarts (a broker knows the controllers b
 address, and an etcd member's data remembers its peer URLs): free ones by default, or
 from `--base-port P` on, in this order: each controller's listener and /metrics
 (P, P+1 for the first, P+2, P+3 for the second, ...), then the etcd members' client and
-peer ports (2 per member), then one listener per broker (`port_plan`).
+peer ports (2 per member), then one listener per broker, then (with `--client
+librdkafka`) one Kafka listener per broker (`port_plan`). A broker's Kafka listener
+(`--kafka-listen`) is pinned even without `--base-port` (free ports chosen once): a
+Kafka client bootstraps from those addresses and must find a restarted broker there.
 
 Every process is started with `start_new_session=True`, so its process group id is its
 pid and a terminal's Ctrl-C never reaches it directly; `stop_all` (always called from a
@@ -91,28 +94,46 @@ class PortPlan:
     controllers: list[tuple[int, int]]
     etcd_base: int | None
     brokers: dict[int, int]
+    kafka: dict[int, int] = field(default_factory=dict)  # broker -> Kafka listener port
+
+    def kafka_bootstrap(self) -> str:
+        """Every broker's Kafka address, comma-separated ('' without Kafka listeners)."""
+        return ",".join(f"127.0.0.1:{port}" for _, port in sorted(self.kafka.items()))
 
 
-def port_plan(base_port: int | None, *, controllers: int, etcd: int, brokers: int) -> PortPlan:
+def port_plan(
+    base_port: int | None, *, controllers: int, etcd: int, brokers: int, kafka: bool = False
+) -> PortPlan:
     """From `base_port` on (see the module docs), or free ports for the controllers
-    (kept across their restarts) and any port for the brokers and etcd members."""
+    (kept across their restarts) and any port for the brokers and etcd members; with
+    `kafka`, a Kafka listener port per broker (after the brokers' listeners; free ones
+    chosen once without `base_port`)."""
     if base_port is None:
-        ports = free_ports(2 * controllers)
+        ports = free_ports(2 * controllers + (brokers if kafka else 0))
         pairs = [(ports[2 * i], ports[2 * i + 1]) for i in range(controllers)]
-        return PortPlan(pairs, None, dict.fromkeys(range(1, brokers + 1), 0))
-    total = 2 * controllers + 2 * etcd + brokers
+        kafka_ports = ports[2 * controllers :]
+        return PortPlan(
+            pairs,
+            None,
+            dict.fromkeys(range(1, brokers + 1), 0),
+            {b: kafka_ports[b - 1] for b in range(1, brokers + 1)} if kafka else {},
+        )
+    total = 2 * controllers + 2 * etcd + brokers + (brokers if kafka else 0)
     if not 1024 <= base_port <= 65536 - total:
+        per_broker = "2 per broker (listener, Kafka listener)" if kafka else "1 per broker"
         raise InvalidConfigurationError(
             f"--base-port {base_port}: the run needs the {total} ports from it "
-            "(2 per controller, 2 per etcd member, 1 per broker) within 1024..65535"
+            f"(2 per controller, 2 per etcd member, {per_broker}) within 1024..65535"
         )
     pairs = [(base_port + 2 * i, base_port + 2 * i + 1) for i in range(controllers)]
     etcd_base = base_port + 2 * controllers
     first_broker = etcd_base + 2 * etcd
+    first_kafka = first_broker + brokers
     return PortPlan(
         pairs,
         etcd_base if etcd else None,
         {b: first_broker + b - 1 for b in range(1, brokers + 1)},
+        {b: first_kafka + b - 1 for b in range(1, brokers + 1)} if kafka else {},
     )
 
 
@@ -274,6 +295,8 @@ class Processes:
             "--replica-lag-time-max-ms", str(t.replica_lag_ms),
             "--insecure",
         ]  # fmt: skip
+        if broker_id in self.ports.kafka:  # plaintext too: the brokers run --insecure
+            cmd += ["--kafka-listen", f"127.0.0.1:{self.ports.kafka[broker_id]}"]
         if lose_unflushed:
             cmd.append("--lose-unflushed")
         return cmd

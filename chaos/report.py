@@ -21,8 +21,10 @@ from chaos.check import (
     TOPIC,
     Ack,
     Recovery,
+    ValueAck,
     Verdict,
     classify,
+    content_inputs,
     leaderless_seconds,
     recoveries_of,
 )
@@ -44,6 +46,7 @@ class Run(Protocol):
     watch: Watch
     acks: list[tuple[int, int, int, int]]  # partition, base, count, epoch
     bounds: list[int | None]
+    ack_values: list[bytes]  # with librdkafka: each ack's value
     refused: Counter[str]
     sampled_ms: float
     phase: str
@@ -53,6 +56,13 @@ class Run(Protocol):
 
 
 def verdict(run: Run, recoveries: list[Recovery]) -> Verdict:
+    if run.cfg.client == "librdkafka":  # by content: the value at the acknowledged offset
+        values = [
+            ValueAck(a[0], a[1], v, b)
+            for a, v, b in zip(run.acks, run.ack_values, run.bounds, strict=True)
+        ]
+        acks, committed = content_inputs(values, run.results["kafka_logs"])
+        return classify(acks, committed, recoveries)
     acks = [Ack(*a, bound=b) for a, b in zip(run.acks, run.bounds, strict=True)]
     return classify(acks, run.results["committed"], recoveries)
 
@@ -77,7 +87,9 @@ def build_report(run: Run) -> dict[str, Any]:
             "controllers": cfg.controllers,
             "etcd": cfg.etcd,
             "base_port": cfg.base_port,
+            "client": cfg.client,
         },
+        "client": cfg.client,
         "data_dir": str(run.root),
         "acked_log": str(run.acked_path),
         "interrupted": run.interrupted,
@@ -141,6 +153,17 @@ def build_report(run: Run) -> dict[str, Any]:
         ],
         metadata_snapshot_at=res["snapshot_at"],
     )
+    if cfg.client == "librdkafka":
+        truncations = res["consumer_truncations"]
+        doc.update(
+            consumer_truncations=sum(truncations.values()),
+            consumer_truncations_by_partition={str(k): n for k, n in truncations.items()},
+            consumer_offset_resets=sum(res["consumer_offset_resets"].values()),
+            consumer_errors=res["consumer_errors"],
+            truncation_examples=res["truncation_examples"],
+            producer_restarts=res["producer_restarts"],
+            follower_caught_up=res["follower_caught_up"],
+        )
     doc["metric_matches_log"] = doc["potential_data_loss_metric"] == doc["unclean_recoveries"]
     # A potential data-loss event the metric did not count (or one counted twice) is a
     # broken report too; a metric that could not be read at all is only unknown.
@@ -160,6 +183,7 @@ def build_report(run: Run) -> dict[str, Any]:
 def table(report: dict[str, Any]) -> str:
     rows: list[tuple[str, str]] = [
         ("mode", str(report["config"]["mode"])),
+        ("client", str(report.get("client", "metactl"))),
         ("strategy", str(report["config"]["strategy"])),
         ("seed", str(report["config"]["seed"])),
         ("fault phase (s)", f"{report['fault_phase_s']:.1f}"),
@@ -183,6 +207,15 @@ def table(report: dict[str, Any]) -> str:
         ("unavailable partition-s (sampled)", _f(report.get("unavailable_sampled_seconds"))),
         ("verdict", str(report["verdict"])),
     ]
+    if report.get("client") == "librdkafka":
+        rows.insert(
+            -1,
+            (
+                "truncations seen (consumer)",
+                f"{_n(report.get('consumer_truncations'))}  "
+                f"offset resets {_n(report.get('consumer_offset_resets'))}",
+            ),
+        )
     cfg = report["config"]
     if cfg.get("controllers", 1) == 1 and not cfg.get("etcd"):
         rows = [r for r in rows if r[0] != "on controllers / etcd"]

@@ -10,6 +10,14 @@ only once its line is fsynced in the acked log), inject a seeded fault plan
 from its leader and fetch the metadata log (`chaos.read`), scrape the controllers'
 metrics (`chaos.watch`), and classify every acknowledged record (`chaos.check`).
 
+With `--client librdkafka` (`chaos.kafka`) the brokers also listen for Kafka clients,
+confluent-kafka producers (threads) produce instead, a librdkafka consumer follows every
+partition through the run counting the log truncations it detects, and the read-back is
+through Kafka Fetch too; a record is then present iff its value is at its offset
+(`chaos.check.content_inputs`). A delivery report counts once its line is fsynced, and
+it is appended to `acks` under `ack_lock`, the lock the sampler takes to read how many
+acknowledgements its read will bound: the producer threads keep the bound rule.
+
 A sampler runs every `SAMPLE_S`. It reads the committed metadata end offset, which
 becomes the `bound` of every batch acknowledged before the read left (the checker's
 "reported after the acknowledgement" rule): from the controller's DescribeCluster on a
@@ -38,6 +46,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -67,11 +77,13 @@ from protocol.messages.admin import (
 from protocol.messages.data import ACKS_ALL, ProduceRequest, ProduceResponse
 
 if TYPE_CHECKING:
+    from chaos.kafka import Delivered, KafkaClients
     from metadata_log.etcd.client import Etcd
 
 SAMPLE_S = 0.2
 SCRAPE_S = 0.5
 PRODUCE_RETRY = RetryPolicy(attempts=4, base_s=0.05, cap_s=0.5)
+FOLLOWER_CATCH_UP_S = 15.0  # librdkafka's follower, after the read-back
 
 
 class Display(Protocol):
@@ -106,7 +118,11 @@ class ChaosRun:
             elr=cfg.eligible_leader_replicas,
             unclean_leader_election=cfg.unclean_leader_election,
             ports=port_plan(
-                cfg.base_port, controllers=cfg.controllers, etcd=cfg.etcd, brokers=cfg.brokers
+                cfg.base_port,
+                controllers=cfg.controllers,
+                etcd=cfg.etcd,
+                brokers=cfg.brokers,
+                kafka=cfg.client == "librdkafka",
             ),
             etcd_members=cfg.etcd,
             timing=cfg.timing,
@@ -119,7 +135,12 @@ class ChaosRun:
         self.acked_path = self.root / "acked.jsonl"
         self.acks: list[tuple[int, int, int, int]] = []  # partition, base, count, epoch
         self.bounds: list[int | None] = []
+        self.ack_values: list[bytes] = []  # with librdkafka: each ack's value (else empty)
+        self.ack_lock = threading.Lock()  # producer threads append; the sampler counts
         self.refused: Counter[str] = Counter()
+        self.kafka: KafkaClients | None = None
+        self.kafka_threads: list[threading.Thread] = []
+        self.kafka_failures: list[str] = []  # a client thread's exception
         self.sampled_ms = 0.0
         self.phase = "starting"
         self.interrupted = False
@@ -208,8 +229,11 @@ class ChaosRun:
                     self.refused["UNEXPECTED_RESPONSE"] += 1
                     continue
                 log.append(resp, ACKS_ALL)  # durable first ...
-                self.acks.append((resp.partition, resp.base_offset, resp.count, resp.leader_epoch))
-                self.bounds.append(None)  # ... then it counts
+                with self.ack_lock:  # ... then it counts
+                    self.bounds.append(None)
+                    self.acks.append(
+                        (resp.partition, resp.base_offset, resp.count, resp.leader_epoch)
+                    )
         finally:
             await conns.close()
 
@@ -235,6 +259,67 @@ class ChaosRun:
         finally:
             log.close()
 
+    # --- producing with librdkafka ------------------------------------------------------------
+
+    def record_delivered(self, batch: list[Delivered]) -> None:
+        """Count delivery reports already fsynced in the acked log (a producer thread)."""
+        with self.ack_lock:
+            for partition, offset, value in batch:
+                self.bounds.append(None)
+                self.ack_values.append(value)
+                self.acks.append((partition, offset, 1, -1))  # delivery reports carry no epoch
+
+    def refuse(self, code: str) -> None:
+        with self.ack_lock:
+            self.refused[code] += 1
+
+    def start_kafka(self) -> None:
+        """The producer threads and the follower (`chaos.kafka`)."""
+        from chaos.kafka import KafkaClients, ValueLog
+
+        k = KafkaClients(
+            bootstrap=self.procs.ports.kafka_bootstrap(),
+            partitions=self.cfg.partitions,
+            producers=self.cfg.producers,
+            log=ValueLog(self.acked_path),
+            record=self.record_delivered,
+            refused=self.refuse,
+        )
+        self.kafka = k
+
+        def guarded(name: str, target: Callable[[], None]) -> threading.Thread:
+            def body() -> None:
+                try:
+                    target()
+                except Exception as exc:  # a client thread's failure is the run's error
+                    self.kafka_failures.append(f"{name}: {type(exc).__name__}: {exc}")
+
+            return threading.Thread(target=body, name=f"chaos-{name}", daemon=True)
+
+        self.kafka_threads = [
+            guarded(f"producer-{i}", functools.partial(k.produce, g))
+            for i, g in enumerate(k.groups())
+        ]
+        self.kafka_threads.append(guarded("follower", k.follow))
+        for t in self.kafka_threads:
+            t.start()
+
+    async def join_kafka(self, *, producers_only: bool) -> None:
+        """Stop the producers (they flush what is in flight) and, unless
+        `producers_only`, the follower; wait for their threads."""
+        k = self.kafka
+        if k is None:
+            return
+        k.stop.set()
+        if not producers_only:
+            k.stop_following.set()
+        for t in self.kafka_threads:
+            if producers_only and t.name == "chaos-follower":
+                continue
+            await asyncio.to_thread(t.join, 60.0)
+        if not producers_only:
+            k.log.close()
+
     async def etcd_end(self) -> int | None:
         """The etcd log's committed end offset as etcd holds it now (`state/end`, read
         linearizably: never earlier than any acknowledgement before the read); None if
@@ -252,7 +337,8 @@ class ChaosRun:
         last: tuple[float, int] | None = None
         bounded = 0
         while True:
-            n = len(self.acks)  # acknowledged (and logged) before the reads leave
+            with self.ack_lock:
+                n = len(self.acks)  # acknowledged (and logged) before the reads leave
             if self.etcd_client is None:
                 r = await self.watch.describe()
                 end = None if r is None else r.committed_offset
@@ -321,6 +407,34 @@ class ChaosRun:
             20.0 if r is not None else 1.0,
         )
 
+    async def read_kafka(self, partitions: list[int], errors: dict[int, str]) -> dict[str, Any]:
+        """The read-back through Kafka Fetch of the partitions ReadLog could read (a
+        partition it could not read stays unreadable), then the follower's counts."""
+        from chaos.kafka import read_back
+
+        k = self.kafka
+        assert k is not None
+        self.say("reading every partition back through Kafka Fetch")
+        logs, kafka_errors = await asyncio.to_thread(read_back, k.bootstrap, partitions)
+        errors.update(kafka_errors)
+        # Let the follower reach the final logs, so that it has had its chance to detect
+        # each truncation (bounded: one it misses never catches up).
+        for _ in range(int(FOLLOWER_CATCH_UP_S / 0.1)):
+            if k.caught_up(logs):
+                break
+            await asyncio.sleep(0.1)  # polling another thread's progress
+        caught_up = k.caught_up(logs)
+        await self.join_kafka(producers_only=False)
+        return {
+            "kafka_logs": logs,
+            "consumer_truncations": dict(sorted(k.truncations.items())),
+            "consumer_offset_resets": dict(sorted(k.offset_resets.items())),
+            "consumer_errors": dict(sorted(k.consumer_errors.items())),
+            "truncation_examples": list(k.truncation_examples),
+            "producer_restarts": k.producer_restarts,
+            "follower_caught_up": caught_up,
+        }
+
     async def operator_elect(self, r: DescribeClusterResponse) -> None:
         """What an operator without log inspection would do: elect the first live
         replica of the LastKnownELR, else of the assignment."""
@@ -359,12 +473,17 @@ class ChaosRun:
                 asyncio.create_task(self.sample()),
                 asyncio.create_task(self.scrape_loop()),
             ]
-            producers = asyncio.create_task(self.produce())
-            background.append(producers)
             t = time.monotonic()
-            await self.faults.run()
-            producers.cancel()
-            await asyncio.gather(producers, return_exceptions=True)
+            if self.cfg.client == "librdkafka":
+                self.start_kafka()
+                await self.faults.run()
+                await self.join_kafka(producers_only=True)  # in-flight reports count too
+            else:
+                producers = asyncio.create_task(self.produce())
+                background.append(producers)
+                await self.faults.run()
+                producers.cancel()
+                await asyncio.gather(producers, return_exceptions=True)
             self.produce_s = time.monotonic() - t
             self.phase = "healing"
             self.show()
@@ -378,6 +497,9 @@ class ChaosRun:
             await self.watch.await_active()
             address = self.watch.active_first()
             committed, errors = await read_logs(address)
+            kafka: dict[str, Any] = {}
+            if self.kafka is not None:
+                kafka = await self.read_kafka(sorted(committed), errors)
             records, snapshot_at = await fetch_metadata(address)
             await self.watch.await_active()  # the final term's counter, once more
             watch = self.watch
@@ -388,7 +510,12 @@ class ChaosRun:
                 "snapshot_at": snapshot_at,
                 "final_metric": sum(watch.term_metric.values()) if watch.scraped else None,
                 "end_ms": int(time.time() * 1000),
+                **kafka,
             }
+            if self.kafka_failures:
+                raise RuntimeError(
+                    "a Kafka client thread failed: " + "; ".join(self.kafka_failures)
+                )
             self.phase = "done"
         except asyncio.CancelledError:
             self.interrupted = True
@@ -398,6 +525,7 @@ class ChaosRun:
             for task in [*background, *self.faults.restores]:
                 task.cancel()
             await asyncio.gather(*background, *self.faults.restores, return_exceptions=True)
+            await asyncio.shield(self.join_kafka(producers_only=False))
             self.say("stopping every process")
             if self.etcd_client is not None:
                 with contextlib.suppress(MetactlError, OSError):

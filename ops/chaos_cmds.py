@@ -60,6 +60,7 @@ def register(sub: Any) -> None:
             "metactl chaos run --schedule builtin:outage --flush-interval-ms 5000 --json",
             "metactl chaos run --eligible-leader-replicas disabled --expect-silent-loss",
             "metactl chaos run --controllers 3 --etcd 3 --duration 600 --base-port 29100",
+            "metactl chaos run --client librdkafka --duration 60 --seed 1",
         ),
         formatter_class=HELP_FORMAT,
     )
@@ -91,7 +92,8 @@ def register(sub: Any) -> None:
         default=None,
         metavar="P",
         help="pin every port from P on: 2 per controller (listener, /metrics), 2 per etcd "
-        "member (client, peer), 1 per broker (default: free ports)",
+        "member (client, peer), 1 per broker, then with --client librdkafka 1 per broker "
+        "(its Kafka listener) (default: free ports)",
     )
     r.add_argument(
         "--partitions", type=int_arg, default=6, help="partitions of the topic (default 6)"
@@ -121,6 +123,14 @@ def register(sub: Any) -> None:
         metavar="FILE|builtin:NAME",
         help="a fault schedule (JSON) instead of a random plan; builtin:outage, "
         "builtin:controller-and-outage",
+    )
+    r.add_argument(
+        "--client",
+        choices=["metactl", "librdkafka"],
+        default="metactl",
+        help="who produces: metactl's own producer (default), or librdkafka (confluent-kafka) "
+        "through the brokers' Kafka listeners, acks=all with idempotence, a librdkafka "
+        "consumer counting the log truncations it detects, the read-back by Kafka Fetch",
     )
     r.add_argument("--producers", type=int_arg, default=3, help="producer groups (default 3)")
     r.add_argument("--batch", type=int_arg, default=50, help="records per batch (default 50)")
@@ -204,6 +214,7 @@ def cmd_chaos_run(args: argparse.Namespace) -> int:
         controllers=args.controllers,
         etcd=args.etcd,
         base_port=args.base_port,
+        client=args.client,
         timing=Timing(
             heartbeat_ms=args.heartbeat_interval_ms,
             session_ms=args.session_timeout_ms,
