@@ -115,6 +115,19 @@ async def test_consumer_past_an_unclean_election_reports_the_truncation(tmp_path
         # =error), naming the truncation: offset 10 of leader epoch 0, the log ending at 0.
         assert truncation.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError._LOG_TRUNCATION)
         assert "at offset 10" in truncation.str() and "end offset is 0" in truncation.str()
+
+        # The new leader stamps what it appends with its own leader epoch: a consumer
+        # validating a later position names that epoch.
+        epoch = part(await cluster.describe()).leader_epoch
+        producer.produce("u", value=b"b0", partition=0)
+        assert producer.flush(30) == 0
+        consumer.assign([TopicPartition("u", 0, 0)])
+        for _ in range(120):
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                break
+        assert msg is not None and msg.error() is None
+        assert (msg.offset(), msg.value(), msg.leader_epoch()) == (0, b"b0", epoch)
     finally:
         if consumer is not None:
             consumer.close()
