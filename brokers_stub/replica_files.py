@@ -21,7 +21,8 @@ from pathlib import Path
 from brokers_stub import replica_log as rl
 from brokers_stub.config import BrokerConfig
 from brokers_stub.logctx import BrokerLog
-from brokers_stub.replica_log import Chunk, ReplicaLog
+from brokers_stub.replica_bytes import Chunk
+from brokers_stub.replica_log import ReplicaLog
 from brokers_stub.storage import REPLICAS_DIR, fsync_dir
 from metadata_image.state import TopicPartition
 

@@ -1,5 +1,4 @@
-"""One partition replica: its leader-epoch history, offsets and stored record batches, and
-their files.
+"""One partition replica: its leader-epoch history and offsets, and its state file.
 
 A replica holds what the replication protocol reasons about: the leader-epoch history
 `[(epoch, start_offset), …]` (Kafka's leader-epoch checkpoint), the log end offset (LEO),
@@ -7,31 +6,18 @@ the high watermark (HW) and the flushed offset (everything below it survived the
 fsync). The file `replicas/<topic>-<partition>.json` is rewritten through the page cache on
 every change (`save`) and fsynced by `flush`; `remove` deletes it.
 
-Record bytes are sparse. Records appended by the native producer have none: the offsets
-exist, nothing else. Records appended as Kafka record batches (magic 2, the Kafka
-listener's Produce, and followers copying them) keep the batch bytes exactly as appended
-(base offset and partition leader epoch set by the leader) in
-`replicas/<topic>-<partition>.log`, an append-only file of those batches in offset
-order; offsets of [0, LEO) no stored batch covers are "no-bytes" ranges. In memory a
-replica with batches keeps an index of them (each batch's `BatchHeader` and file
-position) and the bytes appended since the last write; a replica without batches has no
-`.log` file and no byte state at all (a broker may host a million replicas; nothing of
-this is on the native path). No file handle stays open: a write opens, writes and closes,
-a read (`read_chunks`) uses `os.pread` on a descriptor it closes.
-
-`save` and `flush` write the queued batch bytes to the `.log` file before the JSON state,
-and `flush` fsyncs the `.log` before writing the state durably. The state records how
-many bytes of the `.log` it covers (`log_bytes`; absent: none, as in a file written
-before bytes were stored, whose `.log`, if any, is then not trusted). `load` rebuilds the
-index by reading the batch headers in those bytes: a longer file (a write past the saved
-state, a truncation not yet applied) is cut at the next write; a shorter file, or a torn
-or corrupt batch (checked by CRC above the flushed offset), means an OS crash kept the
-state but not all its bytes, and the replica is cut back to the end of its last complete
-batch (a loss of unflushed data, reported by `take_load_note`): records whose bytes were
-lost are never presented as no-bytes native records. Truncation (`truncate_to`,
-`lose_unflushed`, `copy_from_leader` to a shorter log) drops the stored batches at and
-after the offset and cuts the file at the next write. Truncation points are batch
-boundaries; a batch straddling one is dropped whole and the LEO set to its base.
+Records appended as Kafka record batches keep their bytes in the replica's `.log` file,
+whose index, queued bytes and format are `replica_bytes`' (a replica without batches has
+neither). `save` and `flush` write the queued batch bytes to the `.log` file before the
+JSON state, and `flush` fsyncs the `.log` before writing the state durably. The state
+records how many bytes of the `.log` it covers (`log_bytes`; absent: none, as in a file
+written before bytes were stored, whose `.log`, if any, is then not trusted). `load`
+has the index rebuilt from those bytes; a state whose bytes an OS crash lost is cut back
+to the end of its last complete batch (a loss of unflushed data, reported by
+`take_load_note`): records whose bytes were lost are never presented as no-bytes native
+records. Truncation (`truncate_to`, `lose_unflushed`, `copy_from_leader` to a shorter
+log) drops the stored batches at and after the offset and cuts the file at the next
+write (a batch straddling the offset is dropped whole and the LEO set to its base).
 
 Two names keep a replica's state, so that a cheap write never puts its fsynced state at
 risk. `flush` writes the state durably under both `<name>.json` and `<name>.json.flushed`
@@ -51,25 +37,24 @@ a topic deleted and created again under the same name has a new id, and the repl
 manager never takes a replica of another id for the topic's (it deletes it). A file
 written before topic ids were recorded has none (`topic_id` "").
 
-This module owns that state, the pure operations on an epoch history, the stored-batch
-index, and the file formats. It must not make replication decisions (leader or follower:
-see `replication.py`), talk to the network, validate batches beyond the header fields
-it indexes by (the Kafka listener does), or decide when to persist or flush.
+This module owns that state, the pure operations on an epoch history, the state file's
+format, and the order in which a replica's state and bytes are written. It must not make
+replication decisions (leader or follower: see `replication.py`), talk to the network,
+read or write the `.log` file itself (`replica_bytes`), or decide when to persist or
+flush.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-import crc32c
-
+from brokers_stub import replica_bytes as rb
+from brokers_stub.replica_bytes import BatchStore, Chunk, bytes_path, checked_header
 from brokers_stub.storage import (
     TMP_SUFFIX,
     read_through_cache,
@@ -77,14 +62,29 @@ from brokers_stub.storage import (
     write_durable,
     write_through_cache,
 )
-from protocol.kafka.records import (
-    CRC_START,
-    HEADER_BYTES,
-    LOG_OVERHEAD,
-    MAGIC_V2,
-    BatchHeader,
-    read_header,
-)
+from protocol.kafka.records import BatchHeader
+
+__all__ = [
+    "NO_EPOCH",
+    "EpochEntry",
+    "History",
+    "ReplicaLog",
+    "assign_epoch",
+    "common_prefix",
+    "end_offset_for_epoch",
+    "epoch_at",
+    "flush",
+    "last_written_epoch",
+    "latest_epoch",
+    "load",
+    "load_all",
+    "read_chunks",
+    "remove",
+    "replica_files",
+    "replica_path",
+    "save",
+    "truncate_history_to",
+]
 
 EpochEntry = tuple[int, int]  # (leader epoch, start offset)
 History = list[EpochEntry]
@@ -167,79 +167,6 @@ def common_prefix(a: Sequence[EpochEntry], a_leo: int, b: Sequence[EpochEntry], 
     return limit
 
 
-# --- stored batches ------------------------------------------------------------------
-
-
-class Chunk(NamedTuple):
-    """A piece of a log, in offset order: `count` records from `base_offset`, and either
-    the bytes of the one stored batch they are (`data`), or None (a no-bytes range)."""
-
-    base_offset: int
-    count: int  # type: ignore[assignment]  # (shadows tuple.count, which nobody needs)
-    data: bytes | None
-
-
-class StoredBatch(NamedTuple):
-    """A stored batch: its header, and where its bytes start in the `.log` file."""
-
-    header: BatchHeader
-    pos: int
-
-
-def _next_offset(entry: StoredBatch) -> int:
-    return entry.header.next_offset
-
-
-class _Bytes:
-    """A replica's stored batches: the index, and what of their bytes the file holds.
-
-    The file's bytes [0, `written`) are the index's batches that were written; the
-    index's others are `pending` (their bytes, in order, to go at `written`). The file
-    is `file_size` long: longer than `written` after a truncation (or a load that found
-    more), which the next write cuts. `saved_bytes` and `durable_bytes` are the
-    `log_bytes` of the state last written and of the state last written durably (at
-    load: the most any state found covers): `.log` bytes they cover below their end are
-    never overwritten while they may be the state a crash leaves.
-    """
-
-    __slots__ = (
-        "dirty",
-        "durable_bytes",
-        "end",
-        "file_size",
-        "index",
-        "note",
-        "pending",
-        "saved_bytes",
-        "written",
-    )
-
-    def __init__(self) -> None:
-        self.index: list[StoredBatch] = []
-        self.end = 0  # log_bytes: where the last stored batch ends
-        self.written = 0
-        self.pending: list[bytes] = []
-        self.file_size = 0
-        self.dirty = False  # written or cut since the last fsync
-        self.saved_bytes = 0
-        self.durable_bytes = 0
-        self.note: str | None = None  # what `load` had to repair (`take_load_note`)
-
-    def cut(self, pos: int) -> None:
-        """Forget every byte at or after `pos` (a batch boundary)."""
-        self.end = pos
-        if pos <= self.written:
-            self.written = pos
-            self.pending.clear()
-            return
-        at = self.written
-        for i, data in enumerate(self.pending):
-            if at >= pos:
-                del self.pending[i:]
-                return
-            at += len(data)
-
-
 # --- the replica state ---------------------------------------------------------------
 
 
@@ -255,7 +182,7 @@ class ReplicaLog:
     # How many times the state was written (the file's version, not part of the state).
     seq: int = field(default=0, compare=False)
     # The stored batches (None: there are none, and no `.log` file is known).
-    _bytes: _Bytes | None = field(default=None, compare=False, repr=False, init=False)
+    _bytes: BatchStore | None = field(default=None, compare=False, repr=False, init=False)
 
     @property
     def name(self) -> str:
@@ -289,30 +216,15 @@ class ReplicaLog:
         if batch is None:
             self.log_end_offset += count
             return
-        header = read_header(batch)
-        if header is None or header.size != len(batch) or header.magic != MAGIC_V2:
-            raise ValueError(f"{self.name}: not one whole magic-2 record batch")
-        if header.base_offset != self.log_end_offset:
-            raise ValueError(
-                f"{self.name}: batch base offset {header.base_offset} is not the log end "
-                f"offset {self.log_end_offset}"
-            )
-        if header.last_offset_delta + 1 != count:
-            raise ValueError(
-                f"{self.name}: a batch of last offset delta {header.last_offset_delta} "
-                f"appended as {count} records"
-            )
-        b = self._bytes
-        if b is None:
-            b = self._bytes = _Bytes()
-        b.index.append(StoredBatch(header, b.end))
-        b.pending.append(bytes(batch))
-        b.end += len(batch)
+        header = checked_header(self.name, batch, self.log_end_offset, count)
+        if self._bytes is None:
+            self._bytes = BatchStore()
+        self._bytes.add(header, batch)
         self.log_end_offset += count
 
     def batches(self) -> list[BatchHeader]:
         """The headers of the stored batches, in offset order (real base offsets)."""
-        return [] if self._bytes is None else [e.header for e in self._bytes.index]
+        return [] if self._bytes is None else self._bytes.headers()
 
     @property
     def log_bytes(self) -> int:
@@ -321,25 +233,12 @@ class ReplicaLog:
 
     def take_load_note(self) -> str | None:
         """What `load` had to repair in the stored batches (once), or None."""
-        b = self._bytes
-        if b is None or b.note is None:
-            return None
-        note, b.note = b.note, None
-        return note
+        return None if self._bytes is None else self._bytes.take_note()
 
     def _cut_batches(self, offset: int) -> int:
         """Drop the stored batches at and after `offset`; the offset the log may keep
         (`offset`, or the base of a batch straddling it: dropped whole)."""
-        b = self._bytes
-        if b is None or not b.index:
-            return offset
-        i = bisect.bisect_right(b.index, offset, key=_next_offset)
-        if i == len(b.index):
-            return offset
-        first = b.index[i]
-        del b.index[i:]
-        b.cut(first.pos)
-        return min(offset, first.header.base_offset)
+        return offset if self._bytes is None else self._bytes.cut_at(offset)
 
     def truncate_to(self, offset: int) -> bool:
         """Drop every record at or above `offset` (and the stored batches: one straddling
@@ -427,7 +326,6 @@ class ReplicaLog:
 
 
 FLUSHED_SUFFIX = ".flushed"
-BYTES_SUFFIX = ".log"
 
 
 def replica_path(replicas_dir: Path, topic: str, partition: int) -> Path:
@@ -437,11 +335,6 @@ def replica_path(replicas_dir: Path, topic: str, partition: int) -> Path:
 def flushed_path(path: Path) -> Path:
     """The second name of a replica's file that keeps its last fsynced state."""
     return path.with_name(path.name + FLUSHED_SUFFIX)
-
-
-def bytes_path(path: Path) -> Path:
-    """The `.log` file of stored batches of the replica whose state file is `path`."""
-    return path.with_suffix(BYTES_SUFFIX)
 
 
 def _encode(log: ReplicaLog) -> bytes:
@@ -462,10 +355,10 @@ def _write_state(log: ReplicaLog, path: Path, *, durable: bool) -> None:
             b.durable_bytes = b.end
 
 
-def _write_prefix_state(log: ReplicaLog, b: _Bytes, path: Path, *, durable: bool) -> None:
+def _write_prefix_state(log: ReplicaLog, b: BatchStore, path: Path, *, durable: bool) -> None:
     """Write the state of the log without its pending batches (it covers the `.log`
     file's `written` bytes, all of them already in the file)."""
-    leo = b.index[len(b.index) - len(b.pending)].header.base_offset
+    leo = b.written_offset()
     if durable:  # the bytes below `written` are fsynced (they were below `durable_bytes`)
         log.flushed_offset = max(log.flushed_offset, leo)
     log.seq += 1
@@ -486,46 +379,6 @@ def _write_prefix_state(log: ReplicaLog, b: _Bytes, path: Path, *, durable: bool
     b.saved_bytes = b.written
 
 
-def _sync_bytes(path: Path, b: _Bytes) -> None:
-    if b.dirty and b.file_size:
-        fd = os.open(path, os.O_WRONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    b.dirty = False
-
-
-def _write_bytes(path: Path, b: _Bytes, *, sync: bool) -> None:
-    """Cut the `.log` file to `written` and append the pending batches (fsync if `sync`).
-    A file left with no bytes is deleted."""
-    if not b.pending and b.written == 0:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        b.file_size = 0
-        b.dirty = False
-        return
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        if b.file_size > b.written:
-            os.ftruncate(fd, b.written)
-        b.file_size = b.written
-        if b.pending:
-            view = memoryview(b.pending[0] if len(b.pending) == 1 else b"".join(b.pending))
-            at = b.written
-            while view:
-                n = os.pwrite(fd, view, at)
-                view, at = view[n:], at + n
-            b.pending.clear()
-            b.written = b.file_size = at
-        b.dirty = True
-        if sync:
-            os.fsync(fd)
-            b.dirty = False
-    finally:
-        os.close(fd)
-
-
 def _persist(log: ReplicaLog, replicas_dir: Path, *, durable: bool) -> None:
     path = replica_path(replicas_dir, log.topic, log.partition)
     b = log._bytes
@@ -544,26 +397,20 @@ def _persist(log: ReplicaLog, replicas_dir: Path, *, durable: bool) -> None:
         # durable state covers more), and its bytes durable before it if it is.
         sync = durable or b.written < b.durable_bytes
         if sync:
-            _sync_bytes(data, b)
+            rb.sync_bytes(data, b)
         if not b.pending:  # the state is that one: written first, then the file cut
             _write_state(log, path, durable=sync)
-            _write_bytes(data, b, sync=False)
-            _forget_if_empty(log, b)
+            rb.write_bytes(data, b, sync=False)
+            if b.forgettable():
+                log._bytes = None
             return
         _write_prefix_state(log, b, path, durable=sync)
     if changes_file:
-        _write_bytes(data, b, sync=durable)
+        rb.write_bytes(data, b, sync=durable)
     elif durable:
-        _sync_bytes(data, b)
+        rb.sync_bytes(data, b)
     _write_state(log, path, durable=durable)
-    _forget_if_empty(log, b)
-
-
-def _forget_if_empty(log: ReplicaLog, b: _Bytes) -> None:
-    """A replica whose batches are all gone, from the file and from every state on disk,
-    keeps no byte state (its state files no longer name `log_bytes`)."""
-    empty = b.end == 0 and b.file_size == 0 and b.note is None
-    if empty and b.saved_bytes == 0 and b.durable_bytes == 0:
+    if b.forgettable():
         log._bytes = None
 
 
@@ -594,74 +441,8 @@ def read_chunks(
     end_offset = min(end_offset, log.log_end_offset)
     if from_offset >= end_offset:
         return []
-    b = log._bytes
-    if b is None or not b.index:
-        return [Chunk(from_offset, end_offset - from_offset, None)]
-    index = b.index
-    i = bisect.bisect_right(index, from_offset, key=_next_offset)
-    at = from_offset
-    total = 0
-    plan: list[tuple[int, int, int]] = []  # (base offset, count, index entry or -1)
-    while at < end_offset:
-        if i < len(index) and index[i].header.base_offset <= at:
-            h = index[i].header
-            if plan and total + h.size > max_bytes:
-                break
-            plan.append((h.base_offset, h.last_offset_delta + 1, i))
-            total += h.size
-            at = h.next_offset
-            i += 1
-        else:
-            stop = min(index[i].header.base_offset if i < len(index) else end_offset, end_offset)
-            plan.append((at, stop - at, -1))
-            at = stop
-    stored = [j for _, _, j in plan if j >= 0]
-    if not stored:
-        return [Chunk(base, count, None) for base, count, _ in plan]
-    start = index[stored[0]].pos
-    stop = index[stored[-1]].pos + index[stored[-1]].header.size
-    raw = _read_range(
-        bytes_path(replica_path(replicas_dir, log.topic, log.partition)), b, start, stop
-    )
-    if len(stored) == 1:  # one batch: its bytes as read, not copied again
-        return [Chunk(base, count, None if j < 0 else raw) for base, count, j in plan]
-    view = memoryview(raw)
-    return [
-        Chunk(
-            base,
-            count,
-            None
-            if j < 0
-            else bytes(view[index[j].pos - start : index[j].pos - start + index[j].header.size]),
-        )
-        for base, count, j in plan
-    ]
-
-
-def _read_range(path: Path, b: _Bytes, start: int, stop: int) -> bytes:
-    """The stored batches' bytes [start, stop): from the file, and the pending ones."""
-    parts: list[bytes] = []
-    if start < b.written:
-        want = min(stop, b.written) - start
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            got = os.pread(fd, want, start)
-            while len(got) < want:
-                more = os.pread(fd, want - len(got), start + len(got))
-                if not more:
-                    raise OSError(f"{path.name} is shorter than its index ({start + len(got)})")
-                got += more
-        finally:
-            os.close(fd)
-        parts.append(got)
-    at = b.written
-    for data in b.pending:
-        if at >= stop:
-            break
-        if at + len(data) > start:
-            parts.append(data[max(0, start - at) : stop - at])
-        at += len(data)
-    return parts[0] if len(parts) == 1 else b"".join(parts)
+    path = bytes_path(replica_path(replicas_dir, log.topic, log.partition))
+    return rb.read_chunks(log._bytes, path, from_offset, end_offset, max_bytes)
 
 
 def remove(replicas_dir: Path, topic: str, partition: int) -> bool:
@@ -736,62 +517,16 @@ def load(path: Path) -> ReplicaLog:
             best, best_bytes = log, log_bytes
     if best is None:
         raise ValueError("; ".join(errors) or "no file")
-    _load_batches(best, bytes_path(path), best_bytes, covered)
+    best._bytes, cut = rb.load(
+        bytes_path(path),
+        best_bytes,
+        covered,
+        log_end_offset=best.log_end_offset,
+        flushed_offset=best.flushed_offset,
+    )
+    if cut is not None:
+        best.truncate_to(cut)
     return best
-
-
-def _load_batches(log: ReplicaLog, path: Path, log_bytes: int | None, covered: int) -> None:
-    """Index the batches of the `.log` file the state covers (`log_bytes`: None if it
-    names none, and then the file, if any, is not trusted and cut at the next write).
-    The scan stops at the first header that is not a whole batch following the previous
-    one within the LEO, or, above the flushed offset (an OS crash may have torn it), at
-    a CRC mismatch: the log is then cut back to the end of the last complete batch."""
-    try:
-        size = os.stat(path).st_size
-    except FileNotFoundError:
-        size = None
-    if size is None and not log_bytes:
-        return
-    b = log._bytes = _Bytes()
-    b.file_size = size or 0
-    b.saved_bytes = b.durable_bytes = covered
-    if not log_bytes:
-        return
-    limit = min(log_bytes, b.file_size)
-    pos = 0
-    kept = 0  # where the last complete batch ends, in offsets
-    if limit:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            while pos < limit:
-                h = read_header(os.pread(fd, HEADER_BYTES, pos))
-                if (
-                    h is None
-                    or h.magic != MAGIC_V2
-                    or h.batch_length < HEADER_BYTES - LOG_OVERHEAD
-                    or h.last_offset_delta < 0
-                    or pos + h.size > limit
-                    or h.base_offset < kept
-                    or h.next_offset > log.log_end_offset
-                ):
-                    break
-                if h.next_offset > log.flushed_offset:
-                    whole = os.pread(fd, h.size, pos)
-                    if crc32c.crc32c(whole[CRC_START:]) != h.crc:
-                        break
-                b.index.append(StoredBatch(h, pos))
-                pos += h.size
-                kept = h.next_offset
-        finally:
-            os.close(fd)
-    b.written = b.end = pos
-    if pos < log_bytes:
-        before = log.log_end_offset
-        log.truncate_to(kept)
-        b.note = (
-            f"{path.name} holds {b.file_size} bytes, {pos} of them complete batches, of the "
-            f"{log_bytes} the state covers: log end offset {before} cut back to {kept}"
-        )
 
 
 def load_all(replicas_dir: Path) -> tuple[list[ReplicaLog], list[str]]:

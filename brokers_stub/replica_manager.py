@@ -42,9 +42,10 @@ from brokers_stub.leader import IsrUpdater, LeaderState
 from brokers_stub.leader_side import LeaderSide
 from brokers_stub.logctx import BrokerLog
 from brokers_stub.produce import DataPlane
+from brokers_stub.replica_bytes import Chunk
 from brokers_stub.replica_files import ReplicaFiles
 from brokers_stub.replica_lifecycle import ReplicaLifecycle
-from brokers_stub.replica_log import Chunk, ReplicaLog
+from brokers_stub.replica_log import ReplicaLog
 from metactl.errors import UnknownTopicOrPartitionError
 from metadata_image.delta import MetadataDelta
 from metadata_image.image import ClusterImage

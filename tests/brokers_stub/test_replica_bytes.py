@@ -12,10 +12,12 @@ import crc32c
 import pytest
 from structlog.testing import capture_logs
 
+from brokers_stub import replica_bytes
 from brokers_stub import replica_log as rl
 from brokers_stub.logctx import BrokerLog
+from brokers_stub.replica_bytes import Chunk
 from brokers_stub.replica_files import ReplicaFiles
-from brokers_stub.replica_log import Chunk, ReplicaLog
+from brokers_stub.replica_log import ReplicaLog
 from brokers_stub.replica_manager import ReplicaManager
 from protocol.codec import decode_frame, encode_frame
 from protocol.kafka.records import read_header
@@ -317,14 +319,13 @@ def test_truncating_and_appending_in_one_save_writes_a_state_of_the_cut_log_firs
     def crash(*_: object, **__: object) -> None:
         raise OSError("crash while writing the bytes")
 
-    real = rl._write_bytes
-    monkeypatch.setattr(rl, "_write_bytes", crash)
+    monkeypatch.setattr(replica_bytes, "write_bytes", crash)
     with pytest.raises(OSError, match="crash"):
         rl.save(log, tmp_path)
     (crashed,), _ = rl.load_all(tmp_path)
     assert (crashed.log_end_offset, crashed.log_bytes) == (9, len(b1))
     assert crashed.take_load_note() is None  # consistent: nothing lost
-    monkeypatch.setattr(rl, "_write_bytes", real)
+    monkeypatch.undo()
 
     rl.save(log, tmp_path)
     assert bytes_file(tmp_path, log).read_bytes() == b1 + n1
