@@ -60,8 +60,11 @@ core-coverage: setup-test
 	METACTL_HYPOTHESIS_EXAMPLES=50 $(BIN)/coverage run --branch --source=controller,metadata_image --data-file=.coverage.core -m pytest -q -p no:cacheprovider --hypothesis-seed=0 tests/controller
 	$(BIN)/coverage report --data-file=.coverage.core --include='$(CORE)' --fail-under=100 --show-missing --skip-covered
 
+# On both cores (pytest-xdist): the tests wait on real processes much of the time. The
+# audit tests form one group, so one worker runs them all with the run's one Spark
+# session; tests/e2e/cluster.py gives each worker its own port range.
 pytest: setup-test system
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadgroup
 
 test: lint layers typecheck core-coverage pytest
 

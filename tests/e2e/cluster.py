@@ -49,12 +49,27 @@ TIMEOUT_S = 60.0
 _HANDED_OUT: set[int] = set()
 
 
+def _port_range() -> tuple[int, int]:
+    """The ports this test process hands out: 20000..32000, below Linux's ephemeral
+    range, split between pytest-xdist's workers (PYTEST_XDIST_WORKER gw0, gw1, ...;
+    PYTEST_XDIST_WORKER_COUNT of them) so that two workers never pick the same port."""
+    low, high = 20000, 32000
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not worker.startswith("gw") or count <= 1:
+        return low, high
+    index = int(worker[2:])
+    size = (high - low) // count
+    return low + index * size, low + (index + 1) * size
+
+
 def free_block(n: int) -> int:
     """The first of `n` consecutive ports free on 127.0.0.1 now, below the ephemeral
     range (see `free_port`), none handed out before by this process."""
     rng = random.Random()
+    low, high = _port_range()
     for _ in range(500):
-        base = rng.randrange(20000, 32000 - n)
+        base = rng.randrange(low, high - n)
         if any(p in _HANDED_OUT for p in range(base, base + n)):
             continue
         with contextlib.ExitStack() as held:
@@ -65,7 +80,7 @@ def free_block(n: int) -> int:
                 continue
         _HANDED_OUT.update(range(base, base + n))
         return base
-    raise RuntimeError(f"no {n} consecutive free ports in 20000..32000")
+    raise RuntimeError(f"no {n} consecutive free ports in {low}..{high}")
 
 
 def free_port() -> int:
@@ -75,8 +90,9 @@ def free_port() -> int:
     for it listens there, or a connect to it while nothing listens may connect to itself;
     restarted controllers failed with LISTEN_FAILED so."""
     rng = random.Random()
+    low, high = _port_range()
     for _ in range(1000):
-        port = rng.randrange(20000, 32000)
+        port = rng.randrange(low, high)
         if port in _HANDED_OUT:
             continue
         with socket.socket() as s:
@@ -86,7 +102,7 @@ def free_port() -> int:
                 continue
         _HANDED_OUT.add(port)
         return port
-    raise RuntimeError("no free port in 20000..32000")
+    raise RuntimeError(f"no free port in {low}..{high}")
 
 
 class Process:
