@@ -30,6 +30,7 @@ from brokers_stub.config import BrokerConfig
 from brokers_stub.kafka.apis import BrokerKafkaApis
 from brokers_stub.kafka.data import MESSAGE_MAX_BYTES, KafkaData
 from brokers_stub.kafka.forward import AdminForwarder
+from brokers_stub.leader_side import fetch_bytes_budget
 from brokers_stub.logctx import BrokerLog
 from brokers_stub.metadata import MetadataFollower
 from brokers_stub.metrics import start_metrics
@@ -124,7 +125,11 @@ class Broker:
                 broker_epoch=lambda: self.epoch,
                 tls=config.tls is not None,
                 refused=self._refused,
-                max_batch_bytes=MESSAGE_MAX_BYTES,
+                # Kafka's message.max.bytes, and never more than a follower can copy in
+                # one ReplicaFetch answer (a smaller --max-frame-bytes lowers it).
+                max_batch_bytes=min(
+                    MESSAGE_MAX_BYTES, fetch_bytes_budget(config, MESSAGE_MAX_BYTES)
+                ),
             )
             # Admin APIs forwarded to the controller over a client of their own, so that
             # they never queue behind heartbeats or metadata fetches.

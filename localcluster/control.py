@@ -2,7 +2,8 @@
 back).
 
 `cluster up` records how it runs the cluster in ``DATA_DIR/cluster-up.json`` (its pid,
-the controllers, and each broker's command line, pid, metrics address and log), and
+the controllers, each controller's command line, pid and addresses, Kafka's included,
+and each broker's command line, pid, metrics and Kafka addresses and log), and
 listens on the Unix socket ``DATA_DIR/cluster.sock`` (mode 0600: only its user, made so
 without a process-wide umask, `bind_private`) for one request: start broker N again
 with its recorded command line. `metactl broker start` is the client. The broker it

@@ -10,9 +10,13 @@ What it starts, each a child process in a process group of its own
 * ``--brokers B`` brokers, given every controller's address, each serving /metrics on
   the ports after the controllers' (DATA_DIR/prometheus.yml scrapes them all,
   `localcluster.scrape_config`), and Kafka's wire protocol (``--kafka-listen``,
-  docs/kafka.md) on ``--kafka-base-port`` and up (`DEFAULT_KAFKA_BASE_PORT`, on the host
+  docs/kafka.md) on ``--kafka-base-port`` and up (ports: `localcluster.settings`, on the host
   of ``--listen``; none with ``--no-kafka``), with the cluster's TLS; their command
   lines, Kafka addresses included, are recorded in DATA_DIR/cluster-up.json;
+* every controller a Kafka listener too (KIP-919, for admin clients that bootstrap from
+  the controllers), ``CONTROLLER_KAFKA_OFFSET`` ports above the brokers' base (19192 and
+  up by default; none with ``--no-kafka``), its command line and address recorded beside
+  the brokers' (``"controller_processes"``), a port 0 pinned to the one bound;
 * before the first of them, on a first start, every controller's and broker's data
   directory is formatted (`localcluster.storage.format_cluster`, docs/operations.md):
   the cluster id is the one the directories record, else the metadata log's, else a new
@@ -70,6 +74,10 @@ from localcluster.control import CONTROL_SOCKET, serve, write_record
 from localcluster.etcd import LocalEtcd
 from localcluster.procs import await_active_brokers, ready_line
 from localcluster.scrape_config import write_prometheus_config
+from localcluster.settings import (
+    UpSettings,
+    port_plus,
+)
 from localcluster.storage import format_cluster
 from metactl.errors import (
     ClusterStartError,
@@ -80,88 +88,13 @@ from metactl.errors import (
 )
 from metactl.processes import dies_with_parent
 from metadata_log.etcd.tls import tls_flags
-from protocol.address import parse_address
 from protocol.messages.admin import CreateTopic, CreateTopicsRequest, CreateTopicsResponse
 from protocol.tls import ADMIN, CONTROLLER, TlsIdentity
 
-__all__ = ["DEFAULT_KAFKA_BASE_PORT", "ClusterUp", "UpSettings", "metactl_path", "run_cluster"]
+__all__ = ["ClusterUp", "metactl_path", "run_cluster"]
 
 READY_TIMEOUT_S: Final = 60.0
 LOCK_FILE: Final = "cluster.lock"
-# Broker N's Kafka listener is on this port + N - 1. Not Kafka's 9092 and up: the
-# controller's default address is 127.0.0.1:9093 (Kafka's controller port, and the
-# CLI's default), which broker 2 would take, and with --controllers 3 the controllers
-# hold 9093-9095. 19092 and up (Redpanda's external Kafka port) clear the controllers'
-# 9093 block and the /metrics 9400 block, and a Kafka of one's own on 9092.
-DEFAULT_KAFKA_BASE_PORT: Final = 19092
-
-
-@dataclass(frozen=True)
-class UpSettings:
-    data_dir: Path
-    brokers: int = 3
-    controllers: int = 1
-    etcd: int = 0
-    listen: str = "127.0.0.1:9093"
-    metrics: str = "127.0.0.1:9400"
-    topic: str = "demo"
-    partitions: int = 6
-    min_isr: int = 2
-    strategy: str = "balanced"
-    insecure: bool = False
-    # Broker N's Kafka listener on this port + N - 1 (0: any free port for each; None:
-    # no Kafka listeners), on the host of `listen`.
-    kafka_base_port: int | None = DEFAULT_KAFKA_BASE_PORT
-
-    def kafka_listen(self, broker_id: int) -> str | None:
-        """Broker `broker_id`'s --kafka-listen (None without Kafka listeners)."""
-        if self.kafka_base_port is None:
-            return None
-        host, _ = parse_address(self.listen)
-        return _port_plus(f"{host}:{self.kafka_base_port}", broker_id - 1)
-
-    def check(self) -> None:
-        if self.brokers < 1 or self.controllers < 1 or self.etcd < 0:
-            raise InvalidConfigurationError(
-                "--brokers and --controllers must be at least 1, --etcd at least 0"
-            )
-        if self.controllers > 1 and self.etcd == 0:
-            raise InvalidConfigurationError(
-                f"{self.controllers} controllers need a shared log: add --etcd 3 (or 1)"
-            )
-        parse_address(self.listen)
-        parse_address(self.metrics)
-        self._check_ports()
-
-    def _check_ports(self) -> None:
-        """INVALID_CONFIG, naming both, if two processes would be given the same fixed
-        port (by number: port 0, any free port, never collides), or a port past 65535."""
-        wanted: list[tuple[str, str]] = []
-        for i in range(self.controllers):
-            who = "the controller" if self.controllers == 1 else f"controller {i + 1}"
-            wanted += [
-                (_port_plus(self.listen, i), f"{who}'s --listen"),
-                (_port_plus(self.metrics, i), f"{who}'s /metrics (--metrics)"),
-            ]
-        for b in range(1, self.brokers + 1):
-            wanted.append((_port_plus(self.metrics, self.controllers + b - 1),
-                           f"broker {b}'s /metrics (--metrics)"))  # fmt: skip
-            kafka = self.kafka_listen(b)
-            if kafka is not None:
-                wanted.append((kafka, f"broker {b}'s Kafka listener (--kafka-base-port)"))
-        taken: dict[int, str] = {}
-        for address, who in wanted:
-            port = int(address.rpartition(":")[2])
-            if port > 65535:
-                raise InvalidConfigurationError(
-                    f"{who} would be port {port}, past 65535: choose a lower port"
-                )
-            if port and port in taken:
-                raise InvalidConfigurationError(
-                    f"port {port} would be both {taken[port]} and {who}: move one of them "
-                    "(port 0 takes any free port)"
-                )
-            taken.setdefault(port, who)
 
 
 def metactl_path() -> str:
@@ -169,12 +102,6 @@ def metactl_path() -> str:
     be on PATH; `source .venv/bin/activate` puts it there)."""
     script = Path(sys.executable).with_name("metactl")
     return str(script) if script.exists() else "metactl"
-
-
-def _port_plus(address: str, n: int) -> str:
-    """The n-th next port (port 0, any free port, stays 0 for every process)."""
-    host, port = parse_address(address)
-    return f"{host}:{port + n if port else 0}"
 
 
 @dataclass
@@ -192,6 +119,10 @@ class ClusterUp:
     broker_cmds: dict[int, list[str]] = field(default_factory=dict)
     broker_metrics: dict[int, str] = field(default_factory=dict)
     broker_kafka: dict[int, str] = field(default_factory=dict)  # Kafka listeners, by id
+    # Each controller's command line (its Kafka port pinned once bound) and Kafka
+    # listener, by number (1 and up, in --listen's order).
+    controller_cmds: dict[int, list[str]] = field(default_factory=dict)
+    controller_kafka: dict[int, str] = field(default_factory=dict)
     _lock: int | None = None
     _restarting: set[int] = field(default_factory=set)
 
@@ -307,24 +238,22 @@ class ClusterUp:
         self.cluster_id = self.format_storage()
         log_flags += [f"--cluster-id={self.cluster_id}"]  # an id may begin with "-"
         for i in range(s.controllers):
-            listen, metrics = _port_plus(s.listen, i), _port_plus(s.metrics, i)
+            listen, metrics = port_plus(s.listen, i), port_plus(s.metrics, i)
             name = "controller" if s.controllers == 1 else f"controller {i + 1}"
             data = self.controller_dir(i)
-            self.spawn(
-                name,
-                "controller",
-                [py, "-m", "controller", "--data-dir", str(data), "--listen", listen,
-                 "--metrics", metrics, "--unclean-recovery-strategy", s.strategy,
-                 *log_flags, *(["--node-id", f"c{i + 1}"] if s.etcd else []), *flags],
-            )  # fmt: skip
-        for c in [c for c in self.children if c.kind == "controller"]:
-            ready = self.await_ready(c)
-            fields = dict(p.split("=", 1) for p in ready.split()[2:] if "=" in p)
-            self.controllers.append(fields["listen"])
-            self.metrics.append(fields.get("metrics", ""))
+            kafka = s.controller_kafka_listen(i)
+            self.controller_cmds[i + 1] = [
+                py, "-m", "controller", "--data-dir", str(data), "--listen", listen,
+                "--metrics", metrics, *(["--kafka-listen", kafka] if kafka else []),
+                "--unclean-recovery-strategy", s.strategy,
+                *log_flags, *(["--node-id", f"c{i + 1}"] if s.etcd else []), *flags,
+            ]  # fmt: skip
+            self.spawn(name, "controller", self.controller_cmds[i + 1])
+        for n, c in enumerate([c for c in self.children if c.kind == "controller"], 1):
+            self._note_controller_ready(n, self.await_ready(c))
         for b in range(1, s.brokers + 1):
             # /metrics after the controllers' ports (port 0: any free port, each its own).
-            metrics = _port_plus(s.metrics, s.controllers + b - 1)
+            metrics = port_plus(s.metrics, s.controllers + b - 1)
             kafka = s.kafka_listen(b)
             self.broker_cmds[b] = [
                 py, "-m", "brokers_stub", "--id", str(b), "--controller", self.bootstrap,
@@ -335,6 +264,18 @@ class ClusterUp:
         for c in [c for c in self.children if c.kind == "broker"]:
             self._note_broker_ready(c, self.await_ready(c))
         self.write_record()
+
+    def _note_controller_ready(self, n: int, ready: str) -> None:
+        """Controller `n`'s addresses, from its READY line; a Kafka port 0 (any free port)
+        is pinned in its recorded command line, as a broker's is."""
+        fields = dict(p.split("=", 1) for p in ready.split()[2:] if "=" in p)
+        self.controllers.append(fields["listen"])
+        self.metrics.append(fields.get("metrics", ""))
+        if "kafka" in fields:
+            self.controller_kafka[n] = fields["kafka"]
+            cmd = self.controller_cmds.get(n, [])
+            if "--kafka-listen" in cmd:
+                cmd[cmd.index("--kafka-listen") + 1] = fields["kafka"]
 
     def _note_broker_ready(self, child: Child, ready: str) -> None:
         """Its /metrics and Kafka addresses, from its READY line; a port 0 (any free
@@ -356,7 +297,27 @@ class ClusterUp:
 
     def write_record(self) -> Path:
         """``DATA_DIR/cluster-up.json``: how this cluster runs, each broker's command line
-        included (`localcluster.control`; `metactl broker start` has it run again)."""
+        included (`localcluster.control`; `metactl broker start` has it run again), and
+        each controller's (``"controller_processes"``, by number: its addresses, Kafka's
+        included)."""
+        started = [c for c in self.children if c.kind == "controller"]
+        controllers = {
+            str(n): {
+                "argv": cmd,
+                "pid": child.proc.pid,
+                "listen": listen,
+                "metrics": metrics or None,
+                "kafka": self.controller_kafka.get(n),
+                "log": str(child.log_path),
+            }
+            for (n, cmd), child, listen, metrics in zip(
+                sorted(self.controller_cmds.items()),
+                started,
+                self.controllers,
+                self.metrics,
+                strict=False,  # all of them once start() has them all ready
+            )
+        }
         brokers = {
             str(b): {
                 "argv": cmd,
@@ -375,6 +336,7 @@ class ClusterUp:
                 "controllers": self.controllers,
                 "metrics": self.metrics,
                 "cluster_id": self.cluster_id,
+                "controller_processes": controllers,
                 "brokers": brokers,
             },
         )

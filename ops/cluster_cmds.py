@@ -5,7 +5,8 @@ supervisor that starts and watches the processes in localcluster/supervisor.py).
 `cluster up` makes the cluster's certificates in DATA_DIR/certs
 (`localcluster.certs.init_certs`, kept across runs) and runs every process with mutual
 TLS; `--insecure` runs everything in plaintext. Every broker also answers Kafka clients
-(docs/kafka.md) on `--kafka-base-port` and up, and the banner prints a `kcat -L` line.
+(docs/kafka.md) on `--kafka-base-port` and up, and the banner prints a `kcat -L` line;
+every controller answers Kafka admin clients (KIP-919) 100 ports above (19192 and up).
 With `--etcd M --controllers N` the controllers share a metadata log on a local etcd
 cluster (one active, the others hot standbys). It prints how to point the CLI at the
 cluster, then the cluster's events (`metactl events --follow`'s lines), until Ctrl-C.
@@ -26,13 +27,8 @@ from typing import Any
 from eventfeed.feed import Event, Feed
 from eventfeed.follow import follow_events
 from localcluster.etcd import LocalEtcd
-from localcluster.supervisor import (
-    DEFAULT_KAFKA_BASE_PORT,
-    ClusterUp,
-    UpSettings,
-    metactl_path,
-    run_cluster,
-)
+from localcluster.settings import CONTROLLER_KAFKA_OFFSET, DEFAULT_KAFKA_BASE_PORT, UpSettings
+from localcluster.supervisor import ClusterUp, metactl_path, run_cluster
 from metactl.errors import MetactlError
 from metactl.numbers import int_arg, int_flag
 from ops.cli import EXIT_INTERRUPTED, EXIT_OK, HELP_FORMAT, examples
@@ -103,14 +99,16 @@ def register(sub: Any) -> None:
         type=int_flag(0, 65535, name="port"),
         default=DEFAULT_KAFKA_BASE_PORT,
         metavar="PORT",
-        help="broker N answers Kafka clients (docs/kafka.md) on PORT + N - 1, on the host "
-        "of --listen, with the cluster's TLS; 0: any free port for each (default "
-        f"{DEFAULT_KAFKA_BASE_PORT}: the controller's 9093 rules out Kafka's 9092 and up)",
+        help="broker N answers Kafka clients (docs/kafka.md) on PORT + N - 1, and "
+        f"controller N Kafka admin clients (KIP-919) on PORT + {CONTROLLER_KAFKA_OFFSET} + "
+        "N - 1, on the host of --listen, with the cluster's TLS; 0: any free port for each "
+        f"(default {DEFAULT_KAFKA_BASE_PORT}: the controller's 9093 rules out Kafka's 9092 "
+        "and up)",
     )
     kafka.add_argument(
         "--no-kafka",
         action="store_true",
-        help="no Kafka listeners on the brokers (default: one per broker)",
+        help="no Kafka listeners on the brokers or the controllers (default: one each)",
     )
     u.add_argument("--topic", default="demo", help="the demo topic's name (default demo)")
     u.add_argument(
@@ -199,6 +197,7 @@ def banner(up: ClusterUp, topic: str) -> str:
             broker_metrics=up.broker_metrics,
             prometheus=up.prometheus_config(),
             kafka=up.broker_kafka,
+            controller_kafka=up.controller_kafka,
         )
         + f"  pids:     {pids}\nCtrl-C stops everything cleanly. Events follow:"
     )
@@ -231,6 +230,7 @@ def how_to(
     broker_metrics: dict[int, str] | None = None,
     prometheus: Path | None = None,
     kafka: dict[int, str] | None = None,
+    controller_kafka: dict[int, str] | None = None,
 ) -> str:
     """What `cluster up` prints after its first line: where things are, what to run. The
     commands name the `metactl` of this environment by its full path (`metactl_path`)."""
@@ -273,7 +273,7 @@ def how_to(
             f"dashboard and alerts: grafana/README.md{missing})"
         )
     if kafka:
-        lines += kafka_lines(kafka, certs)
+        lines += kafka_lines(kafka, certs, controller_kafka)
     target = f"--bootstrap-controller {address} {sec}"
     lines += [
         f"  try:      {me} describe {target}",
@@ -286,10 +286,12 @@ def how_to(
     return "\n".join(lines) + "\n"
 
 
-def kafka_lines(kafka: dict[int, str], certs: Path | None) -> list[str]:
-    """The brokers' Kafka addresses, and a `kcat -L` to paste: every broker as bootstrap
-    (it works with any of them down), with the admin's certificate over TLS
-    (docs/kafka.md)."""
+def kafka_lines(
+    kafka: dict[int, str], certs: Path | None, controllers: dict[int, str] | None = None
+) -> list[str]:
+    """The brokers' Kafka addresses, a `kcat -L` to paste (every broker as bootstrap: it
+    works with any of them down, with the admin's certificate over TLS), then the
+    controllers' Kafka addresses, if any (KIP-919: admin clients only; docs/kafka.md)."""
     where = ", ".join(f"{b}: {address}" for b, address in sorted(kafka.items()))
     kcat = ["kcat", "-L", "-b", ",".join(address for _, address in sorted(kafka.items()))]
     if certs is not None:
@@ -302,7 +304,19 @@ def kafka_lines(kafka: dict[int, str], certs: Path | None) -> list[str]:
         ):
             kcat += ["-X", f"{option}={value}"]
     missing = "" if shutil.which("kcat") else "  (kcat not installed: `make system`)"
-    return [
-        f"  kafka:    brokers {where}  (metadata so far: docs/kafka.md)",
+    lines = [
+        f"  kafka:    brokers {where}  (produce, consume, admin: docs/kafka.md)",
         f"            {shlex.join(kcat)}{missing}",
     ]
+    if controllers:
+        at = (
+            f"controller {next(iter(controllers.values()))}"
+            if len(controllers) == 1
+            else "controllers "
+            + ", ".join(f"{n}: {address}" for n, address in sorted(controllers.items()))
+        )
+        lines.append(
+            f"            {at}  (KIP-919, bootstrap.controllers of admin clients: "
+            "ApiVersions, admin APIs, DescribeQuorum)"
+        )
+    return lines

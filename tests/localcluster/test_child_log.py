@@ -11,7 +11,8 @@ from pathlib import Path
 
 from localcluster.child_log import LOG_TAIL_LINES, TAIL_MAX_BYTES, readable_tail, tail_lines
 from localcluster.children import Child
-from localcluster.supervisor import ClusterUp, UpSettings
+from localcluster.settings import UpSettings
+from localcluster.supervisor import ClusterUp
 
 HUGE = 64 * 1024 * 1024  # a sparse stretch: no disk, but 64 MiB to whoever reads it all
 
