@@ -163,7 +163,19 @@ class KafkaData:
                 parts.append((index, task, error, message))
             jobs.append((topic.name, parts))
         # Partitions are appended in the request's order (each append_batch runs up to its
-        # first wait before the next starts), then awaited together.
+        # first wait before the next starts), then awaited together. Every outcome is
+        # collected, and a Produce cancelled meanwhile (its connection gone, the broker
+        # stopping) cancels its waits: no task is left with an error nobody reads.
+        tasks = [t for _, parts in jobs for _, t, _, _ in parts if t is not None]
+        try:
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        except asyncio.CancelledError:
+            for t in tasks:
+                t.cancel()
+            raise
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException) and not isinstance(outcome, MetactlError):
+                raise outcome  # a bug: the listener logs it and closes the connection
         response_cls: Any = load_response_schema(k.PRODUCE, version)
         topic_cls = nested(response_cls, "TopicProduceResponse")
         partition_cls = nested(response_cls, "PartitionProduceResponse")
@@ -173,10 +185,11 @@ class KafkaData:
             for index, task, refusal, why in parts:
                 base, error, message = UNKNOWN_OFFSET, refusal, why
                 if task is not None:
-                    try:
-                        base = await task
-                    except MetactlError as exc:
-                        error, message = kafka_code(exc), exc.message
+                    failure = task.exception()
+                    if isinstance(failure, MetactlError):
+                        error, message = kafka_code(failure), failure.message
+                    else:
+                        base = task.result()
                 answers.append(
                     make(
                         partition_cls,

@@ -377,23 +377,7 @@ def _records(data: Buf, pos: int, end: int, header: BatchHeader) -> Iterator[tup
                     pos += n + max(field_len, 0)
             if pos > rec_end:
                 raise InvalidRecordError(f"record {i}: its fields overrun its size {length}")
-            b = buf[pos]
-            if b < 0x80:
-                headers, pos = (b >> 1) ^ -(b & 1), pos + 1
-            else:
-                headers, n = varint(buf, pos)
-                pos += n
-            if headers < 0:
-                raise InvalidRecordError(f"record {i}: invalid number of headers {headers}")
-            for _ in range(headers):
-                hkey_len, n = varint(buf, pos)
-                if hkey_len < 0:
-                    raise InvalidRecordError(f"record {i}: negative header key size")
-                pos += n + hkey_len
-                hvalue_len, n = varint(buf, pos)
-                pos += n + max(hvalue_len, 0)
-                if pos > rec_end:
-                    raise InvalidRecordError(f"record {i}: its headers overrun its size {length}")
+            pos = _skip_headers(buf, pos, rec_end, i, length)
             if pos != rec_end:
                 raise InvalidRecordError(
                     f"record {i}: size {length} but its fields take {length + pos - rec_end}"
