@@ -16,6 +16,8 @@ Both are compared with the same client pattern against a bare asyncio echo serve
 (a frame in, the same frame out, plaintext) measured in the same run.
 
 Run: python bench/service_load.py [--sessions 1000] [--seconds 5] [--rounds 1]
+     [--profile DIR]  (the controllers under cProfile: `python -m pstats
+     DIR/plaintext-0.prof`; the mTLS one's includes the commit-to-apply part)
 Prints figures; asserts nothing.
 """
 
@@ -272,8 +274,11 @@ async def echo_latency(address: str, n: int) -> list[float]:
     return out
 
 
-def controller_cmd(data_dir: Path, security: list[str], sessions: int) -> list[str]:
-    return [sys.executable, "-m", "controller", "--data-dir", str(data_dir),
+def controller_cmd(
+    data_dir: Path, security: list[str], sessions: int, profile: Path | None = None
+) -> list[str]:
+    prof = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []
+    return [sys.executable, *prof, "-m", "controller", "--data-dir", str(data_dir),
             "--listen", "127.0.0.1:0", "--session-timeout-ms", "600000",
             "--log-level", "WARNING", "--max-connections", str(sessions + 100),
             "--max-connections-per-peer", str(sessions + 100), *security]  # fmt: skip
@@ -290,7 +295,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="plaintext/mTLS pairs, alternating")
     ap.add_argument("--tailers", type=int, default=20)
     ap.add_argument("--changes", type=int, default=200)
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="run the controllers under cProfile, writing DIR/<mode>-<round>.prof when "
+        "they stop (profiling slows them: the figures are not comparable)",
+    )
     args = ap.parse_args()
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="metactl-bench-") as d:
         root = Path(d)
         certs = root / "certs"
@@ -305,7 +319,9 @@ def main() -> None:
         latency: tuple[list[float], list[float]] = ([], [])
         for r in range(args.rounds):
             for mode, (flags, tls) in modes.items():
-                proc, address = start(controller_cmd(root / f"{mode}-{r}", flags, args.sessions))
+                prof = args.profile / f"{mode}-{r}.prof" if args.profile else None
+                cmd = controller_cmd(root / f"{mode}-{r}", flags, args.sessions, prof)
+                proc, address = start(cmd)
                 try:
                     run = controller_heartbeats(address, proc.pid, args.sessions, args.seconds, tls)
                     rate, cpu_each = asyncio.run(run)

@@ -6,6 +6,12 @@ offsets not yet committed (`wait_for`). It only ever asks the backend for offset
 published end offset, so it can never observe a record that could still be lost, and it
 checks every batch it decodes (`batch_format.decode_entries`).
 
+The tail cache: the writer keeps the batches of its newest commits once they are durable
+(`_remember`, at most `TAIL_CACHE_BATCHES` and `TAIL_CACHE_BYTES`), and a `read` that falls
+wholly within them is served from there, checked as any other, without a round trip to
+the medium: every metadata client tailing the log (brokers, standbys' tailers) asks for
+what was just committed, each of them after every commit.
+
 This module must not write, assign offsets or publish a new end offset (that is
 `metadata_log.store`'s group commit), must not know any storage medium, and must not
 interpret records.
@@ -16,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Final
 
 from metactl.errors import (
     CorruptLogError,
@@ -33,7 +40,12 @@ from metadata_log.batch_format import (
 )
 from metadata_log.store_base import LogStoreBase
 
-__all__ = ["LogReads"]
+__all__ = ["TAIL_CACHE_BATCHES", "TAIL_CACHE_BYTES", "LogReads"]
+
+# The tail cache's bounds: the newest batches committed, up to this many and this many
+# payload bytes (a larger batch is not kept).
+TAIL_CACHE_BATCHES: Final = 64
+TAIL_CACHE_BYTES: Final = 1 << 20
 
 
 class LogReads(LogStoreBase):
@@ -54,8 +66,41 @@ class LogReads(LogStoreBase):
         if from_offset == end:
             return []
         upper = min(end, from_offset + max_records)
-        batches = await self._fetch_batches(from_offset, upper)
+        batches = self._cached(from_offset, upper)
+        if batches is None:
+            batches = await self._fetch_batches(from_offset, upper)
         return self._entries(batches, from_offset, upper)
+
+    def _remember(self, batches: list[StoredBatch]) -> None:
+        """Keep batches just committed (durable) in the tail cache: they follow the cached
+        ones, or replace them."""
+        recent = self._recent
+        if recent and recent[-1].end_offset != batches[0].base_offset:
+            recent.clear()
+            self._recent_bytes = 0
+        for b in batches:
+            if len(b.payload) > TAIL_CACHE_BYTES:
+                recent.clear()  # not kept: what follows it starts the cache again
+                self._recent_bytes = 0
+                continue
+            recent.append(b)
+            self._recent_bytes += len(b.payload)
+        while len(recent) > TAIL_CACHE_BATCHES or self._recent_bytes > TAIL_CACHE_BYTES:
+            self._recent_bytes -= len(recent.popleft().payload)
+
+    def _cached(self, lo: int, hi: int) -> list[StoredBatch] | None:
+        """The cached batches holding [lo, hi), or None unless the cache holds all of it."""
+        recent = self._recent
+        if not recent or lo < recent[0].base_offset or hi > recent[-1].end_offset:
+            return None
+        out: list[StoredBatch] = []
+        for b in reversed(recent):  # a tailer reads the newest
+            if b.base_offset < hi:
+                out.append(b)
+                if b.base_offset <= lo:
+                    break
+        out.reverse()
+        return out
 
     async def iter_chunks(
         self, from_offset: int = 0, to_offset: int | None = None, batch: int = 2000

@@ -217,6 +217,7 @@ class LogStore(LogReads):
             return
         self.last_commit_ns = time.perf_counter_ns()
         self.commits += 1
+        self._remember(batches)
         start = self._end_offset
         for item in group:
             if not item.future.done():

@@ -1,12 +1,13 @@
 """The foundation of `LogStore`: the state every store shares, its lifecycle, and the
 contract a backend implements.
 
-`LogStoreBase` holds the offsets, the open/closing/closed state, the group-commit queue and
-the event that wakes `wait_for` callers, and declares the abstract `_primitives` through
-which a backend (`SqliteLogStore`, `MemoryLogStore`) moves stored batches and snapshots to
-and from its medium, plus the optional hooks. `close()` lives here because it must drain
-the writer and then close the medium. The operations live above it: reading, streaming and
-waiting in `metadata_log.reads`, appending, group commit, snapshots and verification in
+`LogStoreBase` holds the offsets, the open/closing/closed state, the group-commit queue,
+the tail cache of the newest committed batches (`metadata_log.reads`) and the event that
+wakes `wait_for` callers, and declares the abstract `_primitives` through which a backend
+(`SqliteLogStore`, `MemoryLogStore`) moves stored batches and snapshots to and from its
+medium, plus the optional hooks. `close()` lives here because it must drain the writer and
+then close the medium. The operations live above it: reading, streaming and waiting in
+`metadata_log.reads`, appending, group commit, snapshots and verification in
 `metadata_log.store`, whose docstring states what they mean; backends subclass
 `metadata_log.store.LogStore`, never this class.
 
@@ -75,6 +76,10 @@ class LogStoreBase(ABC):
         self._advanced = asyncio.Event()
         self._write_lock = asyncio.Lock()
         self._writer_task: asyncio.Task[None] | None = None
+        # The newest batches this instance committed, consecutive, ending where its last
+        # commit did (`metadata_log.reads`: the tail cache).
+        self._recent: deque[StoredBatch] = deque()
+        self._recent_bytes = 0
 
     @property
     def failure(self) -> LogError | None:

@@ -18,7 +18,9 @@ input or a failing handler:
 Bounds on every established connection (`ServerLimits`, with admission's):
 
 - `idle_timeout_s` without a request closes a connection; once a frame's first byte has
-  arrived, the whole frame must arrive within `frame_deadline_s` (slowloris);
+  arrived, the whole frame must arrive within `frame_deadline_s` (slowloris); no deadline
+  runs while a request is answered. One timer per connection keeps both (`_Deadline`:
+  moving it is an assignment, not a timer-heap entry added and cancelled per read);
 - requests in flight per connection: one. The loop reads the next frame only after
   answering the previous one, as Kafka's broker mutes a channel until its response is
   sent, so a pipelining client fills its own socket buffer, not the server's memory.
@@ -110,24 +112,30 @@ class FrameServer:
 
     # --- frames ---------------------------------------------------------------------------
 
-    async def _read_frame(self, reader: asyncio.StreamReader, peer: Peer) -> bytes | None:
+    async def _read_frame(
+        self, reader: asyncio.StreamReader, peer: Peer, deadline: _Deadline
+    ) -> bytes | None:
         """The next frame's payload, or None once the connection should close: EOF, idle
         timeout, frame deadline, or a truncated frame. FrameTooLargeError propagates."""
         limits = self.admission.limits
         try:
             try:
-                async with asyncio.timeout(limits.idle_timeout_s):
-                    first = await reader.readexactly(1)
-            except TimeoutError:
+                deadline.start(limits.idle_timeout_s)
+                first = await reader.readexactly(1)
+            except asyncio.CancelledError:
+                if not deadline.expired():
+                    raise
                 self.admission.stats.closed_total["idle_timeout"] += 1
                 self.admission.throttled.info("idle connection closed", peer=peer.name)
                 return None
             try:
-                async with asyncio.timeout(limits.frame_deadline_s):
-                    header = first + await reader.readexactly(HEADER_BYTES - 1)
-                    length = frame_length(header, self.max_frame_bytes)
-                    return await reader.readexactly(length)
-            except TimeoutError:
+                deadline.start(limits.frame_deadline_s)
+                header = first + await reader.readexactly(HEADER_BYTES - 1)
+                length = frame_length(header, self.max_frame_bytes)
+                return await reader.readexactly(length)
+            except asyncio.CancelledError:
+                if not deadline.expired():
+                    raise
                 self.admission.stats.closed_total["frame_deadline"] += 1
                 self.admission.throttled.warning("frame deadline exceeded; closing", peer=peer.name)
                 return None
@@ -139,13 +147,28 @@ class FrameServer:
         except ssl.SSLError as exc:
             self.admission.throttled.info("TLS error; closing", peer=peer.name, error=str(exc))
             return None
+        finally:
+            deadline.stop()  # no deadline while the request is answered
 
     async def _serve_frames(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: Peer
     ) -> None:
+        deadline = _Deadline()
+        try:
+            await self._serve_loop(reader, writer, peer, deadline)
+        finally:
+            deadline.close()
+
+    async def _serve_loop(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        peer: Peer,
+        deadline: _Deadline,
+    ) -> None:
         while True:
             try:
-                payload = await self._read_frame(reader, peer)
+                payload = await self._read_frame(reader, peer, deadline)
             except FrameTooLargeError as exc:
                 self.admission.stats.closed_total["oversized_frame"] += 1
                 self.admission.throttled.warning(
@@ -211,3 +234,63 @@ class FrameServer:
 async def _send(writer: asyncio.StreamWriter, correlation_id: int, body: Message) -> None:
     writer.write(encode_frame(correlation_id, body))
     await writer.drain()
+
+
+class _Deadline:
+    """The read deadline of one connection's serve loop (the idle timeout, then the frame
+    deadline), moved twice a frame at the cost of an assignment: one timer per
+    connection, re-armed only when it fires before the deadline or the deadline comes
+    sooner than it, where `asyncio.timeout` adds a timer-heap entry and cancels it for
+    each read. When the deadline passes while the loop awaits a read, the task is
+    cancelled, and `expired` tells that cancellation from any other, as
+    `asyncio.timeout` does (`Task.uncancel`)."""
+
+    __slots__ = ("_at", "_cancelling", "_fired", "_handle", "_loop", "_task")
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._at: float | None = None  # loop time; None: no deadline (answering)
+        self._handle: asyncio.TimerHandle | None = None
+        self._fired = False
+
+    def start(self, seconds: float) -> None:
+        """The read that follows must end within `seconds`."""
+        at = self._at = self._loop.time() + seconds
+        handle = self._handle
+        if handle is None or handle.when() > at:
+            if handle is not None:
+                handle.cancel()
+            self._handle = self._loop.call_at(at, self._check)
+
+    def stop(self) -> None:
+        self._at = None
+
+    def close(self) -> None:
+        """The connection is done: its timer goes."""
+        self._at = None
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def expired(self) -> bool:
+        """Whether the CancelledError being handled is this deadline's (consumed: the
+        serve loop handles it), not another's (the server stopping: re-raise)."""
+        if not self._fired:
+            return False
+        self._fired = False
+        return self._task.uncancel() <= self._cancelling
+
+    def _check(self) -> None:
+        self._handle = None
+        at = self._at
+        if at is None:  # answering a request: the next read sets its own deadline
+            return
+        if self._loop.time() < at:  # moved later since the timer was set
+            self._handle = self._loop.call_at(at, self._check)
+            return
+        self._fired = True
+        self._task.cancel()

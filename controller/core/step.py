@@ -303,9 +303,16 @@ def _step(state: ControllerState, event: Event, now_ms: int, rules: Rules) -> St
             tracker = msgspec.structs.replace(tracker, answered=frozenset())
         backlog = queue_touched(backlog, image, delta, budget, tracker).with_partitions(due)
         scope, backlog = backlog.take(budget, image.offline)
-        recovery = evaluate(
-            image, tracker, now_ms, policies=rules.policies, config=rules.config, scope=scope
-        )
+        if scope:
+            recovery = evaluate(
+                image, tracker, now_ms, policies=rules.policies, config=rules.config, scope=scope
+            )
+        else:
+            # Nothing to look at (most events: a heartbeat; the answered partitions were
+            # put first in the scope): the pass would hand the tracker back as it is.
+            recovery = RecoveryStep(
+                records=[], tracker=tracker, inspections=[], next_deadline_ms=tracker.next_wake
+            )
     if recovery.records:
         image, more = apply(image, recovery.records)
         delta.update(more)

@@ -44,6 +44,10 @@ def _striped(order: tuple[int, ...], start: int, end: int, rf: int) -> list[list
     The placement repeats every `len(order)` partitions, so each of its rotations is made
     once and shared by the partitions it places: treat the lists as read-only."""
     n = len(order)
+    if end - start <= n:
+        # Fewer partitions than brokers (a topic on a large cluster): only their own
+        # rotations, not all n of them.
+        return [[order[(p + j) % n] for j in range(rf)] for p in range(start, end)]
     rotations = [[order[(p + j) % n] for j in range(rf)] for p in range(n)]
     first = start % n
     period = rotations[first:] + rotations[:first]  # from partition `start` on
@@ -53,7 +57,7 @@ def _striped(order: tuple[int, ...], start: int, end: int, rf: int) -> list[list
 def broker_order(image: ClusterImage) -> tuple[int, ...]:
     """The active brokers in placement order: with racks, the list alternates racks so
     that consecutive replicas land in different racks where possible."""
-    active = sorted(b.broker_id for b in image.brokers.values() if b.active)
+    active = sorted(image.active)
     racks: dict[str, list[int]] = {}
     for bid in active:
         racks.setdefault(image.brokers[bid].rack or "", []).append(bid)
@@ -131,7 +135,7 @@ def create_topic(
             if req.replication_factor is not None
             else config.default_replication_factor
         )
-        validation.check_replication_factor(rf, sum(1 for b in image.brokers.values() if b.active))
+        validation.check_replication_factor(rf, len(image.active))
         order = broker_order(image)
         # The first slice: every striped assignment has the same length (for the checks).
         assignments = _striped(order, 0, min(partitions, slice_partitions or partitions), rf)

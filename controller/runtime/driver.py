@@ -50,7 +50,8 @@ import contextlib
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 import msgspec
 import structlog
@@ -100,6 +101,8 @@ from protocol.messages.admin import CreateTopic
 from protocol.messages.unions import ControllerResponse
 
 log = structlog.get_logger("metactl.controller")
+
+_T = TypeVar("_T")
 
 __all__ = ["Controller", "Event", "Tick", "unfinished_transaction_abort"]
 
@@ -391,93 +394,93 @@ class Controller:
         self._deferred.clear()
         return False
 
-    @contextlib.contextmanager
-    def _busy(self) -> Iterator[float]:
-        """Mark an event (or slice) as being handled: `busy_since` is its start time, read
-        by the metrics' scrape thread; yields that time. Once it has changed the state,
-        what it built is frozen (`settle_heap`)."""
+    def _busy(self, work: Callable[[_T, float], None], arg: _T) -> None:
+        """`work(arg, started)`, marked as being handled: `busy_since` is its start time,
+        read by the metrics' scrape thread. Once it has changed the state, what it built
+        is frozen (`settle_heap`). (A plain call, not a context manager: every event, each
+        heartbeat, passes here.)"""
         before = self.state
         started = self.busy_since = time.perf_counter()
         try:
-            yield started
+            work(arg, started)
         finally:
             self.busy_since = None
         if self.state is not before:
             settle_heap()
 
     def _handle(self, item: Queued) -> None:
-        with self._busy() as started:
-            slicing = self._slicing
-            if slicing is not None and item.barrier:
+        self._busy(self._handle_busy, item)
+
+    def _handle_busy(self, item: Queued, started: float) -> None:
+        slicing = self._slicing
+        if slicing is not None and item.barrier:
+            self._deferred.append(item)
+            return
+        event, future = item.event, item.future
+        now = self.clock.now_ms()
+        # While a transaction is open, an event sees the image before it.
+        state = self.state
+        if slicing is not None:
+            state = ControllerState(slicing.image_before, state.tracker, state.backlog, hold=True)
+        try:
+            result = step(state, event, now, self.rules)
+        except MetactlError as exc:
+            log.info(
+                "request refused",
+                request=type(event).__name__,
+                code=exc.code,
+                error=exc.message,
+            )
+            # A refusal may tell what the log holds: it waits for durability too.
+            if slicing is not None:
+                slicing.answer(future, exc)
+            else:
+                self.committer.when_durable(future, exc)
+            self._report(event, item.enqueued, started)
+            return
+        if slicing is not None:
+            if result.records:
+                # It writes records while a transaction is open: step it again after the end.
                 self._deferred.append(item)
                 return
-            event, future = item.event, item.future
-            now = self.clock.now_ms()
-            # While a transaction is open, an event sees the image before it.
-            state = self.state
-            if slicing is not None:
-                state = ControllerState(
-                    slicing.image_before, state.tracker, state.backlog, hold=True
-                )
-            try:
-                result = step(state, event, now, self.rules)
-            except MetactlError as exc:
-                log.info(
-                    "request refused",
-                    request=type(event).__name__,
-                    code=exc.code,
-                    error=exc.message,
-                )
-                # A refusal may tell what the log holds: it waits for durability too.
-                if slicing is not None:
-                    slicing.answer(future, exc)
-                else:
-                    self.committer.when_durable(future, exc)
-                self._report(event, item.enqueued, started)
-                return
-            if slicing is not None:
-                if result.records:
-                    # It writes records while a transaction is open: step it again after the end.
-                    self._deferred.append(item)
-                    return
-                # It wrote nothing: keep its soft state, answer once the log before the
-                # transaction is durable (nothing of the transaction is in its answer).
-                self.state = ControllerState(
-                    self.state.image, result.state.tracker, self.state.backlog
-                )
-                self._inspect(result)
-                slicing.answer(future, result.response)
-            elif result.follow_up is not None:
-                before = self.state.image
-                self._accept(result, now)
-                watermark: asyncio.Future[ControllerResponse]
-                watermark = asyncio.get_running_loop().create_future()
-                self.committer.when_durable(watermark, result.response)
-                self._slicing = Slicing(result.follow_up, future, before, watermark)
-                self._queue_commit(result, None, None, now)
-            else:
-                self._accept(result, now)
-                self._queue_commit(result, result.state.image, future, now, barrier=item.barrier)
-            self._report(event, item.enqueued, started)
+            # It wrote nothing: keep its soft state, answer once the log before the
+            # transaction is durable (nothing of the transaction is in its answer).
+            self.state = ControllerState(self.state.image, result.state.tracker, self.state.backlog)
+            self._inspect(result)
+            slicing.answer(future, result.response)
+        elif result.follow_up is not None:
+            before = self.state.image
+            self._accept(result, now)
+            watermark: asyncio.Future[ControllerResponse]
+            watermark = asyncio.get_running_loop().create_future()
+            self.committer.when_durable(watermark, result.response)
+            self._slicing = Slicing(result.follow_up, future, before, watermark)
+            self._queue_commit(result, None, None, now)
+        else:
+            self._accept(result, now)
+            self._queue_commit(result, result.state.image, future, now, barrier=item.barrier)
+        self._report(event, item.enqueued, started)
 
     def _step_slice(self, slicing: Slicing) -> None:
+        self._busy(self._step_slice_busy, slicing)
+
+    def _step_slice_busy(self, slicing: Slicing, started: float) -> None:
         now = self.clock.now_ms()
-        with self._busy() as started:
-            try:
-                result = step(self.state, slicing.follow_up, now, self.rules)
-            except MetactlError as exc:  # a slice was validated with the first: a bug
-                log.error("slice failed; aborting its transaction", error=exc.message)
-                self._abort_slicing(f"slice failed: {exc.message}", exc)
-                return
-            self._accept(result, now)
-            if result.follow_up is not None:
-                slicing.follow_up = result.follow_up
-                self._queue_commit(result, None, None, now)
-            else:
-                self._slicing = None
-                self._queue_commit(result, result.state.image, slicing.future, now)
-                slicing.end_when_answered()
-            self._report(slicing.follow_up, started, started)
+        try:
+            result = step(self.state, slicing.follow_up, now, self.rules)
+        except MetactlError as exc:  # a slice was validated with the first: a bug
+            log.error("slice failed; aborting its transaction", error=exc.message)
+            self._abort_slicing(f"slice failed: {exc.message}", exc)
+            return
+        self._accept(result, now)
+        if result.follow_up is not None:
+            slicing.follow_up = result.follow_up
+            self._queue_commit(result, None, None, now)
+        else:
+            self._slicing = None
+            self._queue_commit(result, result.state.image, slicing.future, now)
+            slicing.end_when_answered()
+        self._report(slicing.follow_up, started, started)
 
     def _end_slicing(self) -> Slicing | None:
         slicing, self._slicing = self._slicing, None

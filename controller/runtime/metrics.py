@@ -216,6 +216,8 @@ class ControllerMetrics:
         for event in EVENT_NAMES:
             self.event_queue_time.labels(event=event)
             self.event_processing_time.labels(event=event)
+        # event type -> its (count, queue time, processing time) series (`on_event`)
+        self._event_series: dict[str, tuple[Counter, Histogram, Histogram]] = {}
         for name in sorted(RECORD_TYPES):
             self.committed_records.labels(type=name)
         self.health = PartitionHealth()
@@ -313,9 +315,19 @@ class ControllerMetrics:
                 self.potential_data_loss.remove(topic, strategy)
 
     def on_event(self, event: str, queue_seconds: float, processing_seconds: float) -> None:
-        self.events.labels(event=event).inc()
-        self.event_queue_time.labels(event=event).observe(max(0.0, queue_seconds))
-        self.event_processing_time.labels(event=event).observe(max(0.0, processing_seconds))
+        # Every event (each heartbeat) passes here: the event type's three series are
+        # looked up once (`labels` takes a lock and builds a key each call), not per event.
+        series = self._event_series.get(event)
+        if series is None:
+            series = self._event_series[event] = (
+                self.events.labels(event=event),
+                self.event_queue_time.labels(event=event),
+                self.event_processing_time.labels(event=event),
+            )
+        count, queued, processing = series
+        count.inc()
+        queued.observe(max(0.0, queue_seconds))
+        processing.observe(max(0.0, processing_seconds))
 
     def on_append(self, seconds: float, record_count: int) -> None:
         self.commit_latency.observe(seconds)
