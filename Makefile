@@ -60,11 +60,12 @@ core-coverage: setup-test
 	METACTL_HYPOTHESIS_EXAMPLES=50 $(BIN)/coverage run --branch --source=controller,metadata_image --data-file=.coverage.core -m pytest -q -p no:cacheprovider --hypothesis-seed=0 tests/controller
 	$(BIN)/coverage report --data-file=.coverage.core --include='$(CORE)' --fail-under=100 --show-missing --skip-covered
 
-# On both cores (pytest-xdist): the tests wait on real processes much of the time. The
-# audit tests form one group, so one worker runs them all with the run's one Spark
-# session; tests/e2e/cluster.py gives each worker its own port range.
+# On both cores (pytest-xdist): the tests wait on real processes much of the time. A
+# worker takes a test file at a time, and one takes every audit test, with the run's one
+# Spark session (tests/conftest.py, pytest_xdist_make_scheduler); tests/e2e/cluster.py
+# gives each worker its own port range.
 pytest: setup-test system
-	$(BIN)/python -m pytest -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -n 2
 
 test: lint layers typecheck core-coverage pytest
 

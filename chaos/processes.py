@@ -17,8 +17,15 @@ Kafka client bootstraps from those addresses and must find a restarted broker th
 Every process is started with `start_new_session=True`, so its process group id is its
 pid and a terminal's Ctrl-C never reaches it directly; `stop_all` (always called from a
 `finally`) resumes what is paused, asks everything to stop (SIGTERM, brokers first) and
-SIGKILLs what is still alive after a grace period. `pids` lists every pid ever started,
-so that a caller can check none is left.
+SIGKILLs what is still alive after a grace period; `kill_all` SIGKILLs every group at once,
+for when that orderly stop cannot finish (the run cancelled again while stopping). `pids`
+lists every pid ever started, so that a caller can check none is left.
+
+A controller or broker is started behind `dies_with_parent("SIGKILL")`, from the event
+loop's thread: if the runner itself dies (SIGKILLed, as `subprocess.run(timeout=...)` or a
+test's timeout does to a `chaos run` that overran), its controllers and brokers die with it
+instead of running on as orphans. SIGKILL, not SIGTERM: a broker the run has paused
+(SIGSTOP) would never act on a SIGTERM. (The etcd members get `LocalEtcd`'s own SIGTERM.)
 
 A broker killed with page-cache loss is restarted with `--lose-unflushed`: the stub
 broker applies that flag when it loads its replicas at start (it drops every replica's
@@ -64,6 +71,7 @@ from localcluster.certs import etcd_dir, init_etcd_certs
 from localcluster.etcd import LocalEtcd, free_ports
 from localcluster.procs import await_ready, start_process
 from metactl.errors import InvalidConfigurationError
+from metactl.processes import dies_with_parent
 from metadata_log.etcd.tls import EtcdTls, tls_flags
 from protocol.tls import ADMIN, CONTROLLER
 
@@ -305,7 +313,10 @@ class Processes:
 
     async def _launch(self, proc: Proc, cmd: list[str]) -> None:
         proc.release()
-        proc.popen, proc.log_file = start_process(cmd, self.root / "logs" / f"{proc.name}.log")
+        # From the loop's thread, which lives as long as the run: see the module docs.
+        proc.popen, proc.log_file = start_process(
+            [*dies_with_parent("SIGKILL"), *cmd], self.root / "logs" / f"{proc.name}.log"
+        )
         self.pids.append(proc.popen.pid)
         proc.state = "starting"
         try:
@@ -443,4 +454,26 @@ class Processes:
                 p.release()
         if self.etcd is not None:
             await asyncio.to_thread(self.etcd.stop, grace_s)
+            self.etcd_state = dict.fromkeys(self.etcd_state, "down")
+
+    def kill_all(self) -> None:
+        """SIGKILL every process group at once (a paused one too) and reap them, without
+        awaiting anything: the last resort when `stop_all` cannot run to its end."""
+        procs = [*self.broker.values(), *self.controllers.values()]
+        for p in procs:
+            p.signal(signal.SIGKILL)
+        if self.etcd is not None:
+            for i in range(len(self.etcd.members)):
+                self.etcd.signal_member(i, signal.SIGKILL)
+        for p in procs:
+            if p.popen is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.popen.wait(10.0)
+            p.state = "down"
+            p.release()
+        if self.etcd is not None:
+            for m in self.etcd.members:
+                if m.proc is not None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        m.proc.wait(10.0)
             self.etcd_state = dict.fromkeys(self.etcd_state, "down")

@@ -530,6 +530,12 @@ class ChaosRun:
             if self.etcd_client is not None:
                 with contextlib.suppress(MetactlError, OSError):
                     await asyncio.shield(self.etcd_client.close())
-            await asyncio.shield(self.procs.stop_all())
+            try:
+                await asyncio.shield(self.procs.stop_all())
+            except BaseException:
+                # Cancelled again (a second Ctrl-C) or failed while stopping: the orderly
+                # stop may never finish now, so leave nothing running.
+                self.procs.kill_all()
+                raise
             self.show()
             self.bar.close()

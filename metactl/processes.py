@@ -11,9 +11,11 @@ from __future__ import annotations
 import shutil
 
 
-def dies_with_parent() -> list[str]:
-    """A command prefix after which the child gets SIGTERM when its parent dies, even by
-    SIGKILL (util-linux's setpriv; nothing where it is missing). The signal follows the
-    thread that forks the child: start it from a thread that lives as long as it should."""
+def dies_with_parent(signal: str = "SIGTERM") -> list[str]:
+    """A command prefix after which the child gets `signal` (SIGTERM by default) when its
+    parent dies, even by SIGKILL (util-linux's setpriv; nothing where it is missing). The
+    signal follows the thread that forks the child: start it from a thread that lives as
+    long as it should. SIGKILL for a child that may be stopped (SIGSTOP) when its parent
+    dies: a stopped process never acts on SIGTERM."""
     found = shutil.which("setpriv")
-    return [found, "--pdeathsig", "SIGTERM", "--"] if found else []
+    return [found, "--pdeathsig", signal, "--"] if found else []

@@ -6,8 +6,10 @@ Bounds here are bounds on waiting, never timing assertions.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -108,3 +110,148 @@ def read_lines(
     except TimeoutError:
         wanted = repr(until) if until is not None else "end of output"
         raise AssertionError(f"no {wanted} within {bound:g} s: {''.join(seen)}") from None
+
+
+def run_stopping(
+    cmd: list[str],
+    *,
+    timeout: float,
+    env: dict[str, str] | None = None,
+    grace: float = 30.0,
+) -> subprocess.CompletedProcess[str]:
+    """`subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)` for a command
+    that starts processes of its own (`chaos run`, `cluster up`): if it overruns, or the
+    test is interrupted while it runs (pytest-timeout raises in the test), it gets SIGINT
+    first, so that it stops what it started (resuming what it paused), and SIGKILL only
+    after `grace` seconds. subprocess.run would SIGKILL it at once, orphaning its
+    children."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException as exc:
+        out = err = ""
+        try:
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=grace)
+        except BaseException:  # still running after the grace, or interrupted again
+            pass
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        if isinstance(exc, subprocess.TimeoutExpired):  # with what it said while stopping
+            raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+# --- the suite's leak check (tests/conftest.py) ------------------------------------------------
+#
+# A process belongs to this test run if it carries the run's mark in its environment (every
+# child inherits os.environ, through setpriv, new sessions and reparenting to init alike) or
+# descends from this pytest process by its parent chain (a child given an environment of its
+# own). Only processes that appeared since a snapshot are looked at, so a check is two
+# listdir("/proc") and a few reads, whatever else runs on the machine.
+
+RUN_MARK = "METACTL_TEST_RUN"
+
+
+def pids() -> set[int]:
+    """Every process on the machine now (/proc's numeric entries: processes, not threads)."""
+    return {int(entry) for entry in os.listdir("/proc") if entry.isdigit()}
+
+
+def environ_has(pid: int, entry: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return entry in f.read().split(b"\0")
+    except OSError:  # gone, or another user's
+        return False
+
+
+def ancestors(pid: int) -> list[int]:
+    """`pid`'s parent, its parent's parent, ... up to init (or to a process gone meanwhile)."""
+    chain: list[int] = []
+    while pid > 1 and len(chain) < 64 and (fields := stat(pid)) is not None:
+        pid = int(fields[1])
+        chain.append(pid)
+    return chain
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip() or "?"
+    except OSError:
+        return "(gone)"
+
+
+def program(pid: int) -> str:
+    """What `pid` runs, without its options: its command line up to the first argument
+    that starts with "--" (`.../python -m brokers_stub`, `/usr/bin/etcd`)."""
+    words = cmdline(pid).split()
+    head = [words[0]] if words else []
+    for word in words[1:]:
+        if word.startswith("--"):
+            break
+        head.append(word)
+    return " ".join(head)
+
+
+def new_processes(
+    before: set[int], mark: str, owners: set[int] | frozenset[int] = frozenset()
+) -> list[int]:
+    """Live processes not in `before` that belong to the run marked `mark` (its mark in
+    their environment, or descendants of this process), except those that descend from
+    one of `owners` (a fixture's JVM and the Python workers it forks, say)."""
+    root = os.getpid()
+    entry = f"{RUN_MARK}={mark}".encode()
+    found = []
+    for pid in pids() - before:
+        if pid == root or pid in owners or not alive(pid):
+            continue
+        up = ancestors(pid)
+        if owners.intersection(up):
+            continue
+        if root in up or environ_has(pid, entry):
+            found.append(pid)
+    return sorted(found)
+
+
+def await_gone(procs: list[int], bound: float) -> list[int]:
+    """Wait, on their exit events (pidfds), until every one of `procs` has exited or
+    `bound` seconds have passed; those still running."""
+    fds: dict[int, int] = {}
+    for pid in procs:
+        with contextlib.suppress(ProcessLookupError):
+            fds[os.pidfd_open(pid)] = pid
+    try:
+        deadline = time.monotonic() + bound
+        waiting = set(fds)
+        while waiting and (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select(list(waiting), [], [], left)
+            waiting -= set(ready)
+        return sorted(pid for fd, pid in fds.items() if fd in waiting and alive(pid))
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def kill_processes(procs: list[int], bound: float = 10.0) -> list[int]:
+    """SIGKILL each process and, when it leads a process group of its own (the harnesses
+    start children with start_new_session), its whole group; those still running after
+    `bound` seconds (none, short of an unkillable process)."""
+    own_group = os.getpgrp()
+    for pid in procs:
+        fields = stat(pid)
+        if fields is None:
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if int(fields[2]) == pid and pid != own_group:
+                os.killpg(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
+    return await_gone(procs, bound)
+
+
+def describe(procs: list[int]) -> str:
+    return "; ".join(f"pid {pid}: {cmdline(pid)}" for pid in procs)

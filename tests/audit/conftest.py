@@ -26,15 +26,6 @@ from tests.audit.logs import SCENARIOS, crafted_violations, run_scenario_log
 os.environ[ENV_SWITCH] = "off"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every audit test in one pytest-xdist group: run in parallel (`make test`), they
-    all go to one worker, which starts the one Spark session of the run."""
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.xdist_group("spark"))
-
-
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """One local[2] session for every test (UI off, 4 shuffle partitions)."""

@@ -173,6 +173,13 @@ def part(s: DescribeClusterResponse, topic: str, index: int = 0) -> PartitionSta
     return next(p for p in s.partitions if (p.topic, p.partition) == (topic, index))
 
 
+def field(s: DescribeClusterResponse, topic: str, name: str, index: int = 0) -> Any:
+    """A partition's field for a `wait_until` check: None while the partition is not
+    in the answer yet (a topic just created, or one page of several)."""
+    found = next((p for p in s.partitions if (p.topic, p.partition) == (topic, index)), None)
+    return None if found is None else getattr(found, name)
+
+
 def done(futures: dict[Any, Any]) -> dict[Any, Any]:
     """Each future's result, or the KafkaError it failed with."""
     out = {}
@@ -294,7 +301,7 @@ async def test_admin_client_through_the_brokers(env: Env) -> None:
         ErrorCode.none,
         ErrorCode.none,
     )
-    await cluster.wait_until(lambda s: part(s, "a").replicas == [3, 1, 2], "a-0 reassigned")
+    await cluster.wait_until(lambda s: field(s, "a", "replicas") == [3, 1, 2], "a-0 reassigned")
     listed = env.ask(env.kafka[1], build(LIST_PARTITION_REASSIGNMENTS, 0), VIEWER)
     assert listed.error_code == ErrorCode.none
     assert all(
@@ -374,11 +381,13 @@ async def test_elr_cleared_and_elections_over_kafkas_wire(env: Env) -> None:
     admin = env.admin(broker=1)
     cluster.kill_broker(2)
     await cluster.wait_until(
-        lambda s: part(s, "b").isr == [1, 3] and part(s, "u").isr == [3], "2 out of the ISRs"
+        lambda s: field(s, "b", "isr") == [1, 3] and field(s, "u", "isr") == [3],
+        "2 out of the ISRs",
     )
     cluster.kill_broker(3)
     s = await cluster.wait_until(
-        lambda s: part(s, "b").elr == [3] and part(s, "u").leader == -1, "b's ELR, u leaderless"
+        lambda s: field(s, "b", "elr") == [3] and field(s, "u", "leader") == -1,
+        "b's ELR, u leaderless",
     )
     assert part(s, "b").isr == [1]
     dtp = wait_for(
@@ -389,7 +398,7 @@ async def test_elr_cleared_and_elections_over_kafkas_wire(env: Env) -> None:
     assert dtp.topics[0].partitions[0].isr_nodes == (1,)
     altered = set_min_isr(admin, "b", "1")
     assert [code(r) for r in altered.values()] == ["NONE"]
-    s = await cluster.wait_until(lambda s: part(s, "b").elr == [], "b's ELR cleared")
+    s = await cluster.wait_until(lambda s: field(s, "b", "elr") == [], "b's ELR cleared")
     assert (part(s, "b").last_known_elr, part(s, "b").min_isr) == ([], 1)
 
     # u: ISR [3] (fenced), 2 comes back out of the ISR: manual strategy, no recovery.
@@ -402,7 +411,7 @@ async def test_elr_cleared_and_elections_over_kafkas_wire(env: Env) -> None:
     assert part(s, "u").leader == -1
     end = len(await cluster.records())
     assert elect(admin, ElectionType.UNCLEAN, "u", 0) == "NONE"
-    s = await cluster.wait_until(lambda s: part(s, "u").leader == 2, "u led by 2")
+    s = await cluster.wait_until(lambda s: field(s, "u", "leader") == 2, "u led by 2")
     _, record = await cluster.wait_for_record(
         lambda r: isinstance(r, UncleanRecoveryRecord) and r.topic == "u", "u's unclean recovery",
         from_offset=end,
@@ -420,9 +429,9 @@ async def test_elr_cleared_and_elections_over_kafkas_wire(env: Env) -> None:
     assert elect(admin, ElectionType.PREFERRED, "u", 0) == "PREFERRED_LEADER_NOT_AVAILABLE"
     # Broker 3 back and in u's ISR: PREFERRED moves u-0 to 3.
     cluster.start_broker(3, "--kafka-listen", env.kafka[3])
-    await cluster.wait_until(lambda s: 3 in part(s, "u").isr, "3 back in u's ISR")
+    await cluster.wait_until(lambda s: 3 in field(s, "u", "isr"), "3 back in u's ISR")
     assert elect(admin, ElectionType.PREFERRED, "u", 0) == "NONE"
-    await cluster.wait_until(lambda s: part(s, "u").leader == 3, "u led by its preferred 3")
+    await cluster.wait_until(lambda s: field(s, "u", "leader") == 3, "u led by its preferred 3")
 
 
 def describe_partitions_of(env: Env, topic: str) -> Any:

@@ -150,7 +150,8 @@ class Process:
 
     def close(self) -> None:
         if self.proc.poll() is None:
-            self.proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)  # its session's group: all of it
             self.proc.wait()
         if self.proc.stdout is not None:
             self.proc.stdout.close()

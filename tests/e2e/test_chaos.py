@@ -28,7 +28,7 @@ from metadata_log.records import (
     UncleanRecoveryRecord,
 )
 from protocol.messages.broker_controller import FetchedRecord
-from tests.processes import alive
+from tests.processes import alive, run_stopping, wait_exit
 
 FENCE = ChangeReason.FENCE
 CLI = [sys.executable, "-m", "ops.cli", "chaos", "run"]
@@ -143,14 +143,14 @@ def test_bad_flags_are_named_errors(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(150)  # the run's 110 s, and 30 s to stop it
 def test_outage_run_recovers_uncleanly_without_silent_loss(tmp_path: Path) -> None:
     report_file = tmp_path / "report.json"
-    r = subprocess.run(
+    r = run_stopping(  # on a timeout, SIGINT first: the run stops what it started
         [*CLI, "--brokers", "3", "--partitions", "2", "--schedule", "builtin:outage",
          "--duration", "1", "--data-dir", str(tmp_path / "run"), "--report", str(report_file),
          "--json"],
-        check=False, capture_output=True, text=True, timeout=110,
+        timeout=110,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     lines = r.stdout.strip().splitlines()
@@ -195,3 +195,28 @@ def test_sigint_stops_everything_and_prints_a_partial_report(tmp_path: Path) -> 
     assert set(started["pids"].values()) <= set(doc["pids"])
     assert all(not alive(pid) for pid in doc["pids"])
     assert "Traceback" not in err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_killed_run_takes_its_processes_with_it(tmp_path: Path) -> None:
+    """Issue 33: a `chaos run` SIGKILLed (as subprocess.run's timeout does) left its
+    controller and brokers running for minutes; they now die with it (pdeathsig)."""
+    proc = subprocess.Popen(
+        [*CLI, "--brokers", "3", "--partitions", "2", "--duration", "120", "--seed", "3",
+         "--data-dir", str(tmp_path / "run"), "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # blocks until the cluster is up
+        assert first.startswith("STARTED "), first
+        started = json.loads(first.removeprefix("STARTED "))["pids"]
+        assert len(started) == 4 and all(alive(pid) for pid in started.values())
+        proc.kill()
+        proc.wait()
+        assert all(wait_exit(pid, 30.0) for pid in started.values()), started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

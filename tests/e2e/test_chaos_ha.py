@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -28,7 +27,7 @@ import pytest
 from localcluster.certs import etcd_client_tls, init_etcd_certs
 from metadata_log.etcd.tls import ENV_CACERT, ENV_CERT, ENV_KEY
 from tests.e2e.cluster import free_block
-from tests.processes import alive
+from tests.processes import alive, run_stopping
 
 pytestmark = [pytest.mark.slow]
 
@@ -38,11 +37,11 @@ PORTS = 2 * 3 + 2 * 3 + 3  # 3 controllers, 3 etcd members, 3 brokers
 
 def run_ha(tmp_path: Path, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any], str]:
     base = free_block(PORTS)
-    r = subprocess.run(
+    r = run_stopping(  # on a timeout, SIGINT first: the run stops what it started
         [*CLI, "--controllers", "3", "--etcd", "3", "--brokers", "3", "--partitions", "3",
          "--schedule", "builtin:ha-outage", "--duration", "1", "--base-port", str(base),
          "--data-dir", str(tmp_path / "run"), "--json", "--progress", "lines"],
-        check=False, capture_output=True, text=True, timeout=170, env=env,
+        timeout=170, env=env,
     )  # fmt: skip
     lines = r.stdout.strip().splitlines()
     assert lines and lines[0].startswith("STARTED "), r.stdout[-2000:] + r.stderr[-4000:]
@@ -76,7 +75,7 @@ def foreign_etcd_env(tmp_path: Path) -> dict[str, str]:
     }
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(210)  # the run's 170 s, and 30 s to stop it
 def test_ha_faults_lose_nothing_silently_and_the_metric_sums_over_terms(
     tmp_path: Path,
 ) -> None:
@@ -129,7 +128,7 @@ PLANTED = """
 """
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(210)  # the run's 170 s, and 30 s to stop it
 def test_a_term_that_counts_the_log_again_is_caught(tmp_path: Path) -> None:
     plant = tmp_path / "plant"
     plant.mkdir()
