@@ -142,9 +142,10 @@ class KafkaData:
                 elif body.transactional_id is not None:
                     error, message = ErrorCode.transactional_id_authorization_failed, NO_COORDINATOR
                 else:
+                    records = bytes(pd.records or b"")
                     try:
                         validate_produce_records(
-                            bytes(pd.records or b""),
+                            records,
                             max_batch_bytes=self.max_batch_bytes,
                             produce_version=version,
                         )
@@ -155,7 +156,7 @@ class KafkaData:
                             self.host.data.append_batch(
                                 topic.name,
                                 index,
-                                bytes(pd.records or b""),
+                                records,
                                 acks=acks,
                                 timeout_ms=timeout_ms,
                             )

@@ -19,23 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from chaos.check import NOT_HELD, Ack, Recovery, ValueAck, classify, content_inputs
+from chaos.check import NOT_HELD, Ack, ValueAck, classify, content_inputs
 from chaos.processes import Processes, port_plan
+from tests.e2e.test_chaos import rec
 from tests.processes import alive, run_stopping
 
 CLI = [sys.executable, "-m", "ops.cli", "chaos", "run", "--client", "librdkafka"]
-
-
-def rec(offset: int, partition: int) -> Recovery:
-    return Recovery(
-        offset=offset,
-        timestamp_ms=0,
-        partition=partition,
-        strategy="balanced",
-        chosen=1,
-        trigger="isr_and_elr_empty",
-        potential_data_loss=True,
-    )
 
 
 # --- the content-based checker (pure) ---------------------------------------------------------

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -168,19 +169,27 @@ def test_outage_run_recovers_uncleanly_without_silent_loss(tmp_path: Path) -> No
     assert "verdict" in table(doc)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_sigint_stops_everything_and_prints_a_partial_report(tmp_path: Path) -> None:
+def start_long_run(tmp_path: Path, *, stderr: int) -> tuple[subprocess.Popen[str], Any]:
+    """A 120-second `chaos run` started, and its STARTED line once the cluster is up."""
     proc = subprocess.Popen(
         [*CLI, "--brokers", "3", "--partitions", "2", "--duration", "120", "--seed", "3",
          "--data-dir", str(tmp_path / "run"), "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=stderr, text=True,
     )  # fmt: skip
+    assert proc.stdout is not None
+    first = proc.stdout.readline()  # blocks until the cluster is up
+    if not first.startswith("STARTED "):
+        proc.kill()
+        proc.wait()
+    assert first.startswith("STARTED "), first
+    return proc, json.loads(first.removeprefix("STARTED "))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_sigint_stops_everything_and_prints_a_partial_report(tmp_path: Path) -> None:
+    proc, started = start_long_run(tmp_path, stderr=subprocess.PIPE)
     try:
-        assert proc.stdout is not None
-        first = proc.stdout.readline()  # blocks until the cluster is up
-        assert first.startswith("STARTED "), first
-        started = json.loads(first.removeprefix("STARTED "))
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=90)
     finally:
@@ -202,16 +211,9 @@ def test_sigint_stops_everything_and_prints_a_partial_report(tmp_path: Path) -> 
 def test_a_killed_run_takes_its_processes_with_it(tmp_path: Path) -> None:
     """Issue 33: a `chaos run` SIGKILLed (as subprocess.run's timeout does) left its
     controller and brokers running for minutes; they now die with it (pdeathsig)."""
-    proc = subprocess.Popen(
-        [*CLI, "--brokers", "3", "--partitions", "2", "--duration", "120", "--seed", "3",
-         "--data-dir", str(tmp_path / "run"), "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
+    proc, info = start_long_run(tmp_path, stderr=subprocess.DEVNULL)
+    started = info["pids"]
     try:
-        assert proc.stdout is not None
-        first = proc.stdout.readline()  # blocks until the cluster is up
-        assert first.startswith("STARTED "), first
-        started = json.loads(first.removeprefix("STARTED "))["pids"]
         assert len(started) == 4 and all(alive(pid) for pid in started.values())
         proc.kill()
         proc.wait()
