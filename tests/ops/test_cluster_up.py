@@ -21,7 +21,7 @@ import pytest
 from localcluster.certs import default_names, init_certs
 from protocol.flags import ENV_TLS_DIR
 from protocol.tls import CA_CERT, CA_KEY
-from tests.e2e.cluster import free_port
+from tests.e2e.cluster import free_block, free_port
 from tests.observability.kit import scrape_context
 
 pytestmark = pytest.mark.slow
@@ -45,11 +45,16 @@ def metactl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 class Up:
     def __init__(self, data: Path, *extra: str) -> None:
         self.data = data
-        # Kafka listeners on any free ports (a fixed default may be taken), or none.
-        kafka = [] if "--no-kafka" in extra else ["--kafka-base-port", "0"]
+        # Every port fixed and free below the ephemeral range (tests.e2e.cluster's): a
+        # port the kernel picks (0) may be taken by another connection by the time a
+        # killed process is started again on its recorded port (`broker start`). /metrics
+        # on 16 ports from the block's base (controllers, then brokers); Kafka listeners
+        # on a block of 101 (brokers from its base, controllers 100 above), or none.
+        kafka = [] if "--no-kafka" in extra else ["--kafka-base-port", str(free_block(101))]
         self.proc = subprocess.Popen(
             [*CLI, "cluster", "up", "--brokers", "1", "--data-dir", str(data),
-             "--listen", f"127.0.0.1:{free_port()}", "--metrics", "127.0.0.1:0", *kafka,
+             "--listen", f"127.0.0.1:{free_port()}", "--metrics",
+             f"127.0.0.1:{free_block(16)}", *kafka,
              "--partitions", "2", "--min-isr", "1", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env(),
             start_new_session=True,
