@@ -49,7 +49,7 @@ import structlog
 
 from metactl.errors import InvalidRequestError, MetactlError
 from metadata_log.etcd.client import Etcd
-from metadata_log.etcd.lease import LEADER_KEY, Holder, end_term
+from metadata_log.etcd.lease import DEAD_ACTIVE, LEADER_KEY, Holder, TermEnd, end_term
 from protocol.address import parse_address
 
 __all__ = ["CONFIRMATIONS", "CONFIRM_INTERVAL_S", "DeadActive"]
@@ -272,6 +272,9 @@ class DeadActive:
                     "ending a dead active controller's term",
                     timeout_s=ETCD_TIMEOUT_S,
                     hedge_s=ETCD_TIMEOUT_S / 4,
+                    ended=TermEnd(
+                        node=holder.info.node, token=holder.token, reason=DEAD_ACTIVE, by=self.node
+                    ),
                 )
         except MetactlError as exc:
             log.warning(

@@ -187,12 +187,12 @@ class Election:
                 writer = await self._take_over(leadership)
             except MetactlError as exc:
                 self._warn("taking over failed; resigning", exc)
-                await leadership.resign()
+                await leadership.resign(f"taking over failed: {exc.message}")
                 await asyncio.sleep(RETRY_S)
                 continue
             self.held = leadership
             reason = await self._until_lost(leadership, writer)
-            await leadership.resign()
+            await leadership.resign(reason)
             await self.roles.deactivate(reason)
             self.held = None
 
@@ -321,7 +321,7 @@ class Election:
         if self.dead_active is not None:
             await self.dead_active.close()
         if self.held is not None:
-            await self.held.resign()
+            await self.held.resign("shutting down")
         standby = self.roles.release_standby()
         if standby is not None:
             with contextlib.suppress(MetactlError):

@@ -84,10 +84,10 @@ class Etcd:
         self.members = Members(target, members, timeout_s)
 
     @classmethod
-    async def connect(cls, target: EtcdTarget, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Etcd:
-        """A client to every endpoint of `target`, after one round trip shows that the
-        cluster answers (else StoreUnavailableError naming the endpoints, or
-        SslAuthenticationError when TLS is what failed)."""
+    async def channels(cls, target: EtcdTarget, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Etcd:
+        """A client to every endpoint of `target`, its channels opened but no call made:
+        for a second client of a target already reached (the leadership's heartbeat
+        thread has one of its own, `metadata_log.etcd.beater`)."""
         members: list[Etcd3Client] = []
         try:
             for endpoint in target.endpoints:
@@ -96,7 +96,14 @@ class Etcd:
             for client in members:
                 await client.close()
             raise
-        etcd = cls(target, members, timeout_s)
+        return cls(target, members, timeout_s)
+
+    @classmethod
+    async def connect(cls, target: EtcdTarget, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Etcd:
+        """A client to every endpoint of `target`, after one round trip shows that the
+        cluster answers (else StoreUnavailableError naming the endpoints, or
+        SslAuthenticationError when TLS is what failed)."""
+        etcd = await cls.channels(target, timeout_s=timeout_s)
         try:
             await etcd.get(target.key("meta"))
         except StoreUnavailableError as exc:

@@ -24,7 +24,10 @@ etcd 3.4's lessor can revoke a live holder's lease (below).
   request arrives: the equivalent of Raft's term check. Heartbeats are fenced the same
   way, so a deposed holder learns it at its next one.
 * **Heartbeats and stepping down.** The holder rewrites the key every sixth of its TTL
-  (`RENEWALS_PER_TTL`), a compare-and-put hedged over the members. A heartbeat sent at
+  (`RENEWALS_PER_TTL`), a compare-and-put hedged over the members, from a thread of its
+  own with its own event loop and etcd client (`metadata_log.etcd.beater`), so that the
+  heartbeat lands on time however long the controller's event loop is busy (a takeover's
+  replay on a starved host). A heartbeat sent at
   time t and applied was seen by any standby at t or later, and the standby waits the TTL
   from its last sight before deleting; so the holder trusts its leadership until
   `valid_until` = t + TTL - `safety_s` and no longer: it stops acting at least `safety_s`
@@ -53,6 +56,12 @@ etcd 3.4's lessor can revoke a live holder's lease (below).
   paused etcd leader deposed a live controller at its resume in 11 of 40 trials. A key
   with no lease cannot be revoked. A key an older controller holds with a lease is still
   waited for until etcd deletes it (a rolling upgrade; docs/ha.md).
+* **How a term ended.** Whoever ends a term writes how, in the transaction that deletes
+  the key: ``<prefix>term-end`` gets a `TermEnd` (the holder, its token, "resigned", "lease
+  expired" when a standby found it silent for its TTL, "dead-active detection"
+  (`controller.runtime.dead_active`), or "restarted" when its own next incarnation took the
+  key back; who ended it). The next holder reads it in its winning campaign transaction
+  (`Leadership.previous`), for the record of its term that the controller writes.
 * **Bounded history.** Each heartbeat is a revision of the key. The holder compacts etcd's
   history every `HISTORY_S` to the revision of its heartbeat `HISTORY_S` earlier, so an
   idle log does not grow etcd's history for ever (the store also compacts when it
@@ -69,31 +78,52 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import Callable
-from typing import Final, NamedTuple
+from typing import Final
 
 import msgspec
 import structlog
 
-from metactl.errors import LogError, MetactlError, StoreUnavailableError
+from metactl.errors import MetactlError, StoreUnavailableError
 from metadata_log.etcd import DEFAULT_LEASE_TTL_S
-from metadata_log.etcd.client import Etcd, Kv
-from metadata_log.etcd.txn import (
-    compare_create_revision,
-    compare_mod_revision,
-    op_delete,
-    op_get,
-    op_put,
+from metadata_log.etcd.beater import LoopThread
+from metadata_log.etcd.client import Etcd
+from metadata_log.etcd.leader_key import (
+    DEAD_ACTIVE,
+    LEADER_KEY,
+    LEASE_EXPIRED,
+    RESIGNED,
+    RESTARTED,
+    TERM_END_KEY,
+    Holder,
+    LeaderInfo,
+    TermEnd,
+    current_leader,
+    decode_leader,
+    decode_term_end,
 )
+from metadata_log.etcd.outlast import await_release, held, outlast
+from metadata_log.etcd.txn import compare_create_revision, op_delete, op_get, op_put
 
-__all__ = ["LEADER_KEY", "Holder", "LeaderInfo", "Leadership", "current_leader", "decode_leader"]
+__all__ = [
+    "DEAD_ACTIVE",
+    "LEADER_KEY",
+    "LEASE_EXPIRED",
+    "RESIGNED",
+    "RESTARTED",
+    "TERM_END_KEY",
+    "Holder",
+    "LeaderInfo",
+    "Leadership",
+    "TermEnd",
+    "current_leader",
+    "decode_leader",
+]
 
 log = structlog.get_logger("metadata_log.etcd")
 
-LEADER_KEY: Final = "leader"
-CAMPAIGN_RECHECK_S: Final = 5.0
-"""A waiting campaign re-reads the key at least this often (a watch can be cut off)."""
 RENEWALS_PER_TTL: Final = 6
 """The holder rewrites the key (a heartbeat) this many times per TTL."""
 RENEW_ATTEMPT_S: Final = 0.3
@@ -107,65 +137,44 @@ HISTORY_S: Final = 3600.0
 """etcd history older than this (at least; at most twice this) is compacted by the holder."""
 
 
-class LeaderInfo(msgspec.Struct, frozen=True):
-    """The value of the leadership key: who holds it and where to reach it."""
-
-    node: str
-    address: str = ""  # HOST:PORT of the holder's listener ("" for a tool with no listener)
-    since_ms: int = 0
-    ttl_ms: int = 0  # the holder's TTL (0: an older controller's key, bound to a lease)
-
-
-class Holder(NamedTuple):
-    """The leadership key as a campaign found it held by another: its value (None if it
-    does not decode), its create revision (that term's token) and its etcd lease (0 but
-    for an older controller's key)."""
-
-    info: LeaderInfo | None
-    token: int
-    lease_id: int
-
-
-def decode_leader(value: bytes) -> LeaderInfo | None:
-    """The leadership key's value, or None if it does not decode as a `LeaderInfo`."""
-    try:
-        return msgspec.msgpack.decode(value, type=LeaderInfo)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
-
-
-async def current_leader(etcd: Etcd) -> tuple[LeaderInfo | None, int]:
-    """Who holds the leadership key now (None: nobody, or an unreadable value) and its
-    create revision (0: nobody)."""
-    kv, _ = await etcd.get(etcd.target.key(LEADER_KEY))
-    if kv is None:
-        return None, 0
-    return decode_leader(kv.value), int(kv.create_revision)
-
-
 class Leadership:
     """This process holds the log's leadership key while `valid`. Create with `acquire`."""
 
     def __init__(
-        self, etcd: Etcd, info: LeaderInfo, *, ttl_s: int, token: int, sent: float
+        self,
+        etcd: Etcd,
+        info: LeaderInfo,
+        *,
+        ttl_s: int,
+        token: int,
+        sent: float,
+        previous: TermEnd | None = None,
     ) -> None:
         self.etcd = etcd
         self.info = info
         self.ttl_s = ttl_s
         self.token = token
         """The create revision of the leadership key: the fencing token of this term."""
+        self.previous = previous
+        """How the term before this one ended (None: not recorded: the log's first term,
+        or one ended by an older controller's lease)."""
         self.safety_s = max(0.25, ttl_s * SAFETY_FRACTION)
+        # Written by the heartbeat thread, read by the event loop's (a float: atomic).
         self.valid_until = sent + ttl_s - self.safety_s
         self.lost = asyncio.Event()
+        """Set on the event loop once the leadership is lost (`valid` knows at once)."""
         self.lost_reason = ""
         self.beats = 0
         """Heartbeats applied (tests and the bench count them)."""
         self.resumes = 0
         """Times a heartbeat landed after the validity had run out (`hold_until`)."""
         self._value = msgspec.msgpack.encode(info)
-        self._task: asyncio.Task[None] | None = None
+        self._loop = asyncio.get_running_loop()
+        self._gone = threading.Event()  # lost, as the heartbeat thread may set it
+        self._gone_lock = threading.Lock()
+        self._beater = LoopThread("leadership-heartbeat", etcd.target, self._beat)
         self._checkpoint = (time.monotonic(), token)  # (when, revision) for compaction
-        self._compacting: asyncio.Task[None] | None = None
+        self._compacting: asyncio.Task[None] | None = None  # on the heartbeat thread's loop
 
     @classmethod
     async def acquire(
@@ -182,6 +191,7 @@ class Leadership:
         taken. `on_leader` hears of each other holder seen while waiting (again after each
         of the campaign's re-reads)."""
         key = etcd.target.key(LEADER_KEY)
+        ended_key = etcd.target.key(TERM_END_KEY)
         ttl_s = max(1, ttl_s)
         while True:
             sent = time.monotonic()
@@ -191,16 +201,19 @@ class Leadership:
             r = await etcd.txn(
                 "a leadership campaign",
                 [compare_create_revision(key, 0)],
-                [op_put(key, msgspec.msgpack.encode(stamped))],
+                [op_put(key, msgspec.msgpack.encode(stamped)), op_get(ended_key)],
                 [op_get(key)],
             )
             if r.succeeded:
                 leadership = cls(
-                    etcd, stamped, ttl_s=ttl_s, token=int(r.header.revision), sent=sent
+                    etcd,
+                    stamped,
+                    ttl_s=ttl_s,
+                    token=int(r.header.revision),
+                    sent=sent,
+                    previous=decode_term_end(r.responses[1].response_range.kvs),
                 )
-                leadership._task = asyncio.create_task(
-                    leadership._beat(), name="leadership-heartbeat"
-                )
+                leadership._beater.start()
                 log.info(
                     "elected: holds the metadata log's leadership",
                     node=info.node,
@@ -219,13 +232,13 @@ class Leadership:
             revision = int(r.header.revision)
             if holder.lease_id:  # an older controller's key: etcd deletes it with its lease
                 if not wait:
-                    raise _held(etcd, holder)
-                await _await_release(etcd, key, revision + 1)
+                    raise held(etcd, holder)
+                await await_release(etcd, key, revision + 1)
                 continue
 
             def beat(holder: Holder = holder) -> None:
                 if not wait:
-                    raise _held(etcd, holder)
+                    raise held(etcd, holder)
 
             ours = (
                 holder.info is not None
@@ -233,7 +246,7 @@ class Leadership:
                 and (holder.info.node, holder.info.address) == (info.node, info.address)
             )
             held_ttl = holder.info.ttl_ms / 1000 if holder.info is not None else 0.0
-            await _outlast(
+            await outlast(
                 etcd,
                 key,
                 kv,
@@ -241,12 +254,18 @@ class Leadership:
                 silence_s=0.0 if ours else max(float(ttl_s), held_ttl),
                 on_beat=beat,
                 term=int(r.header.raft_term),
+                ended=TermEnd(
+                    node=holder.info.node if holder.info is not None else "?",
+                    token=holder.token,
+                    reason=RESTARTED if ours else LEASE_EXPIRED,
+                    by=info.node,
+                ),
             )
 
     @property
     def valid(self) -> bool:
         """Whether this process may still act as the holder."""
-        return not self.lost.is_set() and time.monotonic() < self.valid_until
+        return not self._gone.is_set() and time.monotonic() < self.valid_until
 
     @property
     def hold_until(self) -> float:
@@ -257,12 +276,33 @@ class Leadership:
         return self.valid_until + self.ttl_s
 
     def _lose(self, reason: str) -> None:
-        if not self.lost.is_set():
+        """On either thread: the heartbeat's, or the event loop's (a resignation)."""
+        with self._gone_lock:
+            if self._gone.is_set():
+                return
             self.lost_reason = reason
+            self._gone.set()
+        log.warning("leadership lost", node=self.info.node, token=self.token, reason=reason)
+        try:
+            on_loop = asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
             self.lost.set()
-            log.warning("leadership lost", node=self.info.node, token=self.token, reason=reason)
+        else:
+            with contextlib.suppress(RuntimeError):  # the event loop has ended
+                self._loop.call_soon_threadsafe(self.lost.set)
 
-    async def _beat(self) -> None:
+    async def _beat(self, etcd: Etcd) -> None:
+        """On the heartbeat thread, with its own client `etcd`: `_beats`, and any
+        unexpected failure of it loses the leadership (never silently)."""
+        try:
+            await self._beats(etcd)
+        except Exception as exc:  # a bug: stop acting rather than believe a dead heartbeat
+            log.error("leadership heartbeat crashed", node=self.info.node, error=repr(exc))
+            self._lose(f"the heartbeat crashed: {exc!r}")
+
+    async def _beats(self, etcd: Etcd) -> None:
         """Rewrite the key every `ttl_s / RENEWALS_PER_TTL`, fenced by the token. A
         heartbeat is hedged over the members and bounded by `RENEW_ATTEMPT_S`; one that
         fails or is not answered in time is sent again at once (a new send time: an answer
@@ -270,12 +310,12 @@ class Leadership:
         suspended: it does not act, and the first heartbeat that lands resumes it). So a
         frozen or leaderless member does not use up the validity: when etcd's leader is
         lost, the first heartbeat after a new one is elected lands."""
-        key = self.etcd.target.key(LEADER_KEY)
+        key = etcd.target.key(LEADER_KEY)
         interval = max(0.1, self.ttl_s / RENEWALS_PER_TTL)
         wait = interval
         failing_since: float | None = None
         suspended_at: float | None = None
-        while not self.lost.is_set():
+        while not self._gone.is_set():
             now = time.monotonic()
             if now >= self.hold_until:
                 self._lose("no heartbeat landed for the TTL and a grace of one more")
@@ -290,10 +330,8 @@ class Leadership:
                 wait = 0.0  # beat now
             wait = min(wait, (self.valid_until if suspended_at is None else self.hold_until) - now)
             if wait > 0:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(wait):
-                        await self.lost.wait()
-                if self.lost.is_set():
+                await asyncio.sleep(wait)  # a resignation cancels it (`LoopThread.stop`)
+                if self._gone.is_set():
                     return
                 if suspended_at is None and time.monotonic() >= self.valid_until:
                     continue  # validity ran out while waiting: suspend first, then beat
@@ -302,7 +340,7 @@ class Leadership:
             if budget <= 0:
                 continue  # lost at the top of the loop
             try:
-                r = await self.etcd.txn_hedged(
+                r = await etcd.txn_hedged(
                     "a leadership heartbeat",
                     [compare_create_revision(key, self.token)],
                     [op_put(key, self._value)],
@@ -341,10 +379,10 @@ class Leadership:
                     suspended_s=round(time.monotonic() - suspended_at, 3),
                 )
                 suspended_at = None
-            self._bound_history(int(r.header.revision))
+            self._bound_history(etcd, int(r.header.revision))
             wait = interval
 
-    def _bound_history(self, revision: int) -> None:
+    def _bound_history(self, etcd: Etcd, revision: int) -> None:
         """Every `HISTORY_S`, compact etcd's history to the heartbeat revision of
         `HISTORY_S` earlier (in the background; a failure is only logged: the next one
         compacts further)."""
@@ -353,152 +391,55 @@ class Leadership:
         if now - when < HISTORY_S or (self._compacting is not None and not self._compacting.done()):
             return
         self._checkpoint = (now, revision)
+        # On the heartbeat thread's loop; one still running when it stops is cancelled.
 
         async def compact() -> None:
             try:
-                await self.etcd.compact(old)
+                await etcd.compact(old)
             except MetactlError as exc:  # compacted further already, or etcd busy
                 log.info("etcd history compaction skipped", revision=old, error=exc.message)
 
-        self._compacting = asyncio.create_task(compact(), name="leadership-compaction")
+        self._compacting = asyncio.get_running_loop().create_task(
+            compact(), name="leadership-compaction"
+        )
 
-    async def resign(self) -> None:
-        """Stop beating and delete the key (if it is still this term's), so that another
-        controller can be elected now rather than after the TTL. Best effort: if etcd is
-        unreachable the key is ended by a standby after the TTL."""
-        self._lose("resigned")
-        for task in (self._task, self._compacting):
-            if task is not None and not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+    async def stop_beating(self) -> None:
+        """Stop the heartbeat thread without ending the term: the holder falls silent, as
+        a frozen process does (a standby ends the term after the TTL). For tests."""
+        await self._beater.stop()
+
+    async def resign(self, detail: str = "") -> None:
+        """Stop beating and delete the key (if it is still this term's), recording that
+        this holder resigned and why (`detail`), so that another controller can be
+        elected now rather than after the TTL. Best effort: if etcd is unreachable the
+        key is ended by a standby after the TTL."""
+        self._lose(f"{RESIGNED}: {detail}" if detail else RESIGNED)
+        await self._beater.stop()
         with contextlib.suppress(MetactlError):
             await end_term(
-                self.etcd, self.token, "a resignation", timeout_s=1.0, hedge_s=RENEW_ATTEMPT_S / 3
+                self.etcd,
+                self.token,
+                "a resignation",
+                timeout_s=1.0,
+                hedge_s=RENEW_ATTEMPT_S / 3,
+                ended=TermEnd(
+                    node=self.info.node, token=self.token, reason=RESIGNED, detail=detail
+                ),
             )
 
 
-async def end_term(etcd: Etcd, token: int, what: str, *, timeout_s: float, hedge_s: float) -> bool:
+async def end_term(
+    etcd: Etcd, token: int, what: str, *, timeout_s: float, hedge_s: float, ended: TermEnd
+) -> bool:
     """Delete the leadership key if it is still term `token`'s (compared on its create
-    revision): True if it was, False if the key is gone or another term's."""
+    revision), recording how it ended (`ended`, at `TERM_END_KEY`): True if it was, False
+    if the key is gone or another term's."""
     key = etcd.target.key(LEADER_KEY)
     r = await etcd.txn_hedged(
         what,
         [compare_create_revision(key, token)],
-        [op_delete(key)],
+        [op_delete(key), op_put(etcd.target.key(TERM_END_KEY), msgspec.msgpack.encode(ended))],
         timeout_s=timeout_s,
         hedge_s=hedge_s,
     )
     return bool(r.succeeded)
-
-
-def _held(etcd: Etcd, holder: Holder) -> LogError:
-    who = holder.info.node if holder.info is not None else "another writer"
-    return LogError(
-        f"metadata log {etcd.target.url} is already open for writing by {who} "
-        f"(it holds the leadership key)"
-    )
-
-
-async def _outlast(
-    etcd: Etcd,
-    key: bytes,
-    kv: Kv,
-    revision: int,
-    *,
-    silence_s: float,
-    on_beat: Callable[[], None],
-    term: int,
-) -> None:
-    """Return once the term of the holder in `kv` (read at `revision`) is over: its key
-    deleted or created anew, or not rewritten for `silence_s` and then deleted here by a
-    compare on its mod revision. `on_beat` is called at each rewrite seen (it may raise)."""
-    token = int(kv.create_revision)
-    last = int(kv.mod_revision)
-    seen_at = time.monotonic()  # the loop's clock too (asyncio's default)
-    watch_from = revision + 1
-    # etcd's Raft term when the last rewrite was seen: a newer one at the silence's end
-    # means etcd elected a leader meanwhile, a time in which no heartbeat could land, so
-    # the holder gets a new TTL (it goes on beating past its validity: `hold_until`).
-    while True:
-        remaining = seen_at + silence_s - time.monotonic()
-        reread = False
-        if remaining > 0:
-            try:
-                async with (
-                    asyncio.timeout(None) as deadline,
-                    contextlib.aclosing(etcd.watch(key, key + b"\0", watch_from)) as responses,
-                ):
-                    deadline.reschedule(seen_at + silence_s)
-                    async for response in responses:
-                        if response.canceled or response.compact_revision:
-                            break
-                        for ev in response.events:
-                            if ev.type == 1 or int(ev.kv.create_revision) != token:  # DELETE
-                                return
-                            last = int(ev.kv.mod_revision)
-                            seen_at = time.monotonic()
-                            term = max(term, int(response.header.raft_term))
-                            deadline.reschedule(seen_at + silence_s)
-                            on_beat()
-                        watch_from = int(response.header.revision) + 1
-                    reread = True  # the watch ended (cut off, compacted): read again
-            except TimeoutError:
-                pass
-            except StoreUnavailableError:
-                await asyncio.sleep(RENEW_ATTEMPT_S)  # etcd unreachable: read again below
-                reread = True
-            if not reread and seen_at + silence_s > time.monotonic():
-                continue
-        # Silent for `silence_s` as the watch saw it (or the watch ended): read again
-        # linearizably (a watch on a partitioned member sees nothing), then end the term.
-        current, at, now_term = await etcd.get_at_term(key, timeout_s=1.0)
-        if current is None or int(current.create_revision) != token:
-            return
-        watch_from = at + 1
-        if int(current.mod_revision) != last:
-            last = int(current.mod_revision)
-            seen_at = time.monotonic()
-            term = max(term, now_term)
-            on_beat()
-            continue
-        if seen_at + silence_s > time.monotonic():
-            continue
-        if now_term > term:
-            log.info(
-                "etcd elected a leader while the active controller was silent; it gets another TTL",
-                token=token,
-                raft_term=now_term,
-            )
-            term, seen_at = now_term, time.monotonic()
-            continue
-        r = await etcd.txn_hedged(
-            "ending a silent leadership",
-            [compare_mod_revision(key, last)],
-            [op_delete(key)],
-            timeout_s=1.0,
-            hedge_s=RENEW_ATTEMPT_S / 3,
-        )
-        if r.succeeded:
-            info = decode_leader(current.value)
-            log.warning(
-                "ended the term of a silent active controller: no heartbeat for its TTL",
-                active=info.node if info is not None else "?",
-                token=token,
-                silent_s=round(time.monotonic() - seen_at, 3),
-            )
-            return
-
-
-async def _await_release(etcd: Etcd, key: bytes, from_revision: int) -> None:
-    """Return once the key is deleted (or after `CAMPAIGN_RECHECK_S`, to re-read it)."""
-    with contextlib.suppress(TimeoutError, StoreUnavailableError):
-        async with (
-            asyncio.timeout(CAMPAIGN_RECHECK_S),
-            contextlib.aclosing(etcd.watch(key, key + b"\0", from_revision)) as responses,
-        ):
-            async for response in responses:
-                if response.canceled or response.compact_revision:
-                    return
-                if any(ev.type == 1 for ev in response.events):  # DELETE
-                    return

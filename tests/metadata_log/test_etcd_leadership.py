@@ -9,6 +9,8 @@ history. Waits are on events (heartbeats counted, campaigns returning), each bou
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -19,7 +21,7 @@ from localcluster.etcd import LocalEtcd
 from metactl.errors import LogError, StorageError, StoreUnavailableError
 from metadata_log.etcd import lease
 from metadata_log.etcd.client import Etcd
-from metadata_log.etcd.lease import LEADER_KEY, LeaderInfo, Leadership, current_leader
+from metadata_log.etcd.lease import LEADER_KEY, LeaderInfo, Leadership, TermEnd, current_leader
 from metadata_log.etcd.target import EtcdTarget
 from metadata_log.etcd.txn import op_put
 
@@ -65,11 +67,14 @@ async def test_a_heartbeating_holder_is_never_deposed(client: Etcd) -> None:
     try:
         await beats(holder, 3 * lease.RENEWALS_PER_TTL)
         assert not campaign.done() and seen == ["a"]
-        assert holder._task is not None
-        holder._task.cancel()  # silent from now on, still believing itself the holder
+        await holder.stop_beating()  # silent from now on, still believing itself the holder
         async with asyncio.timeout(BOUND_S):
             new = await campaign
         assert new.token > holder.token and new.info.node == "b"
+        # How the silent term ended, written with its deletion, read by the winner.
+        assert new.previous == TermEnd(
+            node="a", token=holder.token, reason=lease.LEASE_EXPIRED, by="b"
+        )
         info, token = await current_leader(client)
         assert info is not None and (info.node, token) == ("b", new.token)
         await new.resign()
@@ -145,7 +150,29 @@ async def test_a_controllers_own_stale_key_is_taken_back_at_once(client: Etcd) -
     async with asyncio.timeout(BOUND_S):
         again = await Leadership.acquire(client, me, ttl_s=3600)
     assert again.token > token
+    assert again.previous == TermEnd(node="c1", token=token, reason=lease.RESTARTED, by="c1")
     await again.resign()
+
+
+async def test_a_resignation_is_recorded_for_the_next_holder(client: Etcd) -> None:
+    """The first term has no previous one; a resignation deletes the key and records
+    why, and the next holder reads it as it wins. A resignation of a term already ended
+    (its key gone) records nothing over the record of how it did end."""
+    first = await Leadership.acquire(client, LeaderInfo(node="a", address="h:1"), ttl_s=1)
+    assert first.previous is None
+    await first.resign("shutting down")
+    assert first.lost_reason == "resigned: shutting down" and first.lost.is_set()
+    second = await Leadership.acquire(client, LeaderInfo(node="b", address="h:2"), ttl_s=1)
+    assert second.previous == TermEnd(
+        node="a", token=first.token, reason=lease.RESIGNED, detail="shutting down"
+    )
+    await first.resign("again")  # not its term any more: nothing is deleted or recorded
+    info, token = await current_leader(client)
+    assert info is not None and (info.node, token) == ("b", second.token)
+    await second.resign()
+    third = await Leadership.acquire(client, LeaderInfo(node="c", address="h:3"), ttl_s=1)
+    assert third.previous == TermEnd(node="b", token=second.token, reason=lease.RESIGNED)
+    await third.resign()
 
 
 async def test_an_older_controllers_leased_key_is_left_to_its_lease(client: Etcd) -> None:
@@ -196,23 +223,25 @@ async def test_the_holder_compacts_etcds_history(
         await holder.resign()
 
 
-async def heartbeats_fail_until(
-    leadership: Leadership, monkeypatch: pytest.MonkeyPatch, release: asyncio.Event
-) -> asyncio.Event:
+def heartbeats_fail_until(
+    leadership: Leadership, monkeypatch: pytest.MonkeyPatch, release: threading.Event
+) -> threading.Event:
     """The holder's heartbeats fail as in an etcd leader election (no leader: every member
     unavailable for writes) until `release` is set. The event returned is set once one
-    fails with the holder past its validity (suspended)."""
-    send = leadership.etcd.txn_hedged
-    suspended = asyncio.Event()
+    fails with the holder past its validity (suspended). The heartbeat runs on a thread of
+    its own with a client of its own (`metadata_log.etcd.beater`), so the plant is on the
+    client class, for heartbeats only, and the events are threading ones."""
+    send = Etcd.txn_hedged
+    suspended = threading.Event()
 
-    async def no_leader(what: str, *args: object, **kw: object) -> object:
+    async def no_leader(self: Etcd, what: str, *args: object, **kw: object) -> object:
         if what == "a leadership heartbeat" and not release.is_set():
             if not leadership.valid:
                 suspended.set()
             raise StoreUnavailableError("etcdserver: no leader (planted)")
-        return await send(what, *args, **kw)  # type: ignore[arg-type]
+        return await send(self, what, *args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(leadership.etcd, "txn_hedged", no_leader)
+    monkeypatch.setattr(Etcd, "txn_hedged", no_leader)
     return suspended
 
 
@@ -223,16 +252,15 @@ async def test_a_holder_past_its_validity_is_suspended_and_resumed_by_a_heartbea
     margin): the holder stops acting (not `valid`) but is not lost, and the first
     heartbeat that lands resumes it, same term."""
     holder = await Leadership.acquire(client, LeaderInfo(node="a"), ttl_s=1)
-    release = asyncio.Event()
-    suspended = await heartbeats_fail_until(holder, monkeypatch, release)
+    release = threading.Event()
+    suspended = heartbeats_fail_until(holder, monkeypatch, release)
     try:
-        async with asyncio.timeout(BOUND_S):
-            await suspended.wait()
+        assert await asyncio.to_thread(suspended.wait, BOUND_S)
         assert not holder.valid and not holder.lost.is_set()  # suspended, not lost
         release.set()
         async with asyncio.timeout(BOUND_S):
             while holder.resumes == 0:
-                await asyncio.sleep(0.02)  # polling a counter the heartbeat task moves
+                await asyncio.sleep(0.02)  # polling a counter the heartbeat thread moves
                 assert not holder.lost.is_set(), holder.lost_reason
         assert holder.valid
         info, token = await current_leader(client)
@@ -246,8 +274,8 @@ async def test_a_holder_suspended_past_its_grace_is_lost(
     client: Etcd, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     holder = await Leadership.acquire(client, LeaderInfo(node="a"), ttl_s=1)
-    release = asyncio.Event()
-    await heartbeats_fail_until(holder, monkeypatch, release)
+    release = threading.Event()
+    heartbeats_fail_until(holder, monkeypatch, release)
     try:
         async with asyncio.timeout(BOUND_S):
             await holder.lost.wait()
@@ -280,3 +308,42 @@ async def test_a_silence_across_an_etcd_election_gives_the_holder_another_ttl(
     assert new.token > token
     assert len(terms) >= 2  # the first silence did not end the term; a second one did
     await new.resign()
+
+
+async def test_a_busy_event_loop_does_not_cost_the_term(client: Etcd) -> None:
+    """The heartbeat used to share the event loop with the controller's work, so a
+    takeover that kept the loop busy for longer than the TTL lost the very term it was
+    taking over (issue 33's livelock). Here the holder's loop spins for three TTLs, CPU-bound
+    and never yielding, while a rival campaigns from a thread and a client of its own: the
+    heartbeat thread keeps the term (it beats meanwhile), and the rival wins only when the
+    holder resigns."""
+    holder = await Leadership.acquire(client, LeaderInfo(node="a", address="h:1"), ttl_s=1)
+    won: list[Leadership] = []
+
+    async def rival() -> None:
+        etcd = await Etcd.connect(client.target)
+        try:
+            async with asyncio.timeout(BOUND_S):
+                won.append(
+                    await Leadership.acquire(etcd, LeaderInfo(node="b", address="h:2"), ttl_s=1)
+                )
+            await won[0].resign()
+        finally:
+            await etcd.close()
+
+    campaign = threading.Thread(target=lambda: asyncio.run(rival()))
+    campaign.start()
+    try:
+        await beats(holder, 1)  # the rival is campaigning by now, or soon
+        before = holder.beats
+        busy_until = time.monotonic() + 3 * holder.ttl_s
+        while time.monotonic() < busy_until:
+            pass  # a takeover's replay: the loop runs nothing else meanwhile
+        assert holder.beats > before and not holder.lost.is_set() and holder.valid
+        assert campaign.is_alive() and not won  # the rival is still waiting
+    finally:
+        await holder.resign("done")
+        await asyncio.to_thread(campaign.join, BOUND_S)
+    assert won and won[0].previous == TermEnd(
+        node="a", token=holder.token, reason=lease.RESIGNED, detail="done"
+    )
