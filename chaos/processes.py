@@ -234,6 +234,7 @@ class Processes:
                 self.etcd_members,
                 base_port=self.ports.etcd_base,
                 tls_dir=etcd_dir(certs),
+                death_signal="SIGKILL",  # chaos pauses members: a stopped one ignores SIGTERM
             )
 
     # --- addresses ----------------------------------------------------------------------

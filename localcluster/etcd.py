@@ -7,10 +7,21 @@ restart single members (the tests' faults). Members listen on 127.0.0.1 only.
 
 Ports are part of a member's identity: its data directory remembers the peer URLs it was
 first started with, and a member restarted on other ports cannot rejoin. So the ports are
-chosen once, on the first start (free ones, or from `base_port` on), kept in
-``ports.json`` beside the members' data, and reused by every later start on the same
-directory; asking for other ports or another member count there is INVALID_CONFIG. Nothing
-here knows the metadata log; it only runs etcd.
+chosen once, on the first start (from `base_port` on, else from `default_base_port` on,
+else free ones the kernel picks), kept in ``ports.json`` beside the members' data, and
+reused by every later start on the same directory; asking for other ports (`base_port`)
+or another member count there is INVALID_CONFIG. `cluster up` gives ``--etcd-base-port``,
+12379 and up by default (`localcluster.settings`): below the kernel's ephemeral range,
+where no outgoing connection is ever given a port. Free ones are in that range, and any
+outgoing connection of the host may hold one when the members start again.
+
+Before a member starts, its ports are looked at (`localcluster.ports.await_listenable`):
+a listener or a live connection on one (a connection opened without SO_REUSEADDR keeps
+etcd's listener off its port: measured) is LISTEN_FAILED naming it, the flag and, for
+kept ports, ``ports.json`` and a new data directory; a closing connection (TIME-WAIT,
+FIN-WAIT-2) is waited for, `notify` told. The members get `death_signal` when the thread
+that started them ends (`metactl.processes.dies_with_parent`: SIGKILL for members that
+may be paused). Nothing here knows the metadata log; it only runs etcd.
 
 TLS: given the etcd certificate directory (`tls_dir`, ``<certs>/etcd`` as `metactl certs
 init` writes it, `localcluster.certs`), members serve their client URLs over TLS with
@@ -34,11 +45,13 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from metactl.errors import InvalidConfigurationError, ListenError, StoreUnavailableError
+from localcluster.ports import WantedPort, await_listenable, ephemeral_range
+from metactl.errors import InvalidConfigurationError, StoreUnavailableError
 from metactl.processes import dies_with_parent
 from metadata_log.etcd.tls import EtcdTls
 from protocol.tls import ADMIN, CA_CERT, cert_path, key_path
@@ -143,12 +156,26 @@ class LocalEtcd:
         members: int = 1,
         *,
         base_port: int | None = None,
+        default_base_port: int | None = None,
         tls_dir: Path | None = None,
+        death_signal: str = "SIGTERM",
+        notify: Callable[[str], None] | None = None,
+        port_wait_s: float | None = None,
     ) -> None:
+        """`base_port`: the ports, which a directory that kept others refuses;
+        `default_base_port`: a first start's without `base_port` (None: free ones);
+        `death_signal`: what a member gets when the thread that started it ends;
+        `notify`: told of what a start waits for, and of kept ports in the kernel's
+        ephemeral range; `port_wait_s`: how long a closing connection on a member's port
+        is waited for (default `localcluster.ports.closing_wait_s`)."""
         if not 1 <= members <= 9:
             raise InvalidConfigurationError(f"an etcd cluster of {members} members: use 1 to 9")
         self.base_dir = base_dir
-        ports = self._ports(members, base_port)
+        self.death_signal = death_signal
+        self.notify = notify
+        self.port_wait_s = port_wait_s
+        self.kept_ports = (base_dir / PORTS_FILE).exists()  # chosen by an earlier start
+        ports = self._ports(members, base_port, default_base_port)
         # The scheme the members were first started with, kept like their ports.
         self.tls_dir = self._scheme(tls_dir)
         self.kept_plaintext = tls_dir is not None and self.tls_dir is None
@@ -212,17 +239,21 @@ class LocalEtcd:
         d = self.tls_dir
         return EtcdTls(d / CA_CERT, cert_path(d, name), key_path(d, name))
 
-    def _ports(self, members: int, base_port: int | None) -> list[int]:
+    def _ports(
+        self, members: int, base_port: int | None, default_base_port: int | None
+    ) -> list[int]:
         """Client and peer port of each member: those persisted on the first start, else
-        `base_port` on (client, peer, client, ...), else free ones."""
+        `base_port` on (client, peer, client, ...), else `default_base_port` on, else
+        free ones."""
         path = self.base_dir / PORTS_FILE
         wanted: list[int] | None = None
-        if base_port is not None:
-            if not 1024 <= base_port <= 65536 - 2 * members:
+        for base in (base_port, default_base_port):
+            if base is not None and not 1024 <= base <= 65536 - 2 * members:
                 raise InvalidConfigurationError(
-                    f"etcd base port {base_port}: the {2 * members} ports from it must be "
-                    "within 1024..65535"
+                    f"etcd base port {base} (--etcd-base-port): the {2 * members} ports "
+                    "from it must be within 1024..65535"
                 )
+        if base_port is not None:
             wanted = list(range(base_port, base_port + 2 * members))
         if path.exists():
             try:
@@ -244,6 +275,8 @@ class LocalEtcd:
                     f"--etcd-base-port {ports[0]} or a new data directory"
                 )
             return ports
+        if wanted is None and default_base_port is not None:
+            wanted = list(range(default_base_port, default_base_port + 2 * members))
         return wanted if wanted is not None else free_ports(2 * members)
 
     def _save_ports(self) -> None:
@@ -257,20 +290,39 @@ class LocalEtcd:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        self.kept_ports = True
 
-    def _check_bindable(self, m: EtcdMember) -> None:
-        """A persisted port another process took is a named error now, rather than a
-        member that exits and a health wait that times out."""
-        for port in (m.client_port, m.peer_port):
-            with socket.socket() as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError as exc:
-                    raise ListenError(
-                        f"etcd member {m.name} needs 127.0.0.1:{port} "
-                        f"(kept in {self.base_dir / PORTS_FILE}), which is in use: {exc.strerror}"
-                    ) from None
+    def _wanted(self, m: EtcdMember) -> list[WantedPort]:
+        """Member `m`'s ports, each with what to do if another process holds it."""
+        if self.kept_ports:
+            remedy = (
+                f"the members' ports are kept in {self.base_dir / PORTS_FILE} since their "
+                "first start (their data remembers them): free the port, or start on a new "
+                "--data-dir, which chooses them again (from --etcd-base-port)"
+            )
+        else:
+            remedy = "move the etcd members' ports with --etcd-base-port"
+        return [
+            WantedPort("127.0.0.1", port, f"etcd member {m.name}'s {kind} port", remedy)
+            for kind, port in (("client", m.client_port), ("peer", m.peer_port))
+        ]
+
+    def _await_ports(self) -> None:
+        """Every port of a member not running is free for etcd's listener (a closing
+        connection on one waited for), or LISTEN_FAILED naming it: a named error now,
+        rather than a member that exits and a health wait that times out."""
+        low, high = ephemeral_range()
+        ports = [p for m in self.members for p in (m.client_port, m.peer_port)]
+        if self.notify is not None and any(low <= p <= high for p in ports):
+            kept = f", kept in {self.base_dir / PORTS_FILE}," if self.kept_ports else ""
+            self.notify(
+                f"etcd: the members' ports {', '.join(map(str, ports))}{kept} are in the "
+                f"kernel's ephemeral range ({low}-{high}), where any outgoing connection "
+                "may hold one when they start again; a new --data-dir takes them from "
+                "--etcd-base-port (default 12379 and up, below that range)"
+            )
+        wanted = [w for m in self.members if not m.running for w in self._wanted(m)]
+        await_listenable(wanted, wait_s=self.port_wait_s, notify=self.notify)
 
     @property
     def endpoints(self) -> str:
@@ -281,11 +333,11 @@ class LocalEtcd:
 
     def _command(self, m: EtcdMember) -> list[str]:
         """Member `m`'s command line (prefixed, where util-linux's setpriv is there, so
-        that it gets SIGTERM when the process that started it dies)."""
+        that it gets `death_signal` when the thread that started it ends)."""
         initial = ",".join(f"{x.name}={x.peer_url}" for x in self.members)
         state = "existing" if (m.data_dir / "member").exists() else "new"
         return [
-            *dies_with_parent(),
+            *dies_with_parent(self.death_signal),
             etcd_binary(),
             "--name", m.name,
             "--data-dir", str(m.data_dir),
@@ -322,9 +374,7 @@ class LocalEtcd:
 
     def start(self, *, wait: bool = True) -> LocalEtcd:
         self.base_dir.mkdir(parents=True, exist_ok=True)
-        for m in self.members:
-            if not m.running:
-                self._check_bindable(m)
+        self._await_ports()
         self._save_ports()
         for i in range(len(self.members)):
             self.start_member(i)

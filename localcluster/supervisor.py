@@ -34,9 +34,14 @@ How it supervises (`run_cluster`):
 * **Running**, it says when a child dies, with its exit status and the last lines of its
   log (readable: `localcluster.child_log`); the rest keep running (killing a broker is
   how the demo is tried). Beside that it runs the feed its caller gives (`cluster up`'s
-  command prints the committed log as readable events). `metactl broker start --id N`
-  asks it, through its control socket (`localcluster.control`), to start broker N again
-  with its recorded command line, as a supervised child like the first.
+  command prints the committed log as readable events), and, for a quorum on etcd, says
+  who is active once started and after every change of term ("controller 3 is active
+  now (term 1234); controller 2 lost it (dead-active detection)", `localcluster.active`,
+  from the log's ControllerChangeRecords), with or without the feed. `metactl broker
+  start --id N` and `metactl controller start --node-id cN` ask it, through its control
+  socket (`localcluster.control`), to start broker N or controller N again with its
+  recorded command line (its ports pinned to those it first bound), as a supervised
+  child like the first (`localcluster.restarts`); a controller comes back a standby.
 * **Stopping** (Ctrl-C, SIGTERM, or a failure): brokers first (their controlled
   shutdown needs a controller), then the controllers, then etcd; each gets SIGTERM, and
   SIGKILL if it outlives the bound.
@@ -67,12 +72,15 @@ from pathlib import Path
 from typing import Any, Final
 
 from clients.controller import INSECURE, Security, call
+from localcluster.active import ActiveWatch, numbered
 from localcluster.certs import default_names, etcd_dir, init_certs, init_etcd_certs
 from localcluster.child_log import failure_reason
 from localcluster.children import Child, exit_text, stop_children
 from localcluster.control import CONTROL_SOCKET, serve, write_record
 from localcluster.etcd import LocalEtcd
+from localcluster.ports import await_listenable, cluster_listeners
 from localcluster.procs import await_active_brokers, ready_line
+from localcluster.restarts import Restarts
 from localcluster.scrape_config import write_prometheus_config
 from localcluster.settings import (
     UpSettings,
@@ -81,8 +89,6 @@ from localcluster.settings import (
 from localcluster.storage import format_cluster
 from metactl.errors import (
     ClusterStartError,
-    InvalidConfigurationError,
-    InvalidRequestError,
     StoreUnavailableError,
     with_details,
 )
@@ -124,7 +130,6 @@ class ClusterUp:
     controller_cmds: dict[int, list[str]] = field(default_factory=dict)
     controller_kafka: dict[int, str] = field(default_factory=dict)
     _lock: int | None = None
-    _restarting: set[int] = field(default_factory=set)
 
     @property
     def data(self) -> Path:
@@ -200,6 +205,11 @@ class ClusterUp:
         s = self.settings
         s.check()
         self.lock()
+        # Each fixed port free, or a named error with the flag that moves it (a port
+        # held by closing connections only is waited for, and said so).
+        await_listenable(
+            cluster_listeners(s.listeners()), notify=lambda line: print(line, flush=True)
+        )
         py = sys.executable
         if s.insecure:
             flags: list[str] = ["--insecure"]
@@ -212,7 +222,11 @@ class ClusterUp:
             self.security = Security(TlsIdentity.from_dir(self.certs, ADMIN))
         log_flags: list[str] = []
         if s.etcd:
-            self.etcd = LocalEtcd(self.data / "etcd", s.etcd, tls_dir=self._etcd_tls_dir())
+            self.etcd = LocalEtcd(
+                self.data / "etcd", s.etcd, tls_dir=self._etcd_tls_dir(),
+                base_port=s.etcd_pinned_base_port, default_base_port=s.etcd_first_base_port,
+                notify=lambda line: print(line, flush=True),
+            )  # fmt: skip
             if self.etcd.kept_plaintext or (s.insecure and self.etcd.tls_dir is not None):
                 print(
                     f"etcd: {'plaintext' if self.etcd.tls_dir is None else 'TLS'}, as its "
@@ -250,7 +264,7 @@ class ClusterUp:
             ]  # fmt: skip
             self.spawn(name, "controller", self.controller_cmds[i + 1])
         for n, c in enumerate([c for c in self.children if c.kind == "controller"], 1):
-            self._note_controller_ready(n, self.await_ready(c))
+            self.note_controller_ready(n, self.await_ready(c))
         for b in range(1, s.brokers + 1):
             # /metrics after the controllers' ports (port 0: any free port, each its own).
             metrics = port_plus(s.metrics, s.controllers + b - 1)
@@ -262,22 +276,31 @@ class ClusterUp:
             ]  # fmt: skip
             self.spawn(f"broker {b}", "broker", self.broker_cmds[b])
         for c in [c for c in self.children if c.kind == "broker"]:
-            self._note_broker_ready(c, self.await_ready(c))
+            self.note_broker_ready(c, self.await_ready(c))
         self.write_record()
 
-    def _note_controller_ready(self, n: int, ready: str) -> None:
-        """Controller `n`'s addresses, from its READY line; a Kafka port 0 (any free port)
-        is pinned in its recorded command line, as a broker's is."""
+    def note_controller_ready(self, n: int, ready: str) -> None:
+        """Controller `n`'s addresses, from its READY line; a port 0 (any free port) is
+        pinned in its recorded command line, as a broker's is, so that `controller start`
+        brings it back where the brokers, the other controllers and Prometheus look."""
         fields = dict(p.split("=", 1) for p in ready.split()[2:] if "=" in p)
-        self.controllers.append(fields["listen"])
-        self.metrics.append(fields.get("metrics", ""))
+        while len(self.controllers) < n:
+            self.controllers.append("")
+            self.metrics.append("")
+        self.controllers[n - 1] = fields["listen"]
+        self.metrics[n - 1] = fields.get("metrics", "")
         if "kafka" in fields:
             self.controller_kafka[n] = fields["kafka"]
-            cmd = self.controller_cmds.get(n, [])
-            if "--kafka-listen" in cmd:
-                cmd[cmd.index("--kafka-listen") + 1] = fields["kafka"]
+        cmd = self.controller_cmds.get(n, [])
+        for key, flag in (
+            ("listen", "--listen"),
+            ("metrics", "--metrics"),
+            ("kafka", "--kafka-listen"),
+        ):
+            if key in fields and flag in cmd:
+                cmd[cmd.index(flag) + 1] = fields[key]
 
-    def _note_broker_ready(self, child: Child, ready: str) -> None:
+    def note_broker_ready(self, child: Child, ready: str) -> None:
         """Its /metrics and Kafka addresses, from its READY line; a port 0 (any free
         port) is pinned in its recorded command line, so that `broker start` brings it
         back where DATA_DIR/prometheus.yml scrapes it and Kafka clients find it."""
@@ -300,19 +323,18 @@ class ClusterUp:
         included (`localcluster.control`; `metactl broker start` has it run again), and
         each controller's (``"controller_processes"``, by number: its addresses, Kafka's
         included)."""
-        started = [c for c in self.children if c.kind == "controller"]
         controllers = {
             str(n): {
                 "argv": cmd,
-                "pid": child.proc.pid,
+                "pid": next((c.proc.pid for c in self.named(self.controller_name(n))), None),
+                "node_id": f"c{n}",
                 "listen": listen,
                 "metrics": metrics or None,
                 "kafka": self.controller_kafka.get(n),
-                "log": str(child.log_path),
+                "log": str(self.log_path(self.controller_name(n))),
             }
-            for (n, cmd), child, listen, metrics in zip(
+            for (n, cmd), listen, metrics in zip(
                 sorted(self.controller_cmds.items()),
-                started,
                 self.controllers,
                 self.metrics,
                 strict=False,  # all of them once start() has them all ready
@@ -321,7 +343,7 @@ class ClusterUp:
         brokers = {
             str(b): {
                 "argv": cmd,
-                "pid": next((c.proc.pid for c in self._brokers(b)), None),
+                "pid": next((c.proc.pid for c in self.named(f"broker {b}")), None),
                 "metrics": self.broker_metrics.get(b),
                 "kafka": self.broker_kafka.get(b),
                 "log": str(self.log_path(f"broker {b}")),
@@ -341,66 +363,19 @@ class ClusterUp:
             },
         )
 
-    def _brokers(self, broker_id: int) -> list[Child]:
-        return [c for c in self.children if c.kind == "broker" and c.name == f"broker {broker_id}"]
+    def named(self, name: str) -> list[Child]:
+        return [c for c in self.children if c.name == name]
+
+    def controller_name(self, n: int) -> str:
+        return "controller" if self.settings.controllers == 1 else f"controller {n}"
 
     def start_command(self, child: Child) -> str:
-        """The command that brings a broker of this cluster back (`metactl broker
-        start`), as the banner names metactl."""
-        broker_id = child.name.split()[-1]
-        return f"{metactl_path()} broker start --id {broker_id} --data-dir {self.data}"
-
-    async def restart_broker(self, broker_id: int) -> Child:
-        """Start broker `broker_id` again with its recorded command line, as a supervised
-        child (`metactl broker start`, through `localcluster.control`): INVALID_CONFIG for a
-        broker this cluster does not run, INVALID_REQUEST while it runs, and
-        CLUSTER_START_FAILED (with the end of its log) if it does not get ready."""
-        cmd = self.broker_cmds.get(broker_id)
-        if cmd is None:
-            ids = ", ".join(map(str, sorted(self.broker_cmds))) or "none"
-            raise InvalidConfigurationError(
-                f"this cluster runs brokers {ids}: there is no broker {broker_id} to start"
-            )
-        alive = [c for c in self._brokers(broker_id) if c.proc.poll() is None]
-        if alive:
-            pid = alive[0].proc.pid
-            raise InvalidRequestError(
-                f"broker {broker_id} is running (pid {pid}): stop it first (kill {pid} for a "
-                f"controlled shutdown, kill -9 {pid} for a crash)"
-            )
-        if broker_id in self._restarting:
-            raise InvalidRequestError(f"broker {broker_id} is being started already")
-        for report in self.deaths():  # its death, if not told yet, before its restart
-            print(report, flush=True)
-        self._restarting.add(broker_id)
-        try:
-            for old in self._brokers(broker_id):
-                self.children.remove(old)
-                if old.proc.stdout is not None:
-                    old.proc.stdout.close()
-                if old.log_file is not None:
-                    old.log_file.close()
-            # Spawned from the event loop's thread, which lives as long as `cluster up`
-            # (`setpriv --pdeathsig` follows the thread that forks).
-            child = self.spawn(f"broker {broker_id}", "broker", cmd)
-            print(
-                f"   broker {broker_id} started again by `metactl broker start` "
-                f"(pid {child.proc.pid})",
-                flush=True,
-            )
-            ready = await asyncio.to_thread(self.await_ready, child)
-            self._note_broker_ready(child, ready)
-            self.write_record()
-            return child
-        finally:
-            self._restarting.discard(broker_id)
-
-    async def _control(self, request: dict[str, Any]) -> dict[str, Any]:
-        broker = request.get("start_broker")
-        if not isinstance(broker, int) or isinstance(broker, bool):
-            raise InvalidRequestError(f"unknown control request {request!r}")
-        child = await self.restart_broker(broker)
-        return {"ok": True, "pid": child.proc.pid, "ready": child.ready, "log": str(child.log_path)}
+        """The command that brings a broker or controller of this cluster back (`metactl
+        broker start`, `metactl controller start`), as the banner names metactl."""
+        number = child.name.split()[-1] if " " in child.name else "1"
+        if child.kind == "controller":
+            return f"{metactl_path()} controller start --node-id c{number} --data-dir {self.data}"
+        return f"{metactl_path()} broker start --id {number} --data-dir {self.data}"
 
     def prometheus_config(self) -> Path:
         """``DATA_DIR/prometheus.yml``: scrapes the controllers and every broker."""
@@ -493,7 +468,7 @@ class ClusterUp:
                     f"!! {c.name} (pid {c.proc.pid}) exited: {exit_text(status)}; the last "
                     f"lines of {c.log_path}:\n{tail}"
                 )
-                if c.kind == "broker":
+                if c.kind in ("broker", "controller"):
                     report += f"\n   bring it back: {self.start_command(c)}"
                 out.append(report)
         return out
@@ -502,15 +477,21 @@ class ClusterUp:
         self, stop: asyncio.Event, feed: Callable[[], Coroutine[Any, Any, None]] | None = None
     ) -> None:
         """Print deaths, run `feed` (the cluster's events in the foreground, if given),
-        and answer `broker start` (`localcluster.control`), until `stop` is set."""
+        say who is active at each new term of a quorum (`localcluster.active`), and answer
+        `broker start` and `controller start` (`localcluster.restarts`), until `stop` is
+        set."""
         tasks = [asyncio.create_task(self._watch(stop))]
         if feed is not None:
             tasks.append(asyncio.create_task(feed()))
+        if self.etcd is not None:  # a quorum: say who is active, at each new term
+            name = numbered(lambda: self.controller_cmds)
+            watch = ActiveWatch(lambda: self.bootstrap, self.security, name, _say)
+            tasks.append(asyncio.create_task(watch.run()))
         try:
-            control: asyncio.AbstractServer | None = await serve(self.data, self._control)
+            control: asyncio.AbstractServer | None = await serve(self.data, Restarts(self).answer)
         except OSError as exc:  # e.g. a data directory path too long for a Unix socket
             control = None
-            print(f"(metactl broker start is not available: {exc})", flush=True)
+            print(f"(metactl broker/controller start is not available: {exc})", flush=True)
         try:
             await stop.wait()
         finally:
@@ -537,6 +518,10 @@ class ClusterUp:
         if self._lock is not None:
             os.close(self._lock)
             self._lock = None
+
+
+def _say(line: str) -> None:
+    print(f"   {line}", flush=True)
 
 
 def run_cluster(

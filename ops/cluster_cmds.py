@@ -22,19 +22,25 @@ import shlex
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from eventfeed.feed import Event, Feed
-from eventfeed.follow import follow_events
-from localcluster.etcd import LocalEtcd
-from localcluster.settings import CONTROLLER_KAFKA_OFFSET, DEFAULT_KAFKA_BASE_PORT, UpSettings
-from localcluster.supervisor import ClusterUp, metactl_path, run_cluster
+from localcluster.settings import (
+    CONTROLLER_KAFKA_OFFSET,
+    DEFAULT_ETCD_BASE_PORT,
+    DEFAULT_KAFKA_BASE_PORT,
+    UpSettings,
+)
 from metactl.errors import MetactlError
 from metactl.numbers import int_arg, int_flag
 from ops.cli import EXIT_INTERRUPTED, EXIT_OK, HELP_FORMAT, examples
 from ops.client import DEFAULT_CONTROLLER
 from protocol.flags import ENV_TLS_DIR
 from protocol.tls import ADMIN, CA_CERT, VIEWER, cert_path, key_path
+
+if TYPE_CHECKING:  # the supervisor and the feed load when `cluster up` runs, not to parse
+    from eventfeed.feed import Event
+    from localcluster.etcd import LocalEtcd
+    from localcluster.supervisor import ClusterUp
 
 
 def register(sub: Any) -> None:
@@ -110,6 +116,17 @@ def register(sub: Any) -> None:
         action="store_true",
         help="no Kafka listeners on the brokers or the controllers (default: one each)",
     )
+    u.add_argument(
+        "--etcd-base-port",
+        type=int_flag(0, 65535, name="port"),
+        default=None,
+        metavar="PORT",
+        help="with --etcd, etcd member N's client port is PORT + 2(N - 1) and its peer port "
+        f"the next, on 127.0.0.1 (default {DEFAULT_ETCD_BASE_PORT} and up: below the "
+        "kernel's ephemeral range, where no outgoing connection can hold one; 0: free ones "
+        "the kernel picks). Chosen on the first start and kept in DATA_DIR/etcd/ports.json: "
+        "the members' data remembers them; another PORT there is refused",
+    )
     u.add_argument("--topic", default="demo", help="the demo topic's name (default demo)")
     u.add_argument(
         "--partitions", type=int_arg, default=6, help="the demo topic's partitions (default 6)"
@@ -154,7 +171,10 @@ def _cluster_up(args: argparse.Namespace) -> int:
         strategy=args.unclean_recovery_strategy,
         insecure=args.insecure,
         kafka_base_port=None if args.no_kafka else args.kafka_base_port,
+        etcd_base_port=args.etcd_base_port,
     )
+    from localcluster.supervisor import ClusterUp, run_cluster
+
     up = ClusterUp(settings)
 
     def announce(topic: str) -> None:
@@ -206,6 +226,9 @@ def banner(up: ClusterUp, topic: str) -> str:
 async def follow_cluster_events(up: ClusterUp) -> None:
     """`metactl events --follow` in the foreground: from now on, one line per event;
     controllers that restart or fail over are followed (any of them serves it)."""
+    from eventfeed.feed import Feed
+    from eventfeed.follow import follow_events
+
     feed = Feed(since_ms=int(time.time() * 1000))
 
     def emit(events: list[Event]) -> None:
@@ -234,6 +257,8 @@ def how_to(
 ) -> str:
     """What `cluster up` prints after its first line: where things are, what to run. The
     commands name the `metactl` of this environment by its full path (`metactl_path`)."""
+    from localcluster.supervisor import metactl_path
+
     me = metactl_path()
     log = etcd.url("metactl") if etcd is not None else str(data / "controller")
     scheme = "http" if certs is None else "https"
@@ -282,6 +307,8 @@ def how_to(
         f"            {me} log tail --data-dir {log}",
         "            kill -9 <a broker pid> and watch the events: fence, ELR, recovery",
         f"            {me} broker start --id <N> --data-dir {data}   (brings broker N back)",
+        f"            {me} controller start --node-id c<N> --data-dir {data}"
+        "   (brings controller N back)",
     ]
     return "\n".join(lines) + "\n"
 

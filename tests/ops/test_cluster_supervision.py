@@ -7,6 +7,7 @@ SIGKILLed its children go with it; and `--controllers 3 --etcd 3` runs an HA quo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -204,9 +205,9 @@ def test_children_do_not_outlive_a_killed_cluster_up(tmp_path: Path) -> None:
 
 def test_an_ha_quorum_on_etcd(tmp_path: Path) -> None:
     # Port 0: each controller binds any free port (the next ports after a chosen one may
-    # be taken on a busy test machine).
-    up = Up(tmp_path / "data", "--insecure", "--controllers", "3", "--etcd", "3",
-            "--listen", "127.0.0.1:0")  # fmt: skip
+    # be taken on a busy test machine). etcd's from --etcd-base-port (`Up`).
+    flags = ["--insecure", "--controllers", "3", "--etcd", "3", "--listen", "127.0.0.1:0"]
+    up = Up(tmp_path / "data", *flags)
     try:
         banner = up.await_banner()
         assert "3 controllers" in banner[0] and "3-member etcd" in banner[0]
@@ -223,3 +224,33 @@ def test_an_ha_quorum_on_etcd(tmp_path: Path) -> None:
     finally:
         assert up.stop() == 0
     assert all(gone(pid) for pid in children.values())
+    # Again on the same directory (issue 33, item 3), while outgoing connections hold the
+    # etcd ports it kept (as a connection with SO_REUSEADDR, which etcd's listeners bind
+    # past; tests/localcluster/test_etcd_restart_ports.py has the ones without).
+    kept = json.loads((tmp_path / "data" / "etcd" / "ports.json").read_text())["ports"]
+    with held_by_connections(kept):
+        again = Up(tmp_path / "data", *flags, "--etcd-base-port", str(kept[0]))
+        try:
+            banner = again.await_banner()
+            r = metactl(*again.command("describe"), cwd=tmp_path)
+            assert r.returncode == 0 and "Topic: demo" in r.stdout, r.stderr
+        finally:
+            assert again.stop() == 0
+    assert json.loads((tmp_path / "data" / "etcd" / "ports.json").read_text())["ports"] == kept
+
+
+@contextlib.contextmanager
+def held_by_connections(ports: list[int]) -> Iterator[None]:
+    """An outgoing connection (SO_REUSEADDR) from each of `ports` to a listener of its
+    own, open until the end."""
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(socket.socket())
+        server.bind(("127.0.0.1", 0))
+        server.listen(len(ports))
+        for port in ports:
+            client = stack.enter_context(socket.socket())
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            client.bind(("127.0.0.1", port))
+            client.connect(server.getsockname())
+            stack.enter_context(server.accept()[0])
+        yield

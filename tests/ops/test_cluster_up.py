@@ -51,6 +51,9 @@ class Up:
         # on 16 ports from the block's base (controllers, then brokers); Kafka listeners
         # on a block of 101 (brokers from its base, controllers 100 above), or none.
         kafka = [] if "--no-kafka" in extra else ["--kafka-base-port", str(free_block(101))]
+        # etcd's ports too (cluster up's default, 12379 and up, is one block for every run).
+        if "--etcd" in extra and "--etcd-base-port" not in extra:
+            kafka += ["--etcd-base-port", str(free_block(18))]
         self.proc = subprocess.Popen(
             [*CLI, "cluster", "up", "--brokers", "1", "--data-dir", str(data),
              "--listen", f"127.0.0.1:{free_port()}", "--metrics",
