@@ -5,7 +5,10 @@ config set or deleted ("topic orders: min.insync.replicas=3 (was 2)"), a feature
 topic deleted or grown, a broker unregistered, the ELR and LastKnownELR a config change
 cleared (with the partition range when a large topic is cleared in slices), and a
 reassignment's steps ("demo-0 replicas [1,2,3]→[2,3,4,1], adding [4], removing [1]
-(reassignment)", later "reassignment complete" or "reassignment cancelled").
+(reassignment)", later "reassignment complete" or "reassignment cancelled"); and a new
+active controller on a shared log ("controller c3 active (term 1234); c2 lost it
+(dead-active detection)"). A preferred election of the automatic leader balance says so
+("demo-0 leader 2→1 (preferred, automatic leader balance)"), an operator's does not.
 
 Pure: no IO, no clock; it words records and keeps no state (`eventfeed.view` does)."""
 
@@ -23,8 +26,10 @@ from metadata_log.records import (
     NO_LEADER,
     TOPIC_RESOURCE,
     BrokerRegistrationChangeRecord,
+    ChangeReason,
     ClearElrRecord,
     ConfigRecord,
+    ControllerChangeRecord,
     FeatureLevelRecord,
     FenceBrokerRecord,
     LeaderRecoveryState,
@@ -108,7 +113,23 @@ def describe_record(r: MetadataRecord, before: View) -> str | None:
         return _feature(r, before)
     if isinstance(r, UnregisterBrokerRecord):
         return f"broker {r.broker_id} unregistered (epoch {r.broker_epoch})"
+    if isinstance(r, ControllerChangeRecord):
+        return controller_change_text(r)
     return None  # PartitionRecord (the topic's line says it), NoOp, transaction markers
+
+
+def controller_change_text(r: ControllerChangeRecord) -> str:
+    """A new term's line: "controller c3 active (term 1234); c2 lost it (dead-active
+    detection)", with the holder's own reason when it resigned ("(resigned: shutting
+    down)"); the first term (or one whose predecessor is not known) only "controller c1
+    active (term 17)"."""
+    text = f"controller {r.node} active (term {r.term})"
+    if not r.previous_node:
+        return text
+    why = r.previous_reason or "ended"
+    if r.previous_detail:
+        why += f": {r.previous_detail}"
+    return f"{text}; {r.previous_node} lost it ({why})"
 
 
 def _topic(r: TopicRecord, before: View) -> str:
@@ -193,6 +214,8 @@ def _partition_change(r: PartitionChangeRecord, before: View) -> str | None:
     if r.leader is not None:
         old = _leader(p.leader) if p is not None else "?"
         why = r.election.value if r.election is not None else r.reason.value
+        if r.reason is ChangeReason.LEADER_BALANCE:  # not an operator's `elect`
+            why += ", automatic leader balance"
         if r.leader == NO_LEADER:
             parts.append(f"{name} OFFLINE: leader {old}→none ({why})")
         else:

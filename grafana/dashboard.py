@@ -250,12 +250,18 @@ def build() -> dash_m.Dashboard:
             7,
             "Elections by kind",
             "Leader elections committed per interval: isr, elr (a clean ELR member), "
-            "unclean_recovery, preferred, manual.",
+            "unclean_recovery, preferred, manual; and, of the preferred ones, those of the "
+            "automatic leader balance (auto.leader.rebalance.enable).",
             [
                 query(
                     f"sum by (kind) (increase(metactl_elections_total{CTL}[$__rate_interval]))",
                     "{{kind}}",
-                )
+                ),
+                query(
+                    f"sum(increase(metactl_leader_balance_elections_total{CTL}[$__rate_interval]))",
+                    "preferred: automatic leader balance",
+                    "B",
+                ),
             ],
             bars=True,
         )

@@ -1,18 +1,20 @@
 """`cluster up`'s control socket and its record of the cluster (issue 22: bring a broker
-back).
+back; issue 33: a controller too).
 
 `cluster up` records how it runs the cluster in ``DATA_DIR/cluster-up.json`` (its pid,
-the controllers, each controller's command line, pid and addresses, Kafka's included,
-and each broker's command line, pid, metrics and Kafka addresses and log), and
-listens on the Unix socket ``DATA_DIR/cluster.sock`` (mode 0600: only its user, made so
-without a process-wide umask, `bind_private`) for one request: start broker N again
-with its recorded command line. `metactl broker start` is the client. The broker it
-starts is `cluster up`'s own child, as the first one was: supervised, reported if it
-dies, stopped in order on Ctrl-C.
+the controllers, each controller's node id, command line, pid and addresses, Kafka's
+included, and each broker's command line, pid, metrics and Kafka addresses and log),
+and listens on the Unix socket ``DATA_DIR/cluster.sock`` (mode 0600: only its user, made
+so without a process-wide umask, `bind_private`) for one request: start broker N, or
+controller cN, again with its recorded command line (`localcluster.restarts`). `metactl
+broker start` and `metactl controller start` are the clients. What it starts is
+`cluster up`'s own child, as the first one was: supervised, reported if it dies, stopped
+in order on Ctrl-C.
 
-The protocol is one JSON line each way: ``{"start_broker": N}``, answered by
-``{"ok": true, "pid": P, "ready": "READY broker=N ..."}`` or ``{"ok": false, "code":
-NAME, "message": ..., "details": [lines]}``. Decides nothing about the cluster.
+The protocol is one JSON line each way: ``{"start_broker": N}`` or
+``{"start_controller": "cN"}``, answered by ``{"ok": true, "pid": P, "ready": "READY
+...", "log": PATH}`` or ``{"ok": false, "code": NAME, "message": ..., "details":
+[lines]}``. Decides nothing about the cluster.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from __future__ import annotations
 import msgspec
 
 from metadata_image.state import TopicPartition
-from metadata_log.records import ElectionKind, UncleanRecoveryRecord
+from metadata_log.records import ControllerChangeRecord, ElectionKind, UncleanRecoveryRecord
 
 
 class Election(msgspec.Struct, frozen=True, gc=False):
@@ -31,6 +31,7 @@ class MetadataDelta:
     __slots__ = (
         "brokers",
         "configs",
+        "controller_changes",
         "elections",
         "features",
         "partitions",
@@ -62,6 +63,8 @@ class MetadataDelta:
         self.unclean_recoveries: list[UncleanRecoveryRecord] = []
         # Brokers whose registration the controller judged unclean, in log order.
         self.unclean_registrations: list[int] = []
+        # New active controllers on a shared log (etcd), in log order.
+        self.controller_changes: list[ControllerChangeRecord] = []
         # Record type tag -> count.
         self.records_by_type: dict[str, int] = {}
 
@@ -89,6 +92,7 @@ class MetadataDelta:
         self.elections.extend(other.elections)
         self.unclean_recoveries.extend(other.unclean_recoveries)
         self.unclean_registrations.extend(other.unclean_registrations)
+        self.controller_changes.extend(other.controller_changes)
         for kind, n in other.records_by_type.items():
             self.records_by_type[kind] = self.records_by_type.get(kind, 0) + n
         return self

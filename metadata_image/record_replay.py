@@ -1,6 +1,7 @@
 """What each record does to an image, other than the partition paths: broker
 registrations, fences and unfences, controlled shutdown and unregistration; topics
-created and removed; configs, features, ClearElr and unclean recoveries. One function
+created and removed; configs, features, ClearElr and unclean recoveries; a new active
+controller's record (in the delta only). One function
 per record type, `(builder, record)`, for `metadata_image.replay`'s dispatch table.
 
 Changes a `Builder` only (never an image), and raises `ReplayError` on a record that
@@ -23,6 +24,7 @@ from metadata_log.records import (
     BrokerRegistrationChangeRecord,
     ClearElrRecord,
     ConfigRecord,
+    ControllerChangeRecord,
     FeatureLevelRecord,
     FenceBrokerRecord,
     MetadataRecord,
@@ -253,6 +255,14 @@ def noop(builder: Builder, record: NoOpRecord) -> None:
     Transaction markers replay as no-ops here too: `replay` and `apply` are the
     controller's working image, which holds everything it has decided. Readers of the
     committed log honour the markers through `metadata_image.transactions`."""
+
+
+def controller_change(builder: Builder, record: ControllerChangeRecord) -> None:
+    """A new active controller's first record: the image keeps no controller (who is
+    active, and in which term, is the etcd leadership key's; `metactl quorum describe`
+    reads it there), so only the delta hears of it, for whoever acts on a new term."""
+    if builder.delta is not None:
+        builder.delta.controller_changes.append(record)
 
 
 def replace_broker(

@@ -42,6 +42,7 @@ from metadata_log.records import (
     BrokerRegistrationChangeRecord,
     ClearElrRecord,
     ConfigRecord,
+    ControllerChangeRecord,
     EndTransactionRecord,
     FeatureLevelRecord,
     FenceBrokerRecord,
@@ -79,6 +80,7 @@ _APPLY: dict[type, Callable[[Builder, Any], None]] = {
     BeginTransactionRecord: records.noop,
     EndTransactionRecord: records.noop,
     AbortTransactionRecord: records.noop,
+    ControllerChangeRecord: records.controller_change,
 }
 
 

@@ -15,6 +15,10 @@ AbortTransactionRecord change no state themselves; they delimit a group of recor
 readers of the committed log apply all together at the end marker, or never (abort, or a
 log that ends before the end marker). `metadata_image.transactions` is that reader.
 
+On a log shared by several controllers (etcd), each new active controller writes a
+ControllerChangeRecord first: who is active now, its term, and how the term before it
+ended (KRaft's LeaderChangeMessage). It changes no metadata state either.
+
 This module holds data definitions and codecs only: no IO, no rules.
 """
 
@@ -52,6 +56,7 @@ class ChangeReason(StrEnum):
     CLEAR_ELR = "clear_elr"
     REASSIGNMENT = "reassignment"  # replicas added, removed, or the move completed/cancelled
     UNREGISTER = "unregister"  # the broker's registration was removed (KIP-631)
+    LEADER_BALANCE = "leader_balance"  # a preferred election of the automatic leader balance
 
 
 class ElectionKind(StrEnum):
@@ -249,6 +254,30 @@ class NoOpRecord(_Record, tag="NoOp", frozen=True):
     pass
 
 
+class ControllerChangeRecord(_Record, tag="ControllerChange", frozen=True):
+    """A controller became the active one over a shared log (etcd, docs/ha.md): its first
+    record of the term, after the abort of a transaction the previous controller left
+    open, as Kafka's KRaft writes a LeaderChangeMessage at each new epoch.
+
+    `term` is the term's fencing token (the etcd leadership key's create revision),
+    larger than every earlier term's. The `previous_*` fields say how the term before
+    it ended, as the leadership key's history tells it (all empty: not known, e.g. the
+    log's first term): its holder and token, and why ("resigned", "lease expired",
+    "dead-active detection"), by whom ("" when the holder resigned itself) and the
+    holder's own reason when it resigned (e.g. "shutting down"). A single controller on
+    a SQLite log writes none: it has no terms. It changes no metadata state: the
+    active controller and its term are the leadership key's, not the image's."""
+
+    node: str
+    term: int
+    address: str = ""  # the new active controller's advertised listener (HOST:PORT)
+    previous_node: str = ""
+    previous_term: int = 0
+    previous_reason: str = ""
+    previous_by: str = ""
+    previous_detail: str = ""
+
+
 class BeginTransactionRecord(_Record, tag="BeginTransaction", frozen=True):
     """The records up to the matching EndTransactionRecord take effect together (KIP-868).
 
@@ -287,6 +316,7 @@ MetadataRecord = (
     | BeginTransactionRecord
     | EndTransactionRecord
     | AbortTransactionRecord
+    | ControllerChangeRecord
 )
 
 RECORD_TYPES: Final[dict[str, type[MetadataRecord]]] = {
@@ -309,6 +339,7 @@ RECORD_TYPES: Final[dict[str, type[MetadataRecord]]] = {
         BeginTransactionRecord,
         EndTransactionRecord,
         AbortTransactionRecord,
+        ControllerChangeRecord,
     )
 }
 

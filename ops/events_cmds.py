@@ -7,28 +7,31 @@ controller's next commits. Either way `eventfeed.feed.Feed` turns records into l
 applying a metadata transaction whole.
 
 Without `--since`, every event of the log is shown, except with `--follow`, which starts
-from now. Ctrl-C ends a `--follow` (status 130, as any interrupted command).
+from now. Ctrl-C ends a `--follow` (status 130, as any interrupted command). An online
+`--follow` outlives the controller it follows: it learns the quorum's other controllers
+from it, and when it dies goes on at another from the last offset it printed (a note on
+stderr when that took more than one request's retries), so a failover shows as its own
+line ("controller c3 active (term 1234); c2 lost it (dead-active detection)") and
+nothing is printed twice or skipped.
 
 This module owns the command's flags, the offline reading and printing; the lines are
-`eventfeed`'s, and the online reading `eventfeed.follow`'s.
+`eventfeed`'s, and the online reading `eventfeed.follow`'s (imported when the command
+runs, not to build its parser: issue 34).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from eventfeed.feed import Event, Feed, iso_ms
-from eventfeed.follow import follow_events
-from metadata_log.records import to_builtins
 from ops.cli import EXIT_OK, HELP_FORMAT, examples
 from ops.client import add_source_arguments, controller_address, security_from
-from ops.paths import open_log
-from ops.times import parse_since
+
+if TYPE_CHECKING:
+    from eventfeed.feed import Event, Feed
 
 
 def register(sub: Any) -> None:
@@ -39,8 +42,10 @@ def register(sub: Any) -> None:
         "registrations and unregistrations, leader changes and why, ISR/ELR changes, topics "
         "created, grown and deleted, config and feature-level changes and the ELRs they "
         "clear, reassignments (adding, removing, complete, cancelled), and every unclean "
-        "recovery, flagged as potential data loss. A metadata transaction appears whole once "
-        "committed. From the controller (--bootstrap-controller) or offline (--data-dir).",
+        "recovery, flagged as potential data loss; on etcd, each new active controller and "
+        "how the last one lost it. A metadata transaction appears whole once committed. From "
+        "the controller (--bootstrap-controller; --follow goes on at another controller of "
+        "the quorum when it dies) or offline (--data-dir).",
         epilog=examples(
             "metactl events --follow",
             "metactl events --since 10m --bootstrap-controller 127.0.0.1:9093",
@@ -72,6 +77,9 @@ def register(sub: Any) -> None:
 
 
 def _print(events: list[Event], as_json: bool) -> None:
+    from eventfeed.feed import iso_ms
+    from metadata_log.records import to_builtins
+
     out = sys.stdout
     for ev in events:
         if as_json:
@@ -90,17 +98,31 @@ def _print(events: list[Event], as_json: bool) -> None:
 
 
 async def _online(args: argparse.Namespace, feed: Feed) -> None:
+    from eventfeed.follow import follow_events, follow_quorum
+
     address = controller_address(args)
     security = security_from(args)
+    if args.follow:
+        # Outlives the controller it follows: goes on at another of the quorum.
+        await follow_quorum(
+            security.controller_client, address, feed, lambda events: _print(events, args.json),
+            timeout_s=args.timeout, note=_note,
+        )  # fmt: skip
+        return
     async with security.controller_client(address) as client:
         await follow_events(
-            client, feed, lambda events: _print(events, args.json), follow=args.follow,
+            client, feed, lambda events: _print(events, args.json), follow=False,
             timeout_s=args.timeout,
         )  # fmt: skip
 
 
+def _note(text: str) -> None:
+    print(f"note: {text}", file=sys.stderr, flush=True)
+
+
 async def _offline(args: argparse.Namespace, feed: Feed) -> None:
     from controller.runtime.loading import snapshot_image  # offline only: not at start-up
+    from ops.paths import open_log
 
     async with await open_log(args.data_dir) as store:
         if store.start_offset > 0:  # records were deleted before a snapshot: start from it
@@ -114,6 +136,11 @@ async def _offline(args: argparse.Namespace, feed: Feed) -> None:
 
 
 def cmd_events(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from eventfeed.feed import Feed
+    from ops.times import parse_since
+
     now = int(time.time() * 1000)
     since = parse_since(args.since, now) if args.since is not None else None
     if since is None and args.follow:

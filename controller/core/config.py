@@ -22,8 +22,25 @@ class ControllerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     # Classic mode only: Kafka's unclean.leader.election.enable. Any live replica may be
     # elected without log inspection; each such election is a potential data-loss event.
     unclean_leader_election: bool = False
+    # Automatic preferred-leader balance (controller.core.leader_balance), with Kafka's
+    # names and defaults: on; a check an interval after leadership leaves a preferred
+    # replica; elections for the brokers that lead less than (100 - percentage)% of the
+    # partitions they are preferred for.
+    auto_leader_rebalance_enable: bool = True
+    leader_imbalance_check_interval_seconds: int = 300
+    leader_imbalance_per_broker_percentage: int = 10
 
     def __post_init__(self) -> None:
+        if self.leader_imbalance_check_interval_seconds < 1:
+            raise InvalidConfigurationError(
+                "leader.imbalance.check.interval.seconds must be at least 1, got "
+                f"{self.leader_imbalance_check_interval_seconds}"
+            )
+        if not 0 <= self.leader_imbalance_per_broker_percentage <= 100:
+            raise InvalidConfigurationError(
+                "leader.imbalance.per.broker.percentage must be 0 to 100, got "
+                f"{self.leader_imbalance_per_broker_percentage}"
+            )
         if self.unclean_leader_election and self.eligible_leader_replicas:
             raise InvalidConfigurationError(
                 "unclean leader election is a classic-mode setting: with eligible leader "

@@ -7,6 +7,9 @@ pending recoveries whose windows are due), replays the recovery records too, and
 returns everything the caller needs: the records to append, the response to send once
 they are durable, the next state, the log inspections to send, the next timer deadline
 and the delta. A refused request raises its coded `MetactlError` and changes nothing.
+Last, the automatic leader balance (`controller.core.leader_balance`) notes what changed
+for its schedule, and a Tick does the next slice of a due check (`StepResult.wake_ms`
+says when the driver steps one).
 
 The step also decides transactions (KIP-868, see `step`): where the begin and end
 markers go when an event's records are too large for one stored batch, and how a large
@@ -35,6 +38,7 @@ from controller.core.broker_handlers import (
     unfence_broker,
 )
 from controller.core.config import ControllerConfig
+from controller.core.controller_change import ControllerActivated, controller_change
 from controller.core.handler_result import (
     ClearElrSlice,
     Continue,
@@ -43,6 +47,7 @@ from controller.core.handler_result import (
     HandlerResult,
     ReassignSlice,
 )
+from controller.core.leader_balance import LeaderBalance, balance_step
 from controller.core.lifecycle import Bootstrap, ElectPreferredGroup
 from controller.core.partition_handlers import (
     alter_partition,
@@ -123,6 +128,7 @@ Event = (
     | Tick
     | LogInfoAnswers
     | Bootstrap
+    | ControllerActivated
     | ElectPreferredGroup
     | CreateTopicSlice
     | Continue
@@ -163,18 +169,21 @@ class ControllerState(msgspec.Struct, frozen=True):
     tracker: RecoveryTracker = RecoveryTracker()
     backlog: Backlog = EVERYTHING
     hold: bool = False
+    # The automatic preferred-leader balance's schedule and check under way
+    # (`controller.core.leader_balance`); a new state schedules a check.
+    balance: LeaderBalance = LeaderBalance()
 
     def absorb(self, records: Sequence[MetadataRecord]) -> tuple[ControllerState, MetadataDelta]:
         """Replay records that did not come from a step (a test's or a tool's own), so that
         the next step evaluates what they changed."""
         image, delta = apply(self.image, records)
         backlog = queue_touched(self.backlog, image, delta, tracker=self.tracker)
-        return ControllerState(image, self.tracker, backlog, self.hold), delta
+        return msgspec.structs.replace(self, image=image, backlog=backlog), delta
 
     @property
     def idle(self) -> bool:
         """Nothing is queued for a later step (the driver steps Ticks until it is)."""
-        return self.backlog.empty
+        return self.backlog.empty and not self.balance.busy
 
 
 class StepResult(msgspec.Struct, frozen=True):
@@ -197,6 +206,15 @@ class StepResult(msgspec.Struct, frozen=True):
     # many for one batch (a transaction the committer splits and encodes chunk by chunk:
     # holding a 100 MB encoding until it is durable would only cost memory).
     encoded: bytes | None = None
+
+    @property
+    def wake_ms(self) -> int | None:
+        """When the driver steps the next Tick: the next recovery deadline or the leader
+        balance's next check, whichever comes first."""
+        balance = self.state.balance.wake_ms
+        if balance is None or self.next_deadline_ms is None:
+            return self.next_deadline_ms if balance is None else balance
+        return min(balance, self.next_deadline_ms)
 
 
 def step(state: ControllerState, event: Event, now_ms: int, rules: Rules) -> StepResult:
@@ -284,6 +302,7 @@ def _step(state: ControllerState, event: Event, now_ms: int, rules: Rules) -> St
     else:
         image, delta = state.image, MetadataDelta()
     backlog = state.backlog
+    scope: Sequence[TopicPartition] = ()
     if follow_up is not None or inside or state.hold:
         # A transaction is open: nothing is evaluated until its end marker. Its changes
         # all lie in the scope its first step queues (the broker's partitions), or are
@@ -317,6 +336,17 @@ def _step(state: ControllerState, event: Event, now_ms: int, rules: Rules) -> St
         image, more = apply(image, recovery.records)
         delta.update(more)
         records = records + recovery.records
+    # The automatic leader balance: its schedule notes every step; a Tick outside any
+    # transaction, with no recovery work in it, does the next slice of a due check.
+    balance, balanced = balance_step(
+        state.balance, image, delta, now_ms=now_ms, config=rules.config, budget=budget,
+        may_elect=isinstance(event, Tick) and not state.hold and not scope,
+    )  # fmt: skip
+    if balanced:
+        image, more = apply(image, balanced)
+        delta.update(more)
+        records = records + balanced
+        backlog = queue_touched(backlog, image, more, budget, recovery.tracker)
     if follow_up is None and inside:
         if isinstance(event, Continue):
             backlog = _queue_broker(backlog, image, event.broker_id, budget)
@@ -328,7 +358,7 @@ def _step(state: ControllerState, event: Event, now_ms: int, rules: Rules) -> St
     return StepResult(
         records=records,
         response=response,
-        state=ControllerState(image, recovery.tracker, backlog, state.hold),
+        state=ControllerState(image, recovery.tracker, backlog, state.hold, balance),
         inspections=recovery.inspections,
         next_deadline_ms=recovery.next_deadline_ms,
         delta=delta,
@@ -348,9 +378,7 @@ def _as_transaction(
     if isinstance(event, RegisterBroker):
         # A registration's record carries its own offset (the broker epoch): decide again
         # with the begin marker in place.
-        result = _step(
-            ControllerState(begun, state.tracker, state.backlog, state.hold), event, now_ms, rules
-        )
+        result = _step(msgspec.structs.replace(state, image=begun), event, now_ms, rules)
         image = result.state.image
     else:
         # Nothing else a handler writes depends on offsets: the records move up by one.
@@ -363,7 +391,7 @@ def _as_transaction(
     return StepResult(
         records=records,
         response=result.response,
-        state=ControllerState(image, result.state.tracker, result.state.backlog, state.hold),
+        state=msgspec.structs.replace(result.state, image=image, hold=state.hold),
         inspections=result.inspections,
         next_deadline_ms=result.next_deadline_ms,
         delta=delta,
@@ -442,6 +470,8 @@ def decide(
             result = lifecycle.unregister_broker(image, event, config, budget)
         case Bootstrap():
             result = lifecycle.bootstrap(image, config)
+        case ControllerActivated():
+            result = controller_change(event)
         case ElectPreferredGroup():
             result = lifecycle.elect_preferred_group(image, event, config)
         case ElectLeader(election_type="preferred"):

@@ -445,7 +445,7 @@ class Controller:
                 return
             # It wrote nothing: keep its soft state, answer once the log before the
             # transaction is durable (nothing of the transaction is in its answer).
-            self.state = ControllerState(self.state.image, result.state.tracker, self.state.backlog)
+            self.state = msgspec.structs.replace(self.state, tracker=result.state.tracker)
             self._inspect(result)
             slicing.answer(future, result.response)
         elif result.follow_up is not None:
@@ -489,7 +489,7 @@ class Controller:
         return slicing
 
     def _accept(self, result: StepResult, now: int) -> None:
-        self.state, self.next_deadline_ms = result.state, result.next_deadline_ms
+        self.state, self.next_deadline_ms = result.state, result.wake_ms
         self._inspect(result)
 
     def _inspect(self, result: StepResult) -> None:

@@ -7,7 +7,8 @@ server's threads, so collectors only read.
 
 * Counters come from *committed* records only (`Controller.commit_listeners`), so nothing
   un-durable is ever counted: every UncleanRecoveryRecord is a potential data-loss event,
-  every PartitionChangeRecord with an `election` is an election of that kind, every
+  every PartitionChangeRecord with an `election` is an election of that kind (and one
+  with the reason `leader_balance` an election of the automatic leader balance), every
   unclean RegisterBrokerRecord an unclean registration. The one exception counts what was
   *not* committed: `metactl_log_append_failures_total`, the store's `append_failures`
   read at scrape time (a full disk: fences and everything else cannot commit).
@@ -60,8 +61,10 @@ from metadata_log.records import (
     ELR_FEATURE,
     RECORD_TYPES,
     TOPIC_RESOURCE,
+    ChangeReason,
     ElectionKind,
     MetadataRecord,
+    PartitionChangeRecord,
 )
 
 PREFIX: Final = "metactl_"
@@ -132,6 +135,13 @@ class ControllerMetrics:
             "metactl_elections",
             "Leader elections committed, by how the leader was chosen.",
             ["kind"],
+            registry=r,
+        )
+        self.leader_balance_elections = Counter(
+            "metactl_leader_balance_elections",
+            "Preferred-leader elections the automatic leader balance committed "
+            "(auto.leader.rebalance.enable; reason leader_balance), a subset of "
+            'metactl_elections_total{kind="preferred"}.',
             registry=r,
         )
         self.unclean_registrations = Counter(
@@ -299,6 +309,14 @@ class ControllerMetrics:
             elections[e.kind.value] = elections.get(e.kind.value, 0) + 1
         for election, n in elections.items():
             self.elections.labels(kind=election).inc(n)
+        if ElectionKind.PREFERRED.value in elections:  # an operator's or the balance's
+            balanced = sum(
+                1
+                for r in records
+                if isinstance(r, PartitionChangeRecord) and r.reason is ChangeReason.LEADER_BALANCE
+            )
+            if balanced:
+                self.leader_balance_elections.inc(balanced)
         by_type = delta.records_by_type
         if "RemoveTopic" in by_type:
             self.topics_deleted.inc(by_type["RemoveTopic"])

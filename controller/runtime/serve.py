@@ -113,6 +113,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "afterwards `metactl configs --entity-default` changes it (docs/lifecycle.md)",
     )
     add_rule_mode_arguments(p)
+    add_leader_balance_arguments(p)
     p.add_argument(
         "--max-frame-bytes",
         type=int_arg,
@@ -280,6 +281,45 @@ def rule_mode(args: Any) -> dict[str, bool]:
     }
 
 
+def add_leader_balance_arguments(p: argparse.ArgumentParser) -> None:
+    """Kafka's automatic preferred-leader balance, by Kafka's names and defaults
+    (controller/core/leader_balance.py; docs/lifecycle.md, Automatic leader balance)."""
+    p.add_argument(
+        "--auto-leader-rebalance-enable",
+        choices=["true", "false"],
+        default="true",
+        help="move leadership back to each partition's preferred replica (the first) "
+        "without an operator's `elect`, as Kafka's auto.leader.rebalance.enable "
+        "(default true)",
+    )
+    p.add_argument(
+        "--leader-imbalance-check-interval-seconds",
+        type=positive_int,
+        default=300,
+        metavar="SECONDS",
+        help="a balance check runs this long after a partition is seen led by another "
+        "replica than its preferred one, and again after a check that leaves one so "
+        "(default 300)",
+    )
+    p.add_argument(
+        "--leader-imbalance-per-broker-percentage",
+        type=int_flag(minimum=0, maximum=100),
+        default=10,
+        metavar="PERCENT",
+        help="a check moves leadership back to a broker only when the share of the "
+        "partitions it is preferred for that it does not lead is above this (default 10)",
+    )
+
+
+def leader_balance(args: Any) -> dict[str, Any]:
+    """The `ControllerConfig` fields `add_leader_balance_arguments` sets."""
+    return {
+        "auto_leader_rebalance_enable": args.auto_leader_rebalance_enable == "true",
+        "leader_imbalance_check_interval_seconds": args.leader_imbalance_check_interval_seconds,
+        "leader_imbalance_per_broker_percentage": args.leader_imbalance_per_broker_percentage,
+    }
+
+
 def config_from(args: Any) -> ControllerConfig:
     return ControllerConfig(
         unclean_recovery_strategy=args.unclean_recovery_strategy,
@@ -288,6 +328,7 @@ def config_from(args: Any) -> ControllerConfig:
         broker_heartbeat_interval_ms=args.heartbeat_interval_ms,
         default_min_insync_replicas=args.default_min_isr,
         **rule_mode(args),
+        **leader_balance(args),
     )
 
 

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import structlog
 
 from controller.core.config import ControllerConfig
+from controller.core.controller_change import ControllerActivated
 from controller.core.lifecycle import Bootstrap, needs_bootstrap
 from controller.core.work import WORK_BUDGET
 from controller.runtime.admission import RequestAdmission
@@ -88,6 +89,27 @@ STEP_DOWN_S = 10.0
 # ends the process; issue 21 item 7).
 STORAGE_REOPEN_ATTEMPTS = 3
 STORAGE_REOPEN_BACKOFF_S = 1.0
+
+
+def activation(leadership: Leadership) -> ControllerActivated:
+    """The event that records a won term (`controller.core.controller_change`): the
+    leadership's holder and token, and how the term before it ended (`previous`, read in
+    the winning campaign; None: not known)."""
+    previous = leadership.previous
+    if previous is None:
+        return ControllerActivated(
+            node=leadership.info.node, term=leadership.token, address=leadership.info.address
+        )
+    return ControllerActivated(
+        node=leadership.info.node,
+        term=leadership.token,
+        address=leadership.info.address,
+        previous_node=previous.node,
+        previous_term=previous.token,
+        previous_reason=previous.reason,
+        previous_by=previous.by,
+        previous_detail=previous.detail,
+    )
 
 
 class ControllerService:
@@ -303,8 +325,10 @@ class ControllerService:
         leadership: Leadership | None = None,
     ) -> None:
         """Become the active controller on `store` (open for writing): start the driver
-        (from `replayed`, a standby's image, when there is one), its metrics, and fresh
-        broker sessions (every registered broker gets a full session timeout of grace)."""
+        (from `replayed`, a standby's image, when there is one), record the term under
+        `leadership` (on etcd: a ControllerChangeRecord, the term's first record), start
+        its metrics and fresh broker sessions (every registered broker gets a full
+        session timeout of grace)."""
         ctl = await Controller.open(
             store,
             config=self.config,
@@ -314,6 +338,15 @@ class ControllerService:
         )
         ctl.log_every_record = True
         ctl.inspection_sinks.append(self.inspections.queue)
+        if leadership is not None:
+            # The term's first record (after the abort `Controller.open` appended, if
+            # the last term left a transaction open): who is active now, and how the
+            # term before ended. On SQLite there are no terms: nothing is written.
+            try:
+                await ctl.submit(activation(leadership))
+            except BaseException:
+                await ctl.close()
+                raise
         if needs_bootstrap(ctl.image):
             # Pin what the static flags seed (the ELR feature level, the cluster-default
             # min.insync.replicas): a later restart with other flags does not change them.
