@@ -5,29 +5,53 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 HASH := $(shell cat pyproject.toml | sha1sum | cut -c1-12)
-# `make run` installs what the cluster and the audits need; `make test` adds the test
-# tools (pytest, hypothesis, ruff, mypy, import-linter, atheris, ...).
+# `make run` installs what the cluster and the CLI need (about 100 MB). The Spark audits'
+# packages (pyspark, pyarrow, pandas, numpy: about 800 MB more) are the `audit` extra,
+# which `make audit` adds; `make test` installs the test tools (pytest, hypothesis, ruff,
+# mypy, import-linter, atheris, ...) and the audit extra. A stamp per set, named by
+# pyproject.toml's hash: changing pyproject.toml installs again.
 STAMP := $(VENV)/.installed-run-$(HASH)
+AUDIT_STAMP := $(VENV)/.installed-audit-$(HASH)
 TEST_STAMP := $(VENV)/.installed-test-$(HASH)
 DATA_DIR ?= ./data
+# pip's own output goes to PIP_LOG, printed only if pip fails: each set-up stage is one line.
+PIP_LOG := $(VENV)/pip.log
+PIP_INSTALL := $(BIN)/python -m pip install --disable-pip-version-check --progress-bar off
+PIP_FAILED := { cat $(PIP_LOG); echo "error: pip install failed (its output is above and in $(PIP_LOG))" >&2; exit 1; }
 
-.PHONY: setup setup-test system run test lint layers typecheck core-coverage pytest bench clean
+.PHONY: setup setup-test audit system run test lint layers typecheck core-coverage pytest bench clean
 
 $(STAMP): pyproject.toml
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
+	@test -x $(BIN)/python || { echo "creating the venv ($(VENV))"; $(PYTHON) -m venv $(VENV); }
+	@echo "installing packages (about 100 MB, a minute or two on a first run; pip's output: $(PIP_LOG))"
+	@: > $(PIP_LOG)
+	@$(PIP_INSTALL) --upgrade pip >> $(PIP_LOG) 2>&1 || $(PIP_FAILED)
+	@$(PIP_INSTALL) -e . >> $(PIP_LOG) 2>&1 || $(PIP_FAILED)
 	@rm -f $(VENV)/.installed-run-*
 	@touch $(STAMP)
 
+$(AUDIT_STAMP): $(STAMP)
+	@echo "installing the audits' packages: pyspark, pyarrow, pandas (about 800 MB, a few minutes on a first run)"
+	@: > $(PIP_LOG)
+	@$(PIP_INSTALL) -e '.[audit]' >> $(PIP_LOG) 2>&1 || $(PIP_FAILED)
+	@rm -f $(VENV)/.installed-audit-*
+	@touch $(AUDIT_STAMP)
+
 $(TEST_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
-	@rm -f $(VENV)/.installed-test-*
-	@touch $(TEST_STAMP)
+	@echo "installing the test tools and the audits' packages (about 1.1 GB, a few minutes on a first run)"
+	@: > $(PIP_LOG)
+	@$(PIP_INSTALL) -e '.[test,audit]' >> $(PIP_LOG) 2>&1 || $(PIP_FAILED)
+	@rm -f $(VENV)/.installed-test-* $(VENV)/.installed-audit-*
+	@touch $(TEST_STAMP) $(AUDIT_STAMP)
 
 setup: $(STAMP)
 
 setup-test: $(TEST_STAMP)
+
+# The Spark audits' packages (the `audit` extra), installed into the venv; it runs no
+# audit (that takes a JRE too: `make system`), it says how.
+audit: $(AUDIT_STAMP)
+	@echo "audits installed: $(BIN)/metactl audit all --data-dir $(DATA_DIR) (they need a JRE: make system)"
 
 # Debian packages, installed when missing: a JRE (the Spark audits, `metactl audit`),
 # etcd-server (`cluster up --etcd`, HA) and prometheus (DATA_DIR/prometheus.yml, the alert
@@ -38,7 +62,8 @@ system:
 	@./scripts/ensure-system-packages.sh
 
 run: setup
-	$(BIN)/metactl cluster up --brokers 3 --data-dir $(DATA_DIR)
+	@echo "starting the cluster: $(BIN)/metactl cluster up --brokers 3 --data-dir $(DATA_DIR)"
+	@$(BIN)/metactl cluster up --brokers 3 --data-dir $(DATA_DIR)
 
 lint: setup-test
 	$(BIN)/ruff check .

@@ -7,9 +7,16 @@
 2. `metactl describe` on a cluster of `--partitions` partitions (default 100,000): the
    command's wall time (interpreter start, paging, formatting; stdout to /dev/null), and
    the time to its first line. Goal: <= 1.5 s.
+3. Start-up CPU per command: `metactl --help`, `describe`, `brokers`, `configs --describe`
+   and `events` (each against the controller, on a cluster of 3 brokers and one small
+   topic, so their real work is small), `--startup-runs` times each as a subprocess; the
+   min and median CPU seconds (user + sys of the whole process, from
+   `getrusage(RUSAGE_CHILDREN)`) and wall seconds. Goal: <= 0.3 s of CPU on a quiet
+   machine (issue 34). `--startup-only` runs this section alone.
 
 Plaintext (`--insecure`): this measures the commands, not TLS. Prints figures; asserts
 nothing. Run: python bench/operator_cli.py [--changes 200] [--partitions 100000]
+[--startup-runs 10] [--startup-only]
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -132,11 +140,55 @@ def describe_time(address: str) -> tuple[float, float]:
     return time.perf_counter() - started, first
 
 
+STARTUP_GOAL_S = 0.3
+
+
+def startup_commands(address: str) -> dict[str, list[str]]:
+    """The commands an operator runs most, as they would type them."""
+    to = ["--bootstrap-controller", address, "--insecure"]
+    return {
+        "--help": ["--help"],
+        "describe": ["describe", *to],
+        "brokers": ["brokers", *to],
+        "configs --describe": ["configs", *to, "--entity-type", "topics", "--describe"],
+        "events": ["events", *to],
+    }
+
+
+def cpu_and_wall(argv: list[str]) -> tuple[float, float]:
+    """One run of `metactl ARGV` to its end: (user + sys CPU seconds, wall seconds)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    subprocess.run([*CLI, *argv], capture_output=True, check=True, cwd=REPO)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return cpu, wall
+
+
+def startup_cpu(address: str, runs: int) -> None:
+    print(f"start-up CPU per command ({runs} runs each; goal <= {STARTUP_GOAL_S} s of CPU):")
+    for name, argv in startup_commands(address).items():
+        samples = [cpu_and_wall(argv) for _ in range(runs)]
+        cpus, walls = [c for c, _ in samples], [w for _, w in samples]
+        print(
+            f"  metactl {name:<20} CPU min {min(cpus):.3f} s, median "
+            f"{statistics.median(cpus):.3f} s; wall min {min(walls):.3f} s, median "
+            f"{statistics.median(walls):.3f} s ({min(cpus) / STARTUP_GOAL_S:.1f}x the goal)"
+        )
+
+
 async def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as d:
         proc, address = start_controller(Path(d))
         try:
             await brokers(address, 3)
+            await create(address, "startup", 3)
+            # Sequential and on this thread: RUSAGE_CHILDREN counts the commands alone
+            # (the controller, still running, is not a reaped child yet).
+            startup_cpu(address, args.startup_runs)
+            if args.startup_only:
+                return
             lags = await events_lag(address, args.changes)
             print(
                 f"events --follow: {len(lags)} of {args.changes} changes seen; lag behind the "
@@ -147,7 +199,7 @@ async def run(args: argparse.Namespace) -> None:
             runs = [await asyncio.to_thread(describe_time, address) for _ in range(3)]
             best = min(runs)
             print(
-                f"describe, {args.partitions:,} partitions (+{args.changes + 1} small topics): "
+                f"describe, {args.partitions:,} partitions (+{args.changes + 2} small topics): "
                 f"best of 3 {best[0]:.2f} s, first line after {best[1]:.2f} s "
                 f"(runs {', '.join(f'{r[0]:.2f}' for r in runs)} s; goal <= 1.5 s)"
             )
@@ -165,6 +217,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--changes", type=int, default=200)
     ap.add_argument("--partitions", type=int, default=100_000)
+    ap.add_argument("--startup-runs", type=int, default=10, help="runs per command (default 10)")
+    ap.add_argument("--startup-only", action="store_true", help="the start-up section alone")
     os.environ.setdefault("PYTHONPATH", str(REPO))
     asyncio.run(run(ap.parse_args()))
 

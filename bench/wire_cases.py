@@ -79,6 +79,12 @@ from protocol.messages.broker_controller import (
 )
 from protocol.messages.data import ProduceRequest, ReadLogRequest
 from protocol.messages.internal import Ack
+from protocol.messages.plan import (
+    PlanRestartRequest,
+    PlanRestartResponse,
+    PlanRollRequest,
+    PlanRollResponse,
+)
 from protocol.messages.replication import ReplicaFetchRequest
 from protocol.messages.unions import Message
 from protocol.transport import read_frame
@@ -112,6 +118,8 @@ ANSWERS: Final[dict[type[Any], type[Any]]] = {
     ElectPreferredLeaders: ElectPreferredLeadersResponse,
     AlterPartitions: AlterPartitionsResponse,
     DescribeQuorumRequest: DescribeQuorumResponse,
+    PlanRestartRequest: PlanRestartResponse,
+    PlanRollRequest: PlanRollResponse,
 }
 # Every decode failure is one of these (docs/protocol.md).
 DECODE_ERROR_CODES: Final = frozenset({"INVALID_REQUEST", "CORRUPT_MESSAGE"})
@@ -188,6 +196,8 @@ def seed_messages() -> list[Message]:
             ]
         ),
         ListPartitionReassignmentsRequest(topics=[t]),
+        PlanRestartRequest(broker_id=1, limit=10),
+        PlanRollRequest(),
         UnregisterBroker(broker_id=2),
         ElectPreferredLeaders(partitions=[ReplicaRef(t, 0), ReplicaRef("nope", 0)]),
         DeleteTopicsRequest(topics=["u", "nope"]),

@@ -12,20 +12,17 @@ one `error:` line for that partition, and the command's status is the table's
 (docs/cli.md) for the first failure.
 
 Changes always go through the controller: this module decides nothing and writes
-nothing itself.
+nothing itself. The client and the messages are imported when a command runs, not to
+build its parser (issue 34).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-import msgspec
-
-from clients.controller import ask
 from metactl.errors import (
     ElectionNotNeededError,
     InvalidConfigurationError,
@@ -35,19 +32,12 @@ from metactl.errors import (
     error_for_code,
 )
 from metactl.numbers import NumberFormatError, int_arg, kafka_int
-from metadata_image.state import TopicPartition, parse_tp
 from ops.cli import EXIT_OK, EXIT_UNAVAILABLE, HELP_FORMAT, error_line, examples, exit_status
 from ops.client import add_controller_arguments, controller_address, security_from
-from ops.reassign_plan import Int32
-from protocol.messages.admin import (
-    CreateTopic,
-    CreateTopicsRequest,
-    CreateTopicsResponse,
-    ElectLeader,
-    ElectPreferredLeaders,
-    ElectPreferredLeadersResponse,
-    PartitionState,
-)
+
+if TYPE_CHECKING:
+    from metadata_image.state import TopicPartition
+    from protocol.messages.admin import CreateTopicsResponse, PartitionState
 
 # Topic configs `--config` accepts: Kafka's name, and the KIP-966 draft's for the strategy.
 MIN_ISR: Final = "min.insync.replicas"
@@ -253,6 +243,11 @@ def _assignments(text: str | None) -> list[list[int]] | None:
 
 
 def cmd_topics_create(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from clients.controller import ask
+    from protocol.messages.admin import CreateTopic, CreateTopicsRequest, CreateTopicsResponse
+
     address = controller_address(args)
     min_isr, strategy = topic_configs(args)
     spec = CreateTopic(
@@ -316,37 +311,10 @@ def _ranges(ids: list[int]) -> str:
 # --- elect ----------------------------------------------------------------------------------
 
 
-class _JsonPartition(msgspec.Struct, forbid_unknown_fields=True):
-    topic: str
-    partition: Int32  # a JSON integer within Java's int (not true, 1.0 or "1")
-    replica: Int32 | None = None  # metactl's: the replica of an UNCLEAN election
-
-
-class _JsonFile(msgspec.Struct):
-    partitions: list[_JsonPartition]
-
-
 def _from_json(path: Path) -> list[tuple[TopicPartition, int | None]]:
-    try:
-        doc = msgspec.json.decode(path.read_bytes(), type=_JsonFile)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise InvalidConfigurationError(
-            f"--path-to-json-file {path}: {exc} (expected "
-            '{"partitions": [{"topic": "t", "partition": 0}, ...]})'
-        ) from None
-    seen: set[TopicPartition] = set()
-    out = []
-    for p in doc.partitions:
-        tp = (p.topic, p.partition)
-        if tp in seen:
-            raise InvalidConfigurationError(
-                f"--path-to-json-file {path}: {p.topic}-{p.partition} is listed twice"
-            )
-        seen.add(tp)
-        out.append((tp, p.replica))
-    if not out:
-        raise InvalidConfigurationError(f"--path-to-json-file {path}: no partitions")
-    return out
+    from ops.election_file import read_election_file
+
+    return read_election_file(path)
 
 
 def _one_partition(args: argparse.Namespace) -> TopicPartition:
@@ -362,6 +330,8 @@ def _one_partition(args: argparse.Namespace) -> TopicPartition:
             raise InvalidConfigurationError(
                 f"--partition {args.partition!r}: with --topic, the partition's index ({exc})"
             ) from None
+    from metadata_image.state import parse_tp
+
     try:
         return parse_tp(args.partition)
     except ValueError as exc:
@@ -404,6 +374,16 @@ def _targets(args: argparse.Namespace) -> list[tuple[TopicPartition, int | None]
 
 
 def cmd_elect(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from clients.controller import ask
+    from protocol.messages.admin import (
+        ElectLeader,
+        ElectPreferredLeaders,
+        ElectPreferredLeadersResponse,
+        PartitionState,
+    )
+
     address = controller_address(args)
     targets = _targets(args)
     security = security_from(args)

@@ -12,7 +12,8 @@ how the processes and the CLI find the directory.
 Exit status: 0 done; 2 bad flags, a directory that cannot be written or one that holds
 an unusable CA (INVALID_CONFIG); otherwise docs/cli.md's table. Errors are named (`error:
 CODE: ...`), never a traceback. This module only parses and prints: the certificates
-themselves are `localcluster.certs`'.
+themselves are `localcluster.certs`' (imported, with the `cryptography` package, when
+the command runs, not to build its parser: issue 34).
 """
 
 from __future__ import annotations
@@ -21,12 +22,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from localcluster.certs import ETCD_CLIENTS, default_names, etcd_dir, init_certs, init_etcd_certs
 from metactl.errors import InvalidConfigurationError
 from metactl.numbers import NumberFormatError, kafka_int
 from ops.cli import EXIT_OK, HELP_FORMAT, examples
-from protocol.flags import ENV_TLS_DIR
-from protocol.tls import CA_CERT, MAX_BROKER_ID
 
 DEFAULT_BROKERS = "1,2,3"
 
@@ -72,6 +70,8 @@ def register(sub: Any) -> None:
 
 def parse_broker_ids(text: str) -> list[int]:
     """'1,2,3' -> [1, 2, 3]; InvalidConfigurationError for anything else."""
+    from protocol.tls import MAX_BROKER_ID
+
     ids: list[int] = []
     for raw in text.split(","):
         try:
@@ -87,6 +87,16 @@ def parse_broker_ids(text: str) -> list[int]:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
+    from localcluster.certs import (
+        ETCD_CLIENTS,
+        default_names,
+        etcd_dir,
+        init_certs,
+        init_etcd_certs,
+    )
+    from protocol.flags import ENV_TLS_DIR
+    from protocol.tls import CA_CERT
+
     ids = parse_broker_ids(args.brokers)
     certs = (args.data_dir / "certs").resolve()
     names = default_names(ids)

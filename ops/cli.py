@@ -1,8 +1,12 @@
 """Entry point of the `metactl` command: builds the argument parser from command modules.
 
 Each command module exposes `register(subparsers)`, which adds its sub-commands and sets
-`func` on them; `func(args)` returns the exit status. Imports are lazy so that
-`metactl --help` stays fast even though some commands pull in Spark.
+`func` on them; `func(args)` returns the exit status. Start-up stays cheap (issue 34: an
+operator runs dozens of commands): `metactl COMMAND ...` imports only the modules that
+add to COMMAND (`COMMANDS`), the other commands are their --help line alone, and a
+command module imports its implementation (the protocol client, the controller's code,
+Spark) when its command runs, not to build its parser. `metactl --help` imports no
+command module. tests/ops/test_cli_imports.py holds what a parse may load.
 
 Every failure ends as one line on stderr, `error: NAME: message`, and an exit status
 from the one table below (docs/cli.md): a command raises its named error (or returns a
@@ -23,8 +27,9 @@ def _interrupted_while_starting(signum: int, frame: FrameType | None) -> None:
 
 
 # The `metactl` command (or `python -m ops.cli`): a Ctrl-C before `main` guards it, while
-# the imports below run (about 0.1 s, most of it structlog's), ends it with 130 and no
-# traceback too. `main` puts Python's own handler back. An ignored SIGINT stays ignored.
+# the imports below run (a few ms: structlog loads once the command is parsed), ends it
+# with 130 and no traceback too. `main` puts Python's own handler back. An ignored
+# SIGINT stays ignored.
 if (__name__ == "__main__" or os.path.basename(sys.argv[0]) == "metactl") and (
     signal.getsignal(signal.SIGINT) is signal.default_int_handler
 ):
@@ -117,7 +122,7 @@ def examples(*lines: str) -> str:
 HELP_FORMAT: Final = argparse.RawDescriptionHelpFormatter
 
 # Modules that contribute sub-commands, in the order they appear in --help.
-COMMAND_MODULES = (
+COMMAND_MODULES: tuple[str, ...] = (
     "ops.log_cmds",
     "ops.export_cmds",  # adds `log export` to the `log` group, so it comes after ops.log_cmds
     "ops.scenario_cmds",
@@ -139,10 +144,91 @@ COMMAND_MODULES = (
     "ops.simulate_cmds",
     "ops.data_cmds",
     "ops.chaos_cmds",
+    "ops.plan_cmds",
 )
 
+# The top-level commands, in --help's order: each one's help line, as its module gives it
+# (tests/ops/test_cli_imports.py checks that they agree), and the modules that add to it,
+# the one that creates it first. `metactl COMMAND` imports these modules only; the other
+# commands are parsers with their help line alone, which nothing parses with.
+COMMANDS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
+    "log": ("inspect the durable metadata log", ("ops.log_cmds", "ops.export_cmds")),
+    "scenario": ("run what-if scenarios on the real controller core", ("ops.scenario_cmds",)),
+    "controller": (
+        "run the controller service, or bring one of `cluster up` back",
+        ("ops.controller_cmds",),
+    ),
+    "broker": ("run a stub broker, or bring one of `cluster up` back", ("ops.broker_cmds",)),
+    "describe": ("topics and partitions, like kafka-topics --describe", ("ops.describe_cmds",)),
+    "brokers": (
+        "registered brokers and their state",
+        ("ops.describe_cmds", "ops.lifecycle_cmds"),
+    ),
+    "topics": ("topic administration", ("ops.admin_cmds", "ops.lifecycle_cmds")),
+    "elect": ("leader elections, like kafka-leader-election.sh", ("ops.admin_cmds",)),
+    "configs": ("describe and alter dynamic configs, like kafka-configs.sh", ("ops.configs_cmds",)),
+    "features": (
+        "describe and change feature levels, like kafka-features.sh",
+        ("ops.features_cmds",),
+    ),
+    "reassign": (
+        "move partitions' replicas, like kafka-reassign-partitions.sh",
+        ("ops.reassign_cmds",),
+    ),
+    "events": (
+        "the committed log as one readable line per event (fences, leaders, recoveries)",
+        ("ops.events_cmds",),
+    ),
+    "cluster": ("local clusters", ("ops.cluster_cmds",)),
+    "certs": ("the cluster's certificate authority and certificates", ("ops.certs_cmds",)),
+    "storage": (
+        "format a data directory, or show its identity (as kafka-storage)",
+        ("ops.storage_cmds",),
+    ),
+    "quorum": ("the controller quorum, like kafka-metadata-quorum", ("ops.quorum_cmds",)),
+    "audit": ("Spark audits of the election history in metadata logs", ("ops.audit_cmds",)),
+    "simulate": ("simulate long cluster histories into a metadata log", ("ops.simulate_cmds",)),
+    "produce": (
+        "produce records to a topic and log every acknowledged batch",
+        ("ops.data_cmds",),
+    ),
+    "consume": ("read the committed records of a topic from the leaders", ("ops.data_cmds",)),
+    "chaos": ("fault injection with real processes", ("ops.chaos_cmds",)),
+    "plan": ("pre-flight: what a broker's restart or a roll would do", ("ops.plan_cmds",)),
+}
 
-def build_parser() -> argparse.ArgumentParser:
+
+def command_of(argv: Sequence[str]) -> str | None:
+    """The command `argv` runs, if it names one of `COMMANDS`: its first argument that is
+    no option (after `--`, the one after it). The top-level options take no value, so
+    this is the argument argparse hands to the command's parser; when it is something
+    else, argparse reports an error with the top-level parser, the same in every build."""
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            after = argv[i + 1] if i + 1 < len(argv) else None
+            return after if after in COMMANDS else None
+        if not arg.startswith("-"):
+            return arg if arg in COMMANDS else None
+    return None
+
+
+def modules_for(command: str) -> tuple[str, ...]:
+    """The modules `metactl COMMAND` imports, in `COMMAND_MODULES` order: those that add to
+    it, and the ones that create every other group these add to (`ops.lifecycle_cmds`
+    extends `topics` and `brokers`: `brokers` needs `ops.admin_cmds` too)."""
+    wanted = set(COMMANDS[command][1])
+    while True:
+        creators = {modules[0] for _, modules in COMMANDS.values() if wanted.intersection(modules)}
+        if creators <= wanted:
+            return tuple(m for m in COMMAND_MODULES if m in wanted)
+        wanted |= creators
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every command; or, given `argv`, the one `main` parses it with: the
+    command `argv` names in full (`command_of`, `modules_for`) and every other command its
+    --help line only. Same top-level help and errors, same parser for that command's
+    arguments, without importing the other commands' modules (`metactl --help`: none)."""
     parser = argparse.ArgumentParser(
         prog="metactl",
         description="metactl: a KIP-966 controller metadata service and its tools",
@@ -157,14 +243,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"metactl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    chosen = COMMAND_MODULES
+    if argv is not None:
+        command = command_of(argv)
+        chosen = () if command is None else modules_for(command)
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:
-                continue  # a command module not written yet
-            raise
-        module.register(sub)
+        if name in chosen:
+            try:
+                module = importlib.import_module(name)
+            except ModuleNotFoundError as exc:
+                if exc.name == name:
+                    continue  # a command module not written yet
+                raise
+            module.register(sub)
+        elif argv is not None:
+            for cmd, (help_text, modules) in COMMANDS.items():
+                if modules[0] == name and cmd not in sub.choices:
+                    sub.add_parser(cmd, help=help_text)  # its line in --help, and a choice
     _mark_usage(parser)
     return parser
 
@@ -200,13 +295,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
             # From here on, Ctrl-C is a KeyboardInterrupt, caught below.
             signal.signal(signal.SIGINT, signal.default_int_handler)
-        # The CLI prints its own results; library logs go to stderr, readable, warnings up.
-        configure_logs(json=False, level=logging.WARNING)
-        habit = kafka_habit(sys.argv[1:] if argv is None else argv)
+        given = sys.argv[1:] if argv is None else argv
+        habit = kafka_habit(given)
         if habit is not None:
             print(error_line(habit), file=sys.stderr, flush=True)
             return EXIT_USAGE
-        parser = build_parser()
+        parser = build_parser(given)
         args, extra = parser.parse_known_args(argv)
         if extra:
             # argparse would report these with the top-level usage: the sub-command's
@@ -219,6 +313,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             chosen = getattr(args, "help_parser", parser)
             chosen.print_help(sys.stderr)
             return EXIT_USAGE
+        # The CLI prints its own results; library logs go to stderr, readable, warnings up
+        # (configured once parsed: --help and usage errors never load structlog).
+        configure_logs(json=False, level=logging.WARNING)
         if hasattr(args, "etcd_cacert"):  # --etcd-cacert/--etcd-cert/--etcd-key
             from metadata_log.etcd.tls import etcd_tls_from
 

@@ -17,28 +17,31 @@ gives the `Security` of a client command, acting as `--principal` (`admin` by de
 `./data/certs`. A server must prove it is `controller` (or `broker-<id>` for the broker
 a data-plane request goes to).
 
-This module reads flags only; sending is `clients.controller`'s.
+This module reads flags only; sending is `clients.controller`'s, imported when a
+command reads its flags (`security_from`), not to build its parser (issue 34).
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from clients.controller import Security
 from metactl.errors import (
     InvalidConfigurationError,
     MetactlError,
 )
 from metactl.numbers import decimal_arg
 from metadata_log.etcd.tls import add_etcd_tls_arguments
-from protocol.address import parse_address
-from protocol.client import DEFAULT_TIMEOUT_S
-from protocol.flags import CLI_FALLBACK_TLS_DIR, add_tls_arguments, tls_identity
-from protocol.tls import ADMIN
+from protocol.flags import add_tls_arguments
+
+if TYPE_CHECKING:
+    from clients.controller import Security
 
 # Where `cluster up` (and `make run`) listens.
 DEFAULT_CONTROLLER: Final = "127.0.0.1:9093"
+# `protocol.client.DEFAULT_TIMEOUT_S`, the client's own default, copied here for --help
+# without importing the client (tests/ops/test_cli_imports.py checks that they agree).
+DEFAULT_TIMEOUT_S: Final = 30.0
 
 
 def add_controller_arguments(
@@ -85,6 +88,8 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
 
 def controller_address(args: Any) -> str:
     """The command's controller address(es), checked: INVALID_CONFIG names a bad one."""
+    from protocol.address import parse_address
+
     text: str = getattr(args, "controller", None) or DEFAULT_CONTROLLER
     addresses = [a.strip() for a in text.split(",")]
     for a in addresses:
@@ -108,6 +113,10 @@ def security_from(args: Any) -> Security:
     """A client command's `Security` from its `add_tls_arguments(client=True)` flags;
     InvalidConfigurationError (saying what to do) when TLS is on and no certificate is
     found, or a file is missing."""
+    from clients.controller import Security
+    from protocol.flags import CLI_FALLBACK_TLS_DIR, tls_identity
+    from protocol.tls import ADMIN
+
     identity = tls_identity(
         args, getattr(args, "principal", ADMIN), fallbacks=[CLI_FALLBACK_TLS_DIR]
     )

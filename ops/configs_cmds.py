@@ -10,31 +10,29 @@ value does not change) is the controller's to decide. This command reports it: h
 topics' ELR state the change cleared.
 
 This module owns the command's arguments, the parsing of `--add-config` and
-`--delete-config`, and the output; it decides nothing and writes nothing itself.
+`--delete-config`, and the output; it decides nothing and writes nothing itself. The
+client and the messages are imported when the command runs, not to build its parser
+(issue 34).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from clients.admin import pages
-from clients.controller import ask
 from metactl.errors import InvalidConfigurationError, MetactlError
-from metadata_log.records import BROKER_RESOURCE, TOPIC_RESOURCE
 from ops.cli import EXIT_OK, HELP_FORMAT, examples
 from ops.client import add_controller_arguments, controller_address, security_from
-from ops.lifecycle_cmds import plain
-from protocol.client import RpcClient
-from protocol.messages.admin import (
-    AlterConfigs,
-    AlterConfigsResponse,
-    DescribeClusterRequest,
-    DescribeConfigsRequest,
-    DescribeConfigsResponse,
-)
+
+if TYPE_CHECKING:
+    from protocol.client import RpcClient
+    from protocol.messages.admin import AlterConfigsResponse, DescribeConfigsResponse
+
+# `metadata_log.records`' resource types, copied: that module loads every record type
+# (tests/ops/test_cli_imports.py checks that they agree).
+TOPIC_RESOURCE: Final = "topic"
+BROKER_RESOURCE: Final = "broker"  # with an empty name: the cluster default
 
 # kafka-configs' entity types -> the resource types of the wire requests.
 ENTITY_TYPES: Final = {"topics": TOPIC_RESOURCE, "brokers": BROKER_RESOURCE}
@@ -206,6 +204,11 @@ def cmd_configs(args: argparse.Namespace) -> int:
     both = sorted(set(to_set) & set(to_delete))
     if both:
         raise InvalidConfigurationError(f"{', '.join(both)}: both added and deleted")
+    import asyncio
+
+    from clients.controller import ask
+    from protocol.messages.admin import AlterConfigs, AlterConfigsResponse
+
     kind, name = target
     body = AlterConfigs(
         resource_type=kind, resource_name=name, set_configs=to_set, delete_configs=to_delete
@@ -230,6 +233,9 @@ def cmd_configs(args: argparse.Namespace) -> int:
 async def _describe_one(
     client: RpcClient, kind: str, name: str, timeout_s: float
 ) -> DescribeConfigsResponse:
+    from clients.controller import ask
+    from protocol.messages.admin import DescribeConfigsRequest, DescribeConfigsResponse
+
     r = await ask(client, DescribeConfigsRequest(resource_type=kind, resource_name=name), timeout_s)
     if not isinstance(r, DescribeConfigsResponse):
         raise MetactlError(f"unexpected answer {type(r).__name__} from {client.address}")
@@ -238,6 +244,9 @@ async def _describe_one(
 
 async def _topic_names(client: RpcClient, timeout_s: float) -> list[str]:
     """Every topic's name, in name order (a topic that spans pages is listed once)."""
+    from clients.admin import pages
+    from protocol.messages.admin import DescribeClusterRequest
+
     names: list[str] = []
     async for page in pages(client, DescribeClusterRequest(broker_limit=0), timeout_s=timeout_s):
         for t in page.topics:
@@ -247,6 +256,10 @@ async def _topic_names(client: RpcClient, timeout_s: float) -> list[str]:
 
 
 def describe(args: argparse.Namespace, target: tuple[str, str] | None) -> int:
+    import asyncio
+
+    from ops.lifecycle_cmds import plain
+
     address = controller_address(args)
     security = security_from(args)
 

@@ -22,28 +22,26 @@ must prove it is `controller`, and each leader `broker-<id>`, the id DescribeClu
 names.
 
 This module parses, calls and prints: producing and reading are `clients.producer` and
-`clients.consumer`'s, and what a broker answers is `brokers_stub.produce`'s business.
+`clients.consumer`'s (imported when a command runs, not to build its parser: issue 34),
+and what a broker answers is `brokers_stub.produce`'s business.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Final
 
-from clients.consumer import consume, digest, missing_records, ranges, read_acked_log
-from clients.data import DATA_RETRY
-from clients.producer import produce
 from metactl.errors import InvalidConfigurationError, MetactlError
 from metactl.numbers import decimal_arg, int_arg, long_arg
 from ops.cli import EXIT_OK, HELP_FORMAT, examples
 from ops.client import add_controller_arguments, controller_address, security_from
-from protocol.messages.data import ACKS_ALL, ACKS_LEADER, ReadLogResponse
 
 EXIT_INCOMPLETE: Final = 3  # the commands' own verdict (docs/cli.md)
+# `clients.data.DATA_RETRY.attempts - 1`, copied for --help: the clients load the protocol
+# client (tests/ops/test_cli_imports.py checks that they agree).
+DEFAULT_RETRIES: Final = 11
 
 
 def register(sub: Any) -> None:
@@ -86,9 +84,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--retries",
         type=int_arg,
-        default=DATA_RETRY.attempts - 1,
-        help="retries of a batch refused with a retriable error "
-        f"(default {DATA_RETRY.attempts - 1})",
+        default=DEFAULT_RETRIES,
+        help=f"retries of a batch refused with a retriable error (default {DEFAULT_RETRIES})",
     )
     p.add_argument("--acked-log", type=Path, required=True, help="JSON lines, appended")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -138,6 +135,13 @@ def cmd_produce(args: argparse.Namespace) -> int:
         raise InvalidConfigurationError("--retries must be >= 0")
     if args.timeout_ms is not None and args.timeout_ms < 0:
         raise InvalidConfigurationError("--timeout-ms must be >= 0")
+    import asyncio
+    import dataclasses
+
+    from clients.data import DATA_RETRY
+    from clients.producer import produce
+    from protocol.messages.data import ACKS_ALL, ACKS_LEADER
+
     acks = ACKS_ALL if args.acks in ("all", "-1") else ACKS_LEADER
     controller = controller_address(args)
     security = security_from(args)
@@ -166,6 +170,11 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from clients.consumer import consume, digest, missing_records, ranges, read_acked_log
+    from protocol.messages.data import ReadLogResponse
+
     acked = read_acked_log(args.check_acked, args.topic) if args.check_acked else None
     controller = controller_address(args)
     security = security_from(args)

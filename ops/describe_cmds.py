@@ -19,53 +19,48 @@ lines, without topic lines, as Kafka does. `brokers` prints FENCED as yes/no and
 fenced broker, why (e.g. its session expired).
 
 This module owns the two commands' arguments, paging loop and output; it decides nothing
-about the cluster and writes nothing to it.
+about the cluster and writes nothing to it. The protocol client, the messages and the
+offline replay are imported when a command runs, not to build its parser (issue 34).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-import msgspec
-
-from clients.admin import pages
-from controller.runtime.describe import (
-    PAGE_ITEMS,
-    RECOVERIES_WITHIN_MS,
-    DescribeNotes,
-    broker_description,
-    iter_brokers,
-    iter_partitions,
-    partition_state,
-    topic_description,
-)
-from eventfeed.lines import fence_reason_text
 from metactl.errors import (
     InvalidConfigurationError,
     UnknownTopicOrPartitionError,
 )
 from metactl.numbers import int_arg
-from metadata_image.image import ClusterImage
-from metadata_image.transactions import EffectiveEntries, LogReplay, replay_log
-from metadata_log.batch_format import LogEntry
-from metadata_log.records import NO_LEADER
 from ops.cli import HELP_FORMAT, examples
 from ops.client import add_source_arguments, controller_address, security_from
-from ops.paths import open_log
-from ops.times import parse_duration_ms
-from protocol.messages.admin import (
-    BrokerDescription,
-    DescribeClusterRequest,
-    PartitionState,
-    RecoverySummary,
-    TopicDescription,
-)
+
+if TYPE_CHECKING:
+    import msgspec
+
+    from controller.runtime.describe import DescribeNotes
+    from metadata_image.image import ClusterImage
+    from protocol.messages.admin import (
+        BrokerDescription,
+        DescribeClusterRequest,
+        PartitionState,
+        RecoverySummary,
+        TopicDescription,
+    )
+
+# Copies of `controller.runtime.describe.PAGE_ITEMS` (the controller's page cap) and
+# `RECOVERIES_WITHIN_MS` (its default age of a recovery shown) and of
+# `metadata_log.records.NO_LEADER`, for the parser and the online output: their modules
+# load the controller's code and every record type (tests/ops/test_cli_imports.py checks
+# that they agree).
+PAGE_ITEMS: Final = 2000
+RECOVERIES_WITHIN_MS: Final = 24 * 3600 * 1000
+NO_LEADER: Final = -1
 
 PAGING = (
     "Answers come in pages of at most --page-size items (the controller caps a page at "
@@ -182,7 +177,9 @@ def _page_size_arg(p: argparse.ArgumentParser) -> None:
 
 def _full(obj: msgspec.Struct) -> dict[str, Any]:
     """Every field, defaults included (the wire form omits them), without tag or version."""
-    return {f: msgspec.to_builtins(getattr(obj, f)) for f in obj.__struct_fields__ if f != "v"}
+    from msgspec import to_builtins
+
+    return {f: to_builtins(getattr(obj, f)) for f in obj.__struct_fields__ if f != "v"}
 
 
 def _ids(xs: Iterable[int]) -> str:
@@ -260,6 +257,8 @@ def broker_state(b: BrokerDescription) -> str:
     if not b.fenced:
         return "active"
     if b.fenced_reason:
+        from eventfeed.lines import fence_reason_text
+
         return f"fenced: {fence_reason_text(b.fenced_reason)}"
     return "fenced"
 
@@ -358,6 +357,8 @@ class _Printer:
 
 
 async def _online(args: argparse.Namespace, request: DescribeClusterRequest, out: _Printer) -> None:
+    from clients.admin import pages
+
     address = controller_address(args)
     security = security_from(args)
     async with security.controller_client(address) as client:
@@ -376,7 +377,11 @@ async def offline_view(data_dir: str | Path) -> tuple[ClusterImage, int, Describ
     controller's own), its end offset, and the notes its records after the newest
     snapshot give (recoveries with their commit times, fence reasons). A transaction
     counts once its end marker is read, an aborted one never."""
-    from controller.runtime.loading import snapshot_image  # offline only: not at start-up
+    from controller.runtime.describe import DescribeNotes
+    from controller.runtime.loading import snapshot_image
+    from metadata_image.transactions import EffectiveEntries, LogReplay, replay_log
+    from metadata_log.batch_format import LogEntry
+    from ops.paths import open_log
 
     notes = DescribeNotes()
     async with await open_log(data_dir) as store:
@@ -391,6 +396,14 @@ async def offline_view(data_dir: str | Path) -> tuple[ClusterImage, int, Describ
 
 async def _offline(args: argparse.Namespace, within_ms: int, out: _Printer) -> None:
     import time
+
+    from controller.runtime.describe import (
+        broker_description,
+        iter_brokers,
+        iter_partitions,
+        partition_state,
+        topic_description,
+    )
 
     image, end, notes = await offline_view(args.data_dir)
     now = int(time.time() * 1000)
@@ -422,6 +435,8 @@ def _run(
 ) -> int:
     if args.page_size < 1:
         raise InvalidConfigurationError(f"--page-size must be at least 1, got {args.page_size}")
+    import asyncio
+
     try:
         if args.data_dir is not None:
             asyncio.run(_offline(args, within_ms, out))
@@ -438,6 +453,9 @@ def _run(
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
+    from ops.times import parse_duration_ms
+    from protocol.messages.admin import DescribeClusterRequest
+
     within_ms = parse_duration_ms(args.recent_recoveries, "--recent-recoveries")
     request = DescribeClusterRequest(
         v=2,
@@ -451,6 +469,8 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
 
 def cmd_brokers(args: argparse.Namespace) -> int:
+    from protocol.messages.admin import DescribeClusterRequest
+
     request = DescribeClusterRequest(v=2, partition_limit=0, broker_limit=args.page_size)
     out = _Printer("brokers", args.json, header=BROKERS_HEADER)
     return _run(args, request, out, 0)

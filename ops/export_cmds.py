@@ -70,9 +70,23 @@ DATA_DIR_HELP = (
 )
 
 
+# The packages of the `audit` extra (pyproject.toml) that `log export` writes Parquet with:
+# `make run` does not install them (issue 34).
+EXPORT_PACKAGES = frozenset({"pyarrow", "numpy", "pandas"})
+
+
 def _export(args: argparse.Namespace) -> int:
-    from audit.export import export_parquet
     from metactl.errors import InvalidConfigurationError
+
+    try:
+        from audit.export import export_parquet
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in EXPORT_PACKAGES:
+            raise
+        raise InvalidConfigurationError(
+            f"log export writes Parquet with the audits' packages, and {exc.name} is not "
+            "installed: run `make audit` (or `pip install -e '.[audit]'`)"
+        ) from None
 
     given = _split(args.data_dir)
     if not given:

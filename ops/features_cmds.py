@@ -9,30 +9,28 @@ current ISRs) and what it refuses (an "upgrade" that lowers, an unknown feature 
 is the controller's to decide. A new cluster's level is seeded by the controller's start
 flag `--eligible-leader-replicas`; after that, only this command changes it.
 
-This module owns the command's arguments and output; it decides nothing itself.
+This module owns the command's arguments and output; it decides nothing itself. The
+client and the messages are imported when a command runs, not to build its parser
+(issue 34).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
-from clients.controller import ask
 from metactl.errors import InvalidConfigurationError, MetactlError
 from metactl.numbers import NumberFormatError, kafka_int
-from metadata_log.records import ELR_FEATURE
 from ops.cli import EXIT_OK, HELP_FORMAT, examples
 from ops.client import add_controller_arguments, controller_address, security_from
-from ops.lifecycle_cmds import plain
-from protocol.messages.admin import (
-    DescribeFeaturesRequest,
-    DescribeFeaturesResponse,
-    UpdateFeature,
-    UpdateFeatureResponse,
-)
-from protocol.messages.unions import Message
+
+if TYPE_CHECKING:
+    from protocol.messages.unions import Message
+
+# `metadata_log.records.ELR_FEATURE`, copied for --help: that module loads every record
+# type (tests/ops/test_cli_imports.py checks that they agree).
+ELR_FEATURE: Final = "eligible.leader.replicas.version"
 
 
 def register(sub: Any) -> None:
@@ -107,6 +105,10 @@ def features(items: list[str]) -> list[tuple[str, int]]:
 def _run(args: argparse.Namespace, bodies: list[Message], each: Any) -> None:
     """Send `bodies` in order over one connection, `each(answer)` as each comes; the
     first refusal stops the rest (main prints it)."""
+    import asyncio
+
+    from clients.controller import ask
+
     address = controller_address(args)
     security = security_from(args)
 
@@ -120,6 +122,9 @@ def _run(args: argparse.Namespace, bodies: list[Message], each: Any) -> None:
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
+    from ops.lifecycle_cmds import plain
+    from protocol.messages.admin import DescribeFeaturesRequest, DescribeFeaturesResponse
+
     def show(r: Message) -> None:
         if not isinstance(r, DescribeFeaturesResponse):
             raise MetactlError(f"unexpected answer {type(r).__name__}")
@@ -142,6 +147,8 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
 
 def cmd_update(args: argparse.Namespace) -> int:
+    from protocol.messages.admin import UpdateFeature, UpdateFeatureResponse
+
     bodies: list[Message] = [
         UpdateFeature(name=name, level=level, upgrade_type=args.upgrade_type)
         for name, level in features(args.feature)

@@ -15,33 +15,24 @@ per-item reporting that `ops.reassign_cmds` shares.
 
 It only formats and calls: the controller decides (who may be deleted, unregistered or
 grown, and where new partitions go) and writes the records; nothing here reads the log.
+The client and the messages are imported when a command runs, not to build its parser
+(issue 34).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import msgspec
-
-from clients.controller import ask
 from metactl.errors import InvalidConfigurationError, MetactlError, error_for_code
 from metactl.numbers import int_arg
 from ops.cli import EXIT_OK, HELP_FORMAT, error_line, examples, exit_status
 from ops.client import add_controller_arguments, controller_address, security_from
-from protocol.messages.admin import (
-    CreatePartitions,
-    CreatePartitionsRequest,
-    CreatePartitionsResponse,
-    DeleteTopicsRequest,
-    DeleteTopicsResponse,
-    UnregisterBroker,
-)
-from protocol.messages.internal import Ack
-from protocol.messages.unions import Message
+
+if TYPE_CHECKING:
+    from protocol.messages.unions import Message
 
 UNKNOWN_TOPIC = "UNKNOWN_TOPIC_OR_PARTITION"
 
@@ -191,7 +182,9 @@ def plain(obj: Any) -> Any:
     """`obj` as JSON-ready builtins with every field, defaults included: the wire omits
     defaults, but a script reading a command's --json should always find each key. The
     wire's version field `v` is left out."""
-    if isinstance(obj, msgspec.Struct):
+    from msgspec import Struct
+
+    if isinstance(obj, Struct):
         return {name: plain(getattr(obj, name)) for name in obj.__struct_fields__ if name != "v"}
     if isinstance(obj, list | tuple):
         return [plain(x) for x in obj]
@@ -200,6 +193,10 @@ def plain(obj: Any) -> Any:
 
 def request(args: argparse.Namespace, body: Message) -> Message:
     """One request to the command's controller, with its security and timeout."""
+    import asyncio
+
+    from clients.controller import ask
+
     address = controller_address(args)
     security = security_from(args)
 
@@ -226,6 +223,8 @@ def topic_names(text: str) -> list[str]:
 
 
 def cmd_topics_delete(args: argparse.Namespace) -> int:
+    from protocol.messages.admin import DeleteTopicsRequest, DeleteTopicsResponse
+
     names = topic_names(args.topic)
     r = request(args, DeleteTopicsRequest(topics=names))
     if not isinstance(r, DeleteTopicsResponse):
@@ -246,6 +245,11 @@ def cmd_topics_delete(args: argparse.Namespace) -> int:
 
 def cmd_topics_alter(args: argparse.Namespace) -> int:
     from ops.admin_cmds import _assignments
+    from protocol.messages.admin import (
+        CreatePartitions,
+        CreatePartitionsRequest,
+        CreatePartitionsResponse,
+    )
 
     spec = CreatePartitions(
         topic=args.topic,
@@ -276,6 +280,9 @@ def cmd_brokers_unregister(args: argparse.Namespace) -> int:
         raise InvalidConfigurationError(
             "brokers unregister asks the controller: --data-dir is for listing brokers offline"
         )
+    from protocol.messages.admin import UnregisterBroker
+    from protocol.messages.internal import Ack
+
     r = request(args, UnregisterBroker(broker_id=args.broker_id))
     if not isinstance(r, Ack):
         raise unexpected(r, args)

@@ -6,21 +6,20 @@ printed, never interpreted (`metactl events` interprets). `--data-dir` is a clus
 directory (`./data`) or the controller's (`./data/controller`), or the log file itself.
 Errors are printed as ``error: CODE: message`` on stderr with the exit status of the
 one table (ops/cli.py, docs/cli.md), never as a traceback; Ctrl-C exits 130.
+
+This module owns the commands' arguments and what they do; their lines are
+`ops.log_lines`', imported with the log's reader when a command runs, not to build its
+parser (issue 34).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import logging
 import sys
 from collections.abc import Callable, Coroutine
-from typing import Any, TextIO
+from typing import Any
 
-import msgspec
-
-from eventfeed.feed import iso_ms
 from metactl.errors import (
     CorruptLogError,
     InvalidRequestError,
@@ -28,11 +27,8 @@ from metactl.errors import (
 )
 from metactl.logs import configure
 from metactl.numbers import long_arg
-from metadata_log.batch_format import LogEntry
 from metadata_log.etcd.tls import add_etcd_tls_arguments
-from metadata_log.records import RECORD_TYPES, record_type, to_builtins
 from ops.cli import EXIT_OK, EXIT_REFUSED, HELP_FORMAT, examples
-from ops.paths import open_log
 
 EXIT_ERROR = EXIT_REFUSED  # a damaged log (`verify`)
 
@@ -167,66 +163,15 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-# --- formatting ------------------------------------------------------------------------------
-
-
-def format_entry(entry: LogEntry, *, as_json: bool) -> str:
-    """One line for an entry: compact text, or JSON with offset, timestamp_ms and crc."""
-    if as_json:
-        row: dict[str, object] = {
-            "offset": entry.offset,
-            "timestamp_ms": entry.timestamp_ms,
-            "crc": entry.crc,
-        }
-        row.update(to_builtins(entry.record))
-        return json.dumps(row, separators=(",", ":"))
-    stamp = iso_ms(entry.timestamp_ms)
-    # to_builtins of the struct itself omits defaults: only the fields that say something.
-    fields = msgspec.to_builtins(entry.record)
-    fields.pop("type", None)
-    text = " ".join(f"{key}={_compact(value)}" for key, value in fields.items())
-    return f"{entry.offset:>8}  {stamp}  {record_type(entry.record):<24}  {text}".rstrip()
-
-
-def _compact(value: object) -> str:
-    if isinstance(value, str) and value and not any(c.isspace() or c in "=\"'" for c in value):
-        return value
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
-def _type_filter(types: list[str] | None) -> frozenset[str] | None:
-    if not types:
-        return None
-    by_name = {name.lower(): name for name in RECORD_TYPES}
-    by_name.update({f"{name.lower()}record": name for name in RECORD_TYPES})
-    chosen = set()
-    for item in types:
-        for name in filter(None, (part.strip() for part in item.split(","))):
-            if name.lower() not in by_name:
-                known = ", ".join(sorted(RECORD_TYPES))
-                raise InvalidRequestError(f"unknown record type {name!r} (known: {known})")
-            chosen.add(by_name[name.lower()])
-    return frozenset(chosen)
-
-
-def _print_entries(
-    entries: list[LogEntry], types: frozenset[str] | None, as_json: bool, out: TextIO
-) -> None:
-    lines = [
-        format_entry(e, as_json=as_json)
-        for e in entries
-        if types is None or record_type(e.record) in types
-    ]
-    if lines:
-        out.write("\n".join(lines) + "\n")
-
-
 # --- commands --------------------------------------------------------------------------------
 
 
 def _dump(args: argparse.Namespace) -> int:
+    from ops.log_lines import print_entries, type_filter
+    from ops.paths import open_log
+
     async def run() -> int:
-        types = _type_filter(args.types)
+        types = type_filter(args.types)
         async with await open_log(args.data_dir) as store:
             first = store.start_offset if args.from_offset is None else args.from_offset
             end = store.end_offset
@@ -238,13 +183,15 @@ def _dump(args: argparse.Namespace) -> int:
             if last < first:
                 raise InvalidRequestError(f"--to {last} is before --from {first}")
             async for chunk in store.iter_chunks(first, last):
-                _print_entries(chunk, types, args.json, sys.stdout)
+                print_entries(chunk, types, args.json, sys.stdout)
         return EXIT_OK
 
     return run_command(run)
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from ops.paths import open_log
+
     async def run() -> int:
         async with await open_log(args.data_dir, verify_tail=False) as store:
             try:
@@ -268,14 +215,17 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _tail(args: argparse.Namespace) -> int:
+    from ops.log_lines import print_entries, type_filter
+    from ops.paths import open_log
+
     async def run() -> int:
-        types = _type_filter(args.types)
+        types = type_filter(args.types)
         async with await open_log(args.data_dir) as store:
             position = store.end_offset if args.from_offset is None else args.from_offset
             while True:
                 entries = await store.read(position, 1000)
                 if entries:
-                    _print_entries(entries, types, args.json, sys.stdout)
+                    print_entries(entries, types, args.json, sys.stdout)
                     sys.stdout.flush()
                     position = entries[-1].offset + 1
                 else:
@@ -287,6 +237,7 @@ def _tail(args: argparse.Namespace) -> int:
 def _mirror(args: argparse.Namespace) -> int:
     async def run() -> int:
         from metadata_log.mirror import mirror_to_sqlite
+        from ops.paths import open_log
 
         async with await open_log(args.data_dir) as store:
             report = await mirror_to_sqlite(store, args.to)
@@ -303,6 +254,8 @@ def _mirror(args: argparse.Namespace) -> int:
 def run_command(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
     """Run a command's coroutine with library warnings off (the command reports problems
     itself); `ops.cli.main` turns what escapes into its line and exit status."""
+    import asyncio
+
     configure(json=False, level=logging.ERROR)
     status = asyncio.run(main())
     sys.stdout.flush()  # a reader gone (`| head`) is main's BrokenPipeError, not one at exit

@@ -38,31 +38,28 @@ one line (or `--json`).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import time
 from typing import TYPE_CHECKING, Any, Final
 
-import msgspec
-
-from clients.quorum import ASK_S, QuorumView, Summary, gather
-from eventfeed.feed import iso_ms
 from metactl.errors import InvalidConfigurationError
 from metactl.numbers import decimal_arg
-from metadata_log.backends import is_etcd_url
 from metadata_log.etcd.tls import add_etcd_tls_arguments
 from ops.cli import EXIT_OK, HELP_FORMAT, examples
 from ops.client import add_controller_arguments, controller_address, security_from
-from protocol.messages.admin import (
-    EtcdMemberState,
-)
 
 if TYPE_CHECKING:
+    from clients.quorum import QuorumView, Summary
     from metadata_log.etcd.retire import Removed
+    from protocol.messages.admin import EtcdMemberState
 
 __all__ = ["register", "removal_line"]
 
 SQLITE_TERM: Final = "none (one controller on a SQLite log: no election, so no term)"
+# `clients.quorum.ASK_S`, copied for --help: the clients load the protocol client when the
+# command runs, not to build its parser (issue 34; tests/ops/test_cli_imports.py checks
+# that they agree).
+ASK_S: Final = 5.0
 
 
 def register(sub: Any) -> None:
@@ -225,7 +222,9 @@ def as_json(s: Summary, *, replication: bool) -> dict[str, Any]:
         out["controllers_error"] = s.controllers_error
     if replication:
         e = s.etcd
-        out["etcd_members"] = [msgspec.to_builtins(m) for m in e.etcd_members] if e else []
+        from msgspec import to_builtins
+
+        out["etcd_members"] = [to_builtins(m) for m in e.etcd_members] if e else []
         if e is not None and e.etcd_error:
             out["etcd_error"] = e.etcd_error
     return out
@@ -247,6 +246,8 @@ def _age(ms: int) -> str:
 def _ago(ms: int | None) -> str:
     if not ms:
         return "-"
+    from eventfeed.feed import iso_ms
+
     return f"{iso_ms(ms)} ({_age(ms)} ago)"
 
 
@@ -357,6 +358,10 @@ def _member_line(m: EtcdMemberState) -> str:
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from clients.quorum import Summary, gather
+
     addresses = controller_address(args).split(",")
     security = security_from(args)
     views = asyncio.run(
@@ -376,6 +381,10 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
 
 def cmd_remove(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from metadata_log.backends import is_etcd_url
+
     url: str = args.data_dir
     node: str = args.node
     if not is_etcd_url(url):

@@ -24,42 +24,31 @@ Each partition succeeds or fails alone: a failure is its own `error:` line and t
 status is the first failure's. This module owns the arguments and the output; the paged
 and chunked requests are `clients.admin`'s, and the controller decides every
 reassignment (KIP-455's adding/removing replicas, when it completes, where leadership
-goes) and writes its records.
+goes) and writes its records. The client, the messages and the plan's file format are
+imported when the command runs, not to build its parser (issue 34).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from clients.admin import alter, current_replicas, ongoing
 from metactl.errors import (
     InvalidConfigurationError,
     InvalidRequestError,
     UnknownTopicOrPartitionError,
 )
-from metadata_image.state import TopicPartition
 from ops.cli import EXIT_OK, HELP_FORMAT, examples
 from ops.client import add_controller_arguments, controller_address, security_from
-from ops.lifecycle_cmds import Failures, plain
-from ops.reassign_plan import (
-    JsonPartition,
-    Status,
-    file_text,
-    read_file,
-    reassignments,
-    rollback,
-    tp_name,
-    verify,
-)
-from protocol.client import RpcClient
-from protocol.messages.admin import (
-    OngoingReassignment,
-    ReassignmentResult,
-)
+from ops.lifecycle_cmds import Failures
+
+if TYPE_CHECKING:
+    from metadata_image.state import TopicPartition
+    from ops.reassign_plan import JsonPartition
+    from protocol.client import RpcClient
+    from protocol.messages.admin import OngoingReassignment, ReassignmentResult
 
 # Partitions per AlterPartitionReassignments request: well inside any frame limit the
 # controller may be given (about 40 bytes each), and each request answers promptly.
@@ -124,6 +113,8 @@ def register(sub: Any) -> None:
 def report(results: list[ReassignmentResult], done: str) -> int:
     """Each failure's `error:` line, then `done` and the partitions that succeeded; the
     first failure's status."""
+    from ops.reassign_plan import tp_name
+
     failures = Failures()
     ok: list[str] = []
     for res in results:
@@ -153,6 +144,11 @@ def cmd_reassign(args: argparse.Namespace) -> int:
         raise InvalidConfigurationError(
             "--execute, --verify and --cancel need --reassignment-json-file FILE"
         )
+    import asyncio
+
+    from clients.admin import alter
+    from ops.reassign_plan import read_file, reassignments
+
     entries = read_file(args.reassignment_json_file, need_replicas=not args.cancel)
     address = controller_address(args)
     security = security_from(args)
@@ -170,6 +166,9 @@ def cmd_reassign(args: argparse.Namespace) -> int:
 
 
 async def execute(client: RpcClient, args: argparse.Namespace, entries: list[JsonPartition]) -> int:
+    from clients.admin import alter, current_replicas, ongoing
+    from ops.reassign_plan import file_text, reassignments, rollback, tp_name
+
     topics = {e.topic for e in entries}
     if not args.additional:
         running = await ongoing(client, None, args.timeout)
@@ -195,6 +194,9 @@ async def execute(client: RpcClient, args: argparse.Namespace, entries: list[Jso
 async def verify_mode(
     client: RpcClient, args: argparse.Namespace, entries: list[JsonPartition]
 ) -> int:
+    from clients.admin import current_replicas, ongoing
+    from ops.reassign_plan import Status, tp_name, verify
+
     topics = {e.topic for e in entries}
     # In progress first, replicas second (ops.reassign_plan.verify says why).
     moving = await ongoing(client, topics, args.timeout)
@@ -227,6 +229,8 @@ def ids(xs: list[int]) -> str:
 
 def ongoing_line(o: OngoingReassignment) -> str:
     """Kafka's --list line: the adding and removing parts only when there are any."""
+    from ops.reassign_plan import tp_name
+
     line = f"{tp_name((o.topic, o.partition))}: replicas: {ids(o.replicas)}."
     if o.adding_replicas:
         line += f" adding: {ids(o.adding_replicas)}."
@@ -236,6 +240,11 @@ def ongoing_line(o: OngoingReassignment) -> str:
 
 
 def list_mode(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from clients.admin import ongoing
+    from ops.lifecycle_cmds import plain
+
     address = controller_address(args)
     security = security_from(args)
 

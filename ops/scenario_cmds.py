@@ -2,27 +2,24 @@
 
 Exit status: 0 when every expectation holds, 1 when one fails, 2 for an invalid file;
 other failures by the one table (docs/cli.md: 4 for a missing file, 130 for Ctrl-C).
-Partition lines are `metactl describe`'s (ops.describe_cmds.partition_line).
+Partition lines are `metactl describe`'s (ops.describe_cmds.partition_line). The
+runner (the controller core, YAML) is imported when the command runs, not to build its
+parser (issue 34).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import msgspec
-
-from metadata_image.state import parse_tp
-from metadata_log.records import NO_LEADER
 from ops.cli import EXIT_OK, EXIT_REFUSED, HELP_FORMAT, examples
-from ops.describe_cmds import partition_line
-from protocol.messages.admin import PartitionState
-from simulation.scenario import run_scenario
-from simulation.scenario_format import load_scenario
-from simulation.scenario_report import PartitionReport, StepReport, Summary
+from ops.describe_cmds import NO_LEADER, partition_line
+
+if TYPE_CHECKING:
+    from protocol.messages.admin import PartitionState
+    from simulation.scenario_report import PartitionReport, StepReport, Summary
 
 
 def register(sub: Any) -> None:
@@ -76,6 +73,9 @@ def _fmt(xs: list[int] | None) -> str:
 
 def report_state(name: str, p: PartitionReport) -> PartitionState:
     """A reported partition in the wire's shape, so it prints as `describe` prints it."""
+    from metadata_image.state import parse_tp
+    from protocol.messages.admin import PartitionState
+
     topic, partition = parse_tp(name)
     return PartitionState(
         topic=topic,
@@ -125,7 +125,9 @@ def _print_human(report: StepReport) -> None:
 
 
 def _json_step(report: StepReport) -> str:
-    out = msgspec.to_builtins(report)
+    from msgspec import to_builtins
+
+    out = to_builtins(report)
     if not out.get("failures"):
         out.pop("failures", None)
     if not out.get("detail"):
@@ -134,6 +136,11 @@ def _json_step(report: StepReport) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from simulation.scenario import run_scenario
+    from simulation.scenario_format import load_scenario
+
     scenario = load_scenario(args.file)  # INVALID_SCENARIO: exit 2 (ops.cli.USAGE_CODES)
 
     def on_step(report: StepReport) -> None:
@@ -149,7 +156,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _print_summary(summary: Summary, as_json: bool) -> None:
     if as_json:
-        print(json.dumps({"summary": msgspec.to_builtins(summary)}))
+        from msgspec import to_builtins
+
+        print(json.dumps({"summary": to_builtins(summary)}))
     else:
         verdict = "all expectations hold" if summary.failed_expectations == 0 else "FAILED"
         print(

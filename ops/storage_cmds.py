@@ -16,7 +16,8 @@
 Formatting and inspecting are `localcluster.storage`'s (`format_directories` is what
 `metactl cluster up` formats with on a first start too). This module parses, calls and
 prints; the file and the checks are `metadata_log.identity`,
-`metadata_log.identity_check` and `brokers_stub.identity_check`.
+`metadata_log.identity_check` and `brokers_stub.identity_check` (imported when a command
+runs, not to build its parser: issue 34).
 """
 
 from __future__ import annotations
@@ -26,13 +27,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from localcluster.storage import format_directories, inspect
 from metadata_log.etcd.tls import (
     add_etcd_tls_arguments,
-)
-from metadata_log.identity import (
-    IDENTITY_FILE,
-    new_id,
 )
 from ops.cli import EXIT_OK, HELP_FORMAT, examples
 
@@ -139,6 +135,8 @@ def register(sub: Any) -> None:
 
 
 def cmd_format(args: argparse.Namespace) -> int:
+    from localcluster.storage import format_directories
+
     done = format_directories(
         args.data_dir,
         cluster_id=args.cluster_id,
@@ -162,11 +160,16 @@ def cmd_format(args: argparse.Namespace) -> int:
 
 
 def cmd_random_uuid(args: argparse.Namespace) -> int:
+    from metadata_log.identity import new_id
+
     print(new_id())
     return EXIT_OK
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from localcluster.storage import inspect
+    from metadata_log.identity import IDENTITY_FILE
+
     report, problem = inspect(args.data_dir, args.metadata_log)
     if args.json:
         print(json.dumps(report, sort_keys=True))

@@ -12,7 +12,6 @@ import re
 from typing import Final
 
 from metactl.errors import InvalidConfigurationError
-from simulation.history_config import parse_time_ms
 
 # ASCII digits only (`metactl.numbers`: `\d` would take "١٠m").
 _DURATION: Final = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)\s*$", re.ASCII)
@@ -38,6 +37,8 @@ def parse_since(text: str, now_ms: int, flag: str = "--since", *, epoch_ms: bool
     unless it says otherwise) or, with `epoch_ms`, epoch milliseconds; in epoch
     milliseconds (`simulation.history_config.parse_time_ms` reads the times).
     INVALID_CONFIG naming `flag` otherwise."""
+    from simulation.history_config import parse_time_ms  # not for a duration (issue 34)
+
     if _DURATION.match(text):
         return now_ms - parse_duration_ms(text, flag)
     when = text

@@ -26,6 +26,8 @@ nothing. The rules (docs/protocol.md, "Authorization"):
 | DescribeFeatures | describe_features | any known principal |
 | ListPartitionReassignments | list_reassignments | any known principal |
 | DescribeQuorum | describe_quorum | any known principal |
+| PlanRestart | plan_restart | any known principal (a read: a plan changes nothing) |
+| PlanRoll | plan_roll | any known principal |
 | Envelope | envelope | any `broker-<id>`; then its inner request as if its `principal` sent it |
 | anything else | unsupported | nobody |
 
@@ -77,6 +79,7 @@ from protocol.messages.broker_controller import (
     FetchMetadataRequest,
     RegisterBroker,
 )
+from protocol.messages.plan import PlanRestartRequest, PlanRollRequest
 from protocol.messages.unions import Message
 from protocol.tls import ADMIN, CONTROLLER, VIEWER, broker_id_of
 
@@ -104,6 +107,8 @@ OPERATIONS: Final = (
     "describe_quorum",
     "envelope",
     "unsupported",
+    "plan_restart",
+    "plan_roll",
 )
 
 # What `authorize` raises, for an `except` clause.
@@ -155,6 +160,10 @@ def operation_of(request: Message) -> str:
             return "describe_quorum"
         case Envelope():
             return "envelope"
+        case PlanRestartRequest():
+            return "plan_restart"
+        case PlanRollRequest():
+            return "plan_roll"
     return "unsupported"
 
 
@@ -195,6 +204,8 @@ def authorize(principal: str | None, request: Message) -> str:
             | DescribeFeaturesRequest()
             | ListPartitionReassignmentsRequest()
             | DescribeQuorumRequest()
+            | PlanRestartRequest()
+            | PlanRollRequest()
         ):
             if not is_known(principal):
                 raise ClusterAuthorizationFailedError(f"{who} is unknown: may not {operation}")

@@ -1,5 +1,7 @@
 """The controller's admin writes: CreateTopics, CreatePartitions, DeleteTopics,
-ElectLeaders (one partition, or preferred in bulk) and AlterPartitionReassignments.
+ElectLeaders (one partition, or preferred in bulk) and AlterPartitionReassignments; and
+the one read that costs seconds, the maintenance pre-flight's plans (PlanRestart,
+PlanRoll), made off the event loop (`AdminApis.plan`).
 
 Each is bounded before anything is submitted (`controller.runtime.request_caps`: an item
 cap, and a bound on its answer against the frame limit), charges what it creates or
@@ -23,6 +25,7 @@ from controller.core import validation
 from controller.core.config import ControllerConfig
 from controller.core.lifecycle import ElectPreferredGroup, add_up
 from controller.core.work import WORK_BUDGET, PartitionPlan
+from controller.runtime.admin_views import plan_answer
 from controller.runtime.admission import RequestAdmission
 from controller.runtime.describe import partition_state
 from controller.runtime.driver import Controller
@@ -65,6 +68,12 @@ from protocol.messages.admin import (
 )
 from protocol.messages.broker_controller import AlterPartition, PartitionView
 from protocol.messages.internal import CreateTopicResponse
+from protocol.messages.plan import (
+    PlanRestartRequest,
+    PlanRestartResponse,
+    PlanRollRequest,
+    PlanRollResponse,
+)
 
 __all__ = ["AdminApis"]
 
@@ -87,6 +96,8 @@ class AdminApis:
         self.max_frame_bytes = max_frame_bytes
         # Partitions per controller event (controller.core.work): bulk work is sliced.
         self.work_budget = work_budget
+        # One plan at a time (each is up to seconds of CPU in a thread): others wait.
+        self._planning = asyncio.Semaphore(1)
 
     async def elect(self, body: ElectLeader, peer: Peer) -> PartitionState:
         """One partition changed: one unit of the principal's mutation quota, given back
@@ -306,6 +317,22 @@ class AdminApis:
                 ]
             )
         return r
+
+    async def plan(
+        self, body: PlanRestartRequest | PlanRollRequest, now_ms: int
+    ) -> PlanRestartResponse | PlanRollResponse:
+        """A plan (`planning`) from the committed image, made in a worker thread: it steps
+        a copy of the image through the core, O(the cluster's replicas), which at 100,000
+        partitions takes seconds the event loop must not stall for (heartbeats go on
+        meanwhile). The image is immutable, so the thread shares it safely; one plan runs
+        at a time, the next waits its turn."""
+        ctl = self._controller()
+        image, rules = ctl.committed_image, ctl.rules
+        async with self._planning:
+            return await asyncio.to_thread(
+                plan_answer, image, body, rules=rules, now_ms=now_ms,
+                max_bytes=self.max_frame_bytes,
+            )  # fmt: skip
 
     async def partition_request(self, request: AlterPartition | ElectLeader) -> PartitionState:
         """Submit a request answered with one partition's committed state."""

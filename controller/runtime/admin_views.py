@@ -1,6 +1,7 @@
 """Read-only admin answers from a committed image: DescribeConfigs, DescribeFeatures and
 ListPartitionReassignments (kafka-configs --describe, kafka-features describe,
-kafka-reassign-partitions --list / --verify).
+kafka-reassign-partitions --list / --verify), and the maintenance pre-flight's plans
+(PlanRestart, PlanRoll: `plan_answer`, which `planning` makes and this bounds).
 
 Owns only the shaping of those answers, and ListPartitionReassignments' paging: partitions
 in (topic name, partition) order, a page bounded by an item count, by the encoded size of
@@ -23,6 +24,7 @@ import msgspec
 
 from controller.core.config import ControllerConfig
 from controller.core.lifecycle import SUPPORTED_FEATURES
+from controller.core.step import Rules
 from metactl.errors import FrameTooLargeError, InvalidRequestError, UnknownTopicOrPartitionError
 from metadata_image.image import ClusterImage
 from metadata_image.state import TopicPartition
@@ -38,6 +40,14 @@ from protocol.messages.admin import (
     ListPartitionReassignmentsRequest,
     ListPartitionReassignmentsResponse,
     OngoingReassignment,
+)
+from protocol.messages.plan import (
+    MAX_PLAN_LIST_ITEMS,
+    PLAN_LIST_ITEMS,
+    PlanRestartRequest,
+    PlanRestartResponse,
+    PlanRollRequest,
+    PlanRollResponse,
 )
 
 LIST_PAGE_ITEMS: Final = 2000
@@ -259,3 +269,39 @@ def _envelope_bytes(v: int, next_key: TopicPartition | None) -> int:
     cursor = None if next_key is None else DescribeCursor(topic=next_key[0], partition=next_key[1])
     empty = ListPartitionReassignmentsResponse(v=v, reassignments=[], next_cursor=cursor)
     return len(_encoder.encode(Frame(_MAX_CORRELATION_ID, empty))) + 4
+
+
+def plan_answer(
+    image: ClusterImage,
+    request: PlanRestartRequest | PlanRollRequest,
+    *,
+    rules: Rules,
+    now_ms: int,
+    max_bytes: int,
+) -> PlanRestartResponse | PlanRollResponse:
+    """A plan of `planning` from the committed `image` with the controller's `rules`:
+    each list cut to the request's `limit` (default `PLAN_LIST_ITEMS`, at most
+    `MAX_PLAN_LIST_ITEMS`), and MESSAGE_TOO_LARGE if it still outgrows `max_bytes` (a
+    smaller limit fits). Seconds of CPU for a large cluster: the service runs it off the
+    event loop (`controller.runtime.admin_apis`), on an image nobody changes."""
+    # Imported when a plan is asked: the controller starts without the planner's modules.
+    from planning.restart import plan_restart
+    from planning.roll import plan_roll
+
+    limit = PLAN_LIST_ITEMS if request.limit is None else request.limit
+    if not 0 <= limit <= MAX_PLAN_LIST_ITEMS:
+        raise InvalidRequestError(
+            f"a plan's limit must be 0 to {MAX_PLAN_LIST_ITEMS:,}, not {request.limit}"
+        )
+    answer: PlanRestartResponse | PlanRollResponse
+    if isinstance(request, PlanRestartRequest):
+        answer = plan_restart(image, request.broker_id, rules=rules, now_ms=now_ms, limit=limit)
+    else:
+        answer = plan_roll(image, rules=rules, now_ms=now_ms, limit=limit)
+    size = len(_encoder.encode(Frame(_MAX_CORRELATION_ID, answer)))
+    if size > max_bytes:
+        raise FrameTooLargeError(
+            f"the plan ({size:,} bytes with lists of up to {limit:,} partitions) exceeds the "
+            f"{max_bytes:,}-byte frame limit: ask for fewer (a smaller limit)"
+        )
+    return answer

@@ -75,6 +75,12 @@ from protocol.messages.internal import (
     ReplicaLogInfo,
     UnfenceBroker,
 )
+from protocol.messages.plan import (
+    PlanRestartRequest,
+    PlanRestartResponse,
+    PlanRollRequest,
+    PlanRollResponse,
+)
 from protocol.messages.replication import (
     ReplicaFetchRequest,
     ReplicaFetchResponse,
@@ -167,4 +173,8 @@ Message = (
     | DescribeQuorumRequest
     | DescribeQuorumResponse
     | Envelope
+    | PlanRestartRequest
+    | PlanRestartResponse
+    | PlanRollRequest
+    | PlanRollResponse
 )

@@ -49,6 +49,7 @@ from protocol.messages.broker_controller import (
     ReplicaRef,
 )
 from protocol.messages.data import ProduceRequest, ReadLogRequest
+from protocol.messages.plan import PlanRestartRequest, PlanRollRequest
 from protocol.messages.replication import ReplicaFetchRequest
 from protocol.messages.unions import Message
 from protocol.tls import MAX_BROKER_ID
@@ -162,6 +163,14 @@ RULES: list[tuple[Message, str, frozenset[str], type[Exception]]] = [
         frozenset(KNOWN),
         ClusterAuthorizationFailedError,
     ),
+    # The maintenance pre-flight: reads, like describe's.
+    (
+        PlanRestartRequest(broker_id=1),
+        "plan_restart",
+        frozenset(KNOWN),
+        ClusterAuthorizationFailedError,
+    ),
+    (PlanRollRequest(), "plan_roll", frozenset(KNOWN), ClusterAuthorizationFailedError),
     # A client's request forwarded by a broker (Kafka's Envelope): brokers only.
     (
         Envelope(principal=ADMIN_P, request=CREATE),

@@ -127,6 +127,11 @@ CASES: dict[str, Case] = {
         ("brokers", "unregister", "--id", "1", "--bootstrap-controller", BAD, *NET),
         "INVALID_CONFIG",
     ),
+    "plan restart": Case(
+        ("plan", "restart", "--broker", "1", "--bootstrap-controller", BAD, *NET),
+        "INVALID_CONFIG",
+    ),
+    "plan roll": Case(("plan", "roll", "--bootstrap-controller", BAD, *NET), "INVALID_CONFIG"),
     "topics create": Case(
         ("topics", "create", "--topic", "t", "--config", "no.such.key=1", *NET), "INVALID_CONFIG"
     ),
