@@ -28,7 +28,11 @@ loss <= 1 failover in 10; quiet (`--quiet`): failover p50 <= 0.3 s and p99 <= 1.
 after a SIGKILL, no failover in 20 etcd-leader kills.
 
 Run: python bench/ha_starved.py [--hog-per-core 4] [--kills 20] [--pauses 10]
-[--pause-s 3] [--etcd-kills 10] [--window-s 6] [--quiet]
+[--pause-s 3] [--etcd-kills 10] [--window-s 6] [--quiet] [--partitions N]
+
+`--partitions N` creates a topic of N partitions first, so that each takeover has a large
+image to take over: the heavier the takeover, the surer a heartbeat that waits behind it
+on the event loop loses the term being taken over.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from etcd_leader_loss import PacedWriter, settled
+from etcd_leader_loss import PacedWriter, etcd_leader
 from service_load import pct
 
 from metactl.errors import MetactlError
@@ -58,10 +62,14 @@ from metactl.processes import dies_with_parent
 from metadata_log.etcd.client import Etcd
 from metadata_log.etcd.lease import current_leader
 from metadata_log.etcd.target import EtcdTarget
+from protocol.client import Endpoints, FailoverPolicy, RpcClient
+from protocol.messages.admin import CreateTopic, CreateTopicsRequest, CreateTopicsResponse
 from protocol.messages.unions import Message
 from tests.e2e.ha import HaCluster, Writer
 
 REQUEST_TIMEOUT_S = 1.0
+SETTLE_BOUND_S = 180.0
+PARTITIONS_PER_TOPIC = 10_000  # the controllers' --max-partitions-per-request
 
 
 class QuickWriter(PacedWriter):
@@ -123,6 +131,19 @@ class TermWatch:
                 await self._task
 
 
+async def big_topic(c: HaCluster, partitions: int) -> None:
+    """A topic of `partitions` partitions on broker 1, so that a takeover has a large
+    image to take over (the issue's takeovers took 2.2-4.7 s)."""
+    async with RpcClient(
+        Endpoints.parse(c.bootstrap), retry=FailoverPolicy.over(Endpoints.parse(c.bootstrap))
+    ) as client:
+        for i, first in enumerate(range(0, partitions, PARTITIONS_PER_TOPIC)):
+            n = min(PARTITIONS_PER_TOPIC, partitions - first)
+            topic = CreateTopic(name=f"big-{i}", partitions=n, replication_factor=1)
+            r = await client.request(CreateTopicsRequest(topics=[topic]), timeout_s=300)
+            assert isinstance(r, CreateTopicsResponse) and r.results[0].error_code is None, r
+
+
 def hog(processes: int) -> list[subprocess.Popen[bytes]]:
     """`processes` busy Python loops at normal priority, killed with this process."""
     return [
@@ -176,6 +197,29 @@ async def etcd_leader_kill(
     return bool([t for t in watch.after(fault) if t.start < fault + window_s]), longest
 
 
+async def settled(c: HaCluster, writer: Writer, *, quiet_s: float) -> int:
+    """Until every etcd member is healthy, one leads, and the writer has been acknowledged
+    for `quiet_s` without a gap of a second; the etcd leader's index. After
+    `SETTLE_BOUND_S`, an error naming what was still missing."""
+    deadline = time.monotonic() + SETTLE_BOUND_S
+    while True:
+        unhealthy = [m.name for m in c.etcd.members if not m.healthy()]
+        leader = etcd_leader(c)
+        now = time.monotonic()
+        recent = [now - quiet_s, *(t for t in writer.acked_at if t > now - quiet_s), now]
+        steady = max(b - a for a, b in itertools.pairwise(recent)) < 1.0
+        if not unhealthy and leader is not None and steady:
+            return leader
+        if now > deadline:
+            raise TimeoutError(
+                f"not settled after {SETTLE_BOUND_S:g} s: unhealthy etcd members "
+                f"{unhealthy or 'none'}, etcd leader {leader}, last write acknowledged "
+                f"{now - max(writer.acked_at, default=0):.1f} s ago, recent failures "
+                f"{writer.failed[-3:]}"
+            )
+        await asyncio.sleep(0.2)  # polling observable state between faults
+
+
 def summary(name: str, times: list[float], goal: str) -> None:
     if not times:
         return
@@ -206,12 +250,15 @@ async def run(args: argparse.Namespace) -> None:
     cores = os.cpu_count() or 1
     hogs = 0 if args.quiet else args.hog_per_core * cores
     with tempfile.TemporaryDirectory() as d:
-        c = HaCluster(Path(d)).start()
+        # No mutation quota: the large topics are created at once (the faults do not care).
+        c = HaCluster(Path(d), controller_args=("--controller-mutation-rate", "0")).start()
         busy: list[subprocess.Popen[bytes]] = []
         try:
             await c.wait_leader()
             c.start_broker(1)
             await c.wait_until(lambda d: any(not b.fenced for b in d.brokers), "broker 1 active")
+            if args.partitions:
+                await big_topic(c, args.partitions)
             writer = QuickWriter(c.bootstrap).start()
             watch = TermWatch(c.url).start()
             await writer.acks_after(0, 5)
@@ -289,6 +336,9 @@ def main() -> None:
     ap.add_argument("--etcd-kills", type=int, default=10, help="SIGKILLs of the etcd leader")
     ap.add_argument("--window-s", type=float, default=6.0, help="after an etcd-leader kill")
     ap.add_argument("--quiet", action="store_true", help="no CPU hog")
+    ap.add_argument(
+        "--partitions", type=int, default=0, help="a topic this large first (a heavy takeover)"
+    )
     asyncio.run(run(ap.parse_args()))
 
 
