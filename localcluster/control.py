@@ -1,20 +1,24 @@
 """`cluster up`'s control socket and its record of the cluster (issue 22: bring a broker
-back; issue 33: a controller too).
+back; issue 33: a controller too; issue 34: restart a broker for a roll).
 
 `cluster up` records how it runs the cluster in ``DATA_DIR/cluster-up.json`` (its pid,
 the controllers, each controller's node id, command line, pid and addresses, Kafka's
-included, and each broker's command line, pid, metrics and Kafka addresses and log),
-and listens on the Unix socket ``DATA_DIR/cluster.sock`` (mode 0600: only its user, made
-so without a process-wide umask, `bind_private`) for one request: start broker N, or
-controller cN, again with its recorded command line (`localcluster.restarts`). `metactl
-broker start` and `metactl controller start` are the clients. What it starts is
-`cluster up`'s own child, as the first one was: supervised, reported if it dies, stopped
-in order on Ctrl-C.
+included, each broker's command line, pid, metrics and Kafka addresses and log, and the
+certificates its clients use, ``"tls_dir"``, null with --insecure), and listens on the
+Unix socket ``DATA_DIR/cluster.sock`` (mode 0600: only its user, made so without a
+process-wide umask, `bind_private`) for one request per connection: start broker N, or
+controller cN, again with its recorded command line; restart running broker N (a
+controlled shutdown, then that start); or wait for such a restart to end
+(`localcluster.restarts`). `metactl broker start`, `metactl controller start` and
+`metactl roll` are the clients. What it starts is `cluster up`'s own child, as the first
+one was: supervised, reported if it dies, stopped in order on Ctrl-C.
 
-The protocol is one JSON line each way: ``{"start_broker": N}`` or
-``{"start_controller": "cN"}``, answered by ``{"ok": true, "pid": P, "ready": "READY
-...", "log": PATH}`` or ``{"ok": false, "code": NAME, "message": ..., "details":
-[lines]}``. Decides nothing about the cluster.
+The protocol is one JSON line each way: ``{"start_broker": N}``,
+``{"start_controller": "cN"}``, ``{"restart_broker": N}`` or ``{"await_broker": N}``,
+answered by ``{"ok": true, ...}`` (a start: ``"pid": P, "ready": "READY ...", "log":
+PATH``; a restart adds ``"stopped": {...}``; a wait: ``"running"``, ``"pid"``) or
+``{"ok": false, "code": NAME, "message": ..., "details": [lines]}``. Decides nothing
+about the cluster.
 """
 
 from __future__ import annotations
@@ -159,8 +163,11 @@ def ask(data_dir: Path, request: dict[str, Any], timeout_s: float) -> dict[str, 
                 f"{path}): `make run` or `metactl cluster up --data-dir {data_dir}` starts "
                 "the whole cluster"
             ) from None
-        s.sendall(json.dumps(request).encode() + b"\n")
         try:
+            # Sent in one send(): a request is far smaller than the socket's buffer. So a
+            # Ctrl-C that sendall raises (it looks for signals after each send) comes
+            # once the request is sent too.
+            s.sendall(json.dumps(request).encode() + b"\n")
             with s.makefile("rb") as f:
                 line = f.readline()
         except KeyboardInterrupt:

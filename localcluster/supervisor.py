@@ -42,9 +42,12 @@ How it supervises (`run_cluster`):
   socket (`localcluster.control`), to start broker N or controller N again with its
   recorded command line (its ports pinned to those it first bound), as a supervised
   child like the first (`localcluster.restarts`); a controller comes back a standby.
+  `metactl roll` asks it to restart brokers one at a time (a controlled shutdown, then
+  the same start; `localcluster.roll` drives the roll).
 * **Stopping** (Ctrl-C, SIGTERM, or a failure): brokers first (their controlled
   shutdown needs a controller), then the controllers, then etcd; each gets SIGTERM, and
-  SIGKILL if it outlives the bound.
+  SIGKILL if it outlives the bound. It says what it stops, in order, and how long each
+  took, as each one ends (`localcluster.children.stop_children`).
 * **If `cluster up` itself dies** (SIGKILL), its children do not outlive it: each is
   started through util-linux's ``setpriv --pdeathsig SIGTERM``, so the kernel sends them
   SIGTERM when their parent goes (strictly, when the parent *thread* that started them
@@ -358,6 +361,7 @@ class ClusterUp:
                 "controllers": self.controllers,
                 "metrics": self.metrics,
                 "cluster_id": self.cluster_id,
+                "tls_dir": str(self.certs) if self.certs is not None else None,  # None: plain
                 "controller_processes": controllers,
                 "brokers": brokers,
             },
@@ -478,8 +482,8 @@ class ClusterUp:
     ) -> None:
         """Print deaths, run `feed` (the cluster's events in the foreground, if given),
         say who is active at each new term of a quorum (`localcluster.active`), and answer
-        `broker start` and `controller start` (`localcluster.restarts`), until `stop` is
-        set."""
+        `broker start`, `controller start` and `roll` (`localcluster.restarts`), until
+        `stop` is set."""
         tasks = [asyncio.create_task(self._watch(stop))]
         if feed is not None:
             tasks.append(asyncio.create_task(feed()))
@@ -487,11 +491,13 @@ class ClusterUp:
             name = numbered(lambda: self.controller_cmds)
             watch = ActiveWatch(lambda: self.bootstrap, self.security, name, _say)
             tasks.append(asyncio.create_task(watch.run()))
+        restarts = Restarts(self)
         try:
-            control: asyncio.AbstractServer | None = await serve(self.data, Restarts(self).answer)
+            control: asyncio.AbstractServer | None = await serve(self.data, restarts.answer)
         except OSError as exc:  # e.g. a data directory path too long for a Unix socket
             control = None
-            print(f"(metactl broker/controller start is not available: {exc})", flush=True)
+            print(f"(metactl broker/controller start and roll are not available: {exc})",
+                  flush=True)  # fmt: skip
         try:
             await stop.wait()
         finally:
@@ -499,6 +505,7 @@ class ClusterUp:
                 control.close()
                 with contextlib.suppress(OSError):
                     (self.data / CONTROL_SOCKET).unlink()
+            await restarts.close()  # no child started once the stop begins
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -514,7 +521,7 @@ class ClusterUp:
     def stop(self) -> None:
         """Every child stopped in order (`localcluster.children.stop_children`), and the
         data directory's lock released. Idempotent."""
-        stop_children(self.children)
+        stop_children(self.children, say=lambda line: print(line, flush=True))
         if self._lock is not None:
             os.close(self._lock)
             self._lock = None

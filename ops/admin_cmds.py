@@ -2,14 +2,16 @@
 
 Both follow Kafka's tools where Kafka has them. `topics create` takes topic configs as
 `--config KEY=VALUE` (`kafka-topics.sh --create --config min.insync.replicas=2`);
-`--min-isr` and `--unclean-recovery-strategy` stay as aliases. `elect` takes
+`--min-isr` and `--unclean-recovery-strategy` stay as aliases; `--if-not-exists` makes an
+existing topic a success (kafka-topics.sh's). `elect` takes
 `kafka-leader-election.sh`'s options: `--election-type PREFERRED|UNCLEAN`, one partition
 (`--topic T --partition N`, or `--partition T-N`), `--all-topic-partitions`, or
 `--path-to-json-file` ({"partitions": [{"topic": "t", "partition": 0}]}). A partition
 that needs no election (already led by its preferred replica, or led at all for an
 unclean one) is success, with a line saying so, as in Kafka; an election that fails is
 one `error:` line for that partition, and the command's status is the table's
-(docs/cli.md) for the first failure.
+(docs/cli.md) for the first failure. `--all-topic-partitions` ends with a count, or with
+"no elections needed" when every partition is led by its preferred replica.
 
 Changes always go through the controller: this module decides nothing and writes
 nothing itself. The client and the messages are imported when a command runs, not to
@@ -29,6 +31,7 @@ from metactl.errors import (
     MetactlError,
     NetworkError,
     RequestTimedOutError,
+    TopicAlreadyExistsError,
     error_for_code,
 )
 from metactl.numbers import NumberFormatError, int_arg, kafka_int
@@ -48,9 +51,13 @@ TOPIC_CONFIGS: Final = (MIN_ISR, STRATEGY)
 def register(sub: Any) -> None:
     t = sub.add_parser(
         "topics",
-        help="topic administration",
-        description="Topic administration through the controller.",
+        help="list, describe, create, alter and delete topics, like kafka-topics.sh",
+        description="Topic administration through the controller. Kafka's action flags "
+        "name the sub-commands too: `metactl topics --describe --topic demo` is `metactl "
+        "topics describe --topic demo` (--list, --describe, --create, --alter, --delete).",
         epilog=examples(
+            "metactl topics list",
+            "metactl topics --describe --topic orders",
             "metactl topics create --topic orders --partitions 6 --replication-factor 3 "
             "--config min.insync.replicas=2",
             "metactl topics create --topic pinned --replica-assignment 1:2:3,2:3:1",
@@ -127,6 +134,12 @@ def register(sub: Any) -> None:
         "--verbose",
         action="store_true",
         help="also print the assignment, one line per partition (default: a summary)",
+    )
+    c.add_argument(
+        "--if-not-exists",
+        action="store_true",
+        help="a topic that exists already is a success, left as it is (default: "
+        "TOPIC_ALREADY_EXISTS)",
     )
     c.set_defaults(func=cmd_topics_create)
 
@@ -268,6 +281,9 @@ def cmd_topics_create(args: argparse.Namespace) -> int:
         return r
 
     res = asyncio.run(run()).results[0]
+    if res.error_code == TopicAlreadyExistsError.code and args.if_not_exists:
+        print(f"Topic {args.name} already exists: nothing to create (--if-not-exists)")
+        return EXIT_OK
     if res.error_code:
         raise error_for_code(res.error_code, res.message)
     print(creation_summary(res.name, res.topic_id, res.assignments or [], hint=not args.verbose))
@@ -448,12 +464,25 @@ def cmd_elect(args: argparse.Namespace) -> int:
             if failed > len(r.failures):
                 statuses.append(statuses[0] if statuses else EXIT_UNAVAILABLE)
                 print(f"... and {failed - len(r.failures)} more", file=sys.stderr, flush=True)
-            print(
-                f"{kind}: {r.elected} of {r.elected + failed} elections done"
-                + (f", {failed} failed" if failed else "")
-                + f"; {r.not_needed} partition(s) already led by their preferred replica",
-                flush=True,
-            )
+            print(all_partitions_summary(kind, r.elected, failed, r.not_needed), flush=True)
 
     asyncio.run(run())
     return statuses[0] if statuses else EXIT_OK
+
+
+def all_partitions_summary(kind: str, elected: int, failed: int, not_needed: int) -> str:
+    """`elect --all-topic-partitions`' last line: how many partitions needed an election
+    and got one, and how many were led by their preferred replica already (Kafka's
+    "Valid replica already elected"). With nothing to elect, it says so, not "0 of 0"."""
+    if elected + failed == 0:
+        if not_needed == 0:
+            return f"{kind}: no elections needed: the cluster has no partitions"
+        return (
+            f"{kind}: no elections needed: every partition ({not_needed}) is led by its "
+            "preferred replica"
+        )
+    return (
+        f"{kind}: {elected} of {elected + failed} elections done"
+        + (f", {failed} failed" if failed else "")
+        + f"; {not_needed} partition(s) already led by their preferred replica"
+    )

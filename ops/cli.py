@@ -12,6 +12,13 @@ Every failure ends as one line on stderr, `error: NAME: message`, and an exit st
 from the one table below (docs/cli.md): a command raises its named error (or returns a
 status of its own verdicts, e.g. `scenario run`'s failed expectation) and `main` maps
 what escapes. Ctrl-C ends any command with 130 and no traceback.
+
+Kafka's habits (issue 34; docs/cli.md, Coming from Kafka): `kafka_order` rewrites
+Kafka's argument orders before parsing (`topics --describe` is `topics describe`, a
+sub-command's options may come before it: `quorum --bootstrap-controller H:P describe`),
+and a usage error caused by a Kafka flag metactl spells differently, or lacks, is one
+line saying what to use instead (`KAFKA_FLAGS`, the one table of them) rather than
+argparse's usage. This module decides no command's meaning: it only reorders and names.
 """
 
 from __future__ import annotations
@@ -40,7 +47,8 @@ import errno  # noqa: E402
 import importlib  # noqa: E402
 import logging  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
-from typing import Final  # noqa: E402
+from contextvars import ContextVar  # noqa: E402
+from typing import Final, NoReturn  # noqa: E402
 
 from metactl import __version__  # noqa: E402
 from metactl.errors import InvalidConfigurationError, MetactlError, details_of  # noqa: E402
@@ -145,6 +153,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "ops.data_cmds",
     "ops.chaos_cmds",
     "ops.plan_cmds",
+    "ops.roll_cmds",
 )
 
 # The top-level commands, in --help's order: each one's help line, as its module gives it
@@ -164,7 +173,10 @@ COMMANDS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
         "registered brokers and their state",
         ("ops.describe_cmds", "ops.lifecycle_cmds"),
     ),
-    "topics": ("topic administration", ("ops.admin_cmds", "ops.lifecycle_cmds")),
+    "topics": (
+        "list, describe, create, alter and delete topics, like kafka-topics.sh",
+        ("ops.admin_cmds", "ops.lifecycle_cmds"),
+    ),
     "elect": ("leader elections, like kafka-leader-election.sh", ("ops.admin_cmds",)),
     "configs": ("describe and alter dynamic configs, like kafka-configs.sh", ("ops.configs_cmds",)),
     "features": (
@@ -195,6 +207,7 @@ COMMANDS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     "consume": ("read the committed records of a topic from the leaders", ("ops.data_cmds",)),
     "chaos": ("fault injection with real processes", ("ops.chaos_cmds",)),
     "plan": ("pre-flight: what a broker's restart or a roll would do", ("ops.plan_cmds",)),
+    "roll": ("restart `cluster up`'s brokers one at a time, keeping MinISR", ("ops.roll_cmds",)),
 }
 
 
@@ -203,12 +216,17 @@ def command_of(argv: Sequence[str]) -> str | None:
     no option (after `--`, the one after it). The top-level options take no value, so
     this is the argument argparse hands to the command's parser; when it is something
     else, argparse reports an error with the top-level parser, the same in every build."""
+    at = _command_at(argv)
+    return None if at is None else argv[at]
+
+
+def _command_at(argv: Sequence[str]) -> int | None:
+    """Where `command_of`'s command is in `argv`."""
     for i, arg in enumerate(argv):
         if arg == "--":
-            after = argv[i + 1] if i + 1 < len(argv) else None
-            return after if after in COMMANDS else None
+            return i + 1 if i + 1 < len(argv) and argv[i + 1] in COMMANDS else None
         if not arg.startswith("-"):
-            return arg if arg in COMMANDS else None
+            return i if arg in COMMANDS else None
     return None
 
 
@@ -229,7 +247,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     command `argv` names in full (`command_of`, `modules_for`) and every other command its
     --help line only. Same top-level help and errors, same parser for that command's
     arguments, without importing the other commands' modules (`metactl --help`: none)."""
-    parser = argparse.ArgumentParser(
+    parser = MetactlParser(
         prog="metactl",
         description="metactl: a KIP-966 controller metadata service and its tools",
         epilog=examples(
@@ -264,30 +282,226 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _mark_usage(parser: argparse.ArgumentParser) -> None:
+def _mark_usage(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> None:
     """Every (sub-)command's parser records itself as `usage_parser`: the deepest one
     chosen wins (a sub-command's defaults are applied after its parent's), so a usage
-    error is reported with the sub-command's usage, not the top level's (issue 22)."""
+    error is reported with the sub-command's usage, not the top level's (issue 22). Each
+    also records its command's path, the scope of its `KAFKA_FLAGS`."""
     parser.set_defaults(usage_parser=parser)
+    if isinstance(parser, MetactlParser):
+        parser.command_path = path
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                _mark_usage(sub)
+            for name, sub in action.choices.items():
+                if name in {a.dest for a in action._choices_actions}:  # not an alias
+                    _mark_usage(sub, (*path, name))
 
 
-def kafka_habit(argv: Sequence[str]) -> MetactlError | None:
-    """A Kafka flag that has a metactl spelling: one line saying which (issue 22), where
-    argparse would print the top-level usage and "unrecognized arguments"."""
+# --- Kafka's habits (issue 34; docs/cli.md, Coming from Kafka) ----------------------------
+
+_CLIENT_CONFIG = (
+    "metactl reads no client properties: certificates come from --tls-dir DIR (or "
+    "$METACTL_TLS_DIR), the principal from --principal NAME; --insecure for none"
+)
+_ENTITIES = "metactl's configs are topics' and the cluster default's (--entity-type topics|brokers)"
+_FEATURE_LEVELS = "`metactl features describe` shows each feature's supported and finalized levels"
+_NO_METADATA_VERSION = (
+    "metactl has no metadata.version; its one feature, eligible.leader.replicas.version, a "
+    "new cluster takes from `controller serve --eligible-leader-replicas`, a running one "
+    "changes with `metactl features upgrade|downgrade --feature NAME=LEVEL`"
+)
+_QUORUM_IS_ETCD = (
+    "metactl's controller quorum is its etcd log: a controller joins by starting on the same "
+    "--metadata-log etcd://HOST:PORT/PREFIX (docs/ha.md), nothing to format for it"
+)
+_DECODED = "`metactl log dump` decodes every record in full (--json: every field): leave it out"
+_NOT_METADATA = (
+    "metactl's log holds metadata records only, which `metactl log dump` decodes; a topic's "
+    "records are `metactl consume --topic T`"
+)
+# Kafka's spellings that metactl takes otherwise, or not at all: (the command they may
+# follow, "" for any; the flags, or Kafka sub-command names; what to use instead). Only
+# a usage error looks here, and only at what the failing parser does not take.
+KAFKA_HABITS: Final[tuple[tuple[str, tuple[str, ...], str], ...]] = (
+    ("", ("--bootstrap-server",), "metactl talks to the controller: use --bootstrap-controller "
+     "HOST:PORT[,HOST:PORT...] (KIP-919; default 127.0.0.1:9093)"),
+    ("", ("--command-config", "--admin.config"), _CLIENT_CONFIG),
+    ("", ("--zookeeper",), "metactl has no ZooKeeper: use --bootstrap-controller HOST:PORT"),
+    ("topics", ("--topic-id",), "name the topic: --topic T (`metactl topics describe` prints "
+     "each TopicId)"),
+    ("topics", ("--topics-with-overrides",), "`metactl configs --entity-type topics "
+     "--describe` lists every topic's configs"),
+    ("topics", ("--exclude-internal",), "metactl has no internal topics: leave it out"),
+    ("topics", ("--config",), "a topic's configs change with `metactl configs --entity-type "
+     "topics --entity-name T --alter --add-config K=V` (`topics create` takes --config K=V)"),
+    ("topics", ("--delete-config",), "use `metactl configs --entity-type topics --entity-name "
+     "T --alter --delete-config K`"),
+    ("topics", ("--disable-rack-aware",), "the controller's placement alternates racks; "
+     "place replicas yourself with --replica-assignment 1:2:3,2:3:1"),
+    ("topics", ("--partition-size-limit-per-response",), "use --page-size N"),
+    ("topics alter", ("--replication-factor",), "a replication factor changes by "
+     "reassignment: `metactl reassign --reassignment-json-file F --execute`"),
+    ("configs", ("--topic",), "use --entity-type topics --entity-name T"),
+    ("configs", ("--broker",), "use --entity-type brokers --entity-name ID"),
+    ("configs", ("--broker-defaults",), "use --entity-type brokers --entity-default"),
+    ("configs", ("--add-config-file",), "give the configs inline: --add-config K=V[,K=V]"),
+    ("configs", ("--all",), "--describe lists every config metactl has, with its source"),
+    ("configs", ("--force",), "metactl asks no questions: leave it out"),
+    ("configs", ("--user", "--user-defaults", "--client", "--client-defaults", "--ip",
+                 "--group", "--client-metrics", "--broker-logger"), _ENTITIES),
+    ("reassign", ("--throttle", "--replica-alter-log-dirs-throttle", "--preserve-throttles"),
+     "metactl has no replication throttles (new replicas copy at the brokers' pace, into "
+     "their one log directory): leave it out"),
+    ("quorum", ("--human-readable",), "metactl's times are readable already (ISO times and "
+     "ages); --json gives epoch ms"),
+    ("quorum", ("add-controller",), "a controller joins by starting on the same etcd log: "
+     "`metactl controller serve --metadata-log etcd://HOST:PORT/PREFIX --node-id ID` "
+     "(docs/ha.md)"),
+    ("quorum", ("remove-controller",), "use `metactl quorum remove --controller-id ID "
+     "--data-dir etcd://HOST:PORT/PREFIX` (controllers on etcd record themselves there)"),
+    ("quorum", ("--controller-directory-id", "-d"), "metactl's controllers have no directory "
+     "id: `metactl quorum remove --controller-id ID --data-dir etcd://HOST:PORT/PREFIX`"),
+    ("quorum", ("--dry-run",), "metactl has no dry run: `metactl quorum describe "
+     "--replication` shows the recorded controllers first"),
+    ("storage", ("-c", "--config"), "metactl has no server.properties: name each directory "
+     "with --data-dir D (repeatable) and the node with --node-id N"),
+    ("storage", ("-r", "--release-version", "-f", "--feature"), _NO_METADATA_VERSION),
+    ("storage", ("-s", "--standalone", "-I", "--initial-controllers", "-N",
+                 "--no-initial-controllers"), _QUORUM_IS_ETCD),
+    ("storage", ("-S", "--add-scram"), "metactl authenticates with TLS certificates, not "
+     "SCRAM: `metactl certs init --data-dir D` makes them"),
+    ("storage", ("version-mapping", "feature-dependencies"), _FEATURE_LEVELS),
+    ("log", ("--print-data-log", "--deep-iteration", "--cluster-metadata-decoder"), _DECODED),
+    ("log", ("--skip-record-metadata",), "each line is one record, its offset and commit "
+     "time first: leave it out"),
+    ("log", ("--offsets-decoder", "--transaction-log-decoder", "--share-group-state-decoder",
+             "--remote-log-metadata-decoder", "--key-decoder-class", "--value-decoder-class"),
+     _NOT_METADATA),
+    ("log", ("--verify-index-only", "--index-sanity-check"), "`metactl log verify --data-dir "
+     "D` checks every batch's CRC and the offsets"),
+    ("log", ("--max-bytes", "--max-message-size"), "narrow the dump with --from OFFSET --to "
+     "OFFSET"),
+    ("features", ("disable",), "use `metactl features downgrade --feature NAME=0`"),
+    ("features", ("version-mapping", "feature-dependencies"), _FEATURE_LEVELS),
+    ("features", ("--release-version", "--metadata"), "metactl has no metadata.version: name "
+     "the feature, --feature eligible.leader.replicas.version=LEVEL"),
+    ("features", ("--dry-run",), "metactl has no dry run: `metactl features describe` shows "
+     "the levels before you change one"),
+    ("features", ("--unsafe",), "a metactl downgrade needs no --unsafe (it clears every ELR "
+     "and LastKnownELR, KIP-966): leave it out"),
+)  # fmt: skip
+# The table by (scope, flag): what tests/ops/test_kafka_habits.py tries one by one.
+KAFKA_FLAGS: Final[dict[tuple[str, str], str]] = {
+    (scope, flag): advice for scope, flags, advice in KAFKA_HABITS for flag in flags
+}
+# Kafka's action flags that are metactl sub-commands: `topics --describe --topic T` is
+# `topics describe --topic T` (kafka-topics.sh --list|--describe|--create|--alter|--delete).
+ACTION_FLAGS: Final[dict[str, dict[str, str]]] = {
+    "topics": {f"--{a}": a for a in ("list", "describe", "create", "alter", "delete")},
+}
+# The command line being parsed (`main` sets it): what `MetactlParser.error` looks at.
+_PARSING: ContextVar[Sequence[str] | None] = ContextVar("metactl_parsing", default=None)
+
+
+def kafka_habit(argv: Sequence[str], parser: argparse.ArgumentParser) -> MetactlError | None:
+    """The first argument of `argv` that is a Kafka spelling `parser` does not take, as
+    one named error saying what to use instead (`KAFKA_FLAGS`, looked up from the
+    parser's own command out to every command), or None."""
+    path = parser.command_path if isinstance(parser, MetactlParser) else ()
     for arg in argv:
-        if arg == "--" or not arg.startswith("--"):
+        if arg == "--":
+            break
+        word = arg.split("=", 1)[0] if arg.startswith("-") else arg
+        if word in parser._option_string_actions:
             continue
-        flag = arg.split("=", 1)[0]
-        if flag == "--bootstrap-server":
-            return InvalidConfigurationError(
-                "--bootstrap-server: metactl's commands talk to the controller: use "
-                "--bootstrap-controller HOST:PORT[,HOST:PORT...] (KIP-919)"
-            )
+        for n in range(len(path), -1, -1):
+            advice = KAFKA_FLAGS.get((" ".join(path[:n]), word))
+            if advice is not None:
+                return InvalidConfigurationError(f"{word} is Kafka's; {advice}")
     return None
+
+
+class MetactlParser(argparse.ArgumentParser):
+    """Every metactl (sub-)command's parser: argparse's, but a usage error that a Kafka
+    habit explains is that one line (INVALID_CONFIG, status 2) instead of a usage."""
+
+    command_path: tuple[str, ...] = ()  # e.g. ("quorum", "describe"): set by _mark_usage
+
+    def error(self, message: str) -> NoReturn:
+        argv = _PARSING.get()
+        habit = None if argv is None else kafka_habit(argv, self)
+        if habit is not None:
+            raise habit
+        super().error(message)
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction | None:  # type: ignore[type-arg]
+    return next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+
+
+def _values_taken(action: argparse.Action, arg: str, following: Sequence[str]) -> int | None:
+    """How many arguments after `arg` an option takes (None: not one this can tell)."""
+    if "=" in arg:
+        return 0
+    if action.nargs is None:
+        return 1
+    if isinstance(action.nargs, int):
+        return action.nargs
+    if action.nargs == "?":
+        return 1 if following and not following[0].startswith("-") else 0
+    return None
+
+
+def kafka_order(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
+    """`argv` in metactl's order: a Kafka action flag (`ACTION_FLAGS`) becomes its
+    sub-command, right after the command, and options of a sub-command given before it
+    (`quorum --bootstrap-controller H:P describe --status`, Kafka's order) move after it.
+    Anything this cannot place is left as it is, for argparse (and `KAFKA_FLAGS`) to
+    report. Two action flags are INVALID_CONFIG."""
+    out = list(argv)
+    at = _command_at(out)
+    top = _subcommands(parser)
+    if at is None or top is None or out[at] not in top.choices:
+        return out
+    end = out.index("--", at) if "--" in out[at:] else len(out)
+    actions = ACTION_FLAGS.get(out[at], {})
+    given = [i for i in range(at + 1, end) if out[i] in actions]
+    if len(given) > 1:
+        raise InvalidConfigurationError(
+            f"{' and '.join(out[i] for i in given)}: give one of {', '.join(actions)}"
+        )
+    if given:
+        out.insert(at + 1, actions[out.pop(given[0])])
+        return out
+    group = top.choices[out[at]]
+    subs = _subcommands(group)
+    if subs is None:
+        return out
+    everywhere = {f: a for p in subs.choices.values() for f, a in p._option_string_actions.items()}
+    i, before = at + 1, []
+    while i < end and out[i].startswith("-") and out[i] != "-":
+        flag = out[i].split("=", 1)[0]
+        action = group._option_string_actions.get(flag) or everywhere.get(flag)
+        taken = None if action is None else _values_taken(action, out[i], out[i + 1 : end])
+        if taken is None:
+            return out
+        before.append((i, i + 1 + taken, flag))
+        i += 1 + taken
+    if i >= end or out[i] not in subs.choices:
+        return out
+    chosen = subs.choices[out[i]]
+    move = [
+        (a, b)
+        for a, b, flag in before
+        if flag not in group._option_string_actions and flag in chosen._option_string_actions
+    ]
+    if not move:
+        return out
+    moved = [arg for a, b in move for arg in out[a:b]]
+    kept = [
+        a for j, a in enumerate(out[at + 1 : i], at + 1) if not any(x <= j < y for x, y in move)
+    ]
+    return [*out[: at + 1], *kept, out[i], *moved, *out[i + 1 :]]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -296,17 +510,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             # From here on, Ctrl-C is a KeyboardInterrupt, caught below.
             signal.signal(signal.SIGINT, signal.default_int_handler)
         given = sys.argv[1:] if argv is None else argv
-        habit = kafka_habit(given)
-        if habit is not None:
-            print(error_line(habit), file=sys.stderr, flush=True)
-            return EXIT_USAGE
         parser = build_parser(given)
-        args, extra = parser.parse_known_args(argv)
-        if extra:
-            # argparse would report these with the top-level usage: the sub-command's
-            # own usage says what it takes (exit 2, as argparse's).
-            chosen: argparse.ArgumentParser = getattr(args, "usage_parser", parser)
-            chosen.error(f"unrecognized arguments: {' '.join(extra)}")
+        given = kafka_order(parser, given)
+        parsing = _PARSING.set(given)  # a Kafka habit is named (MetactlParser.error)
+        try:
+            args, extra = parser.parse_known_args(given)
+            if extra:
+                # argparse would report these with the top-level usage: the sub-command's
+                # own usage says what it takes (exit 2, as argparse's).
+                chosen: argparse.ArgumentParser = getattr(args, "usage_parser", parser)
+                chosen.error(f"unrecognized arguments: {' '.join(extra)}")
+        finally:
+            _PARSING.reset(parsing)
         func = getattr(args, "func", None)
         if func is None:
             # A group without its sub-command (`metactl log`): its help, a usage status.

@@ -118,7 +118,7 @@ def security_from(args: Any) -> Security:
     from protocol.tls import ADMIN
 
     identity = tls_identity(
-        args, getattr(args, "principal", ADMIN), fallbacks=[CLI_FALLBACK_TLS_DIR]
+        args, getattr(args, "principal", ADMIN), fallbacks=[CLI_FALLBACK_TLS_DIR], client=True
     )
     security = Security(identity)
     _ = security.ssl  # load the files now: a bad one is a named error before any request

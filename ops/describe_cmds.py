@@ -16,7 +16,9 @@ recovery with its age while it is within `--recent-recoveries`, 24 h by default)
 Kafka's filters (`--under-replicated-partitions`, `--under-min-isr-partitions`,
 `--at-min-isr-partitions`, `--unavailable-partitions`) print only the matching partition
 lines, without topic lines, as Kafka does. `brokers` prints FENCED as yes/no and, for a
-fenced broker, why (e.g. its session expired).
+fenced broker, why (e.g. its session expired). `topics describe` is `describe` itself,
+and `topics list` (kafka-topics.sh --list) prints the topics' names (`add_topic_views`:
+`ops.lifecycle_cmds` adds both to the `topics` group).
 
 This module owns the two commands' arguments, paging loop and output; it decides nothing
 about the cluster and writes nothing to it. The protocol client, the messages and the
@@ -98,6 +100,37 @@ def register(sub: Any) -> None:
         ),
         formatter_class=HELP_FORMAT,
     )
+    add_describe_arguments(d)
+    d.set_defaults(func=cmd_describe)
+
+    b = sub.add_parser(
+        "brokers",
+        help="registered brokers and their state",
+        description="Registered brokers: epoch, fenced or not and why, controlled "
+        "shutdown, heartbeat age, how the last registration went, endpoint. "
+        + PAGING
+        + " `brokers unregister --id N` removes a fenced broker's registration.",
+        epilog=examples(
+            "metactl brokers",
+            "metactl brokers --principal viewer --json",
+            "metactl brokers --data-dir ./data",
+            "metactl brokers unregister --id 4",
+        ),
+        formatter_class=HELP_FORMAT,
+    )
+    add_source_arguments(b)
+    b.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object, streamed: brokers and offsets (default: a table)",
+    )
+    _page_size_arg(b)
+    b.set_defaults(func=cmd_brokers)
+
+
+def add_describe_arguments(d: argparse.ArgumentParser) -> None:
+    """`describe`'s options (and `topics describe`'s, the same command): its sources,
+    --topic, Kafka's filters, --recent-recoveries, --json and --page-size."""
     add_source_arguments(d)
     d.add_argument(
         "--topic", default=None, help="one topic (default: all; an unknown one is an error)"
@@ -138,31 +171,44 @@ def register(sub: Any) -> None:
         help="one JSON object, streamed: partitions, topics and offsets (default: text)",
     )
     _page_size_arg(d)
-    d.set_defaults(func=cmd_describe)
 
-    b = sub.add_parser(
-        "brokers",
-        help="registered brokers and their state",
-        description="Registered brokers: epoch, fenced or not and why, controlled "
-        "shutdown, heartbeat age, how the last registration went, endpoint. "
-        + PAGING
-        + " `brokers unregister --id N` removes a fenced broker's registration.",
+
+def add_topic_views(tsub: Any) -> None:
+    """`topics list` and `topics describe` (kafka-topics.sh --list and --describe) on the
+    `topics` group's sub-commands: `describe` itself, and the topic names."""
+    d = tsub.add_parser(
+        "describe",
+        help="topics and their partitions: the same as `metactl describe`",
+        description="kafka-topics.sh --describe: the same command, options and output as "
+        "`metactl describe`. " + PAGING,
         epilog=examples(
-            "metactl brokers",
-            "metactl brokers --principal viewer --json",
-            "metactl brokers --data-dir ./data",
-            "metactl brokers unregister --id 4",
+            "metactl topics describe --topic demo",
+            "metactl topics --describe --topic demo --under-replicated-partitions",
         ),
         formatter_class=HELP_FORMAT,
     )
-    add_source_arguments(b)
-    b.add_argument(
+    add_describe_arguments(d)
+    d.set_defaults(func=cmd_describe)
+    lst = tsub.add_parser(
+        "list",
+        help="topic names, one per line",
+        description="kafka-topics.sh --list: every topic's name, one per line, in name "
+        "order. " + PAGING,
+        epilog=examples(
+            "metactl topics list",
+            "metactl topics --list --json",
+            "metactl topics list --data-dir ./data",
+        ),
+        formatter_class=HELP_FORMAT,
+    )
+    add_source_arguments(lst)
+    lst.add_argument(
         "--json",
         action="store_true",
-        help="one JSON object, streamed: brokers and offsets (default: a table)",
+        help='one JSON object, {"topics": [...]} (default: a name per line)',
     )
-    _page_size_arg(b)
-    b.set_defaults(func=cmd_brokers)
+    _page_size_arg(lst)
+    lst.set_defaults(func=cmd_topics_list)
 
 
 def _page_size_arg(p: argparse.ArgumentParser) -> None:
@@ -474,3 +520,40 @@ def cmd_brokers(args: argparse.Namespace) -> int:
     request = DescribeClusterRequest(v=2, partition_limit=0, broker_limit=args.page_size)
     out = _Printer("brokers", args.json, header=BROKERS_HEADER)
     return _run(args, request, out, 0)
+
+
+def cmd_topics_list(args: argparse.Namespace) -> int:
+    """Every topic's name, in name order (the controller pages partitions by topic name):
+    each printed as its first page arrives; --json prints them once all have come."""
+    if args.page_size < 1:
+        raise InvalidConfigurationError(f"--page-size must be at least 1, got {args.page_size}")
+    import asyncio
+
+    names: list[str] = []
+
+    def seen(name: str) -> None:
+        if not names or names[-1] != name:
+            names.append(name)
+            if not args.json:
+                print(name, flush=True)
+
+    async def online() -> None:
+        from clients.admin import pages
+        from protocol.messages.admin import DescribeClusterRequest
+
+        request = DescribeClusterRequest(v=2, partition_limit=args.page_size, broker_limit=0)
+        address = controller_address(args)
+        async with security_from(args).controller_client(address) as client:
+            async for r in pages(client, request, timeout_s=args.timeout):
+                for p in r.partitions:
+                    seen(p.topic)
+
+    async def offline() -> None:
+        image, _end, _notes = await offline_view(args.data_dir)
+        for name in sorted(image.topics):
+            seen(name)
+
+    asyncio.run(offline() if args.data_dir is not None else online())
+    if args.json:
+        print(json.dumps({"topics": names}))
+    return 0

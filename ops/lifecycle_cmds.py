@@ -10,8 +10,9 @@ and the command's status is the first failure's (docs/cli.md's table).
 
 This module adds `delete` and `alter` to the `topics` group (registered by
 `ops.admin_cmds`) and `unregister` to `brokers` (registered by `ops.describe_cmds`), so
-it must come after both in `ops.cli.COMMAND_MODULES`. It also holds `Failures`, the
-per-item reporting that `ops.reassign_cmds` shares.
+it must come after both in `ops.cli.COMMAND_MODULES`; with them it adds `topics list`
+and `topics describe`, which are `ops.describe_cmds`' (`add_topic_views`). It also holds
+`Failures`, the per-item reporting that `ops.reassign_cmds` shares.
 
 It only formats and calls: the controller decides (who may be deleted, unregistered or
 grown, and where new partitions go) and writes the records; nothing here reads the log.
@@ -74,6 +75,9 @@ def subcommands(sub: Any, group: str) -> Any:
 
 
 def register(sub: Any) -> None:
+    # Here, not at the top: `ops.reassign_cmds` imports this module for `Failures` alone.
+    from ops.describe_cmds import add_topic_views
+
     topics = subcommands(sub, "topics")
     d = topics.add_parser(
         "delete",
@@ -136,6 +140,7 @@ def register(sub: Any) -> None:
         help="a topic that does not exist is a success (default: UNKNOWN_TOPIC_OR_PARTITION)",
     )
     a.set_defaults(func=cmd_topics_alter)
+    add_topic_views(topics)  # topics list, topics describe (kafka-topics.sh --list, --describe)
 
     brokers = subcommands(sub, "brokers")
     u = brokers.add_parser(

@@ -3,7 +3,8 @@
 These commands only read: they open the log read-only, so they are safe next to a running
 controller, and they never repair or rewrite anything. They hold no rules; a record is
 printed, never interpreted (`metactl events` interprets). `--data-dir` is a cluster's data
-directory (`./data`) or the controller's (`./data/controller`), or the log file itself.
+directory (`./data`) or the controller's (`./data/controller`), or the log file itself
+(`log dump --files F` too, kafka-dump-log's spelling).
 Errors are printed as ``error: CODE: message`` on stderr with the exit status of the
 one table (ops/cli.py, docs/cli.md), never as a traceback; Ctrl-C exits 130.
 
@@ -57,10 +58,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "metactl log dump --data-dir ./data",
             "metactl log dump --data-dir ./data --type UncleanRecovery --json",
             "metactl log dump --data-dir ./data/controller --from 100 --to 200",
+            "metactl log dump --files ./data/controller/metadata.log.sqlite",
         ),
         formatter_class=HELP_FORMAT,
     )
-    _add_data_dir(dump)
+    _add_data_dir(dump, "--files")
     dump.add_argument(
         "--from",
         dest="from_offset",
@@ -138,13 +140,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     mirror.set_defaults(func=_mirror)
 
 
-def _add_data_dir(parser: argparse.ArgumentParser) -> None:
+def _add_data_dir(parser: argparse.ArgumentParser, *aliases: str) -> None:
     parser.add_argument(
         "--data-dir",
+        *aliases,
+        dest="data_dir",
         required=True,
         metavar="DIR|URL",
         help="a cluster's data directory (./data) or the controller's (./data/controller), "
-        "the log file itself, or an etcd log's URL (etcd://HOST:PORT/PREFIX) (required)",
+        "the log file itself, or an etcd log's URL (etcd://HOST:PORT/PREFIX) (required)"
+        + (f"; {', '.join(aliases)}: an alias (kafka-dump-log's)" if aliases else ""),
     )
     add_etcd_tls_arguments(parser)
 

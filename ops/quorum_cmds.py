@@ -17,11 +17,11 @@ NETWORK_EXCEPTION, status 5).
   HighWatermark: the committed log end; MaxFollowerLag), and metactl's (the log, the
   leader's address and since when, every controller and its role). A single controller
   on a SQLite log has no election and so no term: it says so.
-* `--replication`: one row per controller: node, address, applied offset, lag (behind
-  the active controller's log end; on Kafka, LogEndOffset and Lag), role (active,
-  standby, unreachable); and on etcd each member's own status (Raft leader or follower,
-  healthy or not and why, Raft index and term), read by the active controller (else the
-  first that answered) from the members themselves.
+* `--replication`: one row per controller, in columns as wide as their contents: node,
+  address, applied offset, lag (behind the active controller's log end; on Kafka,
+  LogEndOffset and Lag), role (active, standby, unreachable); and on etcd each member's
+  own status (Raft leader or follower, healthy or not and why, Raft index and term), read
+  by the active controller (else the first that answered) from the members themselves.
 
 `--json` prints one object instead. This module parses and prints: the asking is
 `clients.quorum`'s, the answers are built by the controllers (`controller.runtime.quorum`)
@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from metactl.errors import InvalidConfigurationError
@@ -303,31 +304,46 @@ def status_lines(s: Summary) -> list[str]:
     return lines
 
 
-CONTROLLERS_HEADER: Final = "{:<12} {:<22} {:>14} {:>8}  {}".format(
-    "NODE", "ADDRESS", "APPLIED OFFSET", "LAG", "ROLE"
-)
-MEMBERS_HEADER: Final = "{:<10} {:<28} {:<9} {:>11} {:>10}  {}".format(
-    "NAME", "CLIENT URL", "RAFT", "RAFT INDEX", "RAFT TERM", "HEALTH"
-)
-
-
-def replication_lines(s: Summary) -> list[str]:
-    lines = [CONTROLLERS_HEADER]
+def _rows(s: Summary) -> list[tuple[str, str, str, str, str]]:
+    """One (node, address, applied offset, lag, role) per controller."""
+    rows = []
     for qv in s.views:
         if qv.view is None:
             assert qv.error is not None
             node = qv.registered.node_id if qv.registered is not None else "-"
             seen = _last_seen(qv)
-            lines.append(
-                f"{node:<12} {qv.asked:<22} {'-':>14} {'-':>8}  unreachable "
-                f"({seen}{'; ' if seen else ''}"
+            role = (
+                f"unreachable ({seen}{'; ' if seen else ''}"
                 f"{qv.error.code}: {' '.join(qv.error.message.split())})"
             )
+            rows.append((node, qv.asked, "-", "-", role))
             continue
         v = qv.view
-        lines.append(
-            f"{v.node_id:<12} {v.address:<22} {v.applied_offset:>14} {s.lag(v):>8}  {v.role}"
-        )
+        rows.append((v.node_id, v.address, str(v.applied_offset), str(s.lag(v)), v.role))
+    return rows
+
+
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]], right: set[int]) -> list[str]:
+    """`header` and `rows` in columns as wide as their widest cell (the last column
+    unpadded), the columns in `right` aligned right: a long node id or address never
+    pushes the next column out of line."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
+
+    def line(cells: tuple[str, ...]) -> str:
+        padded = [
+            cells[i].rjust(w) if i in right else cells[i].ljust(w) for i, w in enumerate(widths)
+        ]
+        return "  ".join([*padded, cells[-1]])
+
+    return [line(header)] + [line(r) for r in rows]
+
+
+CONTROLLERS: Final = ("NODE", "ADDRESS", "APPLIED OFFSET", "LAG", "ROLE")
+MEMBERS: Final = ("NAME", "CLIENT URL", "RAFT", "RAFT INDEX", "RAFT TERM", "HEALTH")
+
+
+def replication_lines(s: Summary) -> list[str]:
+    lines = _table(CONTROLLERS, _rows(s), right={2, 3})
     if s.controllers_error is not None:
         lines.append(f"(the controllers recorded in etcd could not be read: {s.controllers_error})")
     e = s.etcd
@@ -341,17 +357,17 @@ def replication_lines(s: Summary) -> list[str]:
             if e.etcd_error:
                 lines.append(f"  their status could not be read: {e.etcd_error}")
             if e.etcd_members:
-                lines.append(MEMBERS_HEADER)
-                lines += [_member_line(m) for m in e.etcd_members]
+                members = [_member_cells(m) for m in e.etcd_members]
+                lines += _table(MEMBERS, members, right={3, 4})
     return lines
 
 
-def _member_line(m: EtcdMemberState) -> str:
+def _member_cells(m: EtcdMemberState) -> tuple[str, str, str, str, str, str]:
     raft = m.raft_role or "-"
     index = "-" if m.raft_index is None else str(m.raft_index)
     term = "-" if m.raft_term is None else str(m.raft_term)
     health = "healthy" if m.healthy else f"unhealthy: {m.error or 'unknown'}"
-    return f"{m.name:<10} {m.client_url:<28} {raft:<9} {index:>11} {term:>10}  {health}"
+    return (m.name, m.client_url, raft, index, term, health)
 
 
 # --- the command ----------------------------------------------------------------------------

@@ -15,6 +15,11 @@ one log directory). The file's format and `--verify`'s verdicts are `ops.reassig
   status is 0 when all are completed and 3 (the command's own verdict, docs/cli.md)
   otherwise, so `until metactl reassign --verify ...` waits for the end.
 - `--cancel` asks the controller to restore each partition's original replicas.
+- `--generate --topics-to-move-json-file F --broker-list 1,2,3` prints, as Kafka's tool
+  does, the current assignment of F's topics and a proposal that moves them onto the
+  listed brokers (the active ones; `--disable-rack-aware` disregards racks), placed as
+  the controller places a new topic (`ops.reassign_plan.propose`); the proposal is a
+  `--reassignment-json-file` for `--execute`. It only reads the cluster, describe's way.
 - `--list` prints every partition being reassigned, with its adding and removing
   replicas. Like `--verify` and `--execute`'s check, it reads them page by page
   (ListPartitionReassignments v2, each page within the client's frame limit), falling
@@ -36,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from metactl.errors import (
+    BrokerIdNotRegisteredError,
     InvalidConfigurationError,
     InvalidRequestError,
     UnknownTopicOrPartitionError,
@@ -70,8 +76,11 @@ def register(sub: Any) -> None:
             "metactl reassign --reassignment-json-file move.json --verify",
             "metactl reassign --reassignment-json-file move.json --cancel",
             "metactl reassign --list",
+            "metactl reassign --generate --topics-to-move-json-file topics.json "
+            "--broker-list 2,3,4",
             'move.json: {"version": 1, "partitions": '
             '[{"topic": "demo", "partition": 0, "replicas": [2, 3, 4]}]}',
+            'topics.json: {"version": 1, "topics": [{"topic": "demo"}]}',
         ),
         formatter_class=HELP_FORMAT,
     )
@@ -91,6 +100,12 @@ def register(sub: Any) -> None:
     mode.add_argument(
         "--list", action="store_true", help="every partition being reassigned (one mode)"
     )
+    mode.add_argument(
+        "--generate",
+        action="store_true",
+        help="propose a reassignment of whole topics onto --broker-list, to --execute "
+        "later (one mode; it changes nothing)",
+    )
     r.add_argument(
         "--reassignment-json-file",
         type=Path,
@@ -104,6 +119,27 @@ def register(sub: Any) -> None:
         help="--execute although reassignments are in progress (default: refuse, as Kafka)",
     )
     r.add_argument("--json", action="store_true", help="--list as one JSON object")
+    g = r.add_argument_group("--generate")
+    g.add_argument(
+        "--topics-to-move-json-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help='the topics to move, {"version": 1, "topics": [{"topic": "t"}]} (required '
+        "with --generate)",
+    )
+    g.add_argument(
+        "--broker-list",
+        default=None,
+        metavar="ID,ID,...",
+        help="the brokers to move them onto (required with --generate)",
+    )
+    g.add_argument(
+        "--disable-rack-aware",
+        action="store_true",
+        help="place without regard to the brokers' racks (default: racks alternate, as "
+        "for a new topic)",
+    )
     r.set_defaults(func=cmd_reassign)
 
 
@@ -136,6 +172,21 @@ def cmd_reassign(args: argparse.Namespace) -> int:
         raise InvalidConfigurationError("--additional goes with --execute")
     if args.json and not args.list:
         raise InvalidConfigurationError("--json goes with --list")
+    generating = (args.topics_to_move_json_file, args.broker_list, args.disable_rack_aware)
+    if args.generate:
+        if args.reassignment_json_file is not None:
+            raise InvalidConfigurationError(
+                "--generate takes --topics-to-move-json-file, not --reassignment-json-file"
+            )
+        if args.topics_to_move_json_file is None or args.broker_list is None:
+            raise InvalidConfigurationError(
+                "--generate needs --topics-to-move-json-file FILE and --broker-list ID,ID,..."
+            )
+        return generate_mode(args)
+    if any(x not in (None, False) for x in generating):
+        raise InvalidConfigurationError(
+            "--topics-to-move-json-file, --broker-list and --disable-rack-aware go with --generate"
+        )
     if args.list:
         if args.reassignment_json_file is not None:
             raise InvalidConfigurationError("--list takes no --reassignment-json-file")
@@ -263,4 +314,93 @@ def list_mode(args: argparse.Namespace) -> int:
     print("Current partition reassignments:")
     for tp in sorted(running):
         print(ongoing_line(running[tp]))
+    return EXIT_OK
+
+
+# --- --generate ---------------------------------------------------------------------------
+
+
+async def _assignment(
+    client: RpcClient, topics: list[str], timeout_s: float
+) -> tuple[dict[TopicPartition, list[int]], dict[str, int]]:
+    """Each topic's partitions' replicas (without the ones a reassignment is adding: the
+    replicas a cancel would restore) and its replication factor (Kafka's: its first
+    partition's), read page by page as `describe` reads them. An unknown topic is
+    UNKNOWN_TOPIC_OR_PARTITION."""
+    from clients.admin import pages
+    from ops.describe_cmds import replication_factor
+    from protocol.messages.admin import DescribeClusterRequest
+
+    current: dict[TopicPartition, list[int]] = {}
+    factors: dict[str, int] = {}
+    for topic in topics:
+        request = DescribeClusterRequest(v=2, topic=topic, broker_limit=0)
+        try:
+            async for page in pages(client, request, timeout_s=timeout_s):
+                for p in page.partitions:
+                    current[(p.topic, p.partition)] = [
+                        b for b in p.replicas if b not in p.adding_replicas
+                    ]
+                    factors.setdefault(p.topic, replication_factor(p))
+        except UnknownTopicOrPartitionError:
+            raise UnknownTopicOrPartitionError(f"topic {topic} not found") from None
+        if topic not in factors:  # a controller older than paging: no error, no partitions
+            raise UnknownTopicOrPartitionError(f"topic {topic} not found")
+    return current, factors
+
+
+async def _racks(
+    client: RpcClient, wanted: list[int], timeout_s: float, *, racks: bool
+) -> dict[int, str | None]:
+    """The listed brokers the proposal may use, with their racks (None without `racks`):
+    the active ones, as the controller places a new topic on; a fenced one is left out
+    with a note. One not registered is BROKER_ID_NOT_REGISTERED."""
+    import sys
+
+    from clients.admin import pages
+    from protocol.messages.admin import BrokerDescription, DescribeClusterRequest
+
+    known: dict[int, BrokerDescription] = {}
+    request = DescribeClusterRequest(v=2, partition_limit=0)
+    async for page in pages(client, request, timeout_s=timeout_s):
+        known.update((b.broker_id, b) for b in page.brokers)
+    out: dict[int, str | None] = {}
+    for b in wanted:
+        if b not in known:
+            raise BrokerIdNotRegisteredError(f"--broker-list: broker {b} is not registered")
+        d = known[b]
+        if d.fenced or d.controlled_shutdown:
+            why = "in controlled shutdown" if d.controlled_shutdown else "fenced"
+            print(
+                f"note: broker {b} is {why}: left out of the proposal (only active brokers "
+                "are placed on, as for a new topic)",
+                file=sys.stderr,
+                flush=True,
+            )
+            continue
+        out[b] = d.rack if racks else None
+    return out
+
+
+def generate_mode(args: argparse.Namespace) -> int:
+    """Kafka's --generate: the current assignment of the file's topics and the proposed
+    one, each as a reassignment file on one line; nothing is changed."""
+    import asyncio
+
+    from ops.reassign_plan import broker_list, file_text, propose, read_topics_file
+
+    topics = read_topics_file(args.topics_to_move_json_file)
+    wanted = broker_list(args.broker_list)
+    address = controller_address(args)
+    security = security_from(args)
+
+    async def run() -> tuple[dict[TopicPartition, list[int]], dict[TopicPartition, list[int]]]:
+        async with security.controller_client(address) as client:
+            current, factors = await _assignment(client, topics, args.timeout)
+            racks = await _racks(client, wanted, args.timeout, racks=not args.disable_rack_aware)
+        return current, propose(current, factors, racks)
+
+    current, proposed = asyncio.run(run())
+    print(f"Current partition replica assignment\n{file_text(current)}\n")
+    print(f"Proposed partition reassignment configuration\n{file_text(proposed)}")
     return EXIT_OK

@@ -8,8 +8,15 @@ one log directory); `replicas` may be left out to `--cancel`. Anything else (bad
 unknown key, another version, a partition listed twice) is INVALID_CONFIG naming the file.
 Its numbers are JSON integers within Java's int, as Kafka's decoder takes them: `true`,
 `1.0`, `"1"` or 2147483648 as a partition or a broker id are INVALID_CONFIG (`Int32`).
+`file_text` writes the format as Kafka's tool prints it (compact JSON, sorted).
 
-Pure but for reading the file: no requests, no printing.
+`--generate`'s inputs and proposal: the topics file (`{"version": 1, "topics": [{"topic":
+"t"}]}`, `read_topics_file`), `--broker-list` (`broker_list`), and `propose`, which
+places each topic afresh over the listed brokers by the controller's own placement of a
+new topic (`controller.core.topic_handlers`: reused, not copied; imported by `propose`
+alone), with the topic's replication factor.
+
+Pure but for reading the files: no requests, no printing.
 """
 
 from __future__ import annotations
@@ -23,8 +30,8 @@ from typing import Annotated, Final
 
 import msgspec
 
-from metactl.errors import InvalidConfigurationError
-from metactl.numbers import INT32_MAX, INT32_MIN
+from metactl.errors import InvalidConfigurationError, InvalidReplicationFactorError
+from metactl.numbers import INT32_MAX, INT32_MIN, NumberFormatError, kafka_int
 from metadata_image.state import TopicPartition
 from protocol.messages.admin import OngoingReassignment, Reassignment
 
@@ -99,12 +106,13 @@ def reassignments(entries: Sequence[JsonPartition], *, cancel: bool) -> list[Rea
 
 
 def file_text(assignment: Mapping[TopicPartition, Sequence[int]]) -> str:
-    """Kafka's file for `assignment`, on one line (as the tool prints it)."""
+    """Kafka's file for `assignment`, on one line, compact and sorted by topic and
+    partition (as the tool prints it: `formatAsReassignmentJson`)."""
     partitions = [
         {"topic": t, "partition": p, "replicas": list(rs), "log_dirs": [ANY_LOG_DIR] * len(rs)}
         for (t, p), rs in sorted(assignment.items())
     ]
-    return json.dumps({"version": 1, "partitions": partitions})
+    return json.dumps({"version": 1, "partitions": partitions}, separators=(",", ":"))
 
 
 def rollback(
@@ -162,4 +170,105 @@ def verify(
         else:
             status = Status.DIFFERENT
         out.append(Check(tp, status, target, now))
+    return out
+
+
+# --- --generate ---------------------------------------------------------------------------
+
+TOPICS_EXPECTED: Final = '{"version": 1, "topics": [{"topic": "t"}]}'
+
+
+class JsonTopic(msgspec.Struct, forbid_unknown_fields=True):
+    topic: str
+
+
+class JsonTopicsFile(msgspec.Struct):
+    topics: list[JsonTopic]
+    version: Int32 = 1
+
+
+def _duplicates(items: Sequence[object]) -> list[object]:
+    """The items given more than once, each once, in order."""
+    seen: set[object] = set()
+    twice: list[object] = []
+    for x in items:
+        if x in seen and x not in twice:
+            twice.append(x)
+        seen.add(x)
+    return twice
+
+
+def read_topics_file(path: Path) -> list[str]:
+    """The topics of `--topics-to-move-json-file`, in the file's order: INVALID_CONFIG
+    (naming the file) for a bad document, a version other than 1, no topics or a topic
+    listed twice (Kafka's "duplicate entries"). A missing file is ENOENT."""
+
+    def bad(why: str) -> InvalidConfigurationError:
+        return InvalidConfigurationError(f"--topics-to-move-json-file {path}: {why}")
+
+    try:
+        doc = msgspec.json.decode(path.read_bytes(), type=JsonTopicsFile)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise bad(f"{exc} (expected {TOPICS_EXPECTED})") from None
+    if doc.version != 1:
+        raise bad(f"version {doc.version} is not supported (1 is)")
+    names = [t.topic for t in doc.topics]
+    if not names:
+        raise bad("no topics")
+    twice = _duplicates(names)
+    if twice:
+        raise bad(f"the list of topics contains duplicate entries: {', '.join(map(str, twice))}")
+    return names
+
+
+def broker_list(text: str) -> list[int]:
+    """`--broker-list 1,2,3`: broker ids (0..2^31-1), once each; INVALID_CONFIG if not."""
+    try:
+        ids = [kafka_int(x, 0, INT32_MAX) for x in text.split(",")]
+    except NumberFormatError:
+        raise InvalidConfigurationError(
+            f"--broker-list {text!r}: expected broker ids separated by commas, e.g. 1,2,3"
+        ) from None
+    twice = _duplicates(ids)
+    if twice:
+        raise InvalidConfigurationError(
+            f"--broker-list {text!r} contains duplicate entries: {', '.join(map(str, twice))}"
+        )
+    return ids
+
+
+def propose(
+    current: Mapping[TopicPartition, Sequence[int]],
+    factors: Mapping[str, int],
+    racks: Mapping[int, str | None],
+) -> dict[TopicPartition, list[int]]:
+    """`--generate`'s proposal: every partition of `current`'s topics placed afresh over
+    the brokers of `racks` (id -> rack; None: no rack, or racks disregarded) as the
+    controller places a new topic of that many partitions and `factors[topic]` replicas
+    (`broker_order`: racks alternate; `_striped`: partition p from the p-th broker on).
+    INVALID_REPLICATION_FACTOR when a topic has more replicas than there are brokers."""
+    import immutables
+
+    from controller.core.topic_handlers import _striped, broker_order
+    from metadata_image.image import ClusterImage
+    from metadata_image.state import BrokerState
+
+    brokers = {
+        b: BrokerState(broker_id=b, epoch=0, incarnation_id="", rack=rack, fenced=False)
+        for b, rack in racks.items()
+    }
+    order = broker_order(ClusterImage(brokers=immutables.Map(brokers), active=frozenset(brokers)))
+    counts: dict[str, int] = {}
+    for topic, partition in current:
+        counts[topic] = max(counts.get(topic, 0), partition + 1)
+    out: dict[TopicPartition, list[int]] = {}
+    for topic, count in sorted(counts.items()):
+        rf = factors[topic]
+        if not 1 <= rf <= len(order):
+            raise InvalidReplicationFactorError(
+                f"topic {topic} has replication factor {rf}: more than the {len(order)} "
+                "active broker(s) of --broker-list to place it on"
+            )
+        placed = _striped(order, 0, count, rf)
+        out.update({(topic, p): list(placed[p]) for p in range(count) if (topic, p) in current})
     return out

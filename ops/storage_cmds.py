@@ -1,7 +1,7 @@
 """`metactl storage format|info|random-uuid`: a data directory's identity, as
 `kafka-storage` does it.
 
-* ``format --data-dir D [--cluster-id ID] [--node-id N] [--ignore-formatted]`` writes
+* ``format --data-dir D [--cluster-id|-t ID] [--node-id N] [--ignore-formatted|-g]`` writes
   D/meta.properties (`metadata_log.identity`): a random cluster id unless one is given
   (printed either way), a random directory id, the node id if given. A directory that
   holds a metadata log or replicas from an earlier version is formatted as holding them
@@ -12,6 +12,9 @@
   directory holds, and whether a controller or broker would start on it: exit 0 if it
   would, else the refusal it would meet as ``error: CODE: ...`` and exit 1.
 * ``random-uuid`` prints a new id in Kafka's form (for ``--cluster-id``).
+
+kafka-storage's ``-c/--config`` (its server.properties) has no counterpart: metactl has
+no config file, and ``ops.cli.KAFKA_FLAGS`` answers it with the flags to use instead.
 
 Formatting and inspecting are `localcluster.storage`'s (`format_directories` is what
 `metactl cluster up` formats with on a first start too). This module parses, calls and
@@ -63,6 +66,7 @@ def register(sub: Any) -> None:
             "metactl storage format --data-dir ./data/broker-1 --cluster-id "
             "MkU3OEVBNTcwNTJENDM2Qk --node-id 1",
             "metactl storage format --data-dir ./data/controller --ignore-formatted",
+            "metactl storage format -t MkU3OEVBNTcwNTJENDM2Qk --data-dir ./data/controller -g",
         ),
         formatter_class=HELP_FORMAT,
     )
@@ -76,10 +80,12 @@ def register(sub: Any) -> None:
     )
     f.add_argument(
         "--cluster-id",
+        "-t",
         default=None,
         metavar="ID",
         help="the cluster's id (default: the log's, if the directory holds one that "
-        "records it; else a new random one, printed; see `storage random-uuid`)",
+        "records it; else a new random one, printed; see `storage random-uuid`); -t as "
+        "kafka-storage",
     )
     f.add_argument(
         "--node-id",
@@ -90,8 +96,9 @@ def register(sub: Any) -> None:
     )
     f.add_argument(
         "--ignore-formatted",
+        "-g",
         action="store_true",
-        help="leave formatted directories as they are instead of failing",
+        help="leave formatted directories as they are instead of failing; -g as kafka-storage",
     )
     f.set_defaults(func=cmd_format)
 

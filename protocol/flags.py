@@ -10,7 +10,9 @@ commands (`describe`, `brokers`, `topics create`, `elect`, `produce`, `consume`)
   `--tls-dir`, else `$METACTL_TLS_DIR`, else in the fallback directories its command
   names (`<data-dir>/certs` for a process with a data directory, `./data/certs`, where
   `make run` puts them, for the CLI), and fails with INVALID_CONFIG saying what to do
-  when it finds none. A fallback counts only if it holds `ca.pem`; an explicit
+  when it finds none (the CLI, often run from another directory: pass the running
+  cluster's directory with --tls-dir or $METACTL_TLS_DIR; `certs init` only makes new
+  ones). A fallback counts only if it holds `ca.pem`; an explicit
   directory is always used, and a missing file in it is named.
 - Client commands choose the principal they act as with `--principal` (`admin` by
   default; `viewer` is read-only).
@@ -67,8 +69,8 @@ def add_tls_arguments(p: argparse.ArgumentParser, *, client: bool = False) -> No
         type=Path,
         default=None,
         metavar="DIR",
-        help="the cluster's certificate directory (`metactl certs init --data-dir D` writes "
-        "D/certs)",
+        help="the cluster's certificate directory: a running `cluster up`'s DATA_DIR/certs "
+        "(`metactl certs init --data-dir D` writes D/certs for a new cluster)",
     )
     x.add_argument(
         "--insecure",
@@ -90,32 +92,55 @@ def tls_identity(
     *,
     fallbacks: Sequence[Path] = (),
     environ: Mapping[str, str] | None = None,
+    client: bool = False,
 ) -> TlsIdentity | None:
     """The identity `name` from the flags of `add_tls_arguments`, or None with
-    `--insecure`. InvalidConfigurationError names what to do when there is none."""
+    `--insecure`. InvalidConfigurationError names what to do when there is none: for a
+    `client` (a CLI command, most likely run from another directory than `make run`'s)
+    first how to reach a running cluster's certificates, then how to make new ones."""
     if getattr(args, "insecure", False):
         return None
     env = os.environ if environ is None else environ
     explicit: Path | None = getattr(args, "tls_dir", None)
+    given = "--tls-dir"
     if explicit is None and env.get(ENV_TLS_DIR):
-        explicit = Path(env[ENV_TLS_DIR])
+        explicit, given = Path(env[ENV_TLS_DIR]), f"${ENV_TLS_DIR}"
     if explicit is not None:
         if not explicit.is_dir():
             raise InvalidConfigurationError(
-                f"TLS directory {explicit} does not exist (create it with "
-                f"`metactl certs init --data-dir D`, which writes D/certs, or pass --insecure)"
+                f"TLS directory {explicit} ({given}) does not exist: "
+                + (_RUNNING if client else "")
+                + "`metactl certs init --data-dir D` makes new certificates in D/certs; "
+                "--insecure runs without TLS"
             )
         return TlsIdentity.from_dir(explicit, name)
     for candidate in fallbacks:
         if (candidate / CA_CERT).is_file():
             return TlsIdentity.from_dir(candidate, name)
-    looked = ", ".join(str(c) for c in fallbacks)
-    raise InvalidConfigurationError(
-        f"TLS is on by default and no certificates were found (no --tls-dir, no "
-        f"${ENV_TLS_DIR}" + (f", nothing in {looked}" if looked else "") + "): create them "
-        "with `metactl certs init --data-dir D` and pass --tls-dir D/certs, or pass "
-        "--insecure to run without TLS"
+    looked = ", ".join(
+        f"{c} ({c.absolute()})" if not c.is_absolute() else str(c) for c in fallbacks
     )
+    nothing = (
+        f"TLS is on by default and no certificates were found (no --tls-dir, no ${ENV_TLS_DIR}"
+        + (f", nothing in {looked}" if looked else "")
+    )
+    if client:
+        raise InvalidConfigurationError(
+            f"{nothing}): {_RUNNING}`metactl certs init --data-dir D` only makes new ones, "
+            "for a new cluster; --insecure talks to a cluster run with --insecure"
+        )
+    raise InvalidConfigurationError(
+        f"{nothing}): create them with `metactl certs init --data-dir D` and pass --tls-dir "
+        "D/certs, or pass --insecure to run without TLS"
+    )
+
+
+# A client's first advice: where a running cluster's certificates are.
+_RUNNING: Final = (
+    f"for a running cluster pass its certificate directory, --tls-dir DIR (or export "
+    f"{ENV_TLS_DIR}=DIR): `cluster up` and `make run` keep it in DATA_DIR/certs, e.g. "
+    "./data/certs where they ran; "
+)
 
 
 def add_limit_arguments(p: argparse.ArgumentParser) -> None:

@@ -199,6 +199,36 @@ async def test_readme_documents_every_exported_metric(tmp_path: Path) -> None:
         assert f"`{name}`" in readme
 
 
+def readme_metrics_table() -> set[str]:
+    """The metric names in the first column of the README's Metrics table."""
+    readme = (GRAFANA.parent / "README.md").read_text()
+    section = readme[readme.index("\n## Metrics\n") :]
+    end = section.find("\n## ", 1)
+    rows = [
+        line for line in section[: end if end > 0 else None].splitlines() if line.startswith("| `")
+    ]
+    return {n for row in rows for n in re.findall(r"`(metactl_[a-z_]*[a-z])`", row.split(" | ")[0])}
+
+
+def without_histogram_suffix(name: str) -> str:
+    return next((name.removesuffix(s) for s in HISTOGRAM_SUFFIXES if name.endswith(s)), name)
+
+
+async def test_readme_metrics_table_lists_every_metric_the_dashboard_queries(
+    tmp_path: Path,
+) -> None:
+    table = readme_metrics_table()
+    queried = {without_histogram_suffix(n) for n in metric_names("\n".join(dashboard_exprs()))}
+    assert queried - BROKER_METRICS <= table, (
+        f"the dashboard queries metrics README.md's Metrics table lacks: "
+        f"{sorted(queried - BROKER_METRICS - table)}"
+    )
+    # And the table lists only what a controller exports.
+    exported = await exported_names(tmp_path)
+    unknown = {n for n in table if n not in exported and n + "_bucket" not in exported}
+    assert not unknown, f"README.md's Metrics table names metrics not exported: {sorted(unknown)}"
+
+
 def test_alert_rules_have_the_required_alerts() -> None:
     doc = yaml.safe_load((GRAFANA / "alerts.yml").read_text())
     rules = {r["alert"]: r for g in doc["groups"] for r in g["rules"]}

@@ -135,9 +135,11 @@ def busy_pair(who: str) -> tuple[socket.socket, int]:
 
 
 @pytest.mark.parametrize("who", ["controller", "broker 1"])
-def test_a_child_on_a_busy_metrics_port_fails_in_one_readable_line(
-    who: str, tmp_path: Path
-) -> None:
+def test_a_busy_metrics_port_is_refused_before_anything_starts(who: str, tmp_path: Path) -> None:
+    """A port of `cluster up`'s held by a listener is found before any process starts
+    (`localcluster.ports`): one line naming the port, whose it is, what holds it and the
+    flag that moves it; no child was started (a child that fails anyway, a port taken
+    in between, is tests/ops/test_cluster_supervision.py's)."""
     # The controller's /metrics is --metrics; broker 1's the next port.
     busy, metrics = busy_pair(who)
     port = busy.getsockname()[1]
@@ -152,15 +154,10 @@ def test_a_child_on_a_busy_metrics_port_fails_in_one_readable_line(
         busy.close()
     assert r.returncode == 1, r.stderr
     lines = r.stderr.splitlines()
-    assert lines[0].startswith(
-        f"error: CLUSTER_START_FAILED: {who} exited before it was ready (exit status 1): "
-        f"LISTEN_FAILED: cannot serve /metrics on 127.0.0.1:{port}: Address already in use"
-    ), lines[0]
+    assert len(lines) == 1, lines
+    whose = "the controller's" if who == "controller" else "broker 1's"
+    assert lines[0].startswith(f"error: LISTEN_FAILED: 127.0.0.1:{port} ({whose} "), lines[0]
+    assert "another process listens on it" in lines[0] and "move it with --metrics" in lines[0]
     assert metrics in (port, port - 1)
-    log = tmp_path / "data" / "logs" / f"{who.replace(' ', '-')}.log"
-    assert lines[1] == f"  the last lines of {log.resolve()}:"
-    tail = lines[2:]
-    assert tail and all(x.startswith("    ") for x in tail)
-    assert not any(x.strip().startswith("{") for x in tail), tail  # no raw JSON lines
-    assert any(x.strip().startswith("info ") for x in tail), tail  # `level event k=v`
+    assert not list((tmp_path / "data" / "logs").glob("*.log"))  # nothing was started
     assert "Traceback" not in r.stderr

@@ -87,6 +87,7 @@ ALSO_IMPORTS: dict[str, set[str]] = {
     "scenario": {"ops.describe_cmds"},  # its partition lines are describe's
     "audit": {"ops.export_cmds"},  # the input options the audits share with log export
     "reassign": {"ops.lifecycle_cmds"},  # per-partition failures, reported as topics delete's
+    "topics": {"ops.describe_cmds"},  # topics list|describe are describe's (add_topic_views)
 }
 
 # What a command that talks to the controller never loads, even running.

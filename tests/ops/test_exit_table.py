@@ -119,6 +119,9 @@ CASES: dict[str, Case] = {
     "broker start": Case(
         ("broker", "start", "--id", "1", "--data-dir", "{empty}"), "NETWORK_EXCEPTION"
     ),
+    "controller start": Case(
+        ("controller", "start", "--node-id", "c2", "--data-dir", "{empty}"), "NETWORK_EXCEPTION"
+    ),
     "describe": Case(
         ("describe", "--topic", "nosuch", "--data-dir", "{data}"), "UNKNOWN_TOPIC_OR_PARTITION"
     ),
@@ -132,6 +135,7 @@ CASES: dict[str, Case] = {
         "INVALID_CONFIG",
     ),
     "plan roll": Case(("plan", "roll", "--bootstrap-controller", BAD, *NET), "INVALID_CONFIG"),
+    "roll": Case(("roll", "--data-dir", "{empty}"), "NETWORK_EXCEPTION"),  # no cluster up there
     "topics create": Case(
         ("topics", "create", "--topic", "t", "--config", "no.such.key=1", *NET), "INVALID_CONFIG"
     ),
@@ -140,6 +144,11 @@ CASES: dict[str, Case] = {
         "NETWORK_EXCEPTION",
     ),
     "topics alter": Case(("topics", "alter", "--topic", "t", "--bogus"), USAGE),
+    "topics list": Case(("topics", "list", "--data-dir", "{empty}"), "LOG_DIR_NOT_FOUND"),
+    "topics describe": Case(
+        ("topics", "describe", "--topic", "nosuch", "--data-dir", "{data}"),
+        "UNKNOWN_TOPIC_OR_PARTITION",
+    ),
     "elect": Case(
         ("elect", "--election-type", "unclean", "--topic", "t", "--partition", "0", *NET),
         "INVALID_CONFIG",
@@ -186,7 +195,7 @@ CASES: dict[str, Case] = {
             "--brokers",
             "1",
         ),
-        "CLUSTER_START_FAILED",
+        "LISTEN_FAILED",  # found before anything starts, naming --listen
         child=True,
         busy_port=True,
     ),
