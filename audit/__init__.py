@@ -10,6 +10,9 @@
 * `audit.export`: ``metactl log export``: the same rows as Parquet, laid out for the
   audits (partition records in buckets, the rest apart, a manifest), by parallel processes.
 * `audit.buckets`: jobs over an export's buckets, one Spark task each, no shuffle.
+* `audit.lifecycle`: what the audits key and classify by: topic generations (a topic
+  deleted and created again is another topic) and the cluster's final clean shutdown.
+* `audit.progress`: progress of an audit's Spark jobs, named for the audit's steps.
 * `audit.jobs`: the audits (elections, unclean recoveries, offline time, brokers,
   invariants); `audit.rules` names the invariants, `audit.partition_checker` checks one
   partition's history against them and `audit.log_checker` feeds it a log's records:

@@ -40,11 +40,12 @@ OUTPUT_ARROW = pa.schema(
         pa.field("detail", pa.string()),
         pa.field("records", pa.int64()),
         pa.field("skipped", pa.int64()),
+        pa.field("generations", pa.int64()),
     ]
 )
 OUTPUT_DDL = (
     "cluster string, topic string, partition int, offset long, timestamp timestamp, "
-    "rule string, broker int, detail string, records long, skipped long"
+    "rule string, broker int, detail string, records long, skipped long, generations long"
 )
 # --- rows to checkers ----------------------------------------------------------------------
 
@@ -335,7 +336,7 @@ def check_sorted(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 def checker_rows(checker: PartitionChecker, out: list[tuple[Any, ...]]) -> None:
     """The checker's violations (it is finished) and its statistics row, as output rows."""
     for v in checker.out:
-        out.append((*v[:4], v.timestamp_ms * 1000, v.rule, v.broker, v.detail, None, None))
+        out.append((*v[:4], v.timestamp_ms * 1000, v.rule, v.broker, v.detail, None, None, None))
     out.append(
         (
             checker.cluster,
@@ -348,6 +349,9 @@ def checker_rows(checker: PartitionChecker, out: list[tuple[Any, ...]]) -> None:
             None,
             checker.records,
             checker.skipped,
+            # Each creation of the partition is one (a topic deleted and created again
+            # under its name is a new topic); one that never saw its creation counts once.
+            max(1, checker.generation + int(checker.created)),
         )
     )
 

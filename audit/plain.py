@@ -14,9 +14,11 @@ Like the Spark paths, the pass runs with the cyclic garbage collector paused
 collections triggered by their count would double the time of the decode.
 
 `run_jobs` computes any of the jobs (each job's own per-record work only: a job run
-alone pays the decode and its own work). `run` is the older entry point: recoveries and
-violations as plain values. The offline job's measures are `audit.plain_offline`'s (the
-offline job's logs method runs them too); the others' are here.
+alone pays the decode and its own work), and the log's `audit.lifecycle.Lifecycle` (topic
+generations, deletions, the final shutdown) that every job keys and classifies by. `run`
+is the older entry point: recoveries and violations as plain values. The offline job's
+measures are `audit.plain_offline`'s (the offline job's logs method runs them too); the
+others' are here.
 
 It must not change a log, nor summarize a job's tables itself (each job's ``_result``
 does).
@@ -36,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from audit.invariant_rows import checker_rows, to_batch
+from audit.lifecycle import Lifecycle, LifecycleTracker
 from audit.log_checker import LogChecker
 from audit.logread import cluster_name, log_info, log_time_bounds
 from audit.plain_offline import OfflineMeasures
@@ -48,7 +51,6 @@ from metadata_log.records import (
     PartitionChangeRecord,
     PartitionRecord,
     RegisterBrokerRecord,
-    RemoveTopicRecord,
     UncleanRecoveryRecord,
     UnfenceBrokerRecord,
     UnregisterBrokerRecord,
@@ -102,19 +104,23 @@ def _utc(ms: Any) -> Any:
 
 
 class _Recoveries:
-    def __init__(self, since: int | None, until: int | None) -> None:
+    def __init__(self, since: int | None, until: int | None, life: LifecycleTracker) -> None:
         self.since, self.until = since, until
+        self.life = life
         self.rows: list[dict[str, Any]] = []
-        self.went_offline: dict[tuple[str, str, int], int] = {}
+        self.went_offline: dict[tuple[str, str, str, int], int] = {}
 
     def feed(self, cluster: str, base: int, ts: int, records: Sequence[Any]) -> None:
+        topic_id = self.life.topic_id_at
         for i, r in enumerate(records):
             if type(r) is PartitionChangeRecord:
                 if r.leader == -1:
-                    self.went_offline[(cluster, r.topic, r.partition)] = ts
+                    tid = topic_id(cluster, r.topic, base + i)
+                    self.went_offline[(cluster, r.topic, tid, r.partition)] = ts
             elif type(r) is UncleanRecoveryRecord and _in(ts, self.since, self.until):
                 kind, margin, runner = _margin(r)
-                start = self.went_offline.get((cluster, r.topic, r.partition))
+                tid = topic_id(cluster, r.topic, base + i)
+                start = self.went_offline.get((cluster, r.topic, tid, r.partition))
                 won = next((c for c in r.candidates if c.broker_id == r.chosen), None)
                 up = next((c for c in r.candidates if c.broker_id == runner), None)
                 self.rows.append(
@@ -123,6 +129,7 @@ class _Recoveries:
                         "offset": base + i,
                         "timestamp": ts,
                         "topic": r.topic,
+                        "topic_id": tid,
                         "partition": r.partition,
                         "strategy": r.strategy,
                         "trigger": r.trigger,
@@ -163,12 +170,13 @@ class _Recoveries:
 
 
 class _Elections:
-    def __init__(self, since: int | None, until: int | None) -> None:
+    def __init__(self, since: int | None, until: int | None, life: LifecycleTracker) -> None:
         self.since, self.until = since, until
-        self.stamps: dict[tuple[str, str, str], array[int]] = {}
-        # (cluster, topic, partition) -> [leader, leader offset, replicas, replicas offset]
-        self.final: dict[tuple[str, str, int], list[Any]] = {}
-        self.removed: dict[tuple[str, str], int] = {}
+        self.life = life
+        # (cluster, topic, topic id, kind) -> the elections' times
+        self.stamps: dict[tuple[str, str, str, str], array[int]] = {}
+        # (cluster, topic, topic id, partition) -> [leader, its offset, replicas, their offset]
+        self.final: dict[tuple[str, str, str, int], list[Any]] = {}
 
     def feed(self, cluster: str, base: int, ts: int, records: Sequence[Any]) -> None:
         for i, r in enumerate(records):
@@ -176,65 +184,66 @@ class _Elections:
             if kind is PartitionChangeRecord:
                 if r.leader is None and r.replicas is None:
                     continue
+                tid = self.life.topic_id_at(cluster, r.topic, base + i)
                 if r.election is not None and _in(ts, self.since, self.until):
-                    key = (cluster, r.topic, str(r.election))
+                    key = (cluster, r.topic, tid, str(r.election))
                     got = self.stamps.get(key)
                     if got is None:
                         got = self.stamps[key] = array("q")
                     got.append(ts)
             elif kind is PartitionRecord:
-                pass
-            elif kind is RemoveTopicRecord:
-                self.removed[(cluster, r.name)] = base + i
-                continue
+                tid = self.life.topic_id_at(cluster, r.topic, base + i)
             else:
                 continue
-            state = self.final.get((cluster, r.topic, r.partition))
+            state = self.final.get((cluster, r.topic, tid, r.partition))
             if state is None:
-                state = self.final[(cluster, r.topic, r.partition)] = [None, None, None, None]
+                state = self.final[(cluster, r.topic, tid, r.partition)] = [None] * 4
             if r.leader is not None:
                 state[0], state[1] = r.leader, base + i
             if r.replicas is not None:
                 state[2], state[3] = list(r.replicas), base + i
 
-    def tables(self, bucket: str | None) -> tuple[str, pd.DataFrame, pd.DataFrame]:
-        from audit.jobs.elections import pick_bucket
+    def tables(self, bucket: str | None, life: Lifecycle) -> tuple[str, pd.DataFrame, pd.DataFrame]:
+        from audit.jobs.elections import _final, pick_bucket
 
         everything = [np.frombuffer(a, dtype=np.int64) for a in self.stamps.values() if len(a)]
         lo = min((int(a.min()) for a in everything), default=None)
         hi = max((int(a.max()) for a in everything), default=None)
         unit = bucket or pick_bucket(0 if lo is None or hi is None else hi - lo)
         step = _UNIT_MS[unit]
-        rows: list[tuple[str, str, str, int, int]] = []
-        for (cluster, topic, kind), got in self.stamps.items():
+        rows: list[tuple[str, str, str, str, int, int]] = []
+        for (cluster, topic, tid, kind), got in self.stamps.items():
             stamps = np.frombuffer(got, dtype=np.int64)
             buckets, counts = np.unique(stamps - stamps % step, return_counts=True)
             rows.extend(
-                (cluster, topic, kind, int(b), int(c))
+                (cluster, topic, tid, kind, int(b), int(c))
                 for b, c in zip(buckets.tolist(), counts.tolist(), strict=True)
             )
         by_bucket = pd.DataFrame.from_records(
-            rows, columns=["cluster", "topic", "election_kind", "bucket", "elections"]
+            rows, columns=["cluster", "topic", "topic_id", "election_kind", "bucket", "elections"]
         )
         by_bucket["bucket"] = _utc(by_bucket["bucket"])
-        by_bucket = by_bucket.sort_values(["bucket", "cluster", "topic", "election_kind"])
-        final_rows = []
-        for (cluster, topic, part), (leader, leader_at, replicas, replicas_at) in sorted(
-            self.final.items()
-        ):
-            if replicas is None:
-                continue
-            last = max(replicas_at, leader_at if leader_at is not None else replicas_at)
-            removed = self.removed.get((cluster, topic))
-            if removed is not None and removed >= last:
-                continue
-            final_rows.append(
-                (cluster, topic, part, leader, replicas, replicas[0] if replicas else None)
-            )
-        final = pd.DataFrame.from_records(
-            final_rows, columns=["cluster", "topic", "partition", "leader", "replicas", "preferred"]
+        by_bucket = by_bucket.sort_values(
+            ["bucket", "cluster", "topic", "topic_id", "election_kind"]
         )
-        return unit, by_bucket.reset_index(drop=True), final
+        final_rows = [
+            (cluster, topic, tid, part, leader, leader_at, replicas)
+            for (cluster, topic, tid, part), (leader, leader_at, replicas, _) in self.final.items()
+            if replicas is not None
+        ]
+        final = pd.DataFrame.from_records(
+            final_rows,
+            columns=[
+                "cluster",
+                "topic",
+                "topic_id",
+                "partition",
+                "leader",
+                "leader_offset",
+                "replicas",
+            ],
+        )
+        return unit, by_bucket.reset_index(drop=True), _final(final, life)
 
 
 # --- brokers -------------------------------------------------------------------------------
@@ -399,8 +408,9 @@ def run_jobs(
         since_ms=since_ms,
         until_ms=until_ms,
     )
-    rec = _Recoveries(since_ms, until_ms) if "unclean-recoveries" in wanted else None
-    ele = _Elections(since_ms, until_ms) if "elections" in wanted else None
+    life = LifecycleTracker()
+    rec = _Recoveries(since_ms, until_ms, life) if "unclean-recoveries" in wanted else None
+    ele = _Elections(since_ms, until_ms, life) if "elections" in wanted else None
     off = OfflineMeasures(since_ms, until_ms) if "offline" in wanted else None
     bro = _Brokers(since_ms, until_ms) if "brokers" in wanted else None
     checks: list[LogChecker] = []
@@ -415,7 +425,7 @@ def run_jobs(
             lc = LogChecker(src.cluster) if "invariants" in wanted else None
             if lc is not None:
                 checks.append(lc)
-            feeders = [a.feed for a in (rec, ele, off, bro) if a is not None]
+            feeders = [life.feed_batch] + [a.feed for a in (rec, ele, off, bro) if a is not None]
             stored = committed_batches(info.path, info.start_offset, info.end_offset, until_ms)
             for base, ts, records in stored:
                 n += len(records)
@@ -424,14 +434,15 @@ def run_jobs(
                 for feed in feeders:
                     feed(src.cluster, base, ts, records)
     results: dict[str, Any] = {}
+    lived = life.result()
     for job in wanted:
         if job == "unclean-recoveries" and rec is not None:
-            results[job] = unclean._result(inp, rec.table(), show)
+            results[job] = unclean._result(inp, rec.table(), show, lived)
         elif job == "elections" and ele is not None:
-            unit, by_bucket, final = ele.tables(bucket)
-            results[job] = elections._result(inp, unit, by_bucket, final)
+            unit, by_bucket, final = ele.tables(bucket, lived)
+            results[job] = elections._result(inp, unit, by_bucket, final, lived)
         elif job == "offline" and off is not None:
-            results[job] = offline._result(inp, off.table(), top)
+            results[job] = offline._result(inp, off.table(), top, lived)
         elif job == "brokers" and bro is not None:
             table, reasons = bro.tables(flap_window_ms)
             table["flapping"] = table["max_fences_in_window"] > flap_fences
@@ -442,7 +453,7 @@ def run_jobs(
                 for c in lc.finish():
                     checker_rows(c, out)
             rows = to_batch(out).to_pandas()
-            results[job] = invariants._result(inp, rows, show)
+            results[job] = invariants._result(inp, rows, show, lived)
     return PlainRun(results, n, time.perf_counter() - started)
 
 
@@ -458,7 +469,8 @@ def run(
     info = log_info(data_dir)
     name = cluster if cluster is not None else cluster_name(data_dir)
     out = PlainResult()
-    acc = _Recoveries(None, None)
+    life = LifecycleTracker()
+    acc = _Recoveries(None, None, life)
     checker = LogChecker(name)
     n = 0
     with paused_gc():
@@ -467,6 +479,7 @@ def run(
             if invariants:
                 checker.feed(base, ts, records)
             if recoveries:
+                life.feed_batch(name, base, ts, records)
                 acc.feed(name, base, ts, records)
     out.recoveries = [
         {

@@ -1,11 +1,13 @@
 """The offline job's measures, computed in plain Python over decoded records.
 
-`OfflineMeasures` follows each partition's leader, ISR, ELR and MinISR through its
-records (a `Timeline` each) and adds up, in [since, until), how long it was offline,
-under MinISR (and under MinISR while led) and with a non-empty ELR, with its offline
-intervals. Two passes feed it: the plain pass (`audit.plain.run_jobs`, every partition)
-and the ``offline`` job's logs method (`audit.jobs.offline`, one bucket of partitions
-per Spark task, `offline_bucket`), so both give the job's own table.
+`OfflineMeasures` follows each partition (a generation of its topic, `audit.lifecycle`:
+the topic records it reads say which) through its leader, ISR, ELR and MinISR changes (a
+`Timeline` each, ending at its topic's deletion or the history's end) and adds up, in
+[since, until), how long it was offline, under MinISR (and under MinISR while led) and
+with a non-empty ELR, with its offline intervals. Two passes feed it: the plain pass
+(`audit.plain.run_jobs`, every partition) and the ``offline`` job's logs method
+(`audit.jobs.offline`, one bucket of partitions per Spark task, `offline_bucket`), so
+both give the job's own table.
 
 It must not summarize or report (each job's ``_result`` does), and reads logs only
 through `audit.logread` and `audit.transactions` (read-only).
@@ -22,9 +24,16 @@ from audit.log_checker import bucket_of
 from audit.logread import log_info
 from audit.rows import paused_gc
 from audit.transactions import committed_batches
-from metadata_log.records import ClearElrRecord, PartitionChangeRecord, PartitionRecord
+from metadata_log.records import (
+    ClearElrRecord,
+    PartitionChangeRecord,
+    PartitionRecord,
+    RemoveTopicRecord,
+    TopicRecord,
+)
 
 _NEVER: Final = -(2**62)
+PartitionKey = tuple[str, str, str, int]  # (cluster, topic, topic id, partition)
 
 
 class Timeline:
@@ -34,6 +43,7 @@ class Timeline:
         "at_ts",
         "elr",
         "elr_ms",
+        "ends_at",
         "intervals",
         "isr",
         "leader",
@@ -56,6 +66,7 @@ class Timeline:
         self.elr_ms = 0
         self.intervals: list[dict[str, Any]] = []
         self.pending: tuple[int, int] | None = None  # (start ts, offset) of a leader -1 row
+        self.ends_at: int | None = None  # its topic's deletion
 
 
 class OfflineMeasures:
@@ -70,14 +81,16 @@ class OfflineMeasures:
         self.until = until
         self.bucket, self.buckets = bucket, buckets
         self._mine: dict[tuple[str, str, int], bool] = {}
-        self.parts: dict[tuple[str, str, int], Timeline] = {}
-        self.created: dict[tuple[str, str], list[tuple[str, str, int]]] = {}
-        self.known: set[tuple[str, str, int]] = set()  # partitions with a PartitionRecord
+        self.parts: dict[PartitionKey, Timeline] = {}
+        # (cluster, topic, topic id) -> its partitions with a PartitionRecord, in order
+        self.created: dict[tuple[str, str, str], list[PartitionKey]] = {}
+        self.known: set[PartitionKey] = set()
+        self.ids: dict[tuple[str, str], str] = {}  # (cluster, topic) -> its current id
         self.ends: dict[str, int] = {}
 
     def _row(  # noqa: PLR0917 - one call per record: positional is the cheap call
         self,
-        key: tuple[str, str, int],
+        key: PartitionKey,
         offset: int,
         ts: int,
         leader: int | None,
@@ -128,23 +141,30 @@ class OfflineMeasures:
                 {"start_ms": start, "end_ms": at, "open": not closed, "offset": offset}
             )
 
-    def _elsewhere(self, key: tuple[str, str, int]) -> bool:
+    def _elsewhere(self, cluster: str, topic: str, partition: int) -> bool:
+        key = (cluster, topic, partition)
         mine = self._mine.get(key)
         if mine is None:
-            mine = self._mine[key] = bucket_of(key[1], key[2], self.buckets) == self.bucket
+            mine = self._mine[key] = bucket_of(topic, partition, self.buckets) == self.bucket
         return not mine
+
+    def _removed(self, cluster: str, ts: int, r: RemoveTopicRecord) -> None:
+        """The generation's history ends here (its state lasts no longer)."""
+        for key in self.created.get((cluster, r.name, r.topic_id), ()):
+            self.parts[key].ends_at = ts  # `table` accounts its last state up to here
 
     def feed(self, cluster: str, base: int, ts: int, records: Sequence[Any]) -> None:
         split = self.buckets > 1
+        ids = self.ids
         for i, r in enumerate(records):
             kind = type(r)
             if kind is PartitionChangeRecord:
                 if r.leader is None and r.isr is None and r.elr is None:
                     continue
-                if split and self._elsewhere((cluster, r.topic, r.partition)):
+                if split and self._elsewhere(cluster, r.topic, r.partition):
                     continue
                 self._row(
-                    (cluster, r.topic, r.partition),
+                    (cluster, r.topic, ids.get((cluster, r.topic), ""), r.partition),
                     base + i,
                     ts,
                     r.leader,
@@ -153,24 +173,30 @@ class OfflineMeasures:
                     r.min_isr,
                 )
             elif kind is PartitionRecord:
-                key = (cluster, r.topic, r.partition)
-                if split and self._elsewhere(key):
+                if split and self._elsewhere(cluster, r.topic, r.partition):
                     continue
+                topic_id = ids.get((cluster, r.topic), "")
+                key = (cluster, r.topic, topic_id, r.partition)
                 if key not in self.known:
                     self.known.add(key)
-                    self.created.setdefault((cluster, r.topic), []).append(key)
+                    self.created.setdefault((cluster, r.topic, topic_id), []).append(key)
                 self._row(key, base + i, ts, r.leader, len(r.isr), len(r.elr), r.min_isr)
             elif kind is ClearElrRecord:
                 # Every partition of the topic (those created later are not touched: a
                 # clear before a partition's creation changes none of its measures).
-                for key in self.created.get((cluster, r.topic), ()):
+                topic_id = ids.get((cluster, r.topic), "")
+                for key in self.created.get((cluster, r.topic, topic_id), ()):
                     self._row(key, base + i, ts, None, None, 0, None)
+            elif kind is TopicRecord:
+                ids[(cluster, r.name)] = r.topic_id
+            elif kind is RemoveTopicRecord:
+                self._removed(cluster, ts, r)
 
     def table(self) -> pd.DataFrame:
         rows = []
         for key in sorted(self.parts):
             t = self.parts[key]
-            end = self.ends[key[0]]
+            end = self.ends[key[0]] if t.ends_at is None else min(t.ends_at, self.ends[key[0]])
             if t.at_ts is not None:
                 self._account(t, end, end)
             if t.pending is not None:
@@ -191,6 +217,7 @@ class OfflineMeasures:
             columns=[
                 "cluster",
                 "topic",
+                "topic_id",
                 "partition",
                 "offline_ms",
                 "under_min_isr_ms",

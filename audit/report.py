@@ -175,7 +175,7 @@ def _align(series: pd.Series) -> str:
 
 
 def _cell_text(v: Any) -> str:
-    if v is None:
+    if v is None or v is pd.NA:  # pd.NA: a nullable Int64 column's null
         return ""
     if isinstance(v, float) and math.isnan(v):
         return ""

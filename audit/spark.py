@@ -17,7 +17,15 @@ The session is an operator's tool, not a service (issue 13):
 * Spark's own output (the JVM's stdout and stderr, log4j) is discarded unless
   ``verbose``; errors still reach the caller as exceptions;
 * the driver JVM maps Spark's classes from a class-data sharing archive that the first
-  audit on the machine writes (`audit.cds`): about half the start-up time.
+  audit on the machine writes (`audit.cds`): about half the start-up time;
+* a command that started the JVM stops it before it returns (`stop_jvm`): the session
+  stopped, the JVM told to exit and waited for within a bound (longer while it writes
+  the archive), killed with what it started if it overstays (issue 34: a JVM left
+  behind kept a core busy for a minute).
+
+PySpark is imported by the functions that use it, never at module level: `AuditInput`
+and the checks before Spark starts work without it (the CLI then says how to install
+it, ``metactl --help`` never loads it).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,11 +54,26 @@ from audit.schema import (
     check_types,
     spark_schema,
 )
-from audit.source import FORMAT, register
 from audit.transactions import MARKER_TYPES, OPEN_END, aborted_ranges
+from metactl.errors import PySparkNotFoundError
 
 DEFAULT_MASTER: Final = "local[*]"
 LOOPBACK: Final = "127.0.0.1"
+JVM_EXIT_S: Final = 20.0  # how long a stopped driver JVM may take to exit
+JVM_ARCHIVE_EXIT_S: Final = 180.0  # ... when it writes the class-data archive at exit
+_WRITES_ARCHIVE: list[bool] = [False]  # the JVM this process launched writes one (`audit.cds`)
+
+
+PYSPARK_HINT: Final = "the audits need PySpark: run `make audit` (or `pip install -e '.[audit]'`)"
+
+
+def require_pyspark() -> None:
+    """PYSPARK_NOT_FOUND, in one line saying how to install it, when PySpark cannot be
+    imported (an optional extra of metactl): before anything that needs it starts."""
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        raise PySparkNotFoundError(PYSPARK_HINT) from None
 
 
 def is_local_master(master: str) -> bool:
@@ -104,6 +128,7 @@ def _launch_jvm(settings: dict[str, str], *, verbose: bool) -> None:
     if not verbose:
         popen.update(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     gateway = _launch_or_kill(conf, popen)
+    _WRITES_ARCHIVE[0] = plan is not None and plan.writing is not None
     if plan is not None:
         cds.note_jvm(plan, gateway.proc.pid)
     SparkContext._ensure_initialized(gateway=gateway)
@@ -191,8 +216,98 @@ def get_session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN" if verbose else "ERROR")
+    from audit.source import register
+
     register(spark)
     return spark
+
+
+def jvm_running() -> bool:
+    """This process has a driver JVM (launched, or attached to) already."""
+    from pyspark import SparkContext
+
+    return SparkContext._gateway is not None
+
+
+def active_session() -> Any:
+    """The session this process runs, if any (None: none, or it was stopped)."""
+    from pyspark.sql import SparkSession
+
+    return SparkSession.getActiveSession()
+
+
+def writes_archive() -> bool:
+    """The JVM this process launched writes the class-data archive when it exits."""
+    return _WRITES_ARCHIVE[0]
+
+
+def stop_jvm(spark: Any, bound_s: float | None = None) -> bool:
+    """Stop `spark` (if any), then the driver JVM this process launched, and wait for it
+    to exit: the py4j gateway closed, the JVM's stdin closed (PySpark's gateway server
+    exits at its end of file), its exit awaited for `bound_s` (default `JVM_EXIT_S`, or
+    `JVM_ARCHIVE_EXIT_S` while it writes the class-data archive). One that overstays is
+    killed with its session (its own: the Python workers it started go too). True when
+    it exited by itself (or there was none). The next session launches a new JVM."""
+    from pyspark import SparkContext
+
+    if spark is not None:
+        with contextlib.suppress(Exception):  # the JVM may be gone already
+            spark.stop()
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None)
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    if gateway is None:
+        return True
+    with contextlib.suppress(Exception):
+        gateway.shutdown()
+    if proc is None:
+        return True
+    bound = (
+        bound_s if bound_s is not None else (JVM_ARCHIVE_EXIT_S if writes_archive() else JVM_EXIT_S)
+    )
+    with contextlib.suppress(OSError):
+        proc.stdin.close()
+    exited = True
+    try:
+        proc.wait(bound)
+    except subprocess.TimeoutExpired:
+        exited = False
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    _WRITES_ARCHIVE[0] = False
+    _end_session(proc.pid)
+    return exited
+
+
+def _session_members(sid: int) -> list[int]:
+    """Live processes of session `sid` (from /proc; none where there is no /proc)."""
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # gone meanwhile
+            if fields[0] != b"Z" and int(fields[3]) == sid:
+                found.append(int(entry))
+    return found
+
+
+def _end_session(sid: int, bound_s: float = 5.0) -> None:
+    """The JVM's session once the JVM is gone: its Python workers (PySpark's daemon, in
+    a process group of its own) exit when their pipe to the JVM closes; wait for that,
+    and kill what is left after `bound_s`."""
+    deadline = time.monotonic() + bound_s
+    while (left := _session_members(sid)) and time.monotonic() < deadline:
+        time.sleep(0.05)  # a bounded poll of process state: no event tells a session emptied
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def stop_in_background(spark: Any) -> threading.Thread:
@@ -228,6 +343,8 @@ class AuditInput:
         default=None, init=False, compare=False, repr=False
     )
     _manifest: Any = field(default=None, init=False, compare=False, repr=False)
+    # What jobs work out once per input and share (`audit all`): see `audit.jobs.common`.
+    cache: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if bool(self.data_dirs) == bool(self.parquet):
@@ -246,6 +363,8 @@ class AuditInput:
         return cls(data_dirs=tuple(dirs), parquet=parquet, **kwargs)
 
     def _reader(self, spark: Any) -> Any:
+        from audit.source import FORMAT
+
         reader = spark.read.format(FORMAT).option("paths", ",".join(self.data_dirs))
         if self.clusters:
             reader = reader.option("cluster", ",".join(self.clusters))
@@ -344,11 +463,15 @@ class AuditInput:
             ranges = self.manifest().aborted()
             object.__setattr__(self, "_aborted", ranges)
         if ranges is None:
+            from audit.progress import aside
+
             markers = self.load(
                 spark, (CLUSTER, OFFSET, RECORD_TYPE), MARKER_TYPES, include_aborted=True
             )
             by_cluster: dict[str, list[tuple[int, str]]] = {}
-            for row in markers.collect():
+            with aside(spark, "aborted transactions"):
+                found_rows = markers.collect()
+            for row in found_rows:
                 by_cluster.setdefault(row[CLUSTER], []).append((row[OFFSET], row[RECORD_TYPE]))
             found = {c: aborted_ranges(m) for c, m in by_cluster.items()}
             ranges = {c: r for c, r in found.items() if r}

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from metactl.errors import MetactlError
 from metactl.numbers import int_arg
 from metactl.processes import dies_with_parent
 
@@ -43,6 +44,9 @@ T = TypeVar("T")
 
 
 def spark_home() -> Path:
+    from audit.spark import require_pyspark
+
+    require_pyspark()  # PYSPARK_NOT_FOUND, saying how to install it
     import pyspark
 
     return Path(pyspark.__file__).parent
@@ -171,6 +175,11 @@ def main(argv: list[str] | None = None) -> int:
         "--dir", type=Path, default=Path("spark-standalone"), help="logs and work directories"
     )
     args = parser.parse_args(argv)
+    try:
+        spark_home()
+    except MetactlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     cluster = Standalone(args.dir.resolve())
     try:
         cluster.start(args.workers, cores=args.cores, memory=args.memory)

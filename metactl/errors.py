@@ -391,6 +391,13 @@ class JavaNotFoundError(MetactlError):
     code = "JAVA_NOT_FOUND"
 
 
+class PySparkNotFoundError(MetactlError):
+    """An audit needs PySpark, an optional part of metactl that is not installed: the
+    message names how to install it (`make audit`, or the ``audit`` extra)."""
+
+    code = "PYSPARK_NOT_FOUND"
+
+
 # --- wire protocol ------------------------------------------------------------------------
 
 

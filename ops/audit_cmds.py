@@ -12,7 +12,14 @@ file: export it to storage they can read, then ``--parquet``). While the jobs ru
 progress bar per Spark job (`audit.progress`); Spark's own output only with
 ``--verbose``. Ctrl-C cancels the jobs, stops the session and exits 130.
 
-``audit all`` runs every job in one session (one JVM start-up instead of five).
+``audit all`` runs every job in one session (one JVM start-up instead of five). While
+Spark starts, a line every few seconds says so (with progress on); when the command
+returns, the JVM it started is gone (`audit.spark.stop_jvm`: stopped, waited for within a
+bound, killed if it overstays).
+
+PySpark is an optional part of metactl: nothing here imports it before an audit runs
+(``metactl --help`` and ``metactl audit --help`` never do), and without it an audit says
+in one line how to get it (PYSPARK_NOT_FOUND).
 
 Exit status (`ops.cli`'s table): 0; 1 when ``invariants`` finds a violation, or a Spark
 job fails; 2 for bad arguments; 4 when an input, or Java, is not found; 130 on Ctrl-C.
@@ -21,6 +28,7 @@ job fails; 2 for bad arguments; 4 when an input, or Java, is not found; 130 on C
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
@@ -278,6 +286,9 @@ def _run(args: argparse.Namespace) -> int:
     names = list(JOB_HELP) if args.audit_job == ALL else [args.audit_job]
     try:
         # Everything that can be checked without Spark is checked before it starts.
+        from audit.spark import require_pyspark
+
+        require_pyspark()  # PYSPARK_NOT_FOUND: one line saying how to install it
         inp = input_from_args(args, since=args.since, until=args.until)
         options = {job: _options(args, job) for job in names}
         extra = _settings(args.conf)
@@ -294,25 +305,31 @@ def _run(args: argparse.Namespace) -> int:
     from audit.progress import default_mode
 
     mode = None if args.progress == "auto" else args.progress
-    if (mode or default_mode(sys.stderr)) != "off":
+    showing = (mode or default_mode(sys.stderr)) != "off"
+    if showing:
         # At once, before the imports and the JVM that take seconds (issue 22: a loaded
-        # machine showed nothing for 120 s): then the bars, one per Spark job.
+        # machine showed nothing for 120 s): then a line every few seconds until Spark is
+        # up (issue 34), then the bars, one per Spark job.
         print(f"starting Spark ({args.master})…", file=sys.stderr, flush=True)
     results = []
+    owned = False  # this command started the JVM: it stops it before returning
     with _interruptible(verbose=args.verbose) as interrupted:
         started = time.perf_counter()
         try:
             from audit.jobs import MODULES
-            from audit.progress import JobProgress
-            from audit.spark import get_session
+            from audit.progress import JobProgress, StartTicker
+            from audit.spark import get_session, jvm_running
 
-            spark = get_session(
-                args.master,
-                shuffle_partitions=args.shuffle_partitions,
-                driver_memory=args.driver_memory,
-                extra=extra,
-                verbose=args.verbose,
-            )
+            owned = not jvm_running()
+            ticking = StartTicker(args.master, sys.stderr) if showing else contextlib.nullcontext()
+            with ticking:
+                spark = get_session(
+                    args.master,
+                    shuffle_partitions=args.shuffle_partitions,
+                    driver_memory=args.driver_memory,
+                    extra=extra,
+                    verbose=args.verbose,
+                )
             interrupted.spark = spark
             _on_sigint(interrupted)  # again: SparkContext() installs its own handler
             up = time.perf_counter() - started
@@ -326,13 +343,42 @@ def _run(args: argparse.Namespace) -> int:
             # place of the KeyboardInterrupt: whatever ends the run then, it was Ctrl-C.
             if interrupted.fired or isinstance(exc, KeyboardInterrupt):
                 interrupted.wait_stopped()
+                _stop_owned(owned, showing=False)
                 return EXIT_INTERRUPTED
+            _stop_owned(owned, showing=False)
             if isinstance(exc, MetactlError | OSError):
                 return fail(exc)
             if not isinstance(exc, Exception) or os.environ.get("METACTL_DEBUG"):
                 raise
             # Spark wraps worker errors: one line, not a stack.
             return fail(spark_error(exc, verbose=args.verbose))
+    try:
+        return _report(args, inp, results, started, up)
+    finally:
+        _stop_owned(owned, showing=showing)
+
+
+def _stop_owned(owned: bool, *, showing: bool) -> None:
+    """Stop the session and the JVM this command started (`audit.spark.stop_jvm`), so
+    that none of it outlives the command; a session it found running (a test suite's,
+    another caller's in this process) is not its to stop."""
+    if not owned:
+        return
+    from audit.spark import active_session, stop_jvm, writes_archive
+
+    if showing and writes_archive():
+        print(
+            "stopping Spark: its JVM writes the class-data archive (once per machine)…",
+            file=sys.stderr,
+            flush=True,
+        )
+    stop_jvm(active_session())
+
+
+def _report(
+    args: argparse.Namespace, inp: Any, results: list[Any], started: float, up: float
+) -> int:
+    """Every result's summary, and its files with --out; the exit status."""
     for i, result in enumerate(results):
         if i:
             print()

@@ -72,6 +72,7 @@ NOT_FOUND_CODES: Final = frozenset(
         "BROKER_ID_NOT_REGISTERED",
         "LOG_DIR_NOT_FOUND",
         "JAVA_NOT_FOUND",  # a program the command needs is not installed (`make system`)
+        "PYSPARK_NOT_FOUND",  # the audits' optional packages are not installed (`make audit`)
     }
 )
 

@@ -44,8 +44,11 @@ def run(
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    from audit.progress import step
+
     if flap_fences < 0 or flap_window_ms <= 0:
         raise ValueError("flap_fences must be >= 0 and the flap window positive")
+    step(spark, "brokers: fences, registrations and flapping per broker")
     events = (
         inp.load(spark, COLUMNS, TYPES)
         .withColumn("ts_ms", ms_col("timestamp"))

@@ -1,4 +1,8 @@
-"""What every audit job shares: its result, time windows, and small Spark helpers."""
+"""What every audit job shares: its result, time windows, the input's topic generations
+and final shutdowns (`lifecycle`, `with_topic_ids`), and small Spark and pandas helpers.
+
+It must not hold a job's own logic (each job module does), nor import pyspark at module
+level (``metactl --help`` and the missing-PySpark message must not need it)."""
 
 from __future__ import annotations
 
@@ -10,7 +14,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from audit.lifecycle import COLUMNS as LIFECYCLE_COLUMNS
+from audit.lifecycle import TYPES as LIFECYCLE_TYPES
+from audit.lifecycle import UNKNOWN_ID, Lifecycle, LifecycleTracker
 from audit.logread import log_info, log_time_bounds
 from audit.spark import AuditInput
 
@@ -62,6 +71,97 @@ def cluster_end_ms(spark: Any, inp: AuditInput) -> dict[str, int]:
             continue
         out[cluster] = int(end) if inp.until_ms is None else min(int(end), inp.until_ms)
     return out
+
+
+def lifecycle(spark: Any, inp: AuditInput) -> Lifecycle:
+    """The input's topic generations, deleted topics and final shutdowns
+    (`audit.lifecycle`), from its topic and broker records up to --until; read once per
+    input (`audit all`'s jobs share it). Data directories are read here, on the driver
+    (a byte pre-filter skips every stored batch without such a record); an export's
+    ``kind=cluster`` files with Arrow; other Parquet through Spark."""
+    found = inp.cache.get("lifecycle")
+    if found is None:
+        tracker = LifecycleTracker()
+        for table in _lifecycle_tables(spark, inp):
+            tracker.feed_table(table)
+        found = inp.cache["lifecycle"] = tracker.result()
+    return found
+
+
+def _lifecycle_tables(spark: Any, inp: AuditInput) -> list[pa.Table]:
+    from audit.buckets import committed, export_root, read_events
+
+    if inp.data_dirs:
+        from audit.source import resolve_sources
+
+        return [
+            log_lifecycle_rows(log_info(src.path).path, src.cluster, inp.until_ms)
+            for src in resolve_sources(list(inp.data_dirs), list(inp.clusters))
+        ]
+    root = export_root(inp)
+    if root is not None:
+        table = read_events(root, LIFECYCLE_COLUMNS, LIFECYCLE_TYPES)
+        return [] if table is None else [committed(table, inp.aborted(spark), inp.until_ms)]
+    return [inp.load(spark, LIFECYCLE_COLUMNS, LIFECYCLE_TYPES).toArrow()]
+
+
+def log_lifecycle_rows(path: str, cluster: str, until_ms: int | None) -> pa.Table:
+    """One log's topic and broker records (`audit.lifecycle.COLUMNS`), committed and
+    before `until_ms`, read in this process."""
+    from audit.buckets import committed
+    from audit.rows import RowBuilder, read_arrow
+    from audit.transactions import MARKER_TYPES, aborted_ranges
+
+    builder = RowBuilder(cluster, LIFECYCLE_COLUMNS, frozenset((*LIFECYCLE_TYPES, *MARKER_TYPES)))
+    info = log_info(path)
+    batches = list(read_arrow(info.path, info.start_offset, info.end_offset, builder))
+    table = pa.Table.from_batches(batches, schema=builder.schema)
+    rt = table.column("record_type")
+    is_marker = pc.is_in(rt, pa.array(MARKER_TYPES))
+    markers = table.filter(is_marker)
+    ranges = aborted_ranges(
+        zip(
+            markers.column("offset").to_pylist(),
+            markers.column("record_type").to_pylist(),
+            strict=True,
+        )
+    )
+    kept = table.filter(pc.invert(is_marker))
+    return committed(kept, {cluster: ranges} if ranges else {}, until_ms)
+
+
+def with_topic_ids(df: Any, life: Lifecycle) -> Any:
+    """`df` (``cluster``, ``topic`` and ``offset`` columns) with each row's ``topic_id``:
+    the generation of its topic name at its offset (a broadcast range join on the few
+    generations; `audit.lifecycle.UNKNOWN_ID` where none is known)."""
+    from pyspark.sql import functions as F
+
+    spans = life.spans()
+    if not spans:
+        return df.withColumn("topic_id", F.lit(UNKNOWN_ID))
+    gens = df.sparkSession.createDataFrame(
+        spans, "g_cluster string, g_topic string, g_id string, g_lo long, g_hi long"
+    )
+    cond = (
+        (F.col("cluster") == F.col("g_cluster"))
+        & (F.col("topic") == F.col("g_topic"))
+        & (F.col("offset") >= F.col("g_lo"))
+        & (F.col("offset") < F.col("g_hi"))
+    )
+    return (
+        df.join(F.broadcast(gens), cond, "left")
+        .withColumn("topic_id", F.coalesce(F.col("g_id"), F.lit(UNKNOWN_ID)))
+        .drop("g_cluster", "g_topic", "g_id", "g_lo", "g_hi")
+    )
+
+
+def nullable_ints(df: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """Integer columns that may hold nulls as pandas' nullable ``Int64`` (a null turns a
+    plain int column into floats: ``runner_up 3.0`` in a report, issue 34), in place."""
+    for col in columns:
+        if col in df.columns:
+            df[col] = df[col].astype("Int64")
+    return df
 
 
 def map_literal(values: dict[str, int], key_col: str, default: int | None = None) -> Any:

@@ -2,12 +2,14 @@
 
 An election is a PartitionChange that names a newly elected leader (its
 ``election_kind``: isr, elr, unclean_recovery, preferred, manual). Elections are counted
-in the [since, until) window, per time bucket (minute, hour or day, chosen from the span
-unless given). Imbalance is measured at the end (until, or the end of the log): a
-partition whose leader is not its first assigned replica (replicas[0], as the last
-Partition record or reassignment left them); offline partitions (no leader) are counted
-apart, and partitions of a topic deleted after their last record are not counted at all
-(a topic created again under the name counts from its new partitions' records).
+in the [since, until) window, per topic (a generation of its name, `audit.lifecycle`: a
+topic deleted and created again is two rows, told apart by ``topic_id``) and time bucket
+(minute, hour or day, chosen from the span unless given). Imbalance is measured at the
+end (until, or the end of the log): a partition whose leader is not its first assigned
+replica (replicas[0], as the last Partition record or reassignment left them), among the
+partitions with a leader. Partitions without one are counted apart: *stopped* when they
+lost it in the cluster's final clean shutdown (`audit.lifecycle`), else *offline*.
+Partitions of a deleted topic are not counted at all.
 
 How it runs: on an export with buckets, the span of elections (Spark SQL over two
 columns) picks the time bucket, then one task per bucket counts its elections per
@@ -28,11 +30,16 @@ from audit.buckets import committed, export_root, read_bucket, run_buckets
 from audit.jobs.common import (
     JobResult,
     counts_text,
+    fmt_time,
     in_window,
+    lifecycle,
     ms_col,
+    nullable_ints,
     source_text,
     window_text,
+    with_topic_ids,
 )
+from audit.lifecycle import Lifecycle, split_keys, topic_keys
 from audit.report import bar_chart, section, table_html
 from audit.spark import AuditInput
 
@@ -59,42 +66,45 @@ def pick_bucket(span_ms: int) -> str:
 
 
 def run(spark: Any, inp: AuditInput, *, bucket: str | None = None) -> JobResult:
+    from audit.progress import step
+
     if bucket is not None and bucket not in BUCKETS:
         raise ValueError(f"bucket must be one of {', '.join(BUCKETS)}")
+    step(spark, "elections: topics and brokers")
+    life = lifecycle(spark, inp)
     if export_root(inp) is not None:
-        unit, by_bucket, final = _from_buckets(spark, inp, bucket)
+        unit, by_bucket, final = _from_buckets(spark, inp, bucket, life)
     else:
-        unit, by_bucket, final = _from_rows(spark, inp, bucket)
-    return _result(inp, unit, by_bucket, final)
+        unit, by_bucket, final = _from_rows(spark, inp, bucket, life)
+    return _result(inp, unit, by_bucket, final, life)
 
 
-def _removed(spark: Any, inp: AuditInput) -> Any:
-    """Per (cluster, topic), the offset of its last RemoveTopicRecord."""
-    from pyspark.sql import functions as F
-
-    return (
-        inp.load(spark, ("cluster", "offset", "topic"), ["RemoveTopic"])
-        .groupBy("cluster", "topic")
-        .agg(F.max("offset").alias("removed_at"))
-    )
+KEY = ["cluster", "topic", "topic_id", "partition"]
+FINAL_COLUMNS = [*KEY, "leader", "leader_offset", "replicas", "preferred"]
 
 
-def _final(final: pd.DataFrame) -> pd.DataFrame:
-    final = final.sort_values(["cluster", "topic", "partition"]).reset_index(drop=True)
-    final["preferred"] = [r[0] if len(r) else None for r in final["replicas"]]
-    return final[["cluster", "topic", "partition", "leader", "replicas", "preferred"]]
+def _final(final: pd.DataFrame, life: Lifecycle) -> pd.DataFrame:
+    """Each partition's last leader and replicas, but those of deleted topics."""
+    removed = life.removed
+    gone = [(c, t) in removed for c, t in zip(final["cluster"], final["topic_id"], strict=True)]
+    final = final[~np.array(gone, dtype=bool)] if len(final) else final
+    final = final.sort_values(KEY).reset_index(drop=True)
+    final["preferred"] = [r[0] if r is not None and len(r) else None for r in final["replicas"]]
+    final["partition"] = final["partition"].astype("int32")
+    return nullable_ints(final[FINAL_COLUMNS].copy(), ["leader", "leader_offset", "preferred"])
 
 
 def _from_rows(
-    spark: Any, inp: AuditInput, bucket: str | None
+    spark: Any, inp: AuditInput, bucket: str | None, life: Lifecycle
 ) -> tuple[str, pd.DataFrame, pd.DataFrame]:
     """Spark SQL over the rows (any input)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    rows = inp.load(
-        spark, COLUMNS, ["Partition", "PartitionChange"], any_of="leader,replicas"
-    ).withColumn("ts_ms", ms_col("timestamp"))
+    from audit.progress import step
+
+    loaded = inp.load(spark, COLUMNS, ["Partition", "PartitionChange"], any_of="leader,replicas")
+    rows = with_topic_ids(loaded, life).withColumn("ts_ms", ms_col("timestamp"))
     # Three queries read these rows. From data directories each scan decodes the logs in
     # Python: decode once and cache. From Parquet a scan of the few columns each query
     # needs costs less than caching every row (measured: 7.5 s to cache 10M rows, ~1 s
@@ -103,22 +113,28 @@ def _from_rows(
         rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         elections = rows.where(F.col("election_kind").isNotNull() & in_window(F.col("ts_ms"), inp))
+        step(spark, "elections: the span of elections")
         span = elections.agg(F.min("ts_ms").alias("lo"), F.max("ts_ms").alias("hi")).first()
         lo, hi = (span["lo"], span["hi"]) if span is not None else (None, None)
         unit = bucket or pick_bucket(0 if lo is None else hi - lo)
+        step(spark, f"elections: counts per topic and {unit}")
         by_bucket = (
             elections.groupBy(
-                "cluster", "topic", "election_kind", F.date_trunc(unit, "timestamp").alias("bucket")
+                "cluster",
+                "topic",
+                "topic_id",
+                "election_kind",
+                F.date_trunc(unit, "timestamp").alias("bucket"),
             )
             .agg(F.count(F.lit(1)).alias("elections"))
             .toPandas()
-            .sort_values(["bucket", "cluster", "topic", "election_kind"])
+            .sort_values(["bucket", "cluster", "topic", "topic_id", "election_kind"])
             .reset_index(drop=True)
         )
         # The last leader and the last replicas of each partition, aggregated apart: an
         # int's max_by is a hash aggregation; an array's falls back to sorting its rows,
         # which only the few rows that set replicas (creations, reassignments) then need.
-        key = ["cluster", "topic", "partition"]
+        key = KEY
 
         def last(col: str) -> Any:
             """Each partition's last non-null `col`, and the offset that set it."""
@@ -129,20 +145,15 @@ def _from_rows(
             )
 
         leaders, assignments = last("leader"), last("replicas")
+        step(spark, "elections: each partition's last leader and replicas")
         final = (
             assignments.join(leaders, key, "left")
-            .withColumn(
-                "last_offset",
-                F.greatest("replicas_offset", F.coalesce("leader_offset", "replicas_offset")),
-            )
-            .join(F.broadcast(_removed(spark, inp)), ["cluster", "topic"], "left")
-            .where(F.col("removed_at").isNull() | (F.col("removed_at") < F.col("last_offset")))
-            .select(*key, "leader", "replicas")
+            .select(*key, "leader", "leader_offset", "replicas")
             .toPandas()
         )
     finally:
         rows.unpersist()
-    return unit, by_bucket, _final(final)
+    return unit, by_bucket, _final(final, life)
 
 
 # --- from an export's buckets ------------------------------------------------------------------
@@ -154,6 +165,7 @@ OUTPUT_ARROW = pa.schema(
         pa.field("what", pa.string()),
         pa.field("cluster", pa.string()),
         pa.field("topic", pa.string()),
+        pa.field("topic_id", pa.string()),
         pa.field("partition", pa.int32()),
         pa.field("election_kind", pa.string()),
         pa.field("bucket_ms", pa.int64()),
@@ -165,7 +177,8 @@ OUTPUT_ARROW = pa.schema(
     ]
 )
 OUTPUT_DDL = (
-    "what string, cluster string, topic string, partition int, election_kind string, "
+    "what string, cluster string, topic string, topic_id string, partition int, "
+    "election_kind string, "
     "bucket_ms long, elections long, leader int, leader_offset long, replicas array<int>, "
     "replicas_offset long"
 )
@@ -192,7 +205,9 @@ def bucket_elections(
 ) -> pa.RecordBatch:
     """One bucket's share of the job (rows of `BUCKET_COLUMNS`, committed, before
     `until_ms`): election counts per (cluster, topic, kind, time bucket of `unit`), and
-    each partition's last leader and last replicas. Vectorised (numpy), no row in Python."""
+    each partition's last leader and last replicas. Topics are generations: (``topic``,
+    ``topic_id``) pairs (the table holds its rows' ids). Vectorised (numpy), no row in
+    Python."""
     rt = table.column("record_type")
     state = table.filter(
         pc.and_(
@@ -204,7 +219,8 @@ def bucket_elections(
     if not n:
         return pa.RecordBatch.from_pylist([], schema=OUTPUT_ARROW)
     cl = state.column("cluster").dictionary_encode().chunk(0)
-    tp = state.column("topic").dictionary_encode().chunk(0)
+    tp = topic_keys(state.column("topic"), state.column("topic_id")).dictionary_encode()
+    k_topic, k_id = split_keys(tp.dictionary)
     cl_i = cl.indices.to_numpy(zero_copy_only=False).astype(np.int64)
     tp_i = tp.indices.to_numpy(zero_copy_only=False).astype(np.int64)
     ts = pc.divide(state.column("timestamp").cast(pa.int64()), 1000).to_numpy()
@@ -236,7 +252,8 @@ def bucket_elections(
                 [
                     pa.array(["count"] * m, pa.string()),
                     cl.dictionary.take(pa.array(c_i)),
-                    tp.dictionary.take(pa.array(t_i)),
+                    k_topic.take(pa.array(t_i)),
+                    k_id.take(pa.array(t_i)),
                     pa.nulls(m, pa.int32()),
                     kd.dictionary.take(pa.array(k_i)),
                     pa.array(first + slot * step, pa.int64()),
@@ -272,6 +289,7 @@ def bucket_elections(
                 pa.array(["final"] * len(at_r), pa.string()),
                 state.column("cluster").chunk(0).take(take_r),
                 state.column("topic").chunk(0).take(take_r),
+                state.column("topic_id").chunk(0).take(take_r),
                 pa.array(part[at_r], pa.int32()),
                 pa.nulls(len(at_r), pa.string()),
                 pa.nulls(len(at_r), pa.int64()),
@@ -290,16 +308,19 @@ def bucket_elections(
 
 
 def _from_buckets(
-    spark: Any, inp: AuditInput, bucket: str | None
+    spark: Any, inp: AuditInput, bucket: str | None, life: Lifecycle
 ) -> tuple[str, pd.DataFrame, pd.DataFrame]:
     """One task per bucket of an export (`audit.buckets`): no shuffle."""
     from pyspark.sql import functions as F
+
+    from audit.progress import step
 
     aborted, since, until = inp.aborted(spark), inp.since_ms, inp.until_ms
     # The unit needs the span of all elections first: a scan of two columns.
     elected = inp.load(spark, ("timestamp", "election_kind"), ["PartitionChange"]).where(
         F.col("election_kind").isNotNull() & in_window(ms_col("timestamp"), inp)
     )
+    step(spark, "elections: the span of elections")
     span = elected.agg(
         F.min(ms_col("timestamp")).alias("lo"), F.max(ms_col("timestamp")).alias("hi")
     ).first()
@@ -311,32 +332,44 @@ def _from_buckets(
         if table is None:
             return None
         table = committed(table, aborted, until)
+        ids = life.topic_ids(table["cluster"], table["topic"], table["offset"])
+        table = table.append_column("topic_id", ids)
         return bucket_elections(table, unit=unit, since_ms=since, until_ms=until)
 
+    step(spark, f"elections: each bucket's counts per {unit}, last leaders and replicas")
     rows = run_buckets(spark, inp, per_bucket, OUTPUT_DDL).toPandas()
-    removed = _removed(spark, inp).toPandas()
     # A topic's partitions are in several buckets: their counts add up.
     by_bucket = (
         rows[rows["what"] == "count"]
-        .groupby(["cluster", "topic", "election_kind", "bucket_ms"], as_index=False)["elections"]
+        .groupby(["cluster", "topic", "topic_id", "election_kind", "bucket_ms"], as_index=False)[
+            "elections"
+        ]
         .sum()
         .rename(columns={"bucket_ms": "bucket"})
     )
     by_bucket["bucket"] = pd.to_datetime(by_bucket["bucket"], unit="ms")
     by_bucket["elections"] = by_bucket["elections"].astype("int64")
-    by_bucket = by_bucket.sort_values(["bucket", "cluster", "topic", "election_kind"])
-    final = rows[rows["what"] == "final"].merge(removed, on=["cluster", "topic"], how="left")
-    last = np.maximum(final["replicas_offset"], final["leader_offset"].fillna(-1))
-    final = final[final["removed_at"].isna() | (final["removed_at"] < last)]
-    final = final[["cluster", "topic", "partition", "leader", "replicas"]].copy()
-    # The types Spark's own aggregation gives (rows of other kinds made these nullable).
-    final["partition"] = final["partition"].astype("int32")
-    if final["leader"].notna().all():
-        final["leader"] = final["leader"].astype("int32")
-    return unit, by_bucket.reset_index(drop=True), _final(final)
+    by_bucket = by_bucket.sort_values(["bucket", "cluster", "topic", "topic_id", "election_kind"])
+    final = rows[rows["what"] == "final"][[*KEY, "leader", "leader_offset", "replicas"]].copy()
+    return unit, by_bucket.reset_index(drop=True), _final(final, life)
 
 
-def _result(inp: AuditInput, unit: str, by_bucket: pd.DataFrame, final: pd.DataFrame) -> JobResult:
+def _stopped(final: pd.DataFrame, life: Lifecycle) -> Any:
+    """Partitions that lost their leader in their cluster's final clean shutdown."""
+    at = np.array([life.stops[c].offset if c in life.stops else -1 for c in final["cluster"]])
+    lost = (final["leader"] == -1).fillna(False).to_numpy(dtype=bool)
+    since = final["leader_offset"].fillna(-1).to_numpy(dtype=np.int64)
+    return lost & (at >= 0) & (since >= at)
+
+
+def _result(
+    inp: AuditInput,
+    unit: str,
+    by_bucket: pd.DataFrame,
+    final: pd.DataFrame,
+    life: Lifecycle | None = None,
+) -> JobResult:
+    life = life if life is not None else Lifecycle()
     res = JobResult("elections")
     kinds = (
         by_bucket.groupby("election_kind")["elections"].sum().to_dict()
@@ -344,29 +377,33 @@ def _result(inp: AuditInput, unit: str, by_bucket: pd.DataFrame, final: pd.DataF
         else {}
     )
     total = int(sum(kinds.values()))
+    topic = ["cluster", "topic", "topic_id"]
     by_topic = (
         by_bucket.pivot_table(
-            index=["cluster", "topic"],
+            index=topic,
             columns="election_kind",
             values="elections",
             aggfunc="sum",
             fill_value=0,
         ).reset_index()
         if not by_bucket.empty
-        else pd.DataFrame(columns=["cluster", "topic"])
+        else pd.DataFrame(columns=topic)
     )
     by_topic.columns.name = None
-    kind_cols = [c for c in by_topic.columns if c not in ("cluster", "topic")]
+    kind_cols = [c for c in by_topic.columns if c not in topic]
     by_topic["total"] = by_topic[kind_cols].sum(axis=1) if kind_cols else 0
-    by_topic = by_topic.sort_values(["total", "cluster", "topic"], ascending=[False, True, True])
+    by_topic = by_topic.sort_values(["total", *topic], ascending=[False, True, True, True])
 
-    final["offline"] = final["leader"] == -1
-    imbalanced = final[(final["leader"] != final["preferred"]) & ~final["offline"]]
-    offline = final[final["offline"]]
+    stopped = _stopped(final, life)
+    no_leader = (final["leader"] == -1).fillna(False).to_numpy(dtype=bool)
+    led = final["leader"].notna().to_numpy(dtype=bool) & ~no_leader
+    offline = final[no_leader & ~stopped]
+    led_final = final[led]
+    imbalanced = led_final[led_final["leader"] != led_final["preferred"]]
     none = pd.MultiIndex.from_arrays([[], []], names=["cluster", "broker"])
     leaders = (
-        final[~final["offline"]].groupby(["cluster", "leader"]).size().rename("leads")
-        if not final.empty
+        led_final.groupby(["cluster", "leader"]).size().rename("leads")
+        if not led_final.empty
         else pd.Series(dtype="int64", name="leads", index=none)
     )
     preferred = (
@@ -393,33 +430,45 @@ def _result(inp: AuditInput, unit: str, by_bucket: pd.DataFrame, final: pd.DataF
     res.tables = {
         "elections_by_bucket": by_bucket,
         "elections_by_topic": by_topic,
-        "imbalance": imbalanced.drop(columns=["offline"]).reset_index(drop=True),
+        "imbalance": imbalanced.drop(columns=["leader_offset"]).reset_index(drop=True),
         "leaders_by_broker": per_broker,
     }
     res.stats = {
         "elections": total,
         "by_kind": {k: int(v) for k, v in kinds.items()},
         "partitions": len(final),
+        "led": len(led_final),
         "imbalanced": len(imbalanced),
         "offline": len(offline),
+        "stopped": int(stopped.sum()),
         "bucket": unit,
     }
-    n = len(final)
+    n = len(led_final)
     res.summary = [
         f"elections audit of {source_text(inp)} ({window_text(inp)})",
         f"elections: {total:,} ({counts_text(res.stats['by_kind'])})",
     ]
     for row in by_topic.head(5).itertuples(index=False):
         detail = ", ".join(f"{k}={getattr(row, k)}" for k in kind_cols if getattr(row, k))
-        res.summary.append(f"  {row.cluster}/{row.topic}: {row.total:,} ({detail})")
+        name = life.label(row.cluster, row.topic, row.topic_id)
+        res.summary.append(f"  {row.cluster}/{name}: {row.total:,} ({detail})")
     if len(by_topic) > 5:
         res.summary.append(f"  ... {len(by_topic) - 5} more topics in elections_by_topic")
     share = f" ({100 * len(imbalanced) / n:.1f}%)" if n else ""
     res.summary.append(
-        f"preferred-leader imbalance at the end: {len(imbalanced):,} of {n:,} partitions"
-        f"{share} not led by replicas[0]; {len(offline):,} offline"
+        f"preferred-leader imbalance at the end: {len(imbalanced):,} of {n:,} partitions with "
+        f"a leader{share} not led by replicas[0]; {len(offline):,} offline"
     )
-    if not per_broker.empty:
+    stops = sorted(set(final["cluster"][stopped]))
+    for cluster in stops:
+        mine = int((stopped & (final["cluster"] == cluster).to_numpy(dtype=bool)).sum())
+        res.summary.append(
+            f"  {cluster} was stopped cleanly at {fmt_time(life.stops[cluster].ts_ms)}: "
+            f"{mine:,} partition(s) without a leader since its shutdown (not offline)"
+        )
+    if not n:
+        res.summary.append("  no partition has a leader at the end")
+    elif not per_broker.empty:
         worst = per_broker.sort_values("excess", ascending=False).head(3)
         res.summary.append(
             "  most over-loaded: "
@@ -468,7 +517,10 @@ def _result(inp: AuditInput, unit: str, by_bucket: pd.DataFrame, final: pd.DataF
         )
     res.html.append(section("Elections per topic", table_html(by_topic)))
     res.html.append(
-        section("Partitions not led by their preferred replica", table_html(imbalanced))
+        section(
+            "Partitions not led by their preferred replica",
+            table_html(imbalanced.drop(columns=["leader_offset"])),
+        )
     )
     return res
 

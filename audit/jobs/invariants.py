@@ -48,7 +48,16 @@ from audit.invariant_rows import (
     feed_rows,
     to_batch,
 )
-from audit.jobs.common import JobResult, counts_text, fmt_time, source_text, window_text
+from audit.jobs.common import (
+    JobResult,
+    counts_text,
+    fmt_time,
+    lifecycle,
+    nullable_ints,
+    source_text,
+    window_text,
+)
+from audit.lifecycle import Lifecycle
 from audit.log_checker import LogChecker
 from audit.logread import log_info
 from audit.report import bar_chart, section, table_html
@@ -292,24 +301,47 @@ def pick_method(inp: AuditInput, method: str = "auto") -> str:
 def run(spark: Any, inp: AuditInput, *, show: int = 20, method: str = "auto") -> JobResult:
     """`method`: ``logs`` (data directories), ``buckets`` (an export of this layout),
     ``rows`` (any input) or ``auto`` (see `pick_method`)."""
+    from audit.progress import step
+
     chosen = pick_method(inp, method)
+    step(spark, "invariants: topics and brokers")
+    life = lifecycle(spark, inp)
+    replay = f"invariants: each partition's history replayed ({chosen})"
     if chosen == "logs":
+        step(spark, replay)
         rows = violations_from_logs(spark, inp).toPandas()
     elif chosen == "buckets":
+        step(spark, replay)
         rows = violations_from_buckets(spark, inp).toPandas()
     else:
+        step(spark, "invariants: the events each partition must see")
         out, side = violations_from_rows(spark, inp)
         try:
+            step(spark, replay)
             rows = out.toPandas()
         finally:
             side.unpersist()
-    return _result(inp, rows, show)
+    return _result(inp, rows, show, life)
 
 
-def _result(inp: AuditInput, rows: pd.DataFrame, show: int) -> JobResult:
+def _result(
+    inp: AuditInput, rows: pd.DataFrame, show: int, life: Lifecycle | None = None
+) -> JobResult:
+    life = life if life is not None else Lifecycle()
     res = JobResult("invariants")
     stats = rows[rows["rule"] == STATS_RULE]
-    found = rows[rows["rule"] != STATS_RULE].drop(columns=["records", "skipped"])
+    found = rows[rows["rule"] != STATS_RULE].drop(columns=["records", "skipped", "generations"])
+    # The statistics rows left these nullable: floats in pandas. Integers stay integers.
+    found = nullable_ints(found.copy(), ["offset", "broker"])
+    found.insert(
+        found.columns.get_loc("partition"),
+        "topic_id",
+        pd.Series(
+            life.topic_ids(found["cluster"], found["topic"], found["offset"]).to_pylist(),
+            index=found.index,
+            dtype=object,
+        ),
+    )
     if inp.since_ms is not None:
         when = pd.to_datetime(found["timestamp"], utc=True)
         found = found[when >= pd.Timestamp(inp.since_ms, unit="ms", tz="UTC")]
@@ -319,7 +351,7 @@ def _result(inp: AuditInput, rows: pd.DataFrame, show: int) -> JobResult:
     by_rule = found["rule"].value_counts().to_dict()
     res.tables = {"violations": found}
     res.stats = {
-        "partitions": len(stats),
+        "partitions": int(stats["generations"].sum()),
         "records": int(stats["records"].sum()),
         "skipped": int(stats["skipped"].sum()),
         "violations": len(found),
@@ -342,9 +374,9 @@ def _result(inp: AuditInput, rows: pd.DataFrame, show: int) -> JobResult:
         res.summary.append(f"  {by_rule.get(rule, 0):>8,}  {rule}: {text}")
     for r in found.head(show).itertuples(index=False):
         ts = pd.Timestamp(r.timestamp).value // 1_000_000
+        name = life.partition_label(r.cluster, r.topic, r.topic_id, r.partition)
         res.summary.append(
-            f"  {fmt_time(ts)} offset {r.offset} {r.cluster}/{r.topic}-{r.partition}: "
-            f"{r.rule}: {r.detail}"
+            f"  {fmt_time(ts)} offset {r.offset} {r.cluster}/{name}: {r.rule}: {r.detail}"
         )
     if len(found) > show:
         res.summary.append(f"  ... {len(found) - show:,} more in violations")

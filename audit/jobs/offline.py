@@ -1,13 +1,23 @@
 """``offline``: per partition, the intervals with no leader, and time under MinISR and on the ELR.
 
-The partition's state is rebuilt per partition in offset order (PartitionRecord, then
-each PartitionChangeRecord's changed fields; a ClearElr of its topic empties the ELR).
-Each state lasts until the partition's next record, the last one until the end of the
-history (--until, or the log's newest record). Everything is clipped to [since, until).
+A partition is a generation of its topic (`audit.lifecycle`: a topic deleted and created
+again under its name is a new one, with its own rows). Its state is rebuilt in offset
+order (PartitionRecord, then each PartitionChangeRecord's changed fields; a ClearElr of
+its topic empties the ELR). Each state lasts until the partition's next record, the last
+one until the end of its history: the topic's deletion, else --until or the log's newest
+record. Everything is clipped to [since, until).
 
 * An offline interval starts at a change that sets the leader to -1 and ends at the next
-  change that sets a leader; one still open at the end is reported with ``open``.
-  Durations: per partition and overall, p50, p99 (linear interpolation) and max.
+  change that sets a leader (``ended``: ``leader``). One without a leader at the end of
+  the history ended with it: ``topic_deleted`` when the topic was deleted; ``stopped``
+  when it began in the cluster's final, clean shutdown (`audit.lifecycle`: every broker
+  in controlled shutdown or fenced at the end of the log); else it is still ``open``.
+  An *outage* is an interval that was not stopped and lasted longer than 0 ms (a leader
+  elected again within the millisecond it was lost, usually in the same committed batch,
+  was seen by nobody), or is still open: only outages are counted in the summary, the
+  per-partition figures and the durations (p50, p99 by linear interpolation, max); the
+  intervals table lists every interval, with ``outage`` saying which are. Time offline
+  is the time of outages.
 * Time under MinISR: |ISR| < MinISR (the partition's effective MinISR); and of it, the
   time it had a leader (``under_min_isr_led_ms``): what the report's chart stacks on the
   time offline, since offline time is usually under MinISR too (issue 22: stacking the
@@ -20,33 +30,33 @@ forward fills, next-leader lookups, sums per group; no Python per row); on data
 directories one task per core reads the logs and keeps its bucket's partitions (the
 plain pass's accumulator, `audit.plain_offline.offline_bucket`); any other input has its rows
 shuffled by partition and sorted, then `timelines` per Spark partition. All give the
-answers of the plain pass (tests hold them equal).
+answers of the plain pass (tests hold them equal); the classification of intervals
+(`classify`) is the job's own, in `_result`, the same for every path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from audit.buckets import committed, export_root, read_bucket, read_events, run_buckets
 from audit.jobs.common import (
-    JobResult,
     cluster_end_ms,
-    fmt_ms,
+    lifecycle,
     ms_col,
-    percentiles,
-    source_text,
-    window_text,
+    with_topic_ids,
 )
+from audit.jobs.offline_result import _result
+from audit.lifecycle import Lifecycle, split_keys, topic_keys
 from audit.logread import log_info
 from audit.plain_offline import offline_bucket
-from audit.report import bar_chart, log_histogram, section, table_html
 from audit.spark import AuditInput
+
+__all__ = ["KEY", "OUTPUT_ARROW", "OUTPUT_DDL", "TIMELINE", "_result", "run", "timelines"]
 
 STATE_COLUMNS = (
     "cluster",
@@ -61,12 +71,13 @@ STATE_COLUMNS = (
     "min_isr",
 )
 DIRECTORY_COLUMNS = ("cluster", "offset", "timestamp", "record_type", "topic", "partition")
-KEY = ("cluster", "topic", "partition")
+KEY = ("cluster", "topic", "topic_id", "partition")
 # What the timeline reads: a row per state change (or ELR clear), list columns as sizes.
 TIMELINE = pa.schema(
     [
         pa.field("cluster", pa.string()),
         pa.field("topic", pa.string()),
+        pa.field("topic_id", pa.string()),
         pa.field("partition", pa.int32()),
         pa.field("offset", pa.int64()),
         pa.field("ts_ms", pa.int64()),
@@ -88,6 +99,7 @@ OUTPUT_ARROW = pa.schema(
     [
         pa.field("cluster", pa.string()),
         pa.field("topic", pa.string()),
+        pa.field("topic_id", pa.string()),
         pa.field("partition", pa.int32()),
         pa.field("offline_ms", pa.int64()),
         pa.field("under_min_isr_ms", pa.int64()),
@@ -98,7 +110,8 @@ OUTPUT_ARROW = pa.schema(
     ]
 )
 OUTPUT_DDL = (
-    "cluster string, topic string, partition int, offline_ms long, under_min_isr_ms long, "
+    "cluster string, topic string, topic_id string, partition int, offline_ms long, "
+    "under_min_isr_ms long, "
     "elr_ms long, intervals array<struct<start_ms:long,end_ms:long,open:boolean,offset:long>>, "
     "leader_at_end int, under_min_isr_led_ms long"
 )
@@ -124,16 +137,24 @@ def _ints(col: Any, order: Any) -> tuple[Any, Any]:
     return values[order], valid[order]
 
 
-def timelines(table: pa.Table, ends: dict[str, int], since_ms: int | None) -> pa.RecordBatch:
+def timelines(
+    table: pa.Table,
+    ends: dict[str, int],
+    since_ms: int | None,
+    removed: dict[tuple[str, str], int] | None = None,
+) -> pa.RecordBatch:
     """Per partition, the job's measures from its rows (`TIMELINE` columns, any order):
     the state rebuilt in offset order, each state lasting until the partition's next row
-    (the last until its cluster's end), clipped to [since, end). Vectorised: numpy over
-    the whole table, no Python per row (the rows path and the buckets path both run it)."""
+    (the last until the end of its history: its topic's deletion, `removed`'s time per
+    (cluster, topic id), else its cluster's end), clipped to [since, end). Vectorised:
+    numpy over the whole table, no Python per row (the rows path and the buckets path
+    both run it)."""
     if not table.num_rows:
         return _empty()
     n = table.num_rows
     cl = table.column("cluster").combine_chunks().dictionary_encode()
-    tp = table.column("topic").combine_chunks().dictionary_encode()
+    tp = topic_keys(table.column("topic"), table.column("topic_id")).dictionary_encode()
+    k_topic, k_id = split_keys(tp.dictionary)
     # Grouped by partition, in offset order within: numpy's lexsort of integer keys (the
     # groups' own order does not matter; the caller sorts the result).
     cl_i = cl.indices.to_numpy(zero_copy_only=False).astype(np.int64)
@@ -159,7 +180,13 @@ def timelines(table: pa.Table, ends: dict[str, int], since_ms: int | None) -> pa
     elr_now, elr_now_ok = _filled(elr_n, elr_ok, starts)
     min_now, min_now_ok = _filled(min_isr, min_ok, starts)
     names = cl.dictionary.to_pylist()
-    end = np.array([ends.get(names[i], _NEVER) for i in range(len(names))], dtype=np.int64)[cl_i]
+    group_end = np.array([ends.get(name, _NEVER) for name in names], dtype=np.int64)[cl_i[heads]]
+    for (cluster, topic_id), ms in (removed or {}).items():
+        if cluster in names:
+            ids = np.flatnonzero(pc.equal(k_id, topic_id).to_numpy(zero_copy_only=False))
+            gone = (cl_i[heads] == names.index(cluster)) & np.isin(tp_i[heads], ids)
+            group_end[gone] = np.minimum(group_end[gone], ms)
+    end = group_end[group]
     lo = since_ms if since_ms is not None else _NEVER
     last = np.arange(n) + 1 == stops
     next_ms = np.where(last, end, np.append(ts[1:], 0))
@@ -191,13 +218,16 @@ def timelines(table: pa.Table, ends: dict[str, int], since_ms: int | None) -> pa
     )
     per_group = np.add.reduceat(went.astype(np.int64), heads)
     bounds = np.concatenate([[0], np.cumsum(per_group)]).astype(np.int32)
-    lists = pa.ListArray.from_arrays(pa.array(bounds), intervals, type=OUTPUT_ARROW.field(6).type)
+    lists = pa.ListArray.from_arrays(
+        pa.array(bounds), intervals, type=OUTPUT_ARROW.field("intervals").type
+    )
     ends_at = tails - 1
     at_end = pa.array(leader_now[ends_at], pa.int32(), mask=~leader_now_ok[ends_at])
     return pa.RecordBatch.from_arrays(
         [
             cl.dictionary.take(pa.array(cl_i[heads])),
-            tp.dictionary.take(pa.array(tp_i[heads])),
+            k_topic.take(pa.array(tp_i[heads])),
+            k_id.take(pa.array(tp_i[heads])),
             pa.array(part[heads], pa.int32()),
             pa.array(offline, pa.int64()),
             pa.array(under_ms, pa.int64()),
@@ -222,6 +252,7 @@ def _timeline_rows(table: pa.Table) -> pa.Table:
         [
             table.column("cluster"),
             table.column("topic"),
+            table.column("topic_id"),
             table.column("partition"),
             table.column("offset"),
             stamps,
@@ -242,14 +273,20 @@ def bucket_timelines(
     since_ms: int | None,
     aborted: dict[str, list[tuple[int, int]]],
     until_ms: int | None,
+    life: Lifecycle | None = None,
 ) -> pa.RecordBatch | None:
     """`timelines` of one bucket of an export (`audit.buckets`): its state rows, and
-    every ClearElr of a topic fanned out to the bucket's partitions of that topic."""
+    every ClearElr of a topic fanned out to the bucket's partitions of that topic (the
+    generation current at the clear: `life`'s, which also ends deleted topics)."""
+    life = life if life is not None else Lifecycle()
     cols = (*STATE_COLUMNS, "partition")
     parts = read_bucket(root, bucket, list(dict.fromkeys(cols)))
     if parts is None:
         return None
     parts = committed(parts, aborted, until_ms)
+    parts = parts.append_column(
+        "topic_id", life.topic_ids(parts["cluster"], parts["topic"], parts["offset"])
+    )
     rt = parts.column("record_type")
     created = parts.filter(pc.equal(rt, "Partition")).select(list(KEY))
     state = parts.filter(
@@ -265,14 +302,20 @@ def bucket_timelines(
     clears = read_events(root, DIRECTORY_COLUMNS, ["ClearElr"])
     if clears is not None and clears.num_rows and created.num_rows:
         clears = committed(clears, aborted, until_ms).drop_columns(["partition"])
+        clears = clears.append_column(
+            "topic_id", life.topic_ids(clears["cluster"], clears["topic"], clears["offset"])
+        )
         fanned = clears.join(
-            created.group_by(list(KEY)).aggregate([]), ["cluster", "topic"], join_type="inner"
+            created.group_by(list(KEY)).aggregate([]),
+            ["cluster", "topic", "topic_id"],
+            join_type="inner",
         )
         rows.append(
             pa.Table.from_arrays(
                 [
                     fanned.column("cluster"),
                     fanned.column("topic"),
+                    fanned.column("topic_id"),
                     fanned.column("partition"),
                     fanned.column("offset"),
                     pc.divide(fanned.column("timestamp").cast(pa.int64()), 1000),
@@ -284,33 +327,48 @@ def bucket_timelines(
                 schema=TIMELINE,
             )
         )
-    return timelines(pa.concat_tables(rows), ends, since_ms)
+    return timelines(pa.concat_tables(rows), ends, since_ms, _removed_ms(life))
 
 
-def clear_elr_events(spark: Any, inp: AuditInput) -> Any:
-    """ClearElr records, one row per partition of the topic (cheap: two record types)."""
+def _removed_ms(life: Lifecycle) -> dict[tuple[str, str], int]:
+    return {key: ms for key, (_, ms) in life.removed.items()}
+
+
+def clear_elr_events(spark: Any, inp: AuditInput, life: Lifecycle) -> Any:
+    """ClearElr records, one row per partition of the topic's generation at the clear
+    (cheap: two record types)."""
     from pyspark.sql import functions as F
 
-    small = inp.load(spark, DIRECTORY_COLUMNS, ["Partition", "ClearElr"])
-    parts = small.where(F.col("record_type") == "Partition").select("cluster", "topic", "partition")
+    small = with_topic_ids(inp.load(spark, DIRECTORY_COLUMNS, ["Partition", "ClearElr"]), life)
+    parts = small.where(F.col("record_type") == "Partition").select(*KEY)
     clears = small.where(F.col("record_type") == "ClearElr").drop("partition")
-    return clears.join(F.broadcast(parts.distinct()), ["cluster", "topic"])
+    return clears.join(F.broadcast(parts.distinct()), ["cluster", "topic", "topic_id"])
 
 
-def _per_partition(spark: Any, inp: AuditInput, ends: dict[str, int]) -> Any:
+def _per_partition(spark: Any, inp: AuditInput, ends: dict[str, int], life: Lifecycle) -> Any:
     """The per-partition measures as a DataFrame (OUTPUT_DDL): on an export with buckets,
     one task per bucket; on data directories, one task per core reading the logs
     (`_from_logs`); otherwise the rows shuffled by partition and sorted, then the same
     `timelines` per Spark partition (``mapInArrow``)."""
     from pyspark.sql import functions as F
 
+    from audit.progress import step
+
     since = inp.since_ms
+    removed = _removed_ms(life)
+    step(spark, "offline: each partition's timeline")
     if export_root(inp) is not None:
         aborted, until = inp.aborted(spark), inp.until_ms
 
         def per_bucket(root: str, bucket: int) -> pa.RecordBatch | None:
             return bucket_timelines(
-                root, bucket, ends=ends, since_ms=since, aborted=aborted, until_ms=until
+                root,
+                bucket,
+                ends=ends,
+                since_ms=since,
+                aborted=aborted,
+                until_ms=until,
+                life=life,
             )
 
         return run_buckets(spark, inp, per_bucket, OUTPUT_DDL)
@@ -321,9 +379,10 @@ def _per_partition(spark: Any, inp: AuditInput, ends: dict[str, int]) -> Any:
     def size_of(col: str) -> Any:
         return F.when(F.col(col).isNotNull(), F.size(col)).cast("int")
 
-    state = inp.load(
+    loaded = inp.load(
         spark, STATE_COLUMNS, ["Partition", "PartitionChange"], any_of="leader,isr,elr"
-    ).select(
+    )
+    state = with_topic_ids(loaded, life).select(
         *KEY,
         "offset",
         ms_col("timestamp").alias("ts_ms"),
@@ -332,7 +391,7 @@ def _per_partition(spark: Any, inp: AuditInput, ends: dict[str, int]) -> Any:
         size_of("elr").alias("elr_n"),
         "min_isr",
     )
-    clears = clear_elr_events(spark, inp).select(
+    clears = clear_elr_events(spark, inp, life).select(
         *KEY,
         "offset",
         ms_col("timestamp").alias("ts_ms"),
@@ -344,9 +403,10 @@ def _per_partition(spark: Any, inp: AuditInput, ends: dict[str, int]) -> Any:
     n = int(spark.conf.get("spark.sql.shuffle.partitions"))
 
     def per_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        table = pa.Table.from_batches(list(batches), schema=TIMELINE)
+        got = list(batches)  # topic_id may come marked not null: cast to the schema
+        table = pa.Table.from_batches(got).cast(TIMELINE) if got else TIMELINE.empty_table()
         if table.num_rows:
-            yield timelines(table, ends, since)
+            yield timelines(table, ends, since, removed)
 
     return (
         state.unionByName(clears)
@@ -389,138 +449,17 @@ def _from_logs(spark: Any, inp: AuditInput, ends: dict[str, int]) -> Any:
     return spark.range(0, k, 1, k).mapInArrow(per_bucket, OUTPUT_DDL)
 
 
-def run(spark: Any, inp: AuditInput, *, top: int = 20) -> JobResult:
+def run(spark: Any, inp: AuditInput, *, top: int = 20) -> Any:
+    """The job (a `audit.jobs.common.JobResult`)."""
+    from audit.progress import step
+
+    step(spark, "offline: the history's end, topics and brokers")
     ends = cluster_end_ms(spark, inp)
+    life = lifecycle(spark, inp)
     per_partition = (
-        _per_partition(spark, inp, ends).toPandas().sort_values(list(KEY)).reset_index(drop=True)
+        _per_partition(spark, inp, ends, life)
+        .toPandas()
+        .sort_values(list(KEY))
+        .reset_index(drop=True)
     )
-    return _result(inp, per_partition, top)
-
-
-CHART_TITLE = "minutes offline, and under MinISR while led (stacked: offline or under MinISR)"
-
-
-def chart_series(offline_ms: Any, under_min_isr_led_ms: Any) -> dict[str, Sequence[float]]:
-    """The report's stacked bars, in minutes: time offline, and time under MinISR with a
-    leader. Offline time is mostly under MinISR too (an empty ISR), so stacking the time
-    under MinISR itself counted it twice (issue 22: 0.78 min shown for 0.52); these two
-    never overlap, and a bar is the time the partition was offline or under MinISR."""
-    return {
-        "offline (min)": [ms / 60_000 for ms in offline_ms],
-        "under MinISR, led (min)": [ms / 60_000 for ms in under_min_isr_led_ms],
-    }
-
-
-def _result(inp: AuditInput, per: pd.DataFrame, top: int) -> JobResult:
-    res = JobResult("offline")
-    since = inp.since_ms
-    records = []
-    for row in per.itertuples(index=False):
-        for iv in row.intervals if row.intervals is not None else []:
-            start = iv["start_ms"] if since is None else max(iv["start_ms"], since)
-            records.append(
-                {
-                    "cluster": row.cluster,
-                    "topic": row.topic,
-                    "partition": row.partition,
-                    "offset": iv["offset"],
-                    "start": pd.Timestamp(iv["start_ms"], unit="ms", tz="UTC"),
-                    "end": pd.Timestamp(iv["end_ms"], unit="ms", tz="UTC"),
-                    "open": bool(iv["open"]),
-                    "duration_ms": int(max(0, iv["end_ms"] - start)),
-                }
-            )
-    intervals = pd.DataFrame.from_records(
-        records,
-        columns=["cluster", "topic", "partition", "offset", "start", "end", "open", "duration_ms"],
-    )
-    intervals["duration_ms"] = intervals["duration_ms"].astype("int64")
-    per = per.drop(columns=["intervals"])
-    stats_cols = ["offline_intervals", "offline_p50_ms", "offline_p99_ms", "offline_max_ms"]
-    if not intervals.empty:
-        grouped = intervals.groupby(["cluster", "topic", "partition"])["duration_ms"]
-        agg = pd.DataFrame(
-            {
-                "offline_intervals": grouped.size(),
-                "offline_p50_ms": grouped.quantile(0.5),
-                "offline_p99_ms": grouped.quantile(0.99),
-                "offline_max_ms": grouped.max(),
-            }
-        ).reset_index()
-        per = per.merge(agg, on=["cluster", "topic", "partition"], how="left")
-    else:
-        for c in stats_cols:
-            per[c] = np.nan
-    per["offline_intervals"] = per["offline_intervals"].fillna(0).astype("int64")
-    per["offline_now"] = per["leader_at_end"] == -1
-    led_under = per["under_min_isr_led_ms"]  # the chart's; not a column of the table
-    per = per[
-        [
-            "cluster",
-            "topic",
-            "partition",
-            "offline_intervals",
-            "offline_ms",
-            "offline_p50_ms",
-            "offline_p99_ms",
-            "offline_max_ms",
-            "under_min_isr_ms",
-            "elr_ms",
-            "offline_now",
-        ]
-    ]
-    res.tables = {"offline_partitions": per, "offline_intervals": intervals}
-    pct = percentiles(intervals["duration_ms"])
-    touched = per[per["offline_intervals"] > 0]
-    res.stats = {
-        "partitions": len(per),
-        "intervals": len(intervals),
-        "open_intervals": int(intervals["open"].sum()) if len(intervals) else 0,
-        "partitions_with_offline": len(touched),
-        "offline_ms_total": int(per["offline_ms"].sum()),
-        "under_min_isr_ms_total": int(per["under_min_isr_ms"].sum()),
-        "elr_ms_total": int(per["elr_ms"].sum()),
-        "duration_ms": pct,
-    }
-    s = res.stats
-    res.summary = [
-        f"offline audit of {source_text(inp)} ({window_text(inp)})",
-        f"partitions: {s['partitions']:,}; offline at some point: {s['partitions_with_offline']:,};"
-        f" offline intervals: {s['intervals']:,} ({s['open_intervals']} still open)",
-        f"offline interval durations: p50 {fmt_ms(pct['p50'])}, p99 {fmt_ms(pct['p99'])}, "
-        f"max {fmt_ms(pct['max'])}; total offline {fmt_ms(s['offline_ms_total'])}",
-        f"time under MinISR (all partitions): {fmt_ms(s['under_min_isr_ms_total'])}; "
-        f"time with a non-empty ELR: {fmt_ms(s['elr_ms_total'])}",
-    ]
-    worst = per.sort_values(["offline_ms", "under_min_isr_ms"], ascending=False).head(top)
-    worst = worst[(worst["offline_ms"] > 0) | (worst["under_min_isr_ms"] > 0)]
-    for r in worst.head(10).itertuples(index=False):
-        res.summary.append(
-            f"  {r.cluster}/{r.topic}-{r.partition}: offline {fmt_ms(r.offline_ms)} in "
-            f"{r.offline_intervals} interval(s) (max {fmt_ms(r.offline_max_ms)}), under MinISR "
-            f"{fmt_ms(r.under_min_isr_ms)}, ELR {fmt_ms(r.elr_ms)}"
-            + (", offline now" if r.offline_now else "")
-        )
-    if len(intervals):
-        res.html.append(
-            section(
-                "Offline interval durations",
-                log_histogram(intervals["duration_ms"].tolist(), title="offline intervals"),
-            )
-        )
-    if not worst.empty:
-        labels = [f"{r.topic}-{r.partition}" for r in worst.itertuples(index=False)]
-        res.html.append(
-            section(
-                f"Top {len(worst)} partitions by time offline",
-                bar_chart(
-                    labels,
-                    chart_series(worst["offline_ms"], led_under.loc[worst.index]),
-                    title=CHART_TITLE,
-                    y_label="minutes",
-                ),
-                table_html(worst),
-            )
-        )
-    res.html.append(section("Offline intervals", table_html(intervals)))
-    return res
+    return _result(inp, per_partition, top, life)

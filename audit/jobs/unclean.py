@@ -10,7 +10,8 @@ an operator's pick without an answer). A negative margin means the chosen replic
 was behind the runner-up's (possible for an operator's manual election).
 
 ``time_to_recovery_ms`` is the recovery record's timestamp minus the time the partition's
-leader last became -1 before it (from the log itself). ``offline_since`` is what the
+leader last became -1 before it (from the log itself; a partition is a generation of its
+topic, `audit.lifecycle`: ``topic_id`` says which). ``offline_since`` is what the
 controller recorded as the start of the pending recovery.
 """
 
@@ -26,11 +27,15 @@ from audit.jobs.common import (
     fmt_ms,
     fmt_time,
     in_window,
+    lifecycle,
     ms_col,
+    nullable_ints,
     percentiles,
     source_text,
     window_text,
+    with_topic_ids,
 )
+from audit.lifecycle import Lifecycle
 from audit.report import bar_chart, log_histogram, section, table_html
 from audit.spark import AuditInput
 
@@ -64,6 +69,7 @@ OUTPUT_COLUMNS = (
     "offset",
     "timestamp",
     "topic",
+    "topic_id",
     "partition",
     "strategy",
     "trigger",
@@ -84,7 +90,19 @@ OUTPUT_COLUMNS = (
 )
 
 
-def recoveries(spark: Any, inp: AuditInput) -> Any:
+# Integer columns a recovery may leave empty (pandas' nullable Int64, not floats).
+NULLABLE_INTS = (
+    "chosen_last_leader_epoch",
+    "chosen_log_end_offset",
+    "runner_up",
+    "runner_up_last_leader_epoch",
+    "runner_up_log_end_offset",
+    "margin",
+    "time_to_recovery_ms",
+)
+
+
+def recoveries(spark: Any, inp: AuditInput, life: Lifecycle | None = None) -> Any:
     """The recovery rows as a Spark DataFrame (OUTPUT_COLUMNS)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -96,8 +114,9 @@ def recoveries(spark: Any, inp: AuditInput) -> Any:
         ["PartitionChange", "UncleanRecovery"],
         any_of="record_type=UncleanRecovery,leader=-1",
     )
+    events = with_topic_ids(events, life if life is not None else lifecycle(spark, inp))
     before = (
-        Window.partitionBy("cluster", "topic", "partition")
+        Window.partitionBy("cluster", "topic", "topic_id", "partition")
         .orderBy("offset")
         .rowsBetween(Window.unboundedPreceding, -1)
     )
@@ -133,6 +152,7 @@ def recoveries(spark: Any, inp: AuditInput) -> Any:
         "offset",
         "timestamp",
         "topic",
+        "topic_id",
         "partition",
         "strategy",
         "trigger",
@@ -154,17 +174,22 @@ def recoveries(spark: Any, inp: AuditInput) -> Any:
 
 
 def run(spark: Any, inp: AuditInput, *, show: int = 20) -> JobResult:
+    from audit.progress import step
+
+    step(spark, "unclean-recoveries: topics and brokers")
+    life = lifecycle(spark, inp)
+    step(spark, "unclean-recoveries: the recoveries and their candidates")
     # Sorted here, not by Spark: a global sort would sample, i.e. scan the log twice.
-    table = recoveries(spark, inp).toPandas().sort_values(["cluster", "offset"])
+    table = recoveries(spark, inp, life).toPandas().sort_values(["cluster", "offset"])
     table = table.reset_index(drop=True)
-    return _result(inp, table, show)
+    return _result(inp, table, show, life)
 
 
 def _broker(candidate: Any) -> int:
     return int(candidate["broker"])
 
 
-def describe(row: Any) -> str:
+def describe(row: Any, life: Lifecycle | None = None) -> str:
     """One line per recovery for the terminal."""
     cands = " ".join(
         f"{c['broker']}(epoch {c['last_leader_epoch']}, LEO {c['log_end_offset']})"
@@ -179,15 +204,20 @@ def describe(row: Any) -> str:
         won = row.margin_kind.replace("_", " ")
     offline = "-" if pd.isna(row.time_to_recovery_ms) else fmt_ms(row.time_to_recovery_ms)
     ts = pd.Timestamp(row.timestamp).value // 1_000_000
+    topic_id = getattr(row, "topic_id", "")
+    name = (life or Lifecycle()).partition_label(row.cluster, row.topic, topic_id, row.partition)
     return (
-        f"  {fmt_time(ts)} {row.cluster}/{row.topic}-{row.partition} {row.strategy} "
+        f"  {fmt_time(ts)} {row.cluster}/{name} {row.strategy} "
         f"({row.trigger}) chose {row.chosen}; candidates: {cands or 'none'}; {won}; "
         f"offline {offline} before recovery"
     )
 
 
-def _result(inp: AuditInput, table: pd.DataFrame, show: int) -> JobResult:
+def _result(
+    inp: AuditInput, table: pd.DataFrame, show: int, life: Lifecycle | None = None
+) -> JobResult:
     res = JobResult("unclean-recoveries")
+    table = nullable_ints(table.copy(), NULLABLE_INTS)
     res.tables = {"unclean_recoveries": table}
     n = len(table)
     strategies = table["strategy"].value_counts().to_dict() if n else {}
@@ -217,7 +247,7 @@ def _result(inp: AuditInput, table: pd.DataFrame, show: int) -> JobResult:
             f"  offline before recovery: p50 {fmt_ms(pct['p50'])}, p99 {fmt_ms(pct['p99'])}, "
             f"max {fmt_ms(pct['max'])}",
         ]
-        res.summary += [describe(r) for r in table.head(show).itertuples(index=False)]
+        res.summary += [describe(r, life) for r in table.head(show).itertuples(index=False)]
         if n > show:
             res.summary.append(f"  ... {n - show:,} more in unclean_recoveries")
         days = (
@@ -246,7 +276,7 @@ def _result(inp: AuditInput, table: pd.DataFrame, show: int) -> JobResult:
     shown = table.drop(columns=["candidates"]).copy() if n else table
     if n:
         shown.insert(
-            7,
+            shown.columns.get_loc("chosen"),
             "candidates",
             [
                 " ".join(

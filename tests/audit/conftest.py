@@ -2,9 +2,11 @@
 
 `spark` is session-scoped and shared: any test directory that needs Spark should use
 this fixture (``from tests.audit.conftest import spark`` in its own conftest, or move it
-to a common conftest) rather than start another JVM. Logs with known answers are written
-once per session: the shipped scenarios (real controller, real log), a small simulated
-history, and crafted logs that break each invariant.
+to a common conftest) rather than start another JVM; it is stopped once, at the end of
+the run. Logs with known answers are written once per session: the shipped scenarios
+(real controller, real log), a small simulated history, crafted logs that break each
+invariant, and a real cluster's log (real processes) with a topic deleted and created
+again and a clean stop at its end (`tests.audit.real_logs`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 
 from audit.cds import ENV_SWITCH
 from tests.audit.logs import SCENARIOS, crafted_violations, run_scenario_log
+from tests.audit.real_logs import StoppedLog, stopped_log
 
 # No class-data sharing archive for the suite's JVMs (the one in the pytest process, the
 # audits it runs as subprocesses): each would write ~160 MB to the user's cache at its
@@ -65,3 +68,10 @@ def sim_log(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     cfg = HistoryConfig(brokers=5, partitions=60, days=1.0, seed=7, intensity=4.0, outages=2.0)
     report = asyncio.run(simulate_history(cfg, path))
     return path, report
+
+
+@pytest.fixture(scope="session")
+def stopped(tmp_path_factory: pytest.TempPathFactory) -> StoppedLog:
+    """A real cluster's log: a topic deleted and created again, an outage left open, and
+    a clean stop at the end (`tests.audit.real_logs`)."""
+    return stopped_log(tmp_path_factory.mktemp("stopped") / "stopped")

@@ -20,7 +20,7 @@ import pytest
 from audit import plain, plain_offline
 from audit.export import export_parquet
 from audit.export_layout import read_manifest
-from audit.jobs import offline
+from audit.jobs import offline, offline_result
 from audit.logread import log_info, log_time_bounds
 from audit.spark import AuditInput
 from ops.cli import main
@@ -61,10 +61,10 @@ def charted(monkeypatch: pytest.MonkeyPatch, per: pd.DataFrame) -> dict[str, lis
 
     def bar_chart(labels: Any, series: dict[str, list[float]], **kwargs: Any) -> str:
         drawn.append(series)
-        assert kwargs["title"] == offline.CHART_TITLE
+        assert kwargs["title"] == offline_result.CHART_TITLE
         return ""
 
-    monkeypatch.setattr(offline, "bar_chart", bar_chart)
+    monkeypatch.setattr(offline_result, "bar_chart", bar_chart)
     offline._result(AuditInput.of(["unused"]), per, 20)
     assert len(drawn) == 1
     return drawn[0]

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from audit.progress import JobProgress, short_name
+from audit.progress import JobProgress, StartTicker, short_name, step
 from audit.spark import AuditInput, is_local_master, master_on_loopback
+from tests.processes import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -110,19 +111,61 @@ def test_progress_sees_each_job_of_its_group(spark: Any, scenario_logs: dict[str
 
     out = io.StringIO()
     inp = AuditInput.of(str(scenario_logs["worked-5.3.3-balanced-recovery"]))
-    with JobProgress(spark, "test-progress", mode="lines", stream=out) as progress:
+    with JobProgress(
+        spark, "test-progress", mode="lines", stream=out, description="unclean-recoveries"
+    ) as progress:  # as `metactl audit` runs each audit
         unclean.run(spark, inp)
     assert progress.jobs and all(j.status == "SUCCEEDED" for j in progress.jobs.values())
     tracker = spark.sparkContext.statusTracker()
-    assert sorted(progress.jobs) == sorted(tracker.getJobIdsForGroup("test-progress"))
-    # A job after the block is in no group: the block's group ended with it.
+    assert sorted(progress.jobs) == progress.job_ids()
+    # Named for the audit's steps (issue 34), never for a call site ("collect at x.py:3").
+    names = {j.name for j in progress.jobs.values()}
+    assert all(n.startswith("unclean-recoveries: ") and ".py:" not in n for n in names), names
+    assert "unclean-recoveries: the recoveries and their candidates" in names
+    assert "unclean-recoveries: aborted transactions" in names  # the scan every audit shares
+    # A job after the block is in no group: the block's groups ended with it.
     ungrouped = set(tracker.getJobIdsForGroup(None))
     spark.range(3).count()
     after = set(tracker.getJobIdsForGroup(None)) - ungrouped
-    assert after and not after & set(tracker.getJobIdsForGroup("test-progress"))
+    assert after and not after & set(progress.job_ids())
     lines = out.getvalue().splitlines()
     assert len(lines) == 2 * len(progress.jobs)
-    assert spark.sparkContext.getLocalProperty("spark.jobGroup.id") is None  # cleared
+    started = [line for line in lines if " started: " in line]
+    assert all(line.split(" started: ")[1].startswith("unclean-recoveries: ") for line in started)
+    for key in ("spark.jobGroup.id", "spark.job.description", "metactl.progress.block"):
+        assert spark.sparkContext.getLocalProperty(key) is None, key  # cleared
+
+
+def test_a_step_names_its_jobs(spark: Any) -> None:
+    """Jobs started after `step` carry its name: in a block, as the bar's text; outside
+    one, as the jobs' description in Spark."""
+    out = io.StringIO()
+    with JobProgress(spark, "test-steps", mode="bars", stream=out, interval=0.05) as progress:
+        spark.range(10).count()  # before any step: named for the block (and a call site)
+        step(spark, "test: counting")
+        spark.range(100).repartition(2).count()
+    drawn = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())
+    names = [progress.jobs[j].name for j in sorted(progress.jobs)]
+    assert names[0].startswith("metactl audit: ") and names[-1] == "test: counting"
+    for job_id, state in progress.jobs.items():
+        if state.name == "test: counting":  # (a call site's long name is cut to the width)
+            assert f"{state.name} (job {job_id})" in drawn
+    step(spark, "test: outside a block")
+    assert spark.sparkContext.getLocalProperty("spark.job.description") == "test: outside a block"
+    spark.sparkContext.setLocalProperty("spark.job.description", None)
+
+
+def test_a_line_every_few_seconds_while_spark_starts() -> None:
+    """`StartTicker`: a line per interval, with the time elapsed, until the block ends."""
+    out = io.StringIO()
+    with StartTicker("local[2]", out, every=0.02):
+        wait_for("two ticks", lambda: out.getvalue().count("\n") >= 2, every=0.01)
+    seen = out.getvalue().count("\n")
+    lines = out.getvalue().splitlines()
+    assert all(re.fullmatch(r"starting Spark \(local\[2\]\)… \d+ s", line) for line in lines)
+    with StartTicker("local[2]", out, every=60.0):
+        pass  # ended before its first interval: nothing
+    assert out.getvalue().count("\n") == seen
 
 
 def test_bars_on_a_terminal(spark: Any) -> None:
@@ -132,7 +175,7 @@ def test_bars_on_a_terminal(spark: Any) -> None:
     drawn = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())  # colours, cursor moves
     assert progress.jobs
     for job_id, state in progress.jobs.items():
-        assert f"job {job_id}: {state.name}" in drawn
+        assert f"{state.name} (job {job_id})" in drawn
         assert f"{state.total}/{state.total} tasks" in drawn
 
 
