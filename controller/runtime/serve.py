@@ -26,14 +26,12 @@ from typing import Any
 from controller.core.config import ControllerConfig
 from controller.core.work import WORK_BUDGET
 from controller.runtime.ha_settings import HaSettings
-from controller.runtime.process import configure_process, freeze_heap
 from controller.runtime.quota import (
     DEFAULT_BURST_WINDOW_S,
     DEFAULT_MAX_PARTITIONS_PER_REQUEST,
     DEFAULT_MUTATION_RATE,
     MutationLimits,
 )
-from controller.runtime.service import ControllerService
 from metactl.errors import InvalidConfigurationError, MetactlError
 from metactl.logs import configure
 from metactl.numbers import int_arg, int_flag, long_arg
@@ -333,6 +331,11 @@ def config_from(args: Any) -> ControllerConfig:
 
 
 async def serve(args: Any) -> int:
+    # The service and the process set-up load here, not to build the parser (`metactl
+    # controller --help`, `simulate` and `chaos` take this module's arguments).
+    from controller.runtime.process import freeze_heap
+    from controller.runtime.service import ControllerService
+
     try:
         config = config_from(args)
         service = ControllerService(
@@ -385,6 +388,8 @@ async def serve(args: Any) -> int:
 def run(args: Any) -> int:
     if not resolve_settings(args):  # --config file and METACTL_* variables under the flags
         return 2
+    from controller.runtime.process import configure_process
+
     configure(json=True, level=getattr(logging, str(args.log_level).upper(), logging.INFO))
     configure_process()
     return asyncio.run(serve(args))

@@ -57,11 +57,8 @@ HEAVY: frozenset[str] = frozenset(
 # modules of the code they configure (not ops/: the fix is theirs to make).
 _SERVE_ARGS = frozenset(
     {
-        "controller", "metadata_image", "metadata_log.records", "metadata_log.store",
-        "metadata_log.backends", "metadata_log.batch_format", "protocol.client",
-        "protocol.codec", "protocol.messages", "protocol.kafka", "msgspec", "immutables",
-        "structlog", "rich", "pygments", "kio", "hypothesis", "prometheus_client",
-        "aiosqlite", "sqlite3",
+        "controller", "metadata_image", "metadata_log.records", "protocol.codec",
+        "protocol.messages", "msgspec", "immutables", "structlog", "rich", "pygments",
     }
 )  # fmt: skip
 # `broker run`'s flags are brokers_stub.cli.add_arguments, beside the broker's code.
