@@ -76,8 +76,9 @@ class TlsIdentity:
         for path in (identity.ca, identity.cert, identity.key):
             if not path.is_file():
                 raise InvalidConfigurationError(
-                    f"TLS file {path} is missing (create the cluster's certificates with "
-                    f"`metactl certs init --data-dir D`, or pass --insecure)"
+                    f"TLS file {path} is missing (point --tls-dir at the running cluster's "
+                    f"certificates; `metactl certs init --data-dir D` makes new ones; or "
+                    f"pass --insecure)"
                 )
         return identity
 
