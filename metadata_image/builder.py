@@ -8,6 +8,11 @@ lookups inlined and replica lists and ISRs interned.
 Applies what it is given and checks only that it fits the image (`ReplayError`): which
 record does what to brokers, topics and configs is `metadata_image.record_replay`'s, and
 the order records are applied in `metadata_image.replay`'s. No IO.
+
+The active-broker set is kept incrementally: the brokers map's mutation remembers which
+brokers a batch touched (`BrokerChanges`), and `finish` looks at those alone, where
+walking every broker per broker record made each registration, fence or unfence on a
+cluster of 1,000 brokers cost a thousand lookups.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from contextlib import contextmanager
 from sys import intern
 from typing import Any
 
+import immutables
 from msgspec.structs import replace as _replace
 
 from metactl.errors import ReplayError
@@ -78,6 +84,53 @@ def _tuple(values: list[int]) -> tuple[int, ...]:
 BULK = 10_000
 
 
+class BrokerChanges:
+    """The brokers map of one batch, mutable, remembering which brokers were set or
+    removed (`touched`): the active set is updated for those alone (`active_after`)."""
+
+    __slots__ = ("_map", "touched")
+
+    def __init__(self, brokers: immutables.Map[int, BrokerState]) -> None:
+        self._map = brokers.mutate()
+        self.touched: set[int] = set()
+
+    def get(self, broker_id: int) -> BrokerState | None:
+        return self._map.get(broker_id)
+
+    def __setitem__(self, broker_id: int, state: BrokerState) -> None:
+        self._map[broker_id] = state
+        self.touched.add(broker_id)
+
+    def __delitem__(self, broker_id: int) -> None:
+        del self._map[broker_id]
+        self.touched.add(broker_id)
+
+    def finish(self) -> immutables.Map[int, BrokerState]:
+        return self._map.finish()
+
+
+def active_after(
+    active: frozenset[int], brokers: immutables.Map[int, BrokerState], touched: set[int]
+) -> frozenset[int]:
+    """`active` (the active brokers before a batch) after the batch left `brokers`, given
+    the brokers it `touched`: those are looked at again, no other. The set is copied only
+    if it changes (once, unless brokers both join and leave it)."""
+    joined: list[int] = []
+    left: list[int] = []
+    for broker_id in touched:
+        b = brokers.get(broker_id)
+        if b is not None and b.active:
+            if broker_id not in active:
+                joined.append(broker_id)
+        elif broker_id in active:
+            left.append(broker_id)
+    if not left:
+        return active.union(joined) if joined else active
+    if not joined:
+        return active.difference(left)
+    return active.difference(left).union(joined)
+
+
 @contextmanager
 def bulk(n: int) -> Iterator[None]:
     """Pause the cyclic GC while building many objects that form no cycles: repeated full
@@ -98,8 +151,6 @@ class Builder:
     __slots__ = (
         "added",
         "base_active",
-        "base_active",
-        "base_index",
         "base_index",
         "brokers",
         "brokers_changed",
@@ -120,7 +171,9 @@ class Builder:
 
     def __init__(self, image: ClusterImage, delta: MetadataDelta | None = None) -> None:
         self.delta = delta
-        self.brokers = image.brokers.mutate()
+        self.brokers = BrokerChanges(image.brokers)
+        # Set by `record_replay` with every change to `brokers` (which tracks the brokers
+        # it touched itself: the active set follows those).
         self.brokers_changed = False
         self.topics = image.topics.mutate()
         self.partitions = image.partitions.mutate()
@@ -186,8 +239,8 @@ class Builder:
                 index = im.finish()
         brokers = self.brokers.finish()
         active = self.base_active
-        if self.brokers_changed:
-            active = frozenset(bid for bid, b in brokers.items() if b.active)
+        if self.brokers.touched:
+            active = active_after(active, brokers, self.brokers.touched)
         return ClusterImage(
             brokers=brokers,
             topics=self.topics.finish(),

@@ -9,8 +9,9 @@ between a storage failure and its reopen answers FATAL_STORAGE_ERROR. On the act
 controller each request goes to its handler: the brokers' APIs here (registration and
 heartbeats, which keep the broker's session; AlterPartition(s), a work budget of items
 per event, each answered once its piece is durable; metadata fetches, long-polled over
-committed records, as many as fit a frame), the reads (DescribeCluster page by page,
-`controller.runtime.describe`; configs, features and reassignments,
+committed records, as many as fit a frame, the last answer kept for the next tailer that
+asks for the same records at the same committed end), the reads (DescribeCluster page
+by page, `controller.runtime.describe`; configs, features and reassignments,
 `controller.runtime.admin_views`), and the admin writes in `controller.runtime.admin_apis`.
 On etcd, a write whose log stopped taking writes (this controller is stepping down) is
 answered NOT_CONTROLLER, so that the client goes on to the next active controller.
@@ -59,6 +60,7 @@ from metactl.errors import (
 )
 from metadata_image.snapshot import ImageSnapshot
 from metadata_image.state import TopicPartition
+from metadata_log.store import LogStore
 from protocol.admission import Peer
 from protocol.messages.admin import (
     AlterConfigs,
@@ -96,6 +98,7 @@ from protocol.messages.broker_controller import (
     RegisterBrokerResponse,
 )
 from protocol.messages.internal import Ack
+from protocol.messages.plan import PlanRestartRequest, PlanRollRequest
 from protocol.messages.unions import Message
 
 __all__ = ["ControllerApis", "ServingRole"]
@@ -153,6 +156,9 @@ class ControllerApis:
         self.notes = notes
         self.max_frame_bytes = max_frame_bytes
         self.work_budget = work_budget
+        # The last answer to a metadata fetch, by store and (from offset, record limit,
+        # committed end): every tailer asks for the same records after each commit.
+        self._fetched: tuple[LogStore, tuple[int, int, int], FetchMetadataResponse] | None = None
         self.admin = AdminApis(
             lambda: role.controller,
             admission=admission,
@@ -181,6 +187,8 @@ class ControllerApis:
                 raise FatalStorageError("the metadata log stopped taking writes; reopening it")
             raise await role.redirect()
         try:
+            if type(body) is BrokerHeartbeatRequest:  # every broker's, every interval
+                return await self.heartbeat(body)
             return await self._route(body, peer)
         except (LogClosedError, FatalStorageError) as exc:
             if not role.replicated:
@@ -239,6 +247,8 @@ class ControllerApis:
                 if body.topics is not None:
                     check_count("topics", len(body.topics), MAX_TOPICS_PER_REQUEST)
                 return list_reassignments(ctl.committed_image, body, max_bytes=self.max_frame_bytes)
+            case PlanRestartRequest() | PlanRollRequest():
+                return await self.admin.plan(body, self.clock.now_ms())
         raise InvalidRequestError(f"the controller does not handle {type(body).__name__}")
 
     async def alter_partitions(self, body: AlterPartitions) -> AlterPartitionsResponse:
@@ -389,7 +399,15 @@ class ControllerApis:
             )
         if req.from_offset == store.end_offset and req.max_wait_ms > 0:
             await store.wait_for(req.from_offset, timeout=min(req.max_wait_ms, 10_000) / 1000)
-        entries = await store.read(req.from_offset, max(1, min(req.max_records, 50_000)))
+        limit = max(1, min(req.max_records, 50_000))
+        key = (req.from_offset, limit, store.end_offset)
+        last = self._fetched
+        if last is not None and last[0] is store and last[1] == key and not store.closed:
+            # The same committed records again (the next tailer after a commit): read,
+            # decoded, checked and sized once. The end offset is part of the key, so an
+            # answer is never older than the log it names.
+            return last[2]
+        entries = await store.read(req.from_offset, limit)
         records = [FetchedRecord(e.offset, e.timestamp_ms, e.record) for e in entries]
         while True:
             answer = FetchMetadataResponse(records=records, end_offset=store.end_offset)
@@ -402,4 +420,6 @@ class ControllerApis:
                 f"the record at offset {records[0].offset} exceeds the "
                 f"{self.max_frame_bytes:,}-byte frame limit on its own"
             )
+        if records:
+            self._fetched = (store, key, answer)
         return answer
