@@ -181,6 +181,30 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 @pytest.fixture(autouse=True)
+def _sigint_as_found() -> Iterator[None]:
+    """Fail a test that leaves SIGINT ignored or blocked in this process, and undo it:
+    every child started afterwards would inherit it and never end on Ctrl-C (an ignored
+    SIGINT stays ignored, `ops.cli`), failing the Ctrl-C tests that happen to come later
+    on the same worker instead of the test that did it."""
+    import signal
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    blocked = main and signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    problems = []
+    if not ignored and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        problems.append("ignored")
+    if main and not blocked and signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+        problems.append("blocked")
+    if problems:
+        pytest.fail(f"the test left SIGINT {' and '.join(problems)} (undone now)", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
 def _fresh_structlog() -> Iterator[None]:
     """CLI entry points configure structlog for their process; undo that after each test
     so that one test's log level or stream never leaks into the next."""
