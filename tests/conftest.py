@@ -180,6 +180,24 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return ByFile(config, log)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGINT at Python's default in this process (the controller and every xdist
+    worker), however the run was started: a shell starting `make test &` without job
+    control starts it with SIGINT ignored, every child a test starts would inherit that,
+    and a command started with SIGINT ignored keeps it ignored (as `nohup` wants; ops.cli),
+    so every test of a command's own Ctrl-C would fail. Seen: 13 such failures in a
+    clean-clone run started in the background. A handler is reset to the default at exec,
+    so the children start as from a terminal."""
+    import signal
+    import threading
+
+    if (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    ):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @pytest.fixture(autouse=True)
 def _sigint_as_found() -> Iterator[None]:
     """Fail a test that leaves SIGINT ignored or blocked in this process, and undo it:
