@@ -86,19 +86,29 @@ def etcd_leader(c: HaCluster) -> int | None:
     return next((i for i, mid in ids.items() if mid == leader), None)
 
 
-async def settled(c: HaCluster, writer: Writer, *, quiet_s: float = 3.0) -> int:
+async def settled(
+    c: HaCluster, writer: Writer, *, quiet_s: float = 3.0, bound_s: float = 120.0
+) -> int:
     """Until every member is healthy, a leader is known and the writer has acknowledged
-    writes for `quiet_s` without a gap of a second; the etcd leader's index."""
-    async with asyncio.timeout(120):
-        while True:
-            healthy = all(m.healthy() for m in c.etcd.members)
-            leader = etcd_leader(c)
-            now = time.monotonic()
-            recent = [t for t in writer.acked_at if t > now - quiet_s]
-            steady = len(recent) > 3 and max(b - a for a, b in itertools.pairwise(recent)) < 1.0
-            if healthy and leader is not None and steady:
-                return leader
-            await asyncio.sleep(0.2)  # polling observable state between trials
+    writes for `quiet_s` without a gap of a second; the etcd leader's index. After
+    `bound_s`, TimeoutError naming what was still missing."""
+    deadline = time.monotonic() + bound_s
+    while True:
+        unhealthy = [m.name for m in c.etcd.members if not m.healthy()]
+        leader = etcd_leader(c)
+        now = time.monotonic()
+        recent = [t for t in writer.acked_at if t > now - quiet_s]
+        steady = len(recent) > 3 and max(b - a for a, b in itertools.pairwise(recent)) < 1.0
+        if not unhealthy and leader is not None and steady:
+            return leader
+        if now > deadline:
+            raise TimeoutError(
+                f"not settled after {bound_s:g} s: unhealthy etcd members "
+                f"{unhealthy or 'none'}, etcd leader {leader}, last write acknowledged "
+                f"{now - max(writer.acked_at, default=0):.1f} s ago, recent failures "
+                f"{writer.failed[-3:]}"
+            )
+        await asyncio.sleep(0.2)  # polling observable state between trials
 
 
 def gap(acked_at: list[float], start: float, end: float) -> float:
@@ -108,15 +118,23 @@ def gap(acked_at: list[float], start: float, end: float) -> float:
     return max(b - a for a, b in itertools.pairwise(times))
 
 
+@dataclass
+class Term:
+    token: int
+    address: str  # the holder's listener
+    start: float
+    end: float | None  # None: still held
+
+
 class Terms:
-    """The leadership key's token (its create revision; 0: nobody holds it) as it
-    changes, read every `POLL_S` through a client of its own."""
+    """The leadership key's token (its create revision; 0: nobody holds it) and holder as
+    they change, read every `POLL_S` through a client of its own."""
 
     POLL_S = 0.05
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.changes: list[tuple[float, int]] = []
+        self.changes: list[tuple[float, int, str]] = []  # (when, token, holder's address)
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> Terms:
@@ -128,16 +146,27 @@ class Terms:
         try:
             while True:
                 with contextlib.suppress(MetactlError):
-                    _, token = await current_leader(etcd)
+                    info, token = await current_leader(etcd)
                     if not self.changes or self.changes[-1][1] != token:
-                        self.changes.append((time.monotonic(), token))
+                        address = info.address if info is not None else ""
+                        self.changes.append((time.monotonic(), token, address))
                 await asyncio.sleep(self.POLL_S)  # polling the key, an observable state
         finally:
             await etcd.close()
 
     def first_change_after(self, moment: float, token: int) -> float | None:
         """When the key first stopped holding `token` after `moment` (None: never)."""
-        return next((t for t, tok in self.changes if t > moment and tok != token), None)
+        return next((t for t, tok, _ in self.changes if t > moment and tok != token), None)
+
+    def after(self, moment: float) -> list[Term]:
+        """The terms (a held key: token not 0) begun after `moment`, each ended by the
+        next change."""
+        ends = [when for when, _, _ in self.changes[1:]] + [None]
+        return [
+            Term(token, address, when, end)
+            for (when, token, address), end in zip(self.changes, ends, strict=True)
+            if token and when > moment
+        ]
 
     async def stop(self) -> None:
         if self._task is not None:

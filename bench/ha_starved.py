@@ -39,8 +39,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import itertools
 import os
 import signal
 import statistics
@@ -48,20 +46,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from etcd_leader_loss import PacedWriter, etcd_leader
+from etcd_leader_loss import PacedWriter, Term, Terms, gap, settled
 from service_load import pct
 
-from metactl.errors import MetactlError
 from metactl.processes import dies_with_parent
-from metadata_log.etcd.client import Etcd
-from metadata_log.etcd.lease import current_leader
-from metadata_log.etcd.target import EtcdTarget
 from protocol.client import Endpoints, FailoverPolicy, RpcClient
 from protocol.messages.admin import CreateTopic, CreateTopicsRequest, CreateTopicsResponse
 from protocol.messages.unions import Message
@@ -80,55 +73,6 @@ class QuickWriter(PacedWriter):
     async def one(self, name: str, timeout_s: float = REQUEST_TIMEOUT_S) -> Message:
         answer: Message = await super().one(name, timeout_s)
         return answer
-
-
-@dataclass
-class Term:
-    token: int
-    address: str  # the holder's listener ("" while nobody holds the key)
-    start: float
-    end: float | None = None
-
-
-class TermWatch:
-    """Every term the leadership key holds (token and holder), read every `POLL_S`
-    through a client of its own."""
-
-    POLL_S = 0.05
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.terms: list[Term] = []
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> TermWatch:
-        self._task = asyncio.create_task(self._poll())
-        return self
-
-    async def _poll(self) -> None:
-        etcd = await Etcd.connect(EtcdTarget.parse(self.url), timeout_s=2.0)
-        try:
-            while True:
-                with contextlib.suppress(MetactlError):
-                    info, token = await current_leader(etcd)
-                    if token and (not self.terms or self.terms[-1].token != token):
-                        now = time.monotonic()
-                        if self.terms:
-                            self.terms[-1].end = now
-                        address = info.address if info is not None else ""
-                        self.terms.append(Term(token, address, now))
-                await asyncio.sleep(self.POLL_S)  # polling the key, an observable state
-        finally:
-            await etcd.close()
-
-    def after(self, moment: float) -> list[Term]:
-        return [t for t in self.terms if t.start > moment]
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
 
 async def big_topic(c: HaCluster, partitions: int) -> None:
@@ -162,7 +106,7 @@ async def controller_fault(
 ) -> tuple[float, str]:
     """SIGKILL or SIGSTOP the active controller; (seconds to the first write another
     controller acknowledged, the victim's address)."""
-    await settled(c, writer, quiet_s=2.0)
+    await settled(c, writer, quiet_s=2.0, bound_s=SETTLE_BOUND_S)
     victim, _ = await active(c)
     p = c.controllers[victim]
     fault = time.monotonic()
@@ -179,11 +123,11 @@ async def controller_fault(
 
 
 async def etcd_leader_kill(
-    c: HaCluster, writer: Writer, watch: TermWatch, window_s: float
+    c: HaCluster, writer: Writer, watch: Terms, window_s: float
 ) -> tuple[bool, float]:
     """SIGKILL the etcd leader; (whether the controllers' term changed within
     `window_s`, the longest gap between acknowledged writes in that window)."""
-    leader = await settled(c, writer, quiet_s=2.0)
+    leader = await settled(c, writer, quiet_s=2.0, bound_s=SETTLE_BOUND_S)
     m = c.etcd.members[leader]
     assert m.proc is not None
     fault = time.monotonic()
@@ -191,33 +135,8 @@ async def etcd_leader_kill(
     m.proc.wait()
     await asyncio.sleep(window_s)  # the window the outcome is read in
     c.etcd.start_member(leader)
-    acked = [fault, *(t for t in writer.acked_at if fault < t < fault + window_s)]
-    acked.append(fault + window_s)
-    longest = max(b - a for a, b in itertools.pairwise(acked))
+    longest = gap(writer.acked_at, fault, fault + window_s)
     return bool([t for t in watch.after(fault) if t.start < fault + window_s]), longest
-
-
-async def settled(c: HaCluster, writer: Writer, *, quiet_s: float) -> int:
-    """Until every etcd member is healthy, one leads, and the writer has been acknowledged
-    for `quiet_s` without a gap of a second; the etcd leader's index. After
-    `SETTLE_BOUND_S`, an error naming what was still missing."""
-    deadline = time.monotonic() + SETTLE_BOUND_S
-    while True:
-        unhealthy = [m.name for m in c.etcd.members if not m.healthy()]
-        leader = etcd_leader(c)
-        now = time.monotonic()
-        recent = [now - quiet_s, *(t for t in writer.acked_at if t > now - quiet_s), now]
-        steady = max(b - a for a, b in itertools.pairwise(recent)) < 1.0
-        if not unhealthy and leader is not None and steady:
-            return leader
-        if now > deadline:
-            raise TimeoutError(
-                f"not settled after {SETTLE_BOUND_S:g} s: unhealthy etcd members "
-                f"{unhealthy or 'none'}, etcd leader {leader}, last write acknowledged "
-                f"{now - max(writer.acked_at, default=0):.1f} s ago, recent failures "
-                f"{writer.failed[-3:]}"
-            )
-        await asyncio.sleep(0.2)  # polling observable state between faults
 
 
 def summary(name: str, times: list[float], goal: str) -> None:
@@ -232,7 +151,7 @@ def summary(name: str, times: list[float], goal: str) -> None:
     print(f"  all: {' '.join(f'{t:.2f}' for t in times)}", flush=True)
 
 
-def idle_terms(watch: TermWatch, writer: Writer, since: float) -> list[Term]:
+def idle_terms(watch: Terms, writer: Writer, since: float) -> list[Term]:
     """The terms begun after `since` in which the holder acknowledged no write."""
     idle = []
     for t in watch.after(since):
@@ -260,7 +179,7 @@ async def run(args: argparse.Namespace) -> None:
             if args.partitions:
                 await big_topic(c, args.partitions)
             writer = QuickWriter(c.bootstrap).start()
-            watch = TermWatch(c.url).start()
+            watch = Terms(c.url).start()
             await writer.acks_after(0, 5)
             busy = hog(hogs)
             began = time.monotonic()
